@@ -1,0 +1,83 @@
+"""The entry point users hold: settings + metadata store + deep store, opened once."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from millstream.config import Settings
+from millstream.metastore.models import Manifest, TableInfo
+from millstream.metastore.store import MetadataStore
+from millstream.spec import TableSpec
+from millstream.storage.deepstore import DeepStore
+from millstream.table.read import read_manifest
+
+AsOf = int | float | datetime | None
+
+
+class Catalog:
+    """Tables of one Millstream deployment.
+
+    >>> cat = Catalog.open(home="/tmp/ms")            # SQLite + local deep store under home
+    >>> cat = Catalog.open(metadata_url="postgresql+psycopg://...", deep_store="s3://b/ms")
+    """
+
+    def __init__(self, settings: Settings, store: MetadataStore, deep: DeepStore) -> None:
+        self.settings = settings
+        self.store = store
+        self.deep = deep
+
+    @classmethod
+    def open(
+        cls,
+        *,
+        home: str | Path | None = None,
+        metadata_url: str | None = None,
+        deep_store: str | None = None,
+        s3_endpoint: str | None = None,
+        settings: Settings | None = None,
+    ) -> Catalog:
+        settings = settings or Settings.load(
+            home=home, metadata_url=metadata_url, deep_store=deep_store, s3_endpoint=s3_endpoint
+        )
+        store = MetadataStore(settings.metadata_url)
+        deep = DeepStore.from_uri(settings.deep_store, s3_endpoint=settings.s3_endpoint)
+        return cls(settings, store, deep)
+
+    def create_table(
+        self, spec: TableSpec | Mapping[str, Any], *, exist_ok: bool = True
+    ) -> TableInfo:
+        """Create a table from a :class:`TableSpec` or a plain mapping (validated first;
+        an invalid spec raises InvalidSpecError naming the field and writes nothing)."""
+        if not isinstance(spec, TableSpec):
+            spec = TableSpec.parse(dict(spec))
+        return self.store.create_table(spec, exist_ok=exist_ok)
+
+    def table(self, name: str) -> TableInfo:
+        return self.store.get_table(name)
+
+    def manifest(self, name: str, *, as_of: AsOf = None) -> Manifest:
+        return self.store.manifest(name, as_of=as_of)
+
+    def read_table(
+        self, name: str, *, as_of: AsOf = None, include_system_columns: bool = False
+    ) -> pa.Table:
+        """The current rows of ``name`` (or as of a version / point in time), as Arrow."""
+        return read_manifest(
+            self.deep,
+            self.manifest(name, as_of=as_of),
+            include_system_columns=include_system_columns,
+        )
+
+    def close(self) -> None:
+        self.store.dispose()
+
+    def __enter__(self) -> Catalog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,181 @@
+"""One error tree for Millstream.
+
+Every error carries structured fields and a message that says what happened, with the ids
+involved, and what the operator can do. ``HTTP_STATUS`` and ``EXIT_CODES`` map the tree to
+REST status codes and CLI exit codes; nothing else in the code base decides those.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MillstreamError(Exception):
+    """Root of every error Millstream raises on purpose."""
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields: dict[str, Any] = fields
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": type(self).__name__, "message": self.message, **self.fields}
+
+
+class InvalidSpecError(MillstreamError, ValueError):
+    """A spec, option or argument is invalid. ``field`` names the offending field.
+
+    Fix the named field and retry; nothing was written.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"invalid {field}: {message}", field=field)
+        self.field = field
+
+
+class NotFoundError(MillstreamError, LookupError):
+    """A named object (table, shard, datastream, segment) does not exist."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        super().__init__(f"{kind} {name!r} does not exist", kind=kind, name=name)
+        self.kind = kind
+        self.name = name
+
+
+class TableNotFoundError(NotFoundError):
+    def __init__(self, name: str) -> None:
+        super().__init__("table", name)
+
+
+class AlreadyExistsError(MillstreamError):
+    """Creating an object whose name is taken (with a different definition)."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        super().__init__(f"{kind} {name!r} already exists", kind=kind, name=name)
+
+
+class CommitConflictError(MillstreamError):
+    """A compare-and-set lost: the row changed since it was read.
+
+    Refresh the object and retry; nothing was written by the failed attempt.
+    """
+
+
+class CommitStateUnknownError(MillstreamError):
+    """The outcome of a commit is unknown (for example the connection dropped during COMMIT).
+
+    Do not retry blindly: re-read the authoritative state (shard uppers, record versions)
+    and reconcile.
+    """
+
+
+class WriterFencedError(MillstreamError):
+    """A writer bootstrapped at an older shard epoch tried to commit.
+
+    The shard was rolled back since the writer started. The writer must re-bootstrap from
+    the shard's current upper; nothing was committed.
+    """
+
+    def __init__(self, table: str, partition: int, writer_epoch: int, shard_epoch: int) -> None:
+        super().__init__(
+            f"writer fenced on table {table!r} partition {partition}: it bootstrapped at epoch "
+            f"{writer_epoch} but the shard is at epoch {shard_epoch}; restart from the shard upper",
+            table=table,
+            partition=partition,
+            writer_epoch=writer_epoch,
+            shard_epoch=shard_epoch,
+        )
+
+
+class ShardGapError(MillstreamError):
+    """A batch started above the shard's upper; committing it would leave a hole.
+
+    The writer must restart from the shard upper (its local position is ahead of the truth).
+    """
+
+    def __init__(self, table: str, gaps: dict[int, tuple[int, int]]) -> None:
+        desc = ", ".join(
+            f"partition {p}: upper {u}, batch starts at {lo}" for p, (u, lo) in gaps.items()
+        )
+        super().__init__(
+            f"batch for table {table!r} starts above the shard upper ({desc}); "
+            "restart the writer from the shard upper",
+            table=table,
+            gaps={str(p): {"upper": u, "batch_start": lo} for p, (u, lo) in gaps.items()},
+        )
+        self.gaps = gaps
+
+
+class SegmentUnavailableError(MillstreamError):
+    """A segment's data file is missing or unreadable; reads refuse to return partial rows.
+
+    Re-ingest the segment (``millstream reingest SEGMENT``) or roll the partition back.
+    """
+
+    def __init__(self, table: str, segment: str, path: str, reason: str) -> None:
+        super().__init__(
+            f"segment {segment} of table {table!r} is unavailable ({path}): {reason}; "
+            f"re-ingest it with `millstream reingest {segment}`",
+            table=table,
+            segment=segment,
+            path=path,
+        )
+
+
+class InvalidTransitionError(MillstreamError):
+    """A lifecycle transition that the transition table does not allow."""
+
+    def __init__(self, name: str, from_state: str, to_state: str, allowed: list[str]) -> None:
+        super().__init__(
+            f"datastream {name!r} cannot go from {from_state} to {to_state}; "
+            f"from {from_state} it may go to: {', '.join(allowed) or 'nothing'}",
+            name=name,
+            from_state=from_state,
+            to_state=to_state,
+        )
+
+
+class MetadataSchemaError(MillstreamError):
+    """The metadata store's schema is newer than this code understands."""
+
+
+HTTP_STATUS: dict[type[MillstreamError], int] = {
+    InvalidSpecError: 422,
+    NotFoundError: 404,
+    AlreadyExistsError: 409,
+    InvalidTransitionError: 409,
+    CommitConflictError: 409,
+    WriterFencedError: 409,
+    ShardGapError: 409,
+    CommitStateUnknownError: 503,
+    SegmentUnavailableError: 503,
+    MetadataSchemaError: 500,
+}
+
+EXIT_CODES: dict[type[MillstreamError], int] = {
+    InvalidSpecError: 2,
+    NotFoundError: 3,
+    AlreadyExistsError: 4,
+    InvalidTransitionError: 4,
+    CommitConflictError: 5,
+    WriterFencedError: 5,
+    ShardGapError: 5,
+    CommitStateUnknownError: 6,
+    SegmentUnavailableError: 7,
+    MetadataSchemaError: 8,
+}
+
+
+def _lookup(table: dict[type[MillstreamError], int], err: MillstreamError, default: int) -> int:
+    for cls in type(err).__mro__:
+        if cls in table:
+            return table[cls]
+    return default
+
+
+def http_status(err: MillstreamError) -> int:
+    return _lookup(HTTP_STATUS, err, 500)
+
+
+def exit_code(err: MillstreamError) -> int:
+    return _lookup(EXIT_CODES, err, 1)

@@ -1,0 +1,134 @@
+"""Plain records the metadata store returns and accepts."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from millstream.core.frontier import Decision, Outcome
+from millstream.errors import ShardGapError
+from millstream.spec import TableSpec
+
+
+class SegmentState(enum.StrEnum):
+    CONSUMING = "CONSUMING"
+    COMMITTING = "COMMITTING"
+    ONLINE = "ONLINE"
+    ERROR = "ERROR"
+
+
+@dataclass(frozen=True, slots=True)
+class TableInfo:
+    spec: TableSpec
+    manifest_version: int
+    created_at: float
+    version: int
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    table: str
+    partition: int
+    upper: int
+    epoch: int
+    next_seq: int
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One segment: the rows of ``file_path`` for ``partition`` with offsets in [start, end)."""
+
+    id: int
+    table: str
+    partition: int
+    seq: int
+    file_path: str | None
+    start: int
+    end: int
+    state: SegmentState
+    row_count: int
+    size_bytes: int
+    added_version: int
+    removed_version: int | None
+    writer_id: str | None
+    batch_id: int | None
+    created_at: float
+    last_error: str | None = None
+
+    @property
+    def name(self) -> str:
+        """Segment name used by the CLI and REST API: ``table__partition__seq``."""
+        return f"{self.table}__{self.partition}__{self.seq}"
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """The entries visible at one manifest version: a consistent snapshot of a table."""
+
+    table: TableInfo
+    version: int
+    entries: tuple[Entry, ...]
+
+    @property
+    def row_count(self) -> int:
+        return sum(e.row_count for e in self.entries)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardAppend:
+    """A proposed append of the source range ``[lo, hi)`` of one partition.
+
+    ``row_count`` is the number of rows of this partition in ``file_path`` (may be 0 with no
+    file, which still advances the frontier: offsets need not be contiguous).
+    """
+
+    partition: int
+    lo: int
+    hi: int
+    epoch: int
+    file_path: str | None
+    row_count: int
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ShardResult:
+    partition: int
+    decision: Decision
+    seq: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    table: str
+    #: The manifest version this commit created, or None if it changed nothing.
+    version: int | None
+    shards: tuple[ShardResult, ...]
+    #: How many times the transaction lost a compare-and-set and was retried.
+    retries: int = 0
+    files_referenced: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def lost_race(self) -> bool:
+        return any(s.decision.lost_race for s in self.shards)
+
+    def outcome(self, partition: int) -> Outcome:
+        for s in self.shards:
+            if s.partition == partition:
+                return s.decision.outcome
+        raise KeyError(partition)
+
+    def raise_for_gaps(self, appends: list[ShardAppend]) -> None:
+        los = {a.partition: a.lo for a in appends}
+        gaps = {
+            s.partition: (s.decision.new_upper, los[s.partition])
+            for s in self.shards
+            if s.decision.outcome is Outcome.GAP
+        }
+        if gaps:
+            raise ShardGapError(self.table, gaps)

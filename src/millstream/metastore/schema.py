@@ -1,0 +1,112 @@
+"""The metadata schema (SQLAlchemy Core) and its versioned migrations.
+
+Every mutable row carries a ``version``; every mutation is ``UPDATE ... WHERE <id> AND
+version = :expected`` with a rowcount check (see :mod:`millstream.metastore.cas`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    Connection,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    select,
+)
+
+metadata = MetaData()
+
+meta = Table(
+    "ms_meta",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", String(256), nullable=False),
+)
+
+tables = Table(
+    "ms_tables",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("spec", JSON, nullable=False),
+    Column("manifest_version", BigInteger, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("version", BigInteger, nullable=False),
+)
+
+#: One row per manifest version of a table: what changed it and when (time travel by time).
+table_versions = Table(
+    "ms_table_versions",
+    metadata,
+    Column("table_name", String(128), primary_key=True),
+    Column("manifest_version", BigInteger, primary_key=True),
+    Column("committed_at", Float, nullable=False),
+    Column("operation", String(32), nullable=False),
+    Column("writer_id", String(128), nullable=True),
+    Column("batch_id", BigInteger, nullable=True),
+)
+
+shards = Table(
+    "ms_shards",
+    metadata,
+    Column("table_name", String(128), primary_key=True),
+    Column("partition", Integer, primary_key=True, autoincrement=False),
+    Column("upper", BigInteger, nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("next_seq", BigInteger, nullable=False),
+    Column("version", BigInteger, nullable=False),
+)
+
+#: Manifest entries: segment `seq` of a shard is the rows of `file_path` for this partition
+#: whose offsets are in `[start_offset, end_offset)`. Visible in manifest versions
+#: `added_version <= v < removed_version`.
+entries = Table(
+    "ms_entries",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("table_name", String(128), nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("file_path", Text, nullable=True),
+    Column("start_offset", BigInteger, nullable=False),
+    Column("end_offset", BigInteger, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("row_count", BigInteger, nullable=False),
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("added_version", BigInteger, nullable=False),
+    Column("removed_version", BigInteger, nullable=True),
+    Column("writer_id", String(128), nullable=True),
+    Column("batch_id", BigInteger, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("last_error", Text, nullable=True),
+    Column("version", BigInteger, nullable=False),
+    UniqueConstraint("table_name", "partition", "seq", "added_version", name="uq_entry_seq"),
+)
+Index("ix_entries_table_version", entries.c.table_name, entries.c.added_version)
+Index("ix_entries_file", entries.c.table_name, entries.c.file_path)
+
+LATEST_SCHEMA_VERSION = 1
+
+
+def _v1(conn: Connection) -> None:
+    metadata.create_all(conn, checkfirst=True)
+
+
+#: Migration N takes the schema from version N-1 to N. Append; never edit a released one.
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1}
+
+
+def current_schema_version(conn: Connection) -> int:
+    if not conn.dialect.has_table(conn, meta.name):
+        return 0
+    row = conn.execute(select(meta.c.value).where(meta.c.key == "schema_version")).first()
+    return int(row[0]) if row else 0

@@ -1,0 +1,200 @@
+"""Table specs: what a table is (columns, key, merge engine), validated once at the edge.
+
+Validation errors are raised as :class:`~millstream.errors.InvalidSpecError` naming the field
+(``table.name``, ``table.mode``, ``table.primary_key`` ...), never as a bare pydantic error.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any, Literal
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from millstream.errors import InvalidSpecError
+
+ColumnType = Literal["string", "long", "int", "double", "boolean", "timestamp", "date", "binary"]
+MergeMode = Literal["append", "dedup", "upsert", "partial"]
+PartialStrategy = Literal["overwrite", "ignore_null", "max", "min", "sum", "append"]
+
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "string": pa.string(),
+    "long": pa.int64(),
+    "int": pa.int32(),
+    "double": pa.float64(),
+    "boolean": pa.bool_(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "date": pa.date32(),
+    "binary": pa.binary(),
+}
+
+#: System columns stored in every data file. Row identity is (partition, offset).
+PARTITION_COL = "_ms_partition"
+OFFSET_COL = "_ms_offset"
+TOMBSTONE_COL = "_ms_tombstone"
+SYSTEM_COLUMNS = (PARTITION_COL, OFFSET_COL, TOMBSTONE_COL)
+
+TABLE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,127}$")
+_DURATION_RE = re.compile(r"^(\d+)(ms|s|m|h|d)$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: str | float | int | None, *, field: str) -> timedelta | None:
+    """Parse ``"500ms"``, ``"30s"``, ``"1h"``, ``"7d"`` or a number of seconds."""
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return timedelta(seconds=float(value))
+    m = _DURATION_RE.match(value.strip())
+    if not m:
+        raise InvalidSpecError(field, f"{value!r} is not a duration like 500ms, 30s, 5m, 1h or 7d")
+    return timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)])
+
+
+def validate_table_name(name: str, *, field: str = "table.name") -> str:
+    """Table names become directory names and SQL view names: no separators, no ``..``."""
+    if not isinstance(name, str) or not name:
+        raise InvalidSpecError(field, "must not be empty")
+    if len(name) > 128:
+        raise InvalidSpecError(field, f"{len(name)} characters is longer than the limit of 128")
+    if "/" in name or "\\" in name or ".." in name or not TABLE_NAME_RE.match(name):
+        raise InvalidSpecError(
+            field,
+            f"{name!r} may only use letters, digits, '_' and '-' (no path separators or '..')",
+        )
+    return name
+
+
+class TableSpec(BaseModel):
+    """What a table is. Frozen: a table's definition never changes under a running writer."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Table name: letters, digits, '_' and '-', at most 128 chars.")
+    columns: dict[str, ColumnType] = Field(
+        alias="schema", description="Column name -> type, in order.", min_length=1
+    )
+    primary_key: tuple[str, ...] = Field(default=(), description="Key columns (not for append).")
+    mode: MergeMode = Field(default="append", description="Merge engine.")
+    comparison_column: str | None = Field(
+        default=None, description="Orders rows of one key; ties and nulls fall back to offset."
+    )
+    delete_column: str | None = Field(
+        default=None, description="Boolean column; true removes the key (keyed modes)."
+    )
+    dedup_ttl: str | None = Field(default=None, description="dedup only: window on time_column.")
+    time_column: str | None = Field(default=None, description="Event-time column (dedup TTL).")
+    partial: dict[str, PartialStrategy] = Field(
+        default_factory=dict,
+        description="partial only: column -> strategy; unlisted columns use ignore_null.",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return validate_table_name(v)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TableSpec:
+        cols = self.columns
+        for c in cols:
+            if not c or c.startswith("_ms_"):
+                raise InvalidSpecError(
+                    f"schema.{c}", "column names must not be empty or start with '_ms_'"
+                )
+        if self.mode == "append":
+            if self.primary_key:
+                raise InvalidSpecError("table.primary_key", "append tables have no primary key")
+        elif not self.primary_key:
+            raise InvalidSpecError("table.primary_key", f"mode {self.mode!r} needs a primary key")
+        for k in self.primary_key:
+            if k not in cols:
+                raise InvalidSpecError("table.primary_key", f"column {k!r} is not in the schema")
+        if len(set(self.primary_key)) != len(self.primary_key):
+            raise InvalidSpecError("table.primary_key", "lists a column twice")
+        for fname in ("comparison_column", "delete_column", "time_column"):
+            c = getattr(self, fname)
+            if c is not None and c not in cols:
+                raise InvalidSpecError(f"table.{fname}", f"column {c!r} is not in the schema")
+        if self.delete_column is not None and cols[self.delete_column] != "boolean":
+            raise InvalidSpecError("table.delete_column", "must be a boolean column")
+        if self.dedup_ttl is not None:
+            if self.mode != "dedup":
+                raise InvalidSpecError("table.dedup_ttl", "applies to dedup tables only")
+            if self.time_column is None:
+                raise InvalidSpecError("table.time_column", "dedup_ttl needs a time_column")
+            if cols[self.time_column] not in ("timestamp", "long", "date"):
+                raise InvalidSpecError(
+                    "table.time_column", "must be a timestamp, long or date column"
+                )
+            parse_duration(self.dedup_ttl, field="table.dedup_ttl")
+        if self.partial and self.mode != "partial":
+            raise InvalidSpecError("table.partial", "applies to partial tables only")
+        for c, strat in self.partial.items():
+            if c not in cols:
+                raise InvalidSpecError(f"table.partial.{c}", "column is not in the schema")
+            if c in self.primary_key:
+                raise InvalidSpecError(f"table.partial.{c}", "key columns cannot have a strategy")
+            if strat in ("sum",) and cols[c] not in ("long", "int", "double"):
+                raise InvalidSpecError(f"table.partial.{c}", f"{strat} needs a numeric column")
+            if strat == "append" and cols[c] != "string":
+                raise InvalidSpecError(f"table.partial.{c}", "append needs a string column")
+            if strat in ("max", "min") and cols[c] in ("binary", "boolean"):
+                raise InvalidSpecError(f"table.partial.{c}", f"{strat} needs an ordered column")
+        return self
+
+    # -- derived -------------------------------------------------------------------------
+
+    @property
+    def keyed(self) -> bool:
+        return self.mode != "append"
+
+    @property
+    def ttl(self) -> timedelta | None:
+        return parse_duration(self.dedup_ttl, field="table.dedup_ttl")
+
+    def strategy(self, column: str) -> PartialStrategy:
+        return self.partial.get(column, "ignore_null")
+
+    def arrow_schema(self, *, system_columns: bool = False) -> pa.Schema:
+        fields = [pa.field(c, ARROW_TYPES[t]) for c, t in self.columns.items()]
+        if system_columns:
+            fields += [
+                pa.field(PARTITION_COL, pa.int32(), nullable=False),
+                pa.field(OFFSET_COL, pa.int64(), nullable=False),
+                pa.field(TOMBSTONE_COL, pa.bool_(), nullable=False),
+            ]
+        return pa.schema(fields)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> TableSpec:
+        """Validate ``data``; any problem becomes an InvalidSpecError naming the field."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise _first_error(exc, prefix="table") from None
+
+
+def _first_error(exc: ValidationError, *, prefix: str) -> InvalidSpecError:
+    err = exc.errors()[0]
+    ctx = err.get("ctx") or {}
+    inner = ctx.get("error")
+    if isinstance(inner, InvalidSpecError):
+        return inner
+    parts = [str(p) for p in err["loc"]]
+    if len(parts) > 1 and parts[0] == "source" and parts[1] in ("kafka", "files", "generator"):
+        del parts[1]  # the discriminator tag is not a field the user wrote
+    loc = ".".join(parts)
+    if not prefix or loc == "schema" or loc.startswith("schema."):
+        field = loc or "spec"
+    else:
+        field = f"{prefix}.{loc}" if loc else prefix
+    msg = err["msg"]
+    if err["type"] == "literal_error" and "input" in err:
+        msg = f"{err['input']!r} is not one of {ctx.get('expected', '')}"
+    return InvalidSpecError(field, msg)

@@ -1,0 +1,115 @@
+"""The deep store: where segment data files live (a local directory or an S3 bucket).
+
+Paths recorded in the manifest are *relative* to the deep store root, so a deployment can move
+its root without rewriting metadata. A data file is written once under a unique name; it is
+"staged" until a manifest entry references it, and garbage once nothing does (see
+:mod:`millstream.storage.gc`). Both backends go through ``pyarrow.fs``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from millstream.errors import InvalidSpecError
+
+
+@dataclass(frozen=True, slots=True)
+class StoredFile:
+    path: str
+    size: int
+    mtime: datetime | None
+
+
+class DeepStore:
+    """A file system plus a root. All methods take paths relative to the root."""
+
+    def __init__(self, fs: pafs.FileSystem, root: str, uri: str) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self.uri = uri
+
+    @classmethod
+    def from_uri(cls, uri: str, *, s3_endpoint: str | None = None) -> DeepStore:
+        """``/abs/dir``, ``file:///abs/dir`` or ``s3://bucket/prefix``.
+
+        For S3 the endpoint comes from ``s3_endpoint``, else ``MILLSTREAM_S3_ENDPOINT`` or
+        ``AWS_ENDPOINT_URL`` (e.g. ``http://127.0.0.1:9000``); credentials and region come
+        from the usual AWS environment variables.
+        """
+        parsed = urlparse(uri)
+        if parsed.scheme in ("", "file"):
+            root = Path(parsed.path if parsed.scheme else uri).resolve()
+            root.mkdir(parents=True, exist_ok=True)
+            return cls(pafs.LocalFileSystem(), str(root), uri)
+        if parsed.scheme == "s3":
+            if not parsed.netloc:
+                raise InvalidSpecError("deep_store", f"{uri!r} names no bucket")
+            endpoint = (
+                s3_endpoint
+                or os.environ.get("MILLSTREAM_S3_ENDPOINT")
+                or os.environ.get("AWS_ENDPOINT_URL")
+            )
+            kwargs: dict[str, object] = {
+                "region": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+            }
+            if endpoint:
+                ep = urlparse(endpoint)
+                kwargs["endpoint_override"] = ep.netloc or ep.path
+                kwargs["scheme"] = ep.scheme or "https"
+            if os.environ.get("AWS_ACCESS_KEY_ID"):
+                kwargs["access_key"] = os.environ["AWS_ACCESS_KEY_ID"]
+                kwargs["secret_key"] = os.environ.get("AWS_SECRET_ACCESS_KEY", "")
+            fs = pafs.S3FileSystem(**kwargs)
+            return cls(fs, f"{parsed.netloc}{parsed.path}".rstrip("/"), uri)
+        raise InvalidSpecError("deep_store", f"unsupported scheme {parsed.scheme!r} in {uri!r}")
+
+    def _abs(self, path: str) -> str:
+        if path.startswith("/") or ".." in path.split("/"):
+            raise InvalidSpecError("path", f"{path!r} must be relative to the deep store root")
+        return f"{self.root}/{path}"
+
+    def write_parquet(
+        self, path: str, table: pa.Table, *, row_group_size: int | None = None
+    ) -> int:
+        """Write ``table`` to ``path``; returns the file size in bytes."""
+        full = self._abs(path)
+        parent = full.rsplit("/", 1)[0]
+        self.fs.create_dir(parent, recursive=True)
+        pq.write_table(
+            table, full, filesystem=self.fs, row_group_size=row_group_size, compression="zstd"
+        )
+        return int(self.fs.get_file_info(full).size or 0)
+
+    def read_parquet(self, path: str, *, columns: list[str] | None = None) -> pa.Table:
+        return pq.read_table(self._abs(path), filesystem=self.fs, columns=columns)
+
+    def exists(self, path: str) -> bool:
+        return bool(self.fs.get_file_info(self._abs(path)).type == pafs.FileType.File)
+
+    def delete(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.delete_file(self._abs(path))
+
+    def list_files(self, prefix: str) -> list[StoredFile]:
+        """Files under ``prefix`` (recursively), with their modification times."""
+        sel = pafs.FileSelector(self._abs(prefix), recursive=True, allow_not_found=True)
+        out: list[StoredFile] = []
+        for info in self.fs.get_file_info(sel):
+            if info.type != pafs.FileType.File:
+                continue
+            rel = info.path[len(self.root) + 1 :] if info.path.startswith(self.root) else info.path
+            out.append(StoredFile(rel, int(info.size or 0), info.mtime))
+        return out
+
+
+def table_data_prefix(table: str) -> str:
+    return f"tables/{table}/data"

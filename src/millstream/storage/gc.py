@@ -1,0 +1,39 @@
+"""Garbage collection of data files no manifest entry references."""
+
+from __future__ import annotations
+
+from millstream.clock import SYSTEM_CLOCK, Clock
+from millstream.metastore.store import MetadataStore
+from millstream.storage.deepstore import DeepStore, table_data_prefix
+
+DEFAULT_GRACE_SECONDS = 3600.0
+
+
+def collect_garbage(
+    store: MetadataStore,
+    deep: DeepStore,
+    table: str,
+    *,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    clock: Clock = SYSTEM_CLOCK,
+    dry_run: bool = False,
+) -> list[str]:
+    """Delete staged files of ``table`` that no entry references and that are older than the
+    grace period. The grace period must exceed the longest write-to-commit delay: a file a
+    writer has staged but not yet committed is unreferenced, too. Returns the paths removed
+    (or that would be, with ``dry_run``).
+    """
+    store.get_table(table)  # raises TableNotFoundError
+    # List files before reading references: a file committed in between is then referenced.
+    files = deep.list_files(table_data_prefix(table))
+    referenced = store.referenced_files(table)
+    cutoff = clock.now() - grace_seconds
+    doomed = [
+        f.path
+        for f in files
+        if f.path not in referenced and f.mtime is not None and f.mtime.timestamp() < cutoff
+    ]
+    if not dry_run:
+        for path in doomed:
+            deep.delete(path)
+    return doomed
