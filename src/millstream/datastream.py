@@ -1,0 +1,201 @@
+"""The datastream spec file (DESIGN.md "Spec file"): one pipeline from a source into a table.
+
+Loaded and validated once at the edge; every problem is an InvalidSpecError naming the field
+(``source.topic``, ``table.mode``, ``max_records_per_batch`` ...).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from millstream.errors import InvalidSpecError
+from millstream.spec import (
+    ColumnType,
+    MergeMode,
+    PartialStrategy,
+    TableSpec,
+    _first_error,
+    parse_duration,
+)
+
+DATASTREAM_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+_SIZE_RE = re.compile(r"^(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?$")
+_SIZES = {
+    None: 1,
+    "B": 1,
+    "KiB": 1024,
+    "MiB": 1024**2,
+    "GiB": 1024**3,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+}
+
+
+def parse_size(value: str | int) -> int:
+    if isinstance(value, int):
+        return value
+    m = _SIZE_RE.match(value.strip())
+    if not m:
+        raise ValueError(f"{value!r} is not a size like 256MiB")
+    return int(m.group(1)) * _SIZES[m.group(2)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class KafkaSource(_Frozen):
+    kind: Literal["kafka"]
+    bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port]")
+    topic: str = Field(min_length=1)
+    format: Literal["json"] = "json"
+    key_field: str | None = None
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    options: dict[str, str] = Field(default_factory=dict, description="Passed to the client.")
+
+
+class FilesSource(_Frozen):
+    kind: Literal["files"]
+    path: str = Field(min_length=1, description="Directory with one subdirectory per partition.")
+    format: Literal["json"] = "json"
+    key_field: str | None = None
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+
+
+class GeneratorSource(_Frozen):
+    kind: Literal["generator"]
+    seed: int = 0
+    partitions: int = Field(default=4, ge=1, le=1024)
+    rate: float = Field(default=0, ge=0, description="Rows/s over all partitions; 0 = unthrottled.")
+    total: int | None = Field(default=None, ge=0, description="Stop after this many rows in all.")
+    key_cardinality: int = Field(default=10_000, ge=1)
+    update_fraction: float = Field(default=0.3, ge=0, le=1)
+    delete_fraction: float = Field(default=0.02, ge=0, le=1)
+    duplicate_fraction: float = Field(default=0.02, ge=0, le=1)
+    malformed_fraction: float = Field(default=0.0, ge=0, le=1)
+    format: Literal["json"] = "json"
+    key_field: str | None = None
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+
+
+SourceSpec = Annotated[KafkaSource | FilesSource | GeneratorSource, Field(discriminator="kind")]
+
+
+class TableSection(_Frozen):
+    name: str | None = None
+    primary_key: list[str] = Field(default_factory=list)
+    mode: MergeMode = "append"
+    comparison_column: str | None = None
+    delete_column: str | None = None
+    dedup_ttl: str | None = None
+    time_column: str | None = None
+    partial: dict[str, PartialStrategy] = Field(default_factory=dict)
+
+
+class SegmentsSection(_Frozen):
+    flush_rows: int = Field(default=500_000, ge=1)
+    flush_seconds: float = Field(default=300, gt=0)
+    flush_bytes: int = Field(default=256 * 1024**2, ge=1)
+    pauseless: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _units(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            if "flush_bytes" in data:
+                data["flush_bytes"] = parse_size(data["flush_bytes"])
+            if isinstance(data.get("flush_seconds"), str):
+                d = parse_duration(data["flush_seconds"], field="segments.flush_seconds")
+                assert d is not None
+                data["flush_seconds"] = d.total_seconds()
+        return data
+
+
+class DatastreamSpec(_Frozen):
+    name: str = Field(description="[a-z0-9][a-z0-9_-]{0,63}")
+    source: SourceSpec
+    table: TableSection = Field(default_factory=TableSection)
+    columns: dict[str, ColumnType] = Field(alias="schema", min_length=1)
+    segments: SegmentsSection = Field(default_factory=SegmentsSection)
+    max_records_per_batch: int = Field(default=100_000, ge=1, le=50_000_000)
+    trigger_interval: str = "500ms"
+    replicas: int = Field(default=1, ge=1, le=16)
+    replica_mode: Literal["standby", "active-active"] = "standby"
+    bad_records: Literal["dead_letter", "fail"] = "dead_letter"
+
+    @model_validator(mode="after")
+    def _check(self) -> DatastreamSpec:
+        if not DATASTREAM_NAME_RE.match(self.name):
+            raise InvalidSpecError("name", f"{self.name!r} must match [a-z0-9][a-z0-9_-]{{0,63}}")
+        parse_duration(self.trigger_interval, field="trigger_interval")
+        self.table_spec()  # validates the table section against the schema
+        return self
+
+    @property
+    def table_name(self) -> str:
+        return self.table.name or self.name
+
+    @property
+    def dead_letter_table(self) -> str:
+        return f"{self.table_name}__dead_letter"
+
+    @property
+    def trigger_seconds(self) -> float:
+        d = parse_duration(self.trigger_interval, field="trigger_interval")
+        assert d is not None
+        return d.total_seconds()
+
+    def table_spec(self) -> TableSpec:
+        data = self.table.model_dump(exclude_none=True)
+        data["name"] = self.table_name
+        data["schema"] = dict(self.columns)
+        return TableSpec.parse(data)
+
+    @classmethod
+    def parse(cls, data: Any) -> DatastreamSpec:
+        if not isinstance(data, dict):
+            raise InvalidSpecError("spec", "must be a mapping (YAML object)")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise _first_error(exc, prefix="") from None
+
+    @classmethod
+    def from_yaml(cls, text: str) -> DatastreamSpec:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise InvalidSpecError("spec", f"is not valid YAML: {exc}") from None
+        return cls.parse(data)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> DatastreamSpec:
+        p = Path(path)
+        if not p.is_file():
+            raise InvalidSpecError("file", f"{str(p)!r} does not exist")
+        return cls.from_yaml(p.read_text())
+
+
+def dead_letter_spec(table: str) -> TableSpec:
+    """The dead-letter table of ``table``: every record that could not be decoded or validated."""
+    return TableSpec.parse(
+        {
+            "name": f"{table}__dead_letter",
+            "mode": "append",
+            "schema": {
+                "partition": "int",
+                "offset": "long",
+                "raw": "binary",
+                "key": "binary",
+                "error": "string",
+                "failed_at": "timestamp",
+            },
+        }
+    )

@@ -1,0 +1,306 @@
+"""Run one datastream as a Spark streaming query: bootstrap from the shards, check the local
+checkpoint against them, start, and restart from the shard upper when fenced or gapped.
+
+**Local state is a cache; the shard is the truth.** A writer always resumes at each shard's
+``upper``. The Spark checkpoint is reused only when it agrees with the shards' uppers and
+epochs (see :func:`checkpoint_verdict`); otherwise it is discarded with a warning saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from millstream.catalog import Catalog
+from millstream.datastream import (
+    DatastreamSpec,
+    FilesSource,
+    GeneratorSource,
+    KafkaSource,
+    dead_letter_spec,
+)
+from millstream.errors import ShardGapError, WriterFencedError
+from millstream.ingest.sources.base import encode_offsets
+
+log = logging.getLogger(__name__)
+
+MAX_RESTARTS = 10
+SIDECAR = "millstream.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Bootstrap:
+    uppers: dict[int, int]
+    epochs: dict[int, int]
+    dead_letter_epochs: dict[int, int]
+
+
+def source_options(spec: DatastreamSpec) -> tuple[str, dict[str, str]]:
+    """The Spark format name and options of the datastream's source."""
+    src = spec.source
+    opts: dict[str, str] = {
+        "maxRecordsPerBatch": str(spec.max_records_per_batch),
+        "startingOffsets": src.starting_offsets,
+    }
+    if isinstance(src, KafkaSource):
+        opts.update(
+            bootstrap_servers=src.bootstrap_servers,
+            topic=src.topic,
+            clientOptions=json.dumps(src.options),
+        )
+        return "millstream_kafka", opts
+    if isinstance(src, FilesSource):
+        opts["path"] = src.path
+        return "millstream_files", opts
+    assert isinstance(src, GeneratorSource)
+    opts.update(
+        {
+            k: str(v)
+            for k, v in src.model_dump().items()
+            if k not in ("kind", "format", "key_field", "starting_offsets") and v is not None
+        }
+    )
+    return "millstream_generator", opts
+
+
+def make_reader(spec: DatastreamSpec) -> Any:
+    """A driver-side source reader, for latest offsets (lag) without running a query."""
+    fmt, opts = source_options(spec)
+    if fmt == "millstream_kafka":
+        from millstream.ingest.sources.kafka import KafkaStreamReader
+
+        return KafkaStreamReader(opts)
+    if fmt == "millstream_files":
+        from millstream.ingest.sources.files import FilesStreamReader
+
+        return FilesStreamReader(opts)
+    from millstream.ingest.sources.generator import GeneratorStreamReader
+
+    return GeneratorStreamReader(opts)
+
+
+def _read_offsets_file(path: Path) -> dict[int, int] | None:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    if len(lines) < 3:
+        return None
+    try:
+        return {int(p): int(o) for p, o in json.loads(lines[2]).items()}
+    except (ValueError, AttributeError):
+        return None
+
+
+def checkpoint_verdict(checkpoint: Path, boot: Bootstrap) -> str | None:
+    """None if the checkpoint agrees with the shards; otherwise why it must be discarded.
+
+    With batch N the last one planned (``offsets/N``):
+    * if N is committed (``commits/N``), its end must equal every shard's upper;
+    * if N is pending, Spark replays it, so its range must contain the upper
+      (``start(N) <= upper <= end(N)``; the replay then drops or trims what is persisted);
+    * the epochs it was started with must still be the shards' epochs.
+    """
+    offsets_dir = checkpoint / "offsets"
+    if not offsets_dir.is_dir():
+        return "it has no offset log"
+    batches = sorted(int(f.name) for f in offsets_dir.iterdir() if f.name.isdigit())
+    if not batches:
+        return "it has no offset log"
+    try:
+        side = json.loads((checkpoint / SIDECAR).read_text())
+    except (OSError, ValueError):
+        return f"it has no {SIDECAR} recording the epochs it was started at"
+    recorded = {int(k): v for k, v in side.get("epochs", {}).items() if v}
+    if recorded != {p: e for p, e in boot.epochs.items() if e}:  # a missing shard is epoch 0
+        return f"it was started at epochs {side.get('epochs')} but the shards are at {boot.epochs}"
+    n = batches[-1]
+    end = _read_offsets_file(offsets_dir / str(n))
+    if end is None:
+        return f"offsets/{n} is unreadable"
+    if (checkpoint / "commits" / str(n)).exists():
+        for p, upper in boot.uppers.items():
+            if end.get(p) != upper:
+                return (
+                    f"batch {n} ended at offset {end.get(p)} of partition {p} but the shard upper "
+                    f"is {upper}"
+                )
+        return None
+    start = _read_offsets_file(offsets_dir / str(n - 1)) if n > 0 else None
+    if start is None:
+        return f"batch {n} is uncommitted and its start is unknown"
+    for p, upper in boot.uppers.items():
+        lo, hi = start.get(p), end.get(p)
+        if lo is None or hi is None or not lo <= upper <= hi:
+            return (
+                f"uncommitted batch {n} covers [{lo}, {hi}) of partition {p}, which does not "
+                f"contain the shard upper {upper}"
+            )
+    return None
+
+
+@dataclass
+class RunStats:
+    restarts: int = 0
+    discarded_checkpoints: list[str] = field(default_factory=list)
+
+
+class DatastreamRunner:
+    """Runs one writer of one datastream in a SparkSession."""
+
+    def __init__(
+        self,
+        spec: DatastreamSpec,
+        catalog: Catalog,
+        spark: Any,
+        *,
+        writer_id: str | None = None,
+        state_dir: Path | None = None,
+    ) -> None:
+        self.spec = spec
+        self.catalog = catalog
+        self.spark = spark
+        self.writer_id = writer_id or f"{spec.name}-{socket.gethostname()}"
+        self.state_dir = state_dir or catalog.settings.home / "writers" / spec.name / self.writer_id
+        self.checkpoint = self.state_dir / "checkpoint"
+        self.stats_file = self.state_dir / "commits.jsonl"
+        self.table_spec = spec.table_spec()
+        self.stats = RunStats()
+        self.query: Any = None
+        self._stopping = False
+
+    # -- bootstrap -------------------------------------------------------------------------
+
+    def ensure_tables(self) -> None:
+        self.catalog.create_table(self.table_spec)
+        self.catalog.create_table(dead_letter_spec(self.table_spec.name))
+
+    def bootstrap(self) -> Bootstrap:
+        shards = self.catalog.store.list_shards(self.table_spec.name)
+        dl = self.catalog.store.list_shards(dead_letter_spec(self.table_spec.name).name)
+        return Bootstrap(
+            uppers={s.partition: s.upper for s in shards},
+            epochs={s.partition: s.epoch for s in shards},
+            dead_letter_epochs={s.partition: s.epoch for s in dl},
+        )
+
+    def prepare_checkpoint(self, boot: Bootstrap) -> None:
+        if self.checkpoint.exists():
+            why = checkpoint_verdict(self.checkpoint, boot)
+            if why is not None:
+                log.warning(
+                    "discarding the Spark checkpoint of writer %s at %s: %s; resuming from the "
+                    "shard uppers %s instead",
+                    self.writer_id,
+                    self.checkpoint,
+                    why,
+                    boot.uppers,
+                )
+                self.stats.discarded_checkpoints.append(why)
+                shutil.rmtree(self.checkpoint)
+        self.checkpoint.mkdir(parents=True, exist_ok=True)
+        (self.checkpoint / SIDECAR).write_text(
+            json.dumps(
+                {"epochs": {str(k): v for k, v in boot.epochs.items()}, "writer": self.writer_id}
+            )
+        )
+
+    # -- query -----------------------------------------------------------------------------
+
+    def start(self, *, available_now: bool) -> Any:
+        from millstream.table.spark_source import register
+
+        register(self.spark)
+        self.ensure_tables()
+        boot = self.bootstrap()
+        self.prepare_checkpoint(boot)
+        fmt, src_opts = source_options(self.spec)
+        src_opts["startOffsets"] = json.dumps(encode_offsets(boot.uppers))
+        src_opts["tasks"] = str(max(1, int(self.spark.sparkContext.defaultParallelism)))
+        sink_opts = {
+            **self.catalog.settings.as_options(),
+            "table": self.table_spec.name,
+            "tableSpec": json.dumps(self.table_spec.to_json_dict()),
+            "epochs": json.dumps(encode_offsets(boot.epochs)),
+            "deadLetterEpochs": json.dumps(encode_offsets(boot.dead_letter_epochs)),
+            "writerId": self.writer_id,
+            "badRecords": self.spec.bad_records,
+            "statsFile": str(self.stats_file),
+        }
+        writer = (
+            self.spark.readStream.format(fmt)
+            .options(**src_opts)
+            .load()
+            .writeStream.format("millstream")
+            .options(**sink_opts)
+            .option("checkpointLocation", str(self.checkpoint))
+            .queryName(f"millstream-{self.spec.name}-{self.writer_id}")
+        )
+        if available_now:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(
+                processingTime=f"{int(self.spec.trigger_seconds * 1000)} milliseconds"
+            )
+        self.query = writer.start()
+        return self.query
+
+    def run(
+        self,
+        *,
+        available_now: bool,
+        on_tick: Callable[[DatastreamRunner], None] | None = None,
+        tick_seconds: float = 1.0,
+    ) -> RunStats:
+        """Run until done (``available_now``) or :meth:`stop`; restart from the shard upper
+        when a commit is fenced or finds a gap. Raises the query's error otherwise."""
+        while True:
+            self.start(available_now=available_now)
+            error = self._await(on_tick, tick_seconds)
+            if error is None or self._stopping:
+                return self.stats
+            if not _restartable(error) or self.stats.restarts >= MAX_RESTARTS:
+                raise error
+            self.stats.restarts += 1
+            log.warning("writer %s restarts from the shard uppers: %s", self.writer_id, error)
+            # The checkpoint is ahead of (or behind) the truth; make it re-verify.
+            shutil.rmtree(self.checkpoint, ignore_errors=True)
+
+    def _await(
+        self, on_tick: Callable[[DatastreamRunner], None] | None, tick: float
+    ) -> Exception | None:
+        from pyspark.errors import StreamingQueryException
+
+        try:
+            while not self.query.awaitTermination(tick):
+                if on_tick is not None:
+                    on_tick(self)
+            if on_tick is not None:
+                on_tick(self)
+            return None
+        except StreamingQueryException as exc:
+            return exc
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self.query is not None:
+            self.query.stop()
+
+    # -- status ----------------------------------------------------------------------------
+
+    def commits(self) -> list[dict[str, Any]]:
+        try:
+            return [json.loads(line) for line in self.stats_file.read_text().splitlines() if line]
+        except (OSError, ValueError):
+            return []
+
+
+def _restartable(error: Exception) -> bool:
+    text = str(error)
+    return any(name in text for name in (ShardGapError.__name__, WriterFencedError.__name__))

@@ -1,0 +1,228 @@
+"""The segment sink: a Spark streaming Arrow writer that commits through compare_and_append.
+
+* ``write()`` runs on executors: decode + validate the task's records, stage one Parquet data
+  file (several partitions per file) and one dead-letter file, named with batch id, Spark
+  partition and attempt, and return the per-partition offset ranges.
+* ``commit()`` runs in a separate process on the driver with a fresh writer object, so
+  everything it needs travels in the commit messages and the options. It calls
+  compare_and_append for every touched shard of the table AND its dead-letter table in ONE
+  metadata transaction. A replayed batch id is a harmless DROP.
+* ``abort()`` deletes the staged files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import TaskContext
+from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+
+from millstream import faults
+from millstream.config import Settings
+from millstream.datastream import dead_letter_spec
+from millstream.errors import CommitStateUnknownError, MillstreamError
+from millstream.ingest.decode import RAW_SCHEMA, dead_letter_rows, decode_records
+from millstream.ingest.sources.base import decode_offsets
+from millstream.metastore.models import ShardAppend
+from millstream.metastore.store import MetadataStore
+from millstream.options import Options
+from millstream.spec import TableSpec
+from millstream.storage.deepstore import DeepStore
+
+
+class BadRecordError(MillstreamError):
+    """A record failed to decode and the datastream says ``bad_records: fail``."""
+
+    def __init__(self, table: str, partition: int, offset: int, error: str) -> None:
+        super().__init__(
+            f"bad record in table {table!r} at partition {partition} offset {offset}: {error} "
+            "(bad_records: fail stops here; use bad_records: dead_letter to keep going)",
+            table=table,
+            partition=partition,
+            offset=offset,
+        )
+
+
+@dataclass
+class SinkMessage(WriterCommitMessage):
+    ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
+    data_path: str | None = None
+    data_size: int = 0
+    data_counts: dict[int, int] = field(default_factory=dict)
+    dead_path: str | None = None
+    dead_size: int = 0
+    dead_counts: dict[int, int] = field(default_factory=dict)
+
+
+def _ranges(raw: pa.Table) -> dict[int, tuple[int, int]]:
+    if raw.num_rows == 0:
+        return {}
+    g = raw.group_by(["partition"]).aggregate([("range_lo", "min"), ("range_hi", "max")])
+    return {
+        int(p): (int(lo), int(hi))
+        for p, lo, hi in zip(
+            g.column("partition").to_pylist(),
+            g.column("range_lo_min").to_pylist(),
+            g.column("range_hi_max").to_pylist(),
+            strict=True,
+        )
+    }
+
+
+class SegmentSink(DataSourceStreamArrowWriter):
+    """Options: settings (``home``, ``metadataUrl``, ``deepStore``), ``table``, ``tableSpec``
+    (JSON), ``epochs`` / ``deadLetterEpochs`` (JSON ``{partition: epoch}``), ``writerId``,
+    ``badRecords`` (dead_letter|fail), ``statsFile`` (optional JSON-lines commit log)."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.options = Options(options)
+        options = self.options
+        self.settings = Settings.from_options(options)
+        self.spec = TableSpec.parse(json.loads(options["tableSpec"]))
+        self.dl_spec = dead_letter_spec(self.spec.name)
+        self.epochs = decode_offsets(json.loads(options.get("epochs") or "{}"))
+        self.dl_epochs = decode_offsets(json.loads(options.get("deadLetterEpochs") or "{}"))
+        self.writer_id = options.get("writerId") or f"writer-{os.getpid()}"
+        self.bad_records = options.get("badRecords", "dead_letter")
+        self.stats_file = options.get("statsFile")
+
+    def _deep(self) -> DeepStore:
+        return DeepStore.from_uri(self.settings.deep_store, s3_endpoint=self.settings.s3_endpoint)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkMessage:
+        from millstream.table.writer import stage_rows
+
+        ctx = TaskContext.get()
+        batch_id = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
+        hint = (
+            f"b{batch_id}-t{ctx.partitionId() if ctx else 0}-a{ctx.attemptNumber() if ctx else 0}"
+        )
+        raw = pa.Table.from_batches(list(iterator), schema=RAW_SCHEMA)
+        ranges = _ranges(raw)
+        records = raw.filter(pc.invert(raw.column("is_marker")))
+        decoded = decode_records(self.spec, records)
+        if decoded.dead and self.bad_records == "fail":
+            p, o, _, _, err = min(decoded.dead, key=lambda d: (d[0], d[1]))
+            raise BadRecordError(self.spec.name, p, o, err)
+        deep = self._deep()
+        data = stage_rows(deep, self.spec, decoded.rows, name_hint=hint)
+        dead = stage_rows(deep, self.dl_spec, dead_letter_rows(decoded.dead), name_hint=hint)
+        faults.hit("after_stage", batch_id)
+        return SinkMessage(
+            ranges=ranges,
+            data_path=data.path,
+            data_size=data.size_bytes,
+            data_counts=dict(data.row_counts),
+            dead_path=dead.path,
+            dead_size=dead.size_bytes,
+            dead_counts=dict(dead.row_counts),
+        )
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        faults.hit("before_commit", batchId)
+        table, dl_table = self.spec.name, self.dl_spec.name
+        main: list[ShardAppend] = []
+        dl: list[ShardAppend] = []
+        staged: set[str] = set()
+        rows = 0
+        for m in messages:
+            if not isinstance(m, SinkMessage):
+                continue
+            staged.update(p for p in (m.data_path, m.dead_path) if p)
+            for part, (lo, hi) in m.ranges.items():
+                n = m.data_counts.get(part, 0)
+                rows += n
+                main.append(
+                    ShardAppend(
+                        part,
+                        lo,
+                        hi,
+                        self.epochs.get(part, 0),
+                        m.data_path if n else None,
+                        n,
+                        m.data_size,
+                    )
+                )
+                d = m.dead_counts.get(part, 0)
+                dl.append(
+                    ShardAppend(
+                        part,
+                        lo,
+                        hi,
+                        self.dl_epochs.get(part, 0),
+                        m.dead_path if d else None,
+                        d,
+                        m.dead_size,
+                    )
+                )
+        if not main:
+            return
+        store = MetadataStore(self.settings.metadata_url)
+        deep = self._deep()
+        try:
+            results = store.commit_batch(
+                {table: main, dl_table: dl}, writer_id=self.writer_id, batch_id=batchId
+            )
+        except CommitStateUnknownError:
+            raise  # the files may be referenced now; abort() checks before deleting
+        except MillstreamError:
+            self._delete(deep, staged)  # the transaction rolled back: nothing references them
+            raise
+        finally:
+            store.dispose()
+        referenced = results[table].files_referenced | results[dl_table].files_referenced
+        self._delete(deep, staged - referenced)
+        self._record(batchId, results[table], rows)
+        faults.hit("after_commit", batchId)
+        results[table].raise_for_gaps(main)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        staged = {
+            p
+            for m in messages
+            if isinstance(m, SinkMessage)
+            for p in (m.data_path, m.dead_path)
+            if p
+        }
+        if not staged:
+            return
+        store = MetadataStore(self.settings.metadata_url)
+        try:
+            # A commit whose outcome was unknown may have landed: keep what the manifest uses.
+            referenced = store.referenced_files(self.spec.name) | store.referenced_files(
+                self.dl_spec.name
+            )
+        finally:
+            store.dispose()
+        self._delete(self._deep(), staged - referenced)
+
+    @staticmethod
+    def _delete(deep: DeepStore, paths: set[str]) -> None:
+        for p in paths:
+            deep.delete(p)
+
+    def _record(self, batch_id: int, result: Any, rows: int) -> None:
+        if not self.stats_file:
+            return
+        entry = {
+            "batch_id": batch_id,
+            "at": time.time(),
+            "version": result.version,
+            "rows": rows,
+            "lost_race": result.lost_race,
+            "retries": result.retries,
+            "outcomes": {str(s.partition): s.decision.outcome.value for s in result.shards},
+            "uppers": {str(s.partition): s.decision.new_upper for s in result.shards},
+        }
+        path = Path(self.stats_file)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
