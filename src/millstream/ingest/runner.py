@@ -216,6 +216,11 @@ class DatastreamRunner:
     def start(self, *, available_now: bool) -> Any:
         from millstream.table.spark_source import register
 
+        # The Python sink is looked up through the JVM thread's active session; a runner may
+        # start its query from any Python thread (a worker runs several writers).
+        self.spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(
+            self.spark._jsparkSession
+        )
         register(self.spark)
         self.ensure_tables()
         boot = self.bootstrap()

@@ -45,12 +45,20 @@ def _consumer(conf: dict[str, Any]) -> Any:
         "enable.partition.eof": False,
         "auto.offset.reset": "earliest",
         "session.timeout.ms": 6000,
+        "log.connection.close": False,
         **conf,
     }
     key = json.dumps(full, sort_keys=True)
     if key not in _CONSUMERS:
         _CONSUMERS[key] = Consumer(full)
     return _CONSUMERS[key]
+
+
+def close_consumers() -> None:
+    """Close this process's cached consumers (before stopping a broker they talk to)."""
+    while _CONSUMERS:
+        _, consumer = _CONSUMERS.popitem()
+        consumer.close()
 
 
 class KafkaStreamReader(PartitionedStreamReader):

@@ -1,0 +1,70 @@
+"""Live progress of a running writer: rows/s, offset lag per partition, last commit age."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from rich.table import Table
+
+from millstream.ingest.runner import DatastreamRunner, make_reader
+
+
+class ProgressView:
+    def __init__(self, runner: DatastreamRunner) -> None:
+        self.runner = runner
+        self.reader = make_reader(runner.spec)
+        self.started = time.time()
+        self.latest: dict[int, int] = {}
+        self._latest_at = 0.0
+
+    def snapshot(self) -> dict[str, Any]:
+        r = self.runner
+        if time.time() - self._latest_at > 2.0:
+            with contextlib.suppress(Exception):  # lag is advisory; never stop ingestion over it
+                self.latest = self.reader.latest_offsets()
+            self._latest_at = time.time()
+        shards = {s.partition: s.upper for s in r.catalog.store.list_shards(r.table_spec.name)}
+        commits = r.commits()
+        rows = sum(c["rows"] for c in commits)
+        last = commits[-1]["at"] if commits else None
+        progress = r.query.lastProgress if r.query is not None else None
+        rate = (progress or {}).get("processedRowsPerSecond") or 0.0
+        parts = sorted(set(shards) | set(self.latest))
+        return {
+            "datastream": r.spec.name,
+            "table": r.table_spec.name,
+            "writer": r.writer_id,
+            "rows_committed": rows,
+            "rows_per_second": round(float(rate), 1),
+            "batches": len(commits),
+            "last_commit_age_s": None if last is None else round(time.time() - last, 1),
+            "lost_races": sum(1 for c in commits if c.get("lost_race")),
+            "partitions": {
+                p: {
+                    "upper": shards.get(p),
+                    "latest": self.latest.get(p),
+                    "lag": None
+                    if p not in self.latest
+                    else max(0, self.latest[p] - shards.get(p, 0)),
+                }
+                for p in parts
+            },
+        }
+
+    def render(self) -> Table:
+        s = self.snapshot()
+        age = s["last_commit_age_s"]
+        t = Table(
+            title=(
+                f"{s['datastream']} -> {s['table']}  |  {s['rows_per_second']:.0f} rows/s  |  "
+                f"{s['rows_committed']} rows in {s['batches']} batches  |  last commit "
+                f"{'never' if age is None else f'{age:.1f}s ago'}"
+            )
+        )
+        for c in ("partition", "shard upper", "source latest", "offset lag"):
+            t.add_column(c, justify="right")
+        for p, v in s["partitions"].items():
+            t.add_row(str(p), str(v["upper"]), str(v["latest"]), str(v["lag"]))
+        return t
