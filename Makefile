@@ -1,0 +1,76 @@
+# millstream developer / CI entry points. `make test` is what CI runs (via .ci/run).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := test
+
+PYTHON      ?= python3.11
+VENV        ?= .venv
+VPY         := $(VENV)/bin/python
+UV          := $(VENV)/bin/uv
+UV_VERSION  ?= 0.13.9
+STAMP       := $(VENV)/.millstream-installed
+PYTEST_ARGS ?=
+
+# uv keeps downloaded and built wheels here (pyspark is an sdist: ~35-46s to build once).
+# Installs try the cache alone first (--offline): online, uv revalidates the pyspark sdist,
+# the registry answers "modified", and uv would rebuild it on every fresh venv.
+export UV_CACHE_DIR ?= $(HOME)/.cache/uv
+export UV_PYTHON_DOWNLOADS ?= never
+uv_install = $(UV) pip install --python $(VPY) --offline --quiet $(1) 2>/dev/null \
+	|| { echo "uv: cache incomplete, installing from the registry"; \
+	     $(UV) pip install --python $(VPY) $(1); }
+
+export MILLSTREAM_TEST_SPARK_MASTER ?= local[2]
+
+.PHONY: venv system-deps test lint lock demo clean distclean
+
+venv: $(STAMP)
+
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+
+$(UV): | $(VPY)
+	$(VPY) -m pip install --disable-pip-version-check --quiet "uv==$(UV_VERSION)"
+
+$(STAMP): requirements.lock pyproject.toml | $(UV)
+	$(call uv_install,-r requirements.lock)
+	$(call uv_install,-e '.[test]' --no-deps)
+	@touch $@
+
+system-deps:
+	@if ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 && command -v java >/dev/null; then \
+	  exit 0; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  pkgs=""; \
+	  ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || pkgs="$$pkgs postgresql"; \
+	  command -v java >/dev/null || pkgs="$$pkgs openjdk-17-jre-headless"; \
+	  echo "system-deps: installing$$pkgs"; \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$pkgs; \
+	else \
+	  echo "system-deps: the tests need PostgreSQL server binaries (/usr/lib/postgresql/*/bin/pg_ctl)" >&2; \
+	  echo "  and Java 17+ for Spark; run as root: apt-get install -y postgresql openjdk-17-jre-headless" >&2; \
+	  echo "  (or point MILLSTREAM_PG_BIN at a directory holding initdb and postgres)" >&2; \
+	  exit 1; \
+	fi
+
+lint: venv
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/mypy
+
+test: venv system-deps lint
+	$(VPY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+
+lock: | $(UV)
+	$(UV) pip compile pyproject.toml --extra test --extra demo --python-version 3.11 \
+	  -o requirements.lock
+
+demo: venv
+	$(VENV)/bin/millstream demo
+
+clean:
+	rm -rf build dist .millstream .mypy_cache .ruff_cache .pytest_cache .hypothesis src/*.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)
