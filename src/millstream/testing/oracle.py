@@ -92,7 +92,9 @@ def decode_one(spec: TableSpec, rec: RawRecord) -> Row | None:
         return None
 
 
-def expected_table(spec: TableSpec, records: Iterable[RawRecord]) -> tuple[list[Row], list[tuple[int, int]]]:
+def expected_table(
+    spec: TableSpec, records: Iterable[RawRecord]
+) -> tuple[list[Row], list[tuple[int, int]]]:
     """(the model's rows, the (partition, offset) of every bad record)."""
     good: list[Row] = []
     bad: list[tuple[int, int]] = []
