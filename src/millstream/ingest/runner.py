@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from millstream.catalog import Catalog
+from millstream.control.statedir import StateDirectory
 from millstream.datastream import (
     DatastreamSpec,
     FilesSource,
@@ -161,17 +162,22 @@ class DatastreamRunner:
         spark: Any,
         *,
         writer_id: str | None = None,
-        state_dir: Path | None = None,
+        state_dir: StateDirectory | None = None,
+        commit_gate: dict[str, str] | None = None,
     ) -> None:
         self.spec = spec
         self.catalog = catalog
         self.spark = spark
         self.writer_id = writer_id or f"{spec.name}-{socket.gethostname()}"
-        self.state_dir = state_dir or catalog.settings.home / "writers" / spec.name / self.writer_id
-        self.checkpoint = self.state_dir / "checkpoint"
-        self.stats_file = self.state_dir / "commits.jsonl"
+        #: Held (locked) for as long as this runner runs; a worker passes one it already locked.
+        self.state_dir = state_dir or StateDirectory(
+            catalog.settings.home / "writers" / spec.name, self.writer_id
+        )
+        self.stats_file = self.state_dir.path / "commits.jsonl"
         self.table_spec = spec.table_spec()
         self.stats = RunStats()
+        #: Sink options that make a standby commit only when the active is gone (workers).
+        self.commit_gate = commit_gate or {}
         self.query: Any = None
         self._stopping = False
 
@@ -190,7 +196,14 @@ class DatastreamRunner:
             dead_letter_epochs={s.partition: s.epoch for s in dl},
         )
 
+    @property
+    def checkpoint(self) -> Path:
+        return self.state_dir.checkpoint_dir  # raises unless the lock is held
+
     def prepare_checkpoint(self, boot: Bootstrap) -> None:
+        """Decide whether the local checkpoint may be reused. Runs only under the state
+        directory lock: the checkpoint is read after locking and written while locked."""
+        self.state_dir.lock()
         if self.checkpoint.exists():
             why = checkpoint_verdict(self.checkpoint, boot)
             if why is not None:
@@ -237,6 +250,7 @@ class DatastreamRunner:
             "writerId": self.writer_id,
             "badRecords": self.spec.bad_records,
             "statsFile": str(self.stats_file),
+            **self.commit_gate,
         }
         writer = (
             self.spark.readStream.format(fmt)
@@ -264,18 +278,27 @@ class DatastreamRunner:
         tick_seconds: float = 1.0,
     ) -> RunStats:
         """Run until done (``available_now``) or :meth:`stop`; restart from the shard upper
-        when a commit is fenced or finds a gap. Raises the query's error otherwise."""
-        while True:
-            self.start(available_now=available_now)
-            error = self._await(on_tick, tick_seconds)
-            if error is None or self._stopping:
-                return self.stats
-            if not _restartable(error) or self.stats.restarts >= MAX_RESTARTS:
-                raise error
-            self.stats.restarts += 1
-            log.warning("writer %s restarts from the shard uppers: %s", self.writer_id, error)
-            # The checkpoint is ahead of (or behind) the truth; make it re-verify.
-            shutil.rmtree(self.checkpoint, ignore_errors=True)
+        when a commit is fenced or finds a gap. Raises the query's error otherwise.
+
+        Holds the state directory lock throughout (and releases it at the end, unless the
+        caller locked it first, as a worker does)."""
+        owns_lock = not self.state_dir.held
+        try:
+            while not self._stopping:
+                self.start(available_now=available_now)
+                error = self._await(on_tick, tick_seconds)
+                if error is None or self._stopping:
+                    return self.stats
+                if not _restartable(error) or self.stats.restarts >= MAX_RESTARTS:
+                    raise error
+                self.stats.restarts += 1
+                log.warning("writer %s restarts from the shard uppers: %s", self.writer_id, error)
+                # The checkpoint is ahead of (or behind) the truth; make it re-verify.
+                shutil.rmtree(self.checkpoint, ignore_errors=True)
+            return self.stats
+        finally:
+            if owns_lock:
+                self.state_dir.unlock()
 
     def _await(
         self, on_tick: Callable[[DatastreamRunner], None] | None, tick: float
@@ -296,6 +319,10 @@ class DatastreamRunner:
         self._stopping = True
         if self.query is not None:
             self.query.stop()
+
+    def release(self) -> None:
+        """Release the state directory lock (after the query has stopped)."""
+        self.state_dir.unlock()
 
     # -- status ----------------------------------------------------------------------------
 

@@ -93,6 +93,10 @@ class SegmentSink(DataSourceStreamArrowWriter):
         self.writer_id = options.get("writerId") or f"writer-{os.getpid()}"
         self.bad_records = options.get("badRecords", "dead_letter")
         self.stats_file = options.get("statsFile")
+        # Set when a worker runs this writer as one replica of several (standby mode).
+        self.gate_datastream = options.get("gateDatastream")
+        self.gate_worker = options.get("gateWorker")
+        self.gate_worker_ttl = float(options.get("gateWorkerTtl") or 6.0)
 
     def _deep(self) -> DeepStore:
         return DeepStore.from_uri(self.settings.deep_store, s3_endpoint=self.settings.s3_endpoint)
@@ -167,6 +171,14 @@ class SegmentSink(DataSourceStreamArrowWriter):
             return
         store = MetadataStore(self.settings.metadata_url)
         deep = self._deep()
+        if not self._may_commit(store):
+            # A warm standby: it reads and stages like the active but does not commit while the
+            # active is alive. When it takes over, its first commit finds a gap and the runner
+            # restarts it from the shard upper.
+            store.dispose()
+            self._delete(deep, staged)
+            self._record(batchId, None, 0)
+            return
         try:
             results = store.commit_batch(
                 {table: main, dl_table: dl}, writer_id=self.writer_id, batch_id=batchId
@@ -209,19 +221,40 @@ class SegmentSink(DataSourceStreamArrowWriter):
         for p in paths:
             deep.delete(p)
 
+    def _may_commit(self, store: MetadataStore) -> bool:
+        if not (self.gate_datastream and self.gate_worker):
+            return True
+        from millstream.control.workers import may_commit
+
+        return may_commit(
+            store,
+            self.gate_datastream,
+            self.gate_worker,
+            worker_ttl=self.gate_worker_ttl,
+            now=time.time(),
+        )
+
     def _record(self, batch_id: int, result: Any, rows: int) -> None:
         if not self.stats_file:
             return
-        entry = {
-            "batch_id": batch_id,
-            "at": time.time(),
-            "version": result.version,
-            "rows": rows,
-            "lost_race": result.lost_race,
-            "retries": result.retries,
-            "outcomes": {str(s.partition): s.decision.outcome.value for s in result.shards},
-            "uppers": {str(s.partition): s.decision.new_upper for s in result.shards},
-        }
+        if result is None:
+            entry: dict[str, Any] = {
+                "batch_id": batch_id,
+                "at": time.time(),
+                "skipped": True,
+                "rows": 0,
+            }
+        else:
+            entry = {
+                "batch_id": batch_id,
+                "at": time.time(),
+                "version": result.version,
+                "rows": rows,
+                "lost_race": result.lost_race,
+                "retries": result.retries,
+                "outcomes": {str(s.partition): s.decision.outcome.value for s in result.shards},
+                "uppers": {str(s.partition): s.decision.new_upper for s in result.shards},
+            }
         path = Path(self.stats_file)
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:

@@ -94,15 +94,84 @@ entries = Table(
 Index("ix_entries_table_version", entries.c.table_name, entries.c.added_version)
 Index("ix_entries_file", entries.c.table_name, entries.c.file_path)
 
-LATEST_SCHEMA_VERSION = 1
+# -- control plane (schema version 2) -----------------------------------------------------------
+
+control = MetaData()
+
+#: Datastreams: the spec and the lifecycle state, changed only by compare-and-set on version.
+datastreams = Table(
+    "ms_datastreams",
+    control,
+    Column("name", String(64), primary_key=True),
+    Column("spec", JSON, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("last_error", Text, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("version", BigInteger, nullable=False),
+)
+
+#: The leader's event queue. Unprocessed events of one kind for one datastream are coalesced.
+events = Table(
+    "ms_events",
+    control,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("datastream", String(64), nullable=True),
+    Column("kind", String(32), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("processed_at", Float, nullable=True),
+    Column("version", BigInteger, nullable=False),
+)
+Index("ix_events_pending", events.c.processed_at, events.c.id)
+
+#: Leases with a TTL and a fencing token that only grows (controller leadership).
+leases = Table(
+    "ms_leases",
+    control,
+    Column("name", String(64), primary_key=True),
+    Column("holder", String(128), nullable=True),
+    Column("token", BigInteger, nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Column("version", BigInteger, nullable=False),
+)
+
+workers = Table(
+    "ms_workers",
+    control,
+    Column("id", String(128), primary_key=True),
+    Column("url", String(256), nullable=True),
+    Column("status", String(16), nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("heartbeat_at", Float, nullable=False),
+    Column("info", JSON, nullable=False),
+    Column("version", BigInteger, nullable=False),
+)
+
+#: Which worker runs which writer: one active plus standbys per datastream. `token` is the
+#: leader's fencing token when it was written.
+assignments = Table(
+    "ms_assignments",
+    control,
+    Column("datastream", String(64), primary_key=True),
+    Column("worker_id", String(128), primary_key=True),
+    Column("role", String(16), nullable=False),
+    Column("token", BigInteger, nullable=False),
+    Column("version", BigInteger, nullable=False),
+)
+
+LATEST_SCHEMA_VERSION = 2
 
 
 def _v1(conn: Connection) -> None:
     metadata.create_all(conn, checkfirst=True)
 
 
+def _v2(conn: Connection) -> None:
+    control.create_all(conn, checkfirst=True)
+
+
 #: Migration N takes the schema from version N-1 to N. Append; never edit a released one.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1, 2: _v2}
 
 
 def current_schema_version(conn: Connection) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -75,6 +76,7 @@ class MetadataStore:
         self.engine = self._make_engine(url)
         #: Compare-and-set retries in this process (reported as commit conflicts).
         self.conflicts = 0
+        self._conflicts_lock = threading.Lock()
         self._migrate()
 
     # -- connection plumbing ---------------------------------------------------------------
@@ -142,13 +144,17 @@ class MetadataStore:
                 with self.write() as conn:
                     return fn(conn, *args, **kwargs), attempt
             except CommitConflictError:
-                self.conflicts += 1
+                self._count_conflict()
             except (OperationalError, IntegrityError) as exc:
                 if not (_is_retryable(exc) or isinstance(exc, IntegrityError)):
                     raise
-                self.conflicts += 1
+                self._count_conflict()
             time.sleep(random.uniform(0, 0.002 * (attempt + 1)))
         raise CommitConflictError(f"gave up after {MAX_CAS_RETRIES} lost compare-and-sets")
+
+    def _count_conflict(self) -> None:
+        with self._conflicts_lock:
+            self.conflicts += 1
 
     def _migrate(self) -> None:
         for _ in range(5):

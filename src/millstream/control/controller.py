@@ -1,0 +1,141 @@
+"""The controller: leader election, the leader's event queue, assignment, completions.
+
+Any number of controllers may run; the one holding the ``controller`` lease is the leader.
+Each :meth:`Controller.tick` renews (or tries to take) the lease, processes pending events in
+order, recomputes the sticky assignment over live workers (written fenced by the lease token),
+and applies asynchronous completions conditionally:
+
+* INITIALIZING -> READY once the table exists;
+* STOPPING -> STOPPED once no live worker runs a writer of the datastream;
+* DELETING -> gone likewise.
+
+A completion reads the authoritative record in its own transaction and applies only if the
+state is still the one it expects, so a late stop completion never overrides a resume
+(Brooklin #974). The sweep over all STOPPING datastreams is therefore harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import uuid
+from dataclasses import dataclass
+
+from millstream.catalog import Catalog
+from millstream.clock import SYSTEM_CLOCK, Clock
+from millstream.control import events
+from millstream.control.leases import Lease, LeaseLostError, acquire_or_renew, release
+from millstream.control.registry import Registry
+from millstream.control.workers import (
+    CONTROLLER_LEASE,
+    list_workers,
+    read_assignments,
+    write_assignments,
+)
+from millstream.core.assignment import assign
+from millstream.core.lifecycle import ASSIGNED_STATES, State
+from millstream.datastream import dead_letter_spec
+from millstream.errors import MillstreamError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    lease_ttl: float = 6.0
+    worker_ttl: float = 6.0
+    tick_seconds: float = 0.5
+
+
+class Controller:
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        controller_id: str | None = None,
+        settings: ControlSettings | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.catalog = catalog
+        self.store = catalog.store
+        self.clock = clock
+        self.settings = settings or ControlSettings()
+        self.id = controller_id or f"controller-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+        self.registry = Registry(self.store, clock=clock)
+        self.lease: Lease | None = None
+        self._stop = threading.Event()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.lease is not None and self.lease.held_by(self.id, self.clock.now())
+
+    def tick(self) -> bool:
+        """One round of leadership work. Returns whether this controller is the leader."""
+        self.lease = acquire_or_renew(
+            self.store, CONTROLLER_LEASE, self.id, self.settings.lease_ttl, self.clock
+        )
+        if self.lease is None:
+            return False
+        try:
+            for ev in events.pending(self.store):
+                self._handle(ev)
+                events.mark_processed(self.store, ev.id, self.clock.now())
+            self.reconcile(self.lease)
+        except LeaseLostError as exc:
+            log.warning("controller %s stepped down: %s", self.id, exc)
+            self.lease = None
+            return False
+        return True
+
+    def _handle(self, ev: events.Event) -> None:
+        if ev.kind != events.CREATE or ev.datastream is None:
+            return  # stop/delete/assign are handled by reconcile(), idempotently
+        rec = self.registry.find(ev.datastream)
+        if rec is None or rec.state is not State.INITIALIZING:
+            return
+        try:
+            table = rec.spec.table_spec()
+            self.catalog.create_table(table)
+            self.catalog.create_table(dead_letter_spec(table.name))
+        except MillstreamError as exc:
+            self.registry.fail(rec.name, f"cannot create table: {exc.message}")
+            return
+        self.registry.complete(rec.name, expected=State.INITIALIZING, to=State.READY)
+
+    def reconcile(self, lease: Lease) -> None:
+        now = self.clock.now()
+        workers = [w for w in list_workers(self.store) if w.alive(now, self.settings.worker_ttl)]
+        records = self.registry.list()
+        replicas = {r.name: r.spec.replicas for r in records if r.state in ASSIGNED_STATES}
+        target = assign(replicas, [w.id for w in workers], read_assignments(self.store))
+        if write_assignments(
+            self.store, target, holder=self.id, token=lease.token, clock=self.clock
+        ):
+            log.info("controller %s (token %d) assigned %s", self.id, lease.token, target)
+        running = {
+            w_["datastream"]
+            for w in workers
+            for w_ in w.info.get("writers", [])
+            if w_.get("running")
+        }
+        for r in records:
+            if r.name in running:
+                continue
+            if r.state is State.STOPPING:
+                self.registry.complete(r.name, expected=State.STOPPING, to=State.STOPPED)
+            elif r.state is State.DELETING:
+                self.registry.remove(r.name)
+
+    def run_forever(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except MillstreamError as exc:
+                log.warning("controller %s tick failed: %s", self.id, exc)
+            self._stop.wait(self.settings.tick_seconds)
+        if self.lease is not None:
+            release(self.store, CONTROLLER_LEASE, self.id, self.clock)
+
+    def stop(self) -> None:
+        self._stop.set()

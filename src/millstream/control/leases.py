@@ -1,0 +1,99 @@
+"""Leases with a TTL and a fencing token (controller leadership).
+
+The token grows by one every time the lease changes hands, never otherwise. A leader passes
+its token to every write it makes on the leader's behalf; :func:`check_fence` inside the same
+transaction refuses the write if the lease has moved on, so a leader that was paused past its
+TTL (GC, SIGSTOP, a network partition) cannot make an assignment after a successor took over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, insert, select
+
+from millstream.clock import Clock
+from millstream.errors import MillstreamError
+from millstream.metastore import schema as s
+from millstream.metastore.cas import cas_update
+from millstream.metastore.store import MetadataStore
+
+
+class LeaseLostError(MillstreamError):
+    """This process no longer holds the lease it acted under (fenced). Step down."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    name: str
+    holder: str | None
+    token: int
+    expires_at: float
+    version: int
+
+    def held_by(self, holder: str, now: float) -> bool:
+        return self.holder == holder and self.expires_at > now
+
+
+def read_lease(conn: Connection, name: str) -> Lease | None:
+    r = conn.execute(select(s.leases).where(s.leases.c.name == name)).mappings().first()
+    return (
+        None
+        if r is None
+        else Lease(r["name"], r["holder"], r["token"], r["expires_at"], r["version"])
+    )
+
+
+def acquire_or_renew(
+    store: MetadataStore, name: str, holder: str, ttl: float, clock: Clock
+) -> Lease | None:
+    """Renew the lease if ``holder`` has it, take it if it is free or expired; else None."""
+
+    def _txn(conn: Connection) -> Lease | None:
+        now = clock.now()
+        cur = read_lease(conn, name)
+        if cur is None:
+            conn.execute(
+                insert(s.leases).values(
+                    name=name, holder=holder, token=1, expires_at=now + ttl, version=1
+                )
+            )
+            return Lease(name, holder, 1, now + ttl, 1)
+        if cur.holder == holder and cur.expires_at > now:
+            v = cas_update(conn, s.leases, {"name": name}, cur.version, {"expires_at": now + ttl})
+            return Lease(name, holder, cur.token, now + ttl, v)
+        if cur.expires_at > now:
+            return None
+        token = cur.token + 1
+        v = cas_update(
+            conn,
+            s.leases,
+            {"name": name},
+            cur.version,
+            {"holder": holder, "token": token, "expires_at": now + ttl},
+        )
+        return Lease(name, holder, token, now + ttl, v)
+
+    lease, _ = store.retrying(_txn)
+    return lease  # type: ignore[no-any-return]
+
+
+def release(store: MetadataStore, name: str, holder: str, clock: Clock) -> None:
+    def _txn(conn: Connection) -> None:
+        cur = read_lease(conn, name)
+        if cur is not None and cur.holder == holder:
+            cas_update(conn, s.leases, {"name": name}, cur.version, {"expires_at": clock.now() - 1})
+
+    store.retrying(_txn)
+
+
+def check_fence(conn: Connection, name: str, holder: str, token: int, now: float) -> None:
+    cur = read_lease(conn, name)
+    if cur is None or cur.holder != holder or cur.token != token or cur.expires_at <= now:
+        raise LeaseLostError(
+            f"lease {name!r} is no longer held by {holder!r} with token {token} "
+            f"(now: holder {cur.holder if cur else None!r}, token {cur.token if cur else None})",
+            lease=name,
+            holder=holder,
+            token=token,
+        )

@@ -1,0 +1,210 @@
+"""Datastream records and their lifecycle, on the metadata store.
+
+Every transition is a compare-and-set on the record's ``version``, decided by
+:mod:`millstream.core.lifecycle`. User commands enqueue an event for the leader; asynchronous
+completions apply only if the record is still in the state they expect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, delete, insert, select
+
+from millstream.clock import SYSTEM_CLOCK, Clock
+from millstream.control import events
+from millstream.core.lifecycle import Command, State, check_transition, command_target
+from millstream.datastream import DatastreamSpec
+from millstream.errors import AlreadyExistsError, NotFoundError
+from millstream.metastore import schema as s
+from millstream.metastore.cas import cas_update
+from millstream.metastore.store import MetadataStore
+
+
+@dataclass(frozen=True, slots=True)
+class DatastreamRecord:
+    name: str
+    spec: DatastreamSpec
+    state: State
+    version: int
+    last_error: str | None
+    created_at: float
+    updated_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state": self.state.value,
+            "version": self.version,
+            "last_error": self.last_error,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "spec": self.spec.model_dump(mode="json", by_alias=True),
+        }
+
+
+def _record(r: Any) -> DatastreamRecord:
+    return DatastreamRecord(
+        name=r["name"],
+        spec=DatastreamSpec.parse(r["spec"]),
+        state=State(r["state"]),
+        version=r["version"],
+        last_error=r["last_error"],
+        created_at=r["created_at"],
+        updated_at=r["updated_at"],
+    )
+
+
+class Registry:
+    def __init__(self, store: MetadataStore, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.store = store
+        self.clock = clock
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def _get(self, conn: Connection, name: str) -> DatastreamRecord | None:
+        row = (
+            conn.execute(select(s.datastreams).where(s.datastreams.c.name == name))
+            .mappings()
+            .first()
+        )
+        return None if row is None else _record(row)
+
+    def get(self, name: str) -> DatastreamRecord:
+        with self.store.read() as conn:
+            rec = self._get(conn, name)
+        if rec is None:
+            raise NotFoundError("datastream", name)
+        return rec
+
+    def find(self, name: str) -> DatastreamRecord | None:
+        with self.store.read() as conn:
+            return self._get(conn, name)
+
+    def list(self) -> list[DatastreamRecord]:
+        with self.store.read() as conn:
+            rows = conn.execute(select(s.datastreams).order_by(s.datastreams.c.name)).mappings()
+            return [_record(r) for r in rows]
+
+    # -- user commands ---------------------------------------------------------------------
+
+    def create(self, spec: DatastreamSpec) -> DatastreamRecord:
+        """Insert the datastream in INITIALIZING and ask the leader to set it up."""
+        spec.table_spec()  # validated already; raises InvalidSpecError naming the field
+
+        def _txn(conn: Connection) -> DatastreamRecord:
+            if self._get(conn, spec.name) is not None:
+                raise AlreadyExistsError("datastream", spec.name)
+            now = self.clock.now()
+            conn.execute(
+                insert(s.datastreams).values(
+                    name=spec.name,
+                    spec=spec.model_dump(mode="json", by_alias=True),
+                    state=State.INITIALIZING.value,
+                    last_error=None,
+                    created_at=now,
+                    updated_at=now,
+                    version=1,
+                )
+            )
+            events.enqueue(conn, spec.name, events.CREATE, now)
+            rec = self._get(conn, spec.name)
+            assert rec is not None
+            return rec
+
+        rec, _ = self.store.retrying(_txn)
+        return rec  # type: ignore[no-any-return]
+
+    def command(self, name: str, command: Command) -> DatastreamRecord:
+        """Apply a user command (pause, resume, stop, delete) by compare-and-set.
+
+        Raises NotFoundError, or InvalidTransitionError naming the allowed states. A stop or
+        delete enqueues an event for the leader; duplicate in-flight stop events coalesce.
+        """
+
+        def _txn(conn: Connection) -> DatastreamRecord:
+            rec = self._get(conn, name)
+            if rec is None:
+                raise NotFoundError("datastream", name)
+            target = command_target(name, command, rec.state)
+            now = self.clock.now()
+            cas_update(
+                conn,
+                s.datastreams,
+                {"name": name},
+                rec.version,
+                {"state": target.value, "updated_at": now, "last_error": None},
+            )
+            kind = {
+                Command.STOP: events.STOP,
+                Command.DELETE: events.DELETE,
+            }.get(command, events.ASSIGN)
+            events.enqueue(conn, name, kind, now)
+            new = self._get(conn, name)
+            assert new is not None
+            return new
+
+        rec, _ = self.store.retrying(_txn)
+        return rec  # type: ignore[no-any-return]
+
+    # -- asynchronous completions -----------------------------------------------------------
+
+    def complete(self, name: str, *, expected: State, to: State, error: str | None = None) -> bool:
+        """Move ``name`` from ``expected`` to ``to`` only if it is still in ``expected``,
+        read from the authoritative record inside the transaction (never from a cache).
+        Returns whether it applied; a datastream that moved on is left alone."""
+
+        def _txn(conn: Connection) -> bool:
+            rec = self._get(conn, name)
+            if rec is None or rec.state is not expected:
+                return False
+            check_transition(name, rec.state, to)
+            cas_update(
+                conn,
+                s.datastreams,
+                {"name": name},
+                rec.version,
+                {"state": to.value, "updated_at": self.clock.now(), "last_error": error},
+            )
+            return True
+
+        applied, _ = self.store.retrying(_txn)
+        return bool(applied)
+
+    def fail(self, name: str, error: str) -> bool:
+        """Any state -> ERROR (except a datastream being deleted)."""
+
+        def _txn(conn: Connection) -> bool:
+            rec = self._get(conn, name)
+            if rec is None or rec.state in (State.ERROR, State.DELETING):
+                return False
+            cas_update(
+                conn,
+                s.datastreams,
+                {"name": name},
+                rec.version,
+                {"state": State.ERROR.value, "updated_at": self.clock.now(), "last_error": error},
+            )
+            return True
+
+        applied, _ = self.store.retrying(_txn)
+        return bool(applied)
+
+    def remove(self, name: str) -> bool:
+        """DELETING -> gone, only if still DELETING."""
+
+        def _txn(conn: Connection) -> bool:
+            rec = self._get(conn, name)
+            if rec is None or rec.state is not State.DELETING:
+                return False
+            n = conn.execute(
+                delete(s.datastreams).where(
+                    s.datastreams.c.name == name, s.datastreams.c.version == rec.version
+                )
+            ).rowcount
+            conn.execute(delete(s.assignments).where(s.assignments.c.datastream == name))
+            return bool(n == 1)
+
+        applied, _ = self.store.retrying(_txn)
+        return bool(applied)

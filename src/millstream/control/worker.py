@@ -1,0 +1,191 @@
+"""A worker: one SparkSession, one streaming query per assigned writer (actives and standbys).
+
+Each :meth:`Worker.tick` reads the stored assignments and datastream states and reconciles:
+
+* assigned and READY -> the writer runs (standbys run the same query; their sink commits only
+  when the active's worker stops heartbeating, or always in ``active-active`` mode);
+* assigned and PAUSED -> the writer is stopped; its position is the shard upper, so resume
+  continues exactly there;
+* not assigned (stop, delete, rebalance) -> the writer is stopped and released.
+
+It then heartbeats its status and the writers it runs. The worker reports RUNNING only when
+every writer it hosts, standbys included, holds its state-directory lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from millstream.catalog import Catalog
+from millstream.clock import SYSTEM_CLOCK, Clock
+from millstream.control.controller import ControlSettings
+from millstream.control.registry import Registry
+from millstream.control.statedir import StateDirectory, StateDirLockedError
+from millstream.control.workers import heartbeat, read_assignments
+from millstream.core.lifecycle import State
+from millstream.errors import MillstreamError
+from millstream.ingest.runner import DatastreamRunner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Writer:
+    datastream: str
+    role: str
+    state_dir: StateDirectory
+    runner: DatastreamRunner | None = None
+    thread: threading.Thread | None = None
+    error: str | None = None
+    locked: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def running(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+
+class Worker:
+    def __init__(
+        self,
+        catalog: Catalog,
+        spark: Any,
+        *,
+        worker_id: str | None = None,
+        settings: ControlSettings | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        state_root: Path | None = None,
+        url: str | None = None,
+    ) -> None:
+        self.catalog = catalog
+        self.spark = spark
+        self.clock = clock
+        self.settings = settings or ControlSettings()
+        self.id = worker_id or f"worker-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+        self.state_root = state_root or catalog.settings.home / "workers" / self.id
+        self.registry = Registry(catalog.store, clock=clock)
+        self.url = url
+        self.writers: dict[str, _Writer] = {}
+        self._stop = threading.Event()
+
+    # -- reconcile -------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        mine = {
+            ds: role
+            for ds, placement in read_assignments(self.catalog.store).items()
+            for w, role in placement
+            if w == self.id
+        }
+        states = {r.name: r for r in self.registry.list()}
+        for ds, role in mine.items():
+            rec = states.get(ds)
+            should_run = rec is not None and rec.state is State.READY
+            w = self.writers.get(ds)
+            if should_run and (w is None or not w.running) and not (w and w.error):
+                self._start(ds, role)
+            elif not should_run and w is not None:
+                self._stop_writer(ds)
+            elif w is not None:
+                w.role = role
+        for ds in list(self.writers):
+            if ds not in mine:
+                self._stop_writer(ds)
+        self._heartbeat()
+
+    def _start(self, ds: str, role: str) -> None:
+        rec = self.registry.get(ds)
+        sd = StateDirectory(self.state_root, ds)
+        w = _Writer(ds, role, sd)
+        self.writers[ds] = w
+        try:
+            sd.lock()
+        except StateDirLockedError as exc:
+            # Someone in this process still holds it (a writer shutting down): retry next tick.
+            log.info("writer %s waits for its state directory: %s", ds, exc)
+            del self.writers[ds]
+            return
+        w.locked = True
+        gate = {
+            "gateDatastream": ds,
+            "gateWorker": self.id,
+            "gateWorkerTtl": str(self.settings.worker_ttl),
+        }
+        runner = DatastreamRunner(
+            rec.spec,
+            self.catalog,
+            self.spark,
+            writer_id=self.id,
+            state_dir=sd,
+            commit_gate=gate if rec.spec.replica_mode == "standby" else None,
+        )
+        w.runner = runner
+
+        def _run() -> None:
+            try:
+                runner.run(available_now=False)
+            except Exception as exc:
+                w.error = str(exc).splitlines()[0][:2000]
+                log.error("writer %s on %s failed: %s", ds, self.id, w.error)
+                if isinstance(exc, MillstreamError) or "BadRecordError" in str(exc):
+                    self.registry.fail(ds, w.error)
+            finally:
+                w.done.set()
+
+        w.thread = threading.Thread(target=_run, name=f"writer-{ds}", daemon=True)
+        w.thread.start()
+
+    def _stop_writer(self, ds: str) -> None:
+        w = self.writers.pop(ds)
+        if w.runner is not None:
+            w.runner.stop()
+        if w.thread is not None:
+            w.thread.join(timeout=60)
+        if w.locked:
+            w.state_dir.unlock()
+
+    def _heartbeat(self) -> None:
+        writers = [
+            {
+                "datastream": w.datastream,
+                "role": w.role,
+                "running": w.running,
+                "locked": w.state_dir.held,
+                "error": w.error,
+            }
+            for w in self.writers.values()
+        ]
+        all_locked = all(w.state_dir.held for w in self.writers.values())
+        heartbeat(
+            self.catalog.store,
+            self.id,
+            status="RUNNING" if all_locked else "STARTING",
+            info={"writers": writers},
+            clock=self.clock,
+            url=self.url,
+        )
+
+    # -- loop ------------------------------------------------------------------------------
+
+    def run_forever(self) -> None:
+        self._heartbeat()
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except MillstreamError as exc:
+                log.warning("worker %s tick failed: %s", self.id, exc)
+            self._stop.wait(self.settings.tick_seconds)
+        for ds in list(self.writers):
+            self._stop_writer(ds)
+        heartbeat(
+            self.catalog.store, self.id, status="STOPPED", info={"writers": []}, clock=self.clock
+        )
+
+    def stop(self) -> None:
+        self._stop.set()
