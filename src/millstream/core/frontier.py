@@ -36,6 +36,8 @@ class Decision:
     end: int
     #: The shard's upper after applying the decision.
     new_upper: int
+    #: The batch covered no offsets (``lo == hi``): nothing to commit, nothing lost.
+    empty: bool = False
 
     @property
     def appends(self) -> bool:
@@ -44,7 +46,7 @@ class Decision:
     @property
     def lost_race(self) -> bool:
         """Some or all of the batch had already been persisted by someone else."""
-        return self.outcome in (Outcome.TRIM, Outcome.DROP)
+        return self.outcome is Outcome.TRIM or (self.outcome is Outcome.DROP and not self.empty)
 
 
 def decide(*, upper: int, epoch: int, lo: int, hi: int, writer_epoch: int) -> Decision:
@@ -55,7 +57,7 @@ def decide(*, upper: int, epoch: int, lo: int, hi: int, writer_epoch: int) -> De
         return Decision(Outcome.FENCED, upper, upper, upper)
     if hi <= upper:
         # Also covers an empty batch at or below upper.
-        return Decision(Outcome.DROP, upper, upper, upper)
+        return Decision(Outcome.DROP, upper, upper, upper, empty=lo == hi)
     if lo > upper:
         return Decision(Outcome.GAP, upper, upper, upper)
     if lo < upper:

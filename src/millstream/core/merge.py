@@ -33,6 +33,7 @@ from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
 
 IDX = "__ms_idx"
 DEL = "__ms_del"
+KEY_START = "__ms_key_start"
 APPEND_SEPARATOR = ","
 
 
@@ -78,6 +79,19 @@ def _in_order(spec: TableSpec, rows: pa.Table) -> pa.Table:
     return ordered.append_column(DEL, is_del)
 
 
+def _key_starts(ordered: pa.Table, keys: list[str]) -> pa.Array:
+    """For each row, the position (IDX) of its key's first row.
+
+    ``ordered`` is sorted by the key columns first, so each key's rows are contiguous. Use
+    this instead of joining on the key columns: a join never matches null to null, but a
+    null key value is a key of its own (as in ``group_by`` and the sequential model).
+    """
+    firsts = ordered.group_by(keys, use_threads=False).aggregate([(IDX, "min")])
+    idx = ordered.column(IDX)
+    is_first = pc.is_in(idx, value_set=firsts.column(f"{IDX}_min").combine_chunks())
+    return pc.cumulative_max(pc.if_else(is_first, idx, pa.scalar(0, pa.int64())))
+
+
 def _take_by_group(ordered: pa.Table, keys: list[str], agg: str) -> pa.Table:
     picked = ordered.group_by(keys, use_threads=False).aggregate([(IDX, agg)])
     return ordered.take(picked.column(f"{IDX}_{agg}"))
@@ -101,13 +115,8 @@ def _dedup(spec: TableSpec, ordered: pa.Table) -> pa.Table:
     out = ordered.take(fast_first)
     if not pc.any(slow).as_py():
         return out
-    slow_keys = stats.filter(slow).select(keys)
-    slow_rows = (
-        ordered.join(slow_keys, keys, join_type="inner")
-        .select(ordered.column_names)
-        .sort_by([(IDX, "ascending")])
-        .cast(ordered.schema)
-    )
+    slow_starts = pc.filter(stats.column(f"{IDX}_min"), slow).combine_chunks()
+    slow_rows = ordered.filter(pc.is_in(_key_starts(ordered, keys), value_set=slow_starts))
     kept = _dedup_sequential(
         spec, slow_rows, ttl_seconds=None if ttl is None else ttl.total_seconds()
     )
@@ -159,12 +168,14 @@ def _dedup_sequential(spec: TableSpec, rows: pa.Table, *, ttl_seconds: float | N
 
 def _partial(spec: TableSpec, ordered: pa.Table) -> pa.Table:
     keys = list(spec.primary_key)
+    # Joins below go through KEY_START, never through the (nullable) key columns.
+    ordered = ordered.append_column(KEY_START, _key_starts(ordered, keys))
     deletes = ordered.filter(ordered.column(DEL))
     live = ordered
     if deletes.num_rows:
-        last_del = deletes.group_by(keys, use_threads=False).aggregate([(IDX, "max")])
-        last_del = last_del.rename_columns([*keys, "__ms_last_del"])
-        live = ordered.join(last_del, keys, join_type="left outer")
+        last_del = deletes.group_by([KEY_START], use_threads=False).aggregate([(IDX, "max")])
+        last_del = last_del.rename_columns({f"{IDX}_max": "__ms_last_del"})
+        live = ordered.join(last_del, [KEY_START], join_type="left outer")
         after = pc.or_kleene(
             pc.is_null(live.column("__ms_last_del")),
             pc.greater(live.column(IDX), live.column("__ms_last_del")),
@@ -175,6 +186,7 @@ def _partial(spec: TableSpec, ordered: pa.Table) -> pa.Table:
             .sort_by([(IDX, "ascending")])
             .cast(ordered.schema)
         )
+    ordered = ordered.drop_columns([KEY_START])
     if live.num_rows == 0:
         return ordered.slice(0, 0)
     value_cols = [c for c in spec.columns if c not in keys]
@@ -192,16 +204,16 @@ def _partial(spec: TableSpec, ordered: pa.Table) -> pa.Table:
             aggs.append((c, "sum", pc.ScalarAggregateOptions(skip_nulls=True, min_count=1)))
         else:
             appends.append(c)
-    grouped = live.group_by(keys, use_threads=False).aggregate(
+    grouped = live.group_by([*keys, KEY_START], use_threads=False).aggregate(
         [(c, f, o) if o is not None else (c, f) for c, f, o in aggs]
     )
     grouped = grouped.rename_columns(_plain_names(grouped.column_names, aggs))
     for c in appends:
         nonnull = live.filter(pc.is_valid(live.column(c)))
-        lists = nonnull.group_by(keys, use_threads=False).aggregate([(c, "list")])
+        lists = nonnull.group_by([KEY_START], use_threads=False).aggregate([(c, "list")])
         joined = pc.binary_join(lists.column(f"{c}_list"), APPEND_SEPARATOR)
-        lists = lists.select(keys).append_column(c, joined)
-        grouped = grouped.join(lists, keys, join_type="left outer")
+        lists = lists.select([KEY_START]).append_column(c, joined)
+        grouped = grouped.join(lists, [KEY_START], join_type="left outer")
     # System columns come from the last contributing row.
     grouped = grouped.sort_by([(IDX, "ascending")])
     last_rows = ordered.take(grouped.column(IDX)).select([PARTITION_COL, OFFSET_COL])

