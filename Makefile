@@ -55,7 +55,7 @@ system-deps:
 	fi
 
 lint: venv
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests $(wildcard bench)
 	$(VENV)/bin/mypy
 
 test: venv system-deps lint

@@ -139,6 +139,46 @@ class MetadataSchemaError(MillstreamError):
     """The metadata store's schema is newer than this code understands."""
 
 
+class UnauthorizedError(MillstreamError):
+    """A mutating REST call without the bearer token the controller was started with.
+
+    Pass ``--token`` (or set ``MILLSTREAM_API_TOKEN``) with the controller's token.
+    """
+
+
+class RequestTooLargeError(MillstreamError):
+    """A REST request body over the size limit; nothing was read past the limit or written."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"request body is larger than {limit} bytes", limit=limit)
+
+
+class ControllerUnreachableError(MillstreamError):
+    """The CLI could not connect to the controller's REST API.
+
+    Start it (``millstream controller`` or ``millstream up``) or pass ``--controller URL``.
+    """
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"cannot reach the controller at {url}: {reason}", url=url)
+
+
+class RemoteError(MillstreamError):
+    """The controller refused a request. ``status`` is the HTTP status and ``remote`` the name
+    of the error it raised (a class of this tree), so the CLI exits as if it raised it."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        message = str(body.get("message") or f"the controller answered HTTP {status}")
+        fields = {k: v for k, v in body.items() if k not in ("message", "error", "status")}
+        super().__init__(message, status=status, **fields)
+        self.status = status
+        self.remote = str(body.get("error") or "")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The controller's error body as it sent it, plus the HTTP status."""
+        return {"error": self.remote or type(self).__name__, "message": self.message, **self.fields}
+
+
 HTTP_STATUS: dict[type[MillstreamError], int] = {
     InvalidSpecError: 422,
     NotFoundError: 404,
@@ -150,6 +190,8 @@ HTTP_STATUS: dict[type[MillstreamError], int] = {
     CommitStateUnknownError: 503,
     SegmentUnavailableError: 503,
     MetadataSchemaError: 500,
+    UnauthorizedError: 401,
+    RequestTooLargeError: 413,
 }
 
 EXIT_CODES: dict[type[MillstreamError], int] = {
@@ -163,7 +205,12 @@ EXIT_CODES: dict[type[MillstreamError], int] = {
     CommitStateUnknownError: 6,
     SegmentUnavailableError: 7,
     MetadataSchemaError: 8,
+    UnauthorizedError: 2,
+    RequestTooLargeError: 2,
 }
+
+#: A remote error whose name is not in the tree exits by its HTTP status.
+HTTP_EXIT_CODES: dict[int, int] = {401: 2, 404: 3, 409: 4, 413: 2, 422: 2, 503: 6}
 
 
 def _lookup(table: dict[type[MillstreamError], int], err: MillstreamError, default: int) -> int:
@@ -178,4 +225,11 @@ def http_status(err: MillstreamError) -> int:
 
 
 def exit_code(err: MillstreamError) -> int:
+    if isinstance(err, RemoteError):
+        by_name = {cls.__name__: code for cls, code in EXIT_CODES.items()}
+        known = by_name.get(err.remote)
+        if known is None:
+            # A subclass (TableNotFoundError): its status says which family it belongs to.
+            return HTTP_EXIT_CODES.get(err.status, 1)
+        return known
     return _lookup(EXIT_CODES, err, 1)

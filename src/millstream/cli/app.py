@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 from rich.live import Live
 
+from millstream.cli import control, datastream
 from millstream.cli.output import (
     OutputFormat,
     console,
@@ -174,6 +175,11 @@ def demo(
         ok = run_demo(home=home, records=records, seed=seed, output=output)
         if not ok:
             raise typer.Exit(1)
+
+
+control.register(app)
+app.add_typer(datastream.app, name="datastream")
+app.command("segments", epilog=datastream.EXIT_CODES_HELP)(datastream.segments)
 
 
 def main() -> None:

@@ -108,8 +108,9 @@ class Worker:
             sd.lock()
         except StateDirLockedError as exc:
             # Someone in this process still holds it (a writer shutting down): retry next tick.
+            # The writer stays listed, unlocked and not running, so the worker reports STARTING
+            # until it holds the lock (KAFKA-8187: never RUNNING with a writer that has no lock).
             log.info("writer %s waits for its state directory: %s", ds, exc)
-            del self.writers[ds]
             return
         w.locked = True
         gate = {
@@ -162,11 +163,22 @@ class Worker:
             for w in self.writers.values()
         ]
         all_locked = all(w.state_dir.held for w in self.writers.values())
+        lost_races = sum(
+            1
+            for w in self.writers.values()
+            if w.runner is not None
+            for c in w.runner.commits()
+            if c.get("lost_race")
+        )
         heartbeat(
             self.catalog.store,
             self.id,
             status="RUNNING" if all_locked else "STARTING",
-            info={"writers": writers},
+            info={
+                "writers": writers,
+                "commit_conflicts": self.catalog.store.conflicts,
+                "lost_races": lost_races,
+            },
             clock=self.clock,
             url=self.url,
         )

@@ -122,8 +122,8 @@ def write_assignments(
 
     def _txn(conn: Connection) -> bool:
         check_fence(conn, CONTROLLER_LEASE, holder, token, clock.now())
-        current = _assignments(conn)
-        if current == target:
+        # A datastream with no live worker has an empty placement, which is stored as no rows.
+        if _assignments(conn) == {k: v for k, v in target.items() if v}:
             return False
         conn.execute(delete(s.assignments))
         for name, placement in target.items():

@@ -54,6 +54,13 @@ def _consumer(conf: dict[str, Any]) -> Any:
     return _CONSUMERS[key]
 
 
+def _drop_consumer(consumer: Any) -> None:
+    for key, c in list(_CONSUMERS.items()):
+        if c is consumer:
+            del _CONSUMERS[key]
+            consumer.close()
+
+
 def close_consumers() -> None:
     """Close this process's cached consumers (before stopping a broker they talk to)."""
     while _CONSUMERS:
@@ -91,7 +98,11 @@ class KafkaStreamReader(PartitionedStreamReader):
 
     def _watermarks(self) -> dict[int, tuple[int, int]]:
         c = _consumer(self.conf)
-        return {p: c.get_watermark_offsets(self._tp(p), timeout=10) for p in self.list_partitions()}
+        try:
+            return {p: c.get_watermark_offsets(self._tp(p), timeout=10) for p in self.list_partitions()}
+        except Exception:
+            _drop_consumer(c)  # do not keep a client retrying a broker that is down
+            raise
 
     def earliest_offsets(self) -> dict[int, int]:
         return {p: lo for p, (lo, _) in self._watermarks().items()}

@@ -1,0 +1,68 @@
+"""The app factory. Everything the routes use is passed in here, once, and held on
+``app.state``; nothing reads the environment or a global (the CLI does, at the edge)."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from millstream.api.context import ApiContext
+from millstream.api.errors import install_error_handlers
+from millstream.api.metrics import make_registry
+from millstream.api.middleware import MAX_BODY_BYTES, BearerAuthMiddleware, BodyLimitMiddleware
+from millstream.api.openapi import openapi_factory
+from millstream.api.routes import cluster, datastreams, metrics, tables
+from millstream.catalog import Catalog
+from millstream.clock import SYSTEM_CLOCK, Clock
+from millstream.control.controller import Controller, ControlSettings
+from millstream.control.registry import Registry
+
+DESCRIPTION = """Millstream's control plane: datastreams and their lifecycle, table segments
+and consumption status, workers, health and Prometheus metrics.
+
+Errors are JSON: `{"error": <class in Millstream's error tree>, "message": ..., <ids>}` with
+404 unknown, 409 illegal transition / conflict / already exists, 422 invalid input (`field`
+names it), 413 body over 1 MiB, 401 missing bearer token on a mutating call (when the API
+was started with a token)."""
+
+
+def create_app(
+    catalog: Catalog,
+    *,
+    controller: Controller | None = None,
+    api_token: str | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+    upstream_timeout: float = 5.0,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> FastAPI:
+    """The REST API over ``catalog``'s metadata store.
+
+    ``controller`` (optional) answers ``/health``'s leadership and supplies the worker TTL.
+    ``api_token``: if set, POST/PUT/PATCH/DELETE need ``Authorization: Bearer <token>``.
+    ``upstream_timeout``: seconds to wait for a source's latest offsets (a broker may be down).
+    """
+    app = FastAPI(
+        title="Millstream",
+        version="0.1.0",
+        description=DESCRIPTION,
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+    )
+    ctx = ApiContext(
+        catalog=catalog,
+        registry=Registry(catalog.store, clock=clock),
+        controller=controller,
+        control=controller.settings if controller is not None else ControlSettings(),
+        clock=clock,
+        upstream_timeout=upstream_timeout,
+    )
+    app.state.millstream = ctx
+    app.state.metrics_registry = make_registry(ctx)
+    install_error_handlers(app)
+    for router in (datastreams.router, tables.router, cluster.router, metrics.router):
+        app.include_router(router)
+    # The last added runs first: auth is checked before any body byte is read.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+    if api_token:
+        app.add_middleware(BearerAuthMiddleware, token=api_token)
+    app.openapi = openapi_factory(app, bearer=bool(api_token))  # type: ignore[method-assign]
+    return app

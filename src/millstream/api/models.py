@@ -1,0 +1,154 @@
+"""Response bodies of the REST API (the OpenAPI document is generated from these)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from millstream.control.registry import DatastreamRecord
+from millstream.core.lifecycle import State
+from millstream.metastore.models import Entry
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class ErrorOut(_Out):
+    """Every error: ``error`` is the class in Millstream's error tree; other fields name ids."""
+
+    model_config = ConfigDict(extra="allow")
+    error: str = Field(examples=["NotFoundError"])
+    message: str = Field(examples=["datastream 'orders' does not exist"])
+
+
+class DatastreamOut(_Out):
+    name: str
+    state: State
+    version: int = Field(description="Bumped by every transition (compare-and-set).")
+    table: str = Field(description="The table the datastream writes.")
+    last_error: str | None
+    created_at: float
+    updated_at: float
+    spec: dict[str, Any] = Field(description="The datastream spec, as accepted.")
+
+    @classmethod
+    def of(cls, rec: DatastreamRecord) -> DatastreamOut:
+        return cls(table=rec.spec.table_name, **rec.to_dict())
+
+
+class SegmentOut(_Out):
+    name: str = Field(description="table__partition__seq", examples=["orders__0__12"])
+    partition: int
+    seq: int
+    start_offset: int
+    end_offset: int = Field(description="Exclusive.")
+    state: str
+    rows: int
+    size_bytes: int
+    file: str | None
+    created_at: float
+
+    @classmethod
+    def of(cls, e: Entry) -> SegmentOut:
+        return cls(
+            name=e.name,
+            partition=e.partition,
+            seq=e.seq,
+            start_offset=e.start,
+            end_offset=e.end,
+            state=e.state.value,
+            rows=e.row_count,
+            size_bytes=e.size_bytes,
+            file=e.file_path,
+            created_at=e.created_at,
+        )
+
+
+class PartitionSegmentsOut(_Out):
+    partition: int
+    segments: list[SegmentOut]
+
+
+class TableSegmentsOut(_Out):
+    table: str
+    manifest_version: int
+    segment_count: int
+    row_count: int
+    partitions: list[PartitionSegmentsOut]
+
+
+class ServingWorkerOut(_Out):
+    worker_id: str
+    role: str = Field(examples=["active", "standby"])
+    alive: bool = Field(description="Heartbeating within the worker TTL.")
+    running: bool = Field(description="The worker reports the writer running.")
+
+
+class PartitionConsumingOut(_Out):
+    partition: int
+    current_offset: int | None = Field(description="The shard upper: first offset not committed.")
+    latest_upstream_offset: int | None = Field(description="null if the source did not answer.")
+    records_lag: int | None
+    availability_lag_ms: int | None = Field(
+        description="0 when caught up; else now minus the last commit that advanced the shard."
+    )
+    last_commit_at: float | None
+    latest_segment: str | None
+    consuming_segments: int = Field(description="Segments still CONSUMING (not sealed).")
+    serving_workers: list[ServingWorkerOut]
+    error: str | None = Field(description="Why the upstream offset is unknown.")
+
+
+class PartitionOffsetInfoOut(_Out):
+    """Pinot's ``partitionOffsetInfo`` maps, keyed by partition."""
+
+    current_offsets_map: dict[str, int | None]
+    latest_upstream_offset_map: dict[str, int | None]
+    records_lag_map: dict[str, int | None]
+    availability_lag_ms_map: dict[str, int | None]
+
+
+class ConsumingSegmentsInfoOut(_Out):
+    table: str
+    datastream: str | None
+    state: State | None
+    manifest_version: int
+    upstream_error: str | None
+    partitions: list[PartitionConsumingOut]
+    partition_offset_info: PartitionOffsetInfoOut
+
+
+class WorkerOut(_Out):
+    id: str
+    url: str | None
+    status: str
+    alive: bool
+    heartbeat_age_s: float
+    started_at: float
+    heartbeat_at: float
+    writers: list[dict[str, Any]] = Field(description="What the worker reported it runs.")
+    assignments: list[dict[str, str]] = Field(description="[{datastream, role}] assigned to it.")
+
+
+class HealthOut(_Out):
+    status: Literal["ok"] = "ok"
+    leader: bool
+    controller_id: str | None
+
+
+class ControlSettingsOut(_Out):
+    lease_ttl: float
+    worker_ttl: float
+    tick_seconds: float
+
+
+class SettingsOut(_Out):
+    """What a worker needs to join: the stores (the metadata URL without its password; a
+    worker takes it from PGPASSWORD or ~/.pgpass) and the control timings."""
+
+    metadata_url: str
+    deep_store: str
+    s3_endpoint: str | None
+    control: ControlSettingsOut

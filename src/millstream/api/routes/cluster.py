@@ -1,0 +1,66 @@
+"""``/workers``, ``/health`` and ``/settings`` (what a worker needs to join)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from sqlalchemy.engine import make_url
+
+from millstream.api.context import ApiContext, get_context
+from millstream.api.models import ControlSettingsOut, HealthOut, SettingsOut, WorkerOut
+from millstream.control.workers import list_workers, read_assignments
+
+router = APIRouter(tags=["cluster"])
+Ctx = Annotated[ApiContext, Depends(get_context)]
+
+
+@router.get("/workers", response_model=list[WorkerOut])
+def workers(ctx: Ctx) -> list[WorkerOut]:
+    now = ctx.clock.now()
+    assigned: dict[str, list[dict[str, str]]] = {}
+    for ds, placement in read_assignments(ctx.catalog.store).items():
+        for worker_id, role in placement:
+            assigned.setdefault(worker_id, []).append({"datastream": ds, "role": role})
+    return [
+        WorkerOut(
+            id=w.id,
+            url=w.url,
+            status=w.status,
+            alive=w.alive(now, ctx.worker_ttl),
+            heartbeat_age_s=round(now - w.heartbeat_at, 3),
+            started_at=w.started_at,
+            heartbeat_at=w.heartbeat_at,
+            writers=list(w.info.get("writers", [])),
+            assignments=assigned.get(w.id, []),
+        )
+        for w in list_workers(ctx.catalog.store)
+    ]
+
+
+@router.get("/health", response_model=HealthOut)
+def health(ctx: Ctx) -> HealthOut:
+    c = ctx.controller
+    return HealthOut(leader=c is not None and c.is_leader, controller_id=c.id if c else None)
+
+
+def public_url(url: str) -> str:
+    """The metadata URL without its password (never served)."""
+    u = make_url(url)
+    # URL.set(password=None) means "unchanged"; the namedtuple replace really drops it.
+    return u._replace(password=None).render_as_string(hide_password=False) if u.password else url
+
+
+@router.get("/settings", response_model=SettingsOut)
+def settings(ctx: Ctx) -> SettingsOut:
+    st = ctx.catalog.settings
+    return SettingsOut(
+        metadata_url=public_url(st.metadata_url),
+        deep_store=st.deep_store,
+        s3_endpoint=st.s3_endpoint,
+        control=ControlSettingsOut(
+            lease_ttl=ctx.control.lease_ttl,
+            worker_ttl=ctx.control.worker_ttl,
+            tick_seconds=ctx.control.tick_seconds,
+        ),
+    )

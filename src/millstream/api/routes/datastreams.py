@@ -1,0 +1,99 @@
+"""``/datastreams``: create, list, show, pause/resume/stop (compare-and-set), delete."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Response, status
+
+from millstream.api.context import ApiContext, get_context
+from millstream.api.models import DatastreamOut, ErrorOut
+from millstream.core.lifecycle import Command
+from millstream.datastream import DatastreamSpec
+
+router = APIRouter(prefix="/datastreams", tags=["datastreams"])
+Ctx = Annotated[ApiContext, Depends(get_context)]
+
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorOut, "description": "No datastream by that name."}
+}
+CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {"model": ErrorOut, "description": "Not allowed from the current state."}
+}
+
+#: The body is the datastream spec: the same fields as the YAML spec file. It is parsed by
+#: DatastreamSpec.parse so a 422 names the field (``source.topic``, ``table.mode`` ...).
+SPEC_BODY = Body(
+    description="The datastream spec as JSON: the same fields as the YAML spec file.",
+    openapi_examples={
+        "kafka upsert": {
+            "value": {
+                "name": "orders",
+                "source": {
+                    "kind": "kafka",
+                    "bootstrap_servers": "127.0.0.1:9092",
+                    "topic": "orders",
+                },
+                "table": {"primary_key": ["order_id"], "mode": "upsert"},
+                "schema": {"order_id": "long", "status": "string"},
+            }
+        }
+    },
+)
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=DatastreamOut,
+    responses={
+        409: {"model": ErrorOut, "description": "A datastream by that name exists."},
+        422: {"model": ErrorOut, "description": "Invalid spec; `field` names the field."},
+    },
+)
+def create_datastream(
+    ctx: Ctx, response: Response, spec: Annotated[dict[str, Any], SPEC_BODY]
+) -> DatastreamOut:
+    """Create a datastream (INITIALIZING); the leader creates its table and makes it READY."""
+    rec = ctx.registry.create(DatastreamSpec.parse(spec))
+    response.headers["Location"] = f"/datastreams/{rec.name}"
+    return DatastreamOut.of(rec)
+
+
+@router.get("", response_model=list[DatastreamOut])
+def list_datastreams(ctx: Ctx) -> list[DatastreamOut]:
+    return [DatastreamOut.of(r) for r in ctx.registry.list()]
+
+
+@router.get("/{name}", response_model=DatastreamOut, responses=NOT_FOUND)
+def get_datastream(ctx: Ctx, name: str) -> DatastreamOut:
+    return DatastreamOut.of(ctx.registry.get(name))
+
+
+@router.delete(
+    "/{name}",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=DatastreamOut,
+    responses=NOT_FOUND,
+)
+def delete_datastream(ctx: Ctx, name: str) -> DatastreamOut:
+    """Move to DELETING; the leader removes it once no worker runs it."""
+    return DatastreamOut.of(ctx.registry.command(name, Command.DELETE))
+
+
+@router.post("/{name}/pause", response_model=DatastreamOut, responses={**NOT_FOUND, **CONFLICT})
+def pause_datastream(ctx: Ctx, name: str) -> DatastreamOut:
+    """READY -> PAUSED: writers stop at the shard upper and resume exactly there."""
+    return DatastreamOut.of(ctx.registry.command(name, Command.PAUSE))
+
+
+@router.post("/{name}/resume", response_model=DatastreamOut, responses={**NOT_FOUND, **CONFLICT})
+def resume_datastream(ctx: Ctx, name: str) -> DatastreamOut:
+    """PAUSED | STOPPED | ERROR -> READY."""
+    return DatastreamOut.of(ctx.registry.command(name, Command.RESUME))
+
+
+@router.post("/{name}/stop", response_model=DatastreamOut, responses={**NOT_FOUND, **CONFLICT})
+def stop_datastream(ctx: Ctx, name: str) -> DatastreamOut:
+    """READY | PAUSED -> STOPPING; the leader completes STOPPED once no worker runs it."""
+    return DatastreamOut.of(ctx.registry.command(name, Command.STOP))

@@ -1,0 +1,208 @@
+"""Live status of tables and their sources, computed on request from the metadata store and
+the sources' latest offsets (the consumingSegmentsInfo endpoint and the metrics share it).
+
+Availability lag is how long the partition has had unconsumed records without a commit:
+0 when the shard upper equals the source's latest offset, otherwise now minus the time of the
+last commit that advanced the shard (the ``created_at`` of its furthest segment).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import and_, func, select
+
+from millstream.api.context import ApiContext
+from millstream.api.models import (
+    ConsumingSegmentsInfoOut,
+    PartitionConsumingOut,
+    PartitionOffsetInfoOut,
+    ServingWorkerOut,
+)
+from millstream.control.registry import DatastreamRecord
+from millstream.control.workers import list_workers, read_assignments
+from millstream.datastream import DatastreamSpec, FilesSource, KafkaSource
+from millstream.metastore import schema as s
+from millstream.metastore.models import SegmentState
+from millstream.metastore.store import MetadataStore
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """A source's latest offsets, or why they are unknown."""
+
+    offsets: dict[int, int] | None
+    error: str | None = None
+
+
+def describe_source(spec: DatastreamSpec) -> str:
+    src = spec.source
+    if isinstance(src, KafkaSource):
+        return f"kafka topic {src.topic!r} on {src.bootstrap_servers}"
+    if isinstance(src, FilesSource):
+        return f"files under {src.path}"
+    return "the generator"
+
+
+def upstream_offsets(specs: Iterable[DatastreamSpec], timeout: float) -> dict[str, Upstream]:
+    """Latest offsets of each datastream's source, asked concurrently. A source that fails or
+    does not answer within ``timeout`` seconds (a broker that is down) gets an error instead."""
+    from millstream.ingest.runner import make_reader
+
+    answers: dict[str, Upstream] = {}
+    threads: dict[str, threading.Thread] = {}
+
+    def ask(spec: DatastreamSpec) -> None:
+        try:
+            offsets = make_reader(spec).latest_offsets()
+            answers[spec.name] = Upstream({int(p): int(o) for p, o in offsets.items()})
+        except Exception as exc:  # any source failure is reported, never raised
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            answers[spec.name] = Upstream(
+                None, f"cannot read the latest offsets of {describe_source(spec)}: {reason}"
+            )
+
+    specs = list(specs)
+    for spec in specs:
+        t = threading.Thread(target=ask, args=(spec,), name=f"upstream-{spec.name}", daemon=True)
+        threads[spec.name] = t
+        t.start()
+    deadline = time.monotonic() + timeout
+    for spec in specs:
+        threads[spec.name].join(max(0.0, deadline - time.monotonic()))
+        if spec.name not in answers:
+            answers[spec.name] = Upstream(
+                None,
+                f"{describe_source(spec)} did not answer within {timeout:g}s (is the broker down?)",
+            )
+    return {name: answers[name] for name in threads}
+
+
+def datastream_for_table(
+    records: Iterable[DatastreamRecord], table: str
+) -> DatastreamRecord | None:
+    """The datastream writing ``table`` (or whose dead-letter table it is)."""
+    for rec in records:
+        if table in (rec.spec.table_name, rec.spec.dead_letter_table):
+            return rec
+    return None
+
+
+def last_commit_times(store: MetadataStore, table: str) -> dict[int, float]:
+    """Per partition: when the shard last advanced through a segment, i.e. the earliest
+    ``created_at`` among the segments reaching its furthest end offset (a sealed segment
+    rewritten later over the same range does not count as an advance)."""
+    e = s.entries
+    furthest = (
+        select(e.c.partition, func.max(e.c.end_offset).label("end_offset"))
+        .where(e.c.table_name == table)
+        .group_by(e.c.partition)
+        .subquery()
+    )
+    q = (
+        select(e.c.partition, func.min(e.c.created_at))
+        .join(
+            furthest,
+            and_(e.c.partition == furthest.c.partition, e.c.end_offset == furthest.c.end_offset),
+        )
+        .where(e.c.table_name == table)
+        .group_by(e.c.partition)
+    )
+    with store.read() as conn:
+        return {int(p): float(t) for p, t in conn.execute(q)}
+
+
+def rows_per_table(store: MetadataStore) -> dict[str, int]:
+    """Rows in each table's current manifest (the sum of its segments' row counts)."""
+    e = s.entries
+    q = (
+        select(e.c.table_name, func.coalesce(func.sum(e.c.row_count), 0))
+        .where(e.c.removed_version.is_(None))
+        .group_by(e.c.table_name)
+    )
+    with store.read() as conn:
+        return {str(t): int(n) for t, n in conn.execute(q)}
+
+
+def serving_workers(ctx: ApiContext, datastream: str) -> list[ServingWorkerOut]:
+    now = ctx.clock.now()
+    workers = {w.id: w for w in list_workers(ctx.catalog.store)}
+    out = []
+    for worker_id, role in read_assignments(ctx.catalog.store).get(datastream, []):
+        w = workers.get(worker_id)
+        running = w is not None and any(
+            wr.get("datastream") == datastream and wr.get("running")
+            for wr in w.info.get("writers", [])
+        )
+        alive = w is not None and w.alive(now, ctx.worker_ttl)
+        out.append(ServingWorkerOut(worker_id=worker_id, role=role, alive=alive, running=running))
+    return out
+
+
+def consuming_info(
+    ctx: ApiContext, table: str, rec: DatastreamRecord | None, upstream: Upstream | None
+) -> ConsumingSegmentsInfoOut:
+    """Per partition of ``table``: shard upper, source latest offset, lags and who serves it."""
+    store = ctx.catalog.store
+    manifest = store.manifest(table)  # raises TableNotFoundError (404)
+    shards = {sh.partition: sh for sh in store.list_shards(table)}
+    commits = last_commit_times(store, table)
+    latest = upstream.offsets if upstream is not None and upstream.offsets is not None else None
+    if rec is None:
+        error: str | None = f"no datastream writes table {table!r}"
+    else:
+        error = upstream.error if upstream is not None else None
+    workers = serving_workers(ctx, rec.name) if rec is not None else []
+    consuming: dict[int, int] = {}
+    for entry in manifest.entries:
+        if entry.state is SegmentState.CONSUMING:
+            consuming[entry.partition] = consuming.get(entry.partition, 0) + 1
+    now = ctx.clock.now()
+    parts: list[PartitionConsumingOut] = []
+    for p in sorted(set(shards) | set(latest or {})):
+        sh = shards.get(p)
+        current = sh.upper if sh is not None else None
+        upstream_p = latest.get(p) if latest is not None else None
+        lag = (
+            max(0, upstream_p - current) if upstream_p is not None and current is not None else None
+        )
+        last = commits.get(p)
+        if lag == 0:
+            avail: int | None = 0
+        elif last is not None:
+            avail = max(0, round((now - last) * 1000))
+        else:
+            avail = None
+        parts.append(
+            PartitionConsumingOut(
+                partition=p,
+                current_offset=current,
+                latest_upstream_offset=upstream_p,
+                records_lag=lag,
+                availability_lag_ms=avail,
+                last_commit_at=last,
+                latest_segment=(
+                    f"{table}__{p}__{sh.next_seq - 1}" if sh is not None and sh.next_seq else None
+                ),
+                consuming_segments=consuming.get(p, 0),
+                serving_workers=workers,
+                error=error if upstream_p is None else None,
+            )
+        )
+    return ConsumingSegmentsInfoOut(
+        table=table,
+        datastream=rec.name if rec is not None else None,
+        state=rec.state if rec is not None else None,
+        manifest_version=manifest.version,
+        upstream_error=error,
+        partitions=parts,
+        partition_offset_info=PartitionOffsetInfoOut(
+            current_offsets_map={str(x.partition): x.current_offset for x in parts},
+            latest_upstream_offset_map={str(x.partition): x.latest_upstream_offset for x in parts},
+            records_lag_map={str(x.partition): x.records_lag for x in parts},
+            availability_lag_ms_map={str(x.partition): x.availability_lag_ms for x in parts},
+        ),
+    )

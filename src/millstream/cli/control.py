@@ -1,0 +1,235 @@
+"""``millstream controller | worker | up``: the control-plane services, each stopped cleanly by
+Ctrl-C or SIGTERM (exit 0). A service that dies on its own stops the others and exits 1."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from millstream.cli.client import DEFAULT_CONTROLLER, ControllerClient
+from millstream.cli.output import OutputFormat, console, emit_json, err_console, handle_errors
+from millstream.cli.services import ServiceGroup, serve_api
+
+HomeOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--home", envvar="MILLSTREAM_HOME", help="Millstream home (default ./.millstream)."
+    ),
+]
+OutputOpt = Annotated[OutputFormat, typer.Option("--output", "-o", help="text or json.")]
+PortOpt = Annotated[int, typer.Option("--port", help="Port of the REST API.")]
+HostOpt = Annotated[str, typer.Option("--host", help="Interface of the REST API.")]
+MasterOpt = Annotated[str | None, typer.Option(help="Spark master (default local[2]).")]
+ApiTokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--api-token",
+        envvar="MILLSTREAM_API_TOKEN",
+        help="Require 'Authorization: Bearer <token>' on every mutating REST call.",
+        show_default=False,
+    ),
+]
+SERVICE_EXIT_HELP = "Exit codes: 0 stopped by Ctrl-C/SIGTERM; 1 a service failed; 2 bad option."
+
+
+def _logging() -> None:
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("millstream").setLevel(logging.INFO)
+
+
+def _announce(output: OutputFormat, info: dict[str, Any], text: str) -> None:
+    if output is OutputFormat.json:
+        emit_json(info)
+    else:
+        console.print(text, highlight=False)
+
+
+def _finish(group: ServiceGroup) -> None:
+    if group.failures:
+        for failure in group.failures:
+            err_console.print(f"[bold red]error:[/] {failure}", highlight=False)
+        raise typer.Exit(1)
+    err_console.print("stopped")
+
+
+def controller(
+    port: PortOpt = 8600,
+    host: HostOpt = "127.0.0.1",
+    home: HomeOpt = None,
+    metadata_url: Annotated[
+        str | None,
+        typer.Option(help="Metadata store URL (env MILLSTREAM_METADATA_URL; default SQLite)."),
+    ] = None,
+    deep_store: Annotated[
+        str | None, typer.Option(help="Deep store: a directory or s3://bucket/prefix.")
+    ] = None,
+    api_token: ApiTokenOpt = None,
+    controller_id: Annotated[str | None, typer.Option(help="Stable id of this controller.")] = None,
+    output: OutputOpt = OutputFormat.text,
+) -> None:
+    """Run a controller (leader election, lifecycle, assignment) and serve the REST API."""
+    from millstream.api import create_app
+    from millstream.api.routes.cluster import public_url
+    from millstream.catalog import Catalog
+    from millstream.control.controller import Controller
+
+    _logging()
+    with handle_errors(output):
+        catalog = Catalog.open(home=home, metadata_url=metadata_url, deep_store=deep_store)
+        ctl = Controller(catalog, controller_id=controller_id)
+        app = create_app(catalog, controller=ctl, api_token=api_token)
+        with ServiceGroup() as group:
+            group.handle_signals()
+            group.start("controller", ctl.run_forever, ctl.stop)
+            url = serve_api(group, app, host=host, port=port)
+            _announce(
+                output,
+                {
+                    "api": url,
+                    "controller_id": ctl.id,
+                    "metadata_url": public_url(catalog.settings.metadata_url),
+                },
+                f"controller {ctl.id}: REST API on {url} (OpenAPI at {url}/docs); "
+                f"metadata {public_url(catalog.settings.metadata_url)}. Ctrl-C stops.",
+            )
+            group.wait()
+        catalog.close()
+        _finish(group)
+
+
+def worker(
+    controller: Annotated[
+        str,
+        typer.Option(
+            "--controller", envvar="MILLSTREAM_CONTROLLER", help="URL of the controller's REST API."
+        ),
+    ] = DEFAULT_CONTROLLER,
+    worker_id: Annotated[
+        str | None, typer.Option(help="Stable id of this worker (its state directories).")
+    ] = None,
+    home: HomeOpt = None,
+    token: Annotated[
+        str | None,
+        typer.Option("--token", envvar="MILLSTREAM_API_TOKEN", help="Bearer token, if needed."),
+    ] = None,
+    master: MasterOpt = None,
+    output: OutputOpt = OutputFormat.text,
+) -> None:
+    """Run a worker: the writers the controller assigns to it, on one SparkSession.
+
+    It learns the metadata store and deep store from the controller (GET /settings); a
+    PostgreSQL password comes from PGPASSWORD or ~/.pgpass, never from the controller."""
+    from millstream.catalog import Catalog
+    from millstream.control.controller import ControlSettings
+    from millstream.control.worker import Worker
+    from millstream.ingest.session import spark_session
+
+    _logging()
+    with handle_errors(output):
+        with ControllerClient(controller, token=token, timeout=10) as client:
+            client.get("/health")
+            remote = client.get("/settings")
+        catalog = Catalog.open(
+            home=home,
+            metadata_url=remote["metadata_url"],
+            deep_store=remote["deep_store"],
+            s3_endpoint=remote["s3_endpoint"],
+        )
+        spark = spark_session(master=master)  # before our handlers: Spark takes SIGINT
+        w = Worker(
+            catalog, spark, worker_id=worker_id, settings=ControlSettings(**remote["control"])
+        )
+        try:
+            with ServiceGroup() as group:
+                group.handle_signals()
+                group.start("worker", w.run_forever, w.stop)
+                _announce(
+                    output,
+                    {"worker_id": w.id, "controller": controller},
+                    f"worker {w.id} joined the controller at {controller}. Ctrl-C stops.",
+                )
+                group.wait()
+        finally:
+            spark.stop()
+            catalog.close()
+        _finish(group)
+
+
+def up(
+    port: PortOpt = 8600,
+    host: HostOpt = "127.0.0.1",
+    home: HomeOpt = None,
+    api_token: ApiTokenOpt = None,
+    master: MasterOpt = None,
+    output: OutputOpt = OutputFormat.text,
+) -> None:
+    """All in one process: embedded broker, controller with the REST API, one worker.
+
+    The broker is Tansu (Kafka protocol) with its files under HOME/broker. Prints the API URL
+    and the broker's bootstrap address; Ctrl-C or SIGTERM stops everything."""
+    from millstream.api import create_app
+    from millstream.catalog import Catalog
+    from millstream.config import Settings
+    from millstream.control.controller import Controller
+    from millstream.control.worker import Worker
+    from millstream.ingest.session import spark_session
+    from millstream.testing.servers import TansuBroker
+
+    _logging()
+    with handle_errors(output):
+        settings = Settings.load(home=home)
+        catalog = Catalog.open(settings=settings)
+        broker = TansuBroker(settings.home / "broker")
+        spark: Any = None
+        group = ServiceGroup()
+        try:
+            group.handle_signals()
+            broker.start()
+            ctl = Controller(catalog)
+            group.start("controller", ctl.run_forever, ctl.stop)
+            url = serve_api(
+                group,
+                create_app(catalog, controller=ctl, api_token=api_token),
+                host=host,
+                port=port,
+            )
+            if output is OutputFormat.text:
+                console.print(
+                    f"REST API  {url}  (OpenAPI at {url}/docs)\nbroker    {broker.bootstrap}\n"
+                    "starting Spark for the worker (first start takes 10-20 s) ...",
+                    highlight=False,
+                )
+            spark = spark_session(master=master)
+            group.handle_signals()  # Spark replaced the SIGINT handler
+            if not group.stopping:
+                w = Worker(catalog, spark, settings=ctl.settings)
+                group.start("worker", w.run_forever, w.stop)
+                _announce(
+                    output,
+                    {
+                        "api": url,
+                        "broker": broker.bootstrap,
+                        "controller_id": ctl.id,
+                        "worker_id": w.id,
+                        "home": str(settings.home),
+                    },
+                    f"up: worker {w.id}, controller {ctl.id}, home {settings.home}. Ctrl-C stops.",
+                )
+                group.wait()
+        finally:
+            group.close()
+            if spark is not None:
+                spark.stop()
+            broker.stop()
+            catalog.close()
+        _finish(group)
+
+
+def register(app: typer.Typer) -> None:
+    for fn in (controller, worker, up):
+        app.command(fn.__name__, epilog=SERVICE_EXIT_HELP)(fn)

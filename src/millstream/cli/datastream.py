@@ -1,0 +1,249 @@
+"""``millstream datastream ...`` and ``millstream segments``: clients of the REST API."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+from millstream.cli.client import DEFAULT_CONTROLLER, ControllerClient, segment
+from millstream.cli.output import OutputFormat, console, emit_json, handle_errors, table_text
+from millstream.errors import InvalidSpecError
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 ok; 1 cannot reach the controller (or unexpected error); 2 invalid spec or "
+    "argument (the field is named), missing or wrong token (401), body too large (413); "
+    "3 not found (404); 4 illegal transition or already exists (409); 5 lost compare-and-set; "
+    "6 commit outcome unknown (503)."
+)
+
+app = typer.Typer(
+    name="datastream",
+    help="Create, list, show, pause, resume, stop and delete datastreams (REST API client).",
+    epilog=EXIT_CODES_HELP,
+    no_args_is_help=True,
+)
+
+ControllerOpt = Annotated[
+    str,
+    typer.Option(
+        "--controller", envvar="MILLSTREAM_CONTROLLER", help="URL of the controller's REST API."
+    ),
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="MILLSTREAM_API_TOKEN",
+        help="Bearer token, if the controller requires one.",
+        show_default=False,
+    ),
+]
+OutputOpt = Annotated[OutputFormat, typer.Option("--output", "-o", help="text or json.")]
+NameArg = Annotated[str, typer.Argument(help="Datastream name.", show_default=False)]
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return ""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _source(spec: dict[str, Any]) -> str:
+    src = spec.get("source", {})
+    kind = src.get("kind")
+    if kind == "kafka":
+        return f"kafka {src.get('topic')} @ {src.get('bootstrap_servers')}"
+    if kind == "files":
+        return f"files {src.get('path')}"
+    return str(kind)
+
+
+def _show_record(rec: dict[str, Any], verb: str | None = None) -> None:
+    head = f"datastream [bold]{rec['name']}[/] is {rec['state']}"
+    console.print(head + (f" ({verb})" if verb else ""), highlight=False)
+    spec = rec.get("spec", {})
+    lines = [
+        ("table", rec.get("table")),
+        ("source", _source(spec)),
+        ("mode", spec.get("table", {}).get("mode")),
+        ("replicas", spec.get("replicas")),
+        ("version", rec.get("version")),
+        ("created", _when(rec.get("created_at"))),
+        ("updated", _when(rec.get("updated_at"))),
+    ]
+    if rec.get("last_error"):
+        lines.append(("last error", rec["last_error"]))
+    for key, value in lines:
+        console.print(f"  {key + ':':<12}{value}", highlight=False, markup=False)
+
+
+def _command(
+    name: str, action: str, controller: str, token: str | None, output: OutputFormat
+) -> None:
+    with handle_errors(output), ControllerClient(controller, token=token) as client:
+        rec = client.post(f"/datastreams/{segment(name)}/{action}")
+        if output is OutputFormat.json:
+            emit_json(rec)
+        else:
+            _show_record(rec)
+
+
+@app.command("create", epilog=EXIT_CODES_HELP)
+def create(
+    file: Annotated[Path, typer.Option("--file", "-f", help="Datastream spec (YAML).")],
+    controller: ControllerOpt = DEFAULT_CONTROLLER,
+    token: TokenOpt = None,
+    output: OutputOpt = OutputFormat.text,
+) -> None:
+    """Create a datastream from a YAML spec.
+
+    The controller validates the spec and names any bad field. The datastream starts
+    INITIALIZING; the controller makes it READY once its table exists."""
+    with handle_errors(output):
+        if not file.is_file():
+            raise InvalidSpecError("file", f"{str(file)!r} does not exist")
+        try:
+            body = yaml.safe_load(file.read_text())
+        except yaml.YAMLError as exc:
+            raise InvalidSpecError("spec", f"is not valid YAML: {exc}") from None
+        with ControllerClient(controller, token=token) as client:
+            rec = client.post("/datastreams", body)
+        if output is OutputFormat.json:
+            emit_json(rec)
+        else:
+            _show_record(rec, "created")
+
+
+@app.command("list", epilog=EXIT_CODES_HELP)
+def list_(
+    controller: ControllerOpt = DEFAULT_CONTROLLER,
+    token: TokenOpt = None,
+    output: OutputOpt = OutputFormat.text,
+) -> None:
+    """List every datastream with its state."""
+    with handle_errors(output), ControllerClient(controller, token=token) as client:
+        recs = client.get("/datastreams")
+        if output is OutputFormat.json:
+            emit_json(recs)
+        elif not recs:
+            console.print("(no datastreams)")
+        else:
+            table_text(
+                [
+                    {
+                        "name": r["name"],
+                        "state": r["state"],
+                        "table": r["table"],
+                        "source": _source(r["spec"]),
+                        "version": r["version"],
+                        "updated": _when(r["updated_at"]),
+                        "last error": r["last_error"],
+                    }
+                    for r in recs
+                ]
+            )
+
+
+@app.command("show", epilog=EXIT_CODES_HELP)
+def show(
+    name: NameArg,
+    controller: ControllerOpt = DEFAULT_CONTROLLER,
+    token: TokenOpt = None,
+    output: OutputOpt = OutputFormat.text,
+) -> None:
+    """Show one datastream: state, table, source, version, last error."""
+    with handle_errors(output), ControllerClient(controller, token=token) as client:
+        rec = client.get(f"/datastreams/{segment(name)}")
+        if output is OutputFormat.json:
+            emit_json(rec)
+        else:
+            _show_record(rec)
+
+
+@app.command("pause", epilog=EXIT_CODES_HELP)
+def pause(
+    name: NameArg,
+    controller: ControllerOpt = DEFAULT_CONTROLLER,
+    token: TokenOpt = None,
+    output: OutputOpt = OutputFormat.text,
+) -> None:
+    """READY -> PAUSED: writers stop at the shard upper; resume continues exactly there."""
+    _command(name, "pause", controller, token, output)
+
+
+@app.command("resume", epilog=EXIT_CODES_HELP)
+def resume(
+    name: NameArg,
+    controller: ControllerOpt = DEFAULT_CONTROLLER,
+    token: TokenOpt = None,
+    output: OutputOpt = OutputFormat.text,
+) -> None:
+    """PAUSED, STOPPED or ERROR -> READY."""
+    _command(name, "resume", controller, token, output)
+
+
+@app.command("stop", epilog=EXIT_CODES_HELP)
+def stop(
+    name: NameArg,
+    controller: ControllerOpt = DEFAULT_CONTROLLER,
+    token: TokenOpt = None,
+    output: OutputOpt = OutputFormat.text,
+) -> None:
+    """READY or PAUSED -> STOPPING; STOPPED once no worker runs it."""
+    _command(name, "stop", controller, token, output)
+
+
+@app.command("delete", epilog=EXIT_CODES_HELP)
+def delete(
+    name: NameArg,
+    controller: ControllerOpt = DEFAULT_CONTROLLER,
+    token: TokenOpt = None,
+    output: OutputOpt = OutputFormat.text,
+) -> None:
+    """Any state -> DELETING; removed once no worker runs it (the table and data stay)."""
+    with handle_errors(output), ControllerClient(controller, token=token) as client:
+        rec = client.delete(f"/datastreams/{segment(name)}")
+        if output is OutputFormat.json:
+            emit_json(rec)
+        else:
+            _show_record(rec, "it is removed once no worker runs it")
+
+
+def segments(
+    table: Annotated[str, typer.Argument(help="Table name.", show_default=False)],
+    controller: ControllerOpt = DEFAULT_CONTROLLER,
+    token: TokenOpt = None,
+    output: OutputOpt = OutputFormat.text,
+) -> None:
+    """List a table's segments (table__partition__seq) by partition, from the controller."""
+    with handle_errors(output), ControllerClient(controller, token=token) as client:
+        info = client.get(f"/tables/{segment(table)}/segments")
+        if output is OutputFormat.json:
+            emit_json(info)
+            return
+        rows = [
+            {
+                "segment": s["name"],
+                "partition": s["partition"],
+                "seq": s["seq"],
+                "offsets": f"[{s['start_offset']}, {s['end_offset']})",
+                "state": s["state"],
+                "rows": s["rows"],
+                "bytes": s["size_bytes"],
+                "file": s["file"],
+            }
+            for p in info["partitions"]
+            for s in p["segments"]
+        ]
+        title = (
+            f"{info['table']}: {info['segment_count']} segments, {info['row_count']} rows "
+            f"(manifest version {info['manifest_version']})"
+        )
+        if rows:
+            table_text(rows, title=title)
+        else:
+            console.print(title, highlight=False)

@@ -1,0 +1,95 @@
+"""Helpers of the REST API tests: valid spec bodies, a snapshot of every metadata row (to show
+a rejected request changed nothing), a source directory, a worker heartbeat, a real server."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+from sqlalchemy import select
+
+from millstream.catalog import Catalog
+from millstream.clock import ManualClock
+from millstream.control.workers import heartbeat
+from millstream.metastore import schema
+from millstream.metastore.store import MetadataStore
+
+with warnings.catch_warnings():
+    # starlette 1.x prefers the httpx2 fork for its TestClient; plain httpx works the same here.
+    warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
+    from fastapi.testclient import TestClient
+
+__all__ = ["TestClient"]
+
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def spec_body(name: str, source_dir: Path, **extra: Any) -> dict[str, Any]:
+    """A valid datastream spec body (JSON) reading the files under ``source_dir``."""
+    return {
+        "name": name,
+        "source": {"kind": "files", "path": str(source_dir)},
+        "schema": {"id": "long", "status": "string"},
+        "table": {"mode": "upsert", "primary_key": ["id"]},
+        **extra,
+    }
+
+
+def write_lines(source_dir: Path, partition: int, n: int) -> None:
+    """Append ``n`` JSON lines to partition ``partition`` of a files source (offsets grow)."""
+    d = source_dir / str(partition)
+    d.mkdir(parents=True, exist_ok=True)
+    existing = len(list(d.iterdir()))
+    lines = "".join(f'{{"id": {i}, "status": "new"}}\n' for i in range(n))
+    (d / f"{existing:05d}.jsonl").write_text(lines)
+
+
+def store_snapshot(store: MetadataStore) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every metadata table (datastreams, events, leases, shards, entries ...)."""
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    with store.read() as conn:
+        for table in [*schema.metadata.sorted_tables, *schema.control.sorted_tables]:
+            q = select(table).order_by(*table.primary_key.columns)
+            out[table.name] = [tuple(r) for r in conn.execute(q)]
+    return out
+
+
+def beat(
+    catalog: Catalog, clock: ManualClock, worker_id: str, *running: str, status: str = "RUNNING"
+) -> None:
+    """A worker heartbeat reporting a running writer for each datastream in ``running``."""
+    writers = [{"datastream": ds, "role": "active", "running": True} for ds in running]
+    heartbeat(catalog.store, worker_id, status=status, info={"writers": writers}, clock=clock)
+
+
+@contextmanager
+def serve(app: FastAPI) -> Iterator[str]:
+    """Serve ``app`` with uvicorn on a free port in a thread; yields its URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
