@@ -135,6 +135,13 @@ class InvalidTransitionError(MillstreamError):
         )
 
 
+class PreconditionFailedError(MillstreamError):
+    """An operation's precondition does not hold (e.g. a rollback while the datastream runs).
+
+    The message says what to do first (pause the datastream) or how to override (force).
+    """
+
+
 class MetadataSchemaError(MillstreamError):
     """The metadata store's schema is newer than this code understands."""
 
@@ -190,6 +197,7 @@ HTTP_STATUS: dict[type[MillstreamError], int] = {
     CommitStateUnknownError: 503,
     SegmentUnavailableError: 503,
     MetadataSchemaError: 500,
+    PreconditionFailedError: 409,
     UnauthorizedError: 401,
     RequestTooLargeError: 413,
 }
@@ -205,6 +213,7 @@ EXIT_CODES: dict[type[MillstreamError], int] = {
     CommitStateUnknownError: 6,
     SegmentUnavailableError: 7,
     MetadataSchemaError: 8,
+    PreconditionFailedError: 4,
     UnauthorizedError: 2,
     RequestTooLargeError: 2,
 }

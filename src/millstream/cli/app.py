@@ -180,6 +180,7 @@ def demo(
 control.register(app)
 app.add_typer(datastream.app, name="datastream")
 app.command("segments", epilog=datastream.EXIT_CODES_HELP)(datastream.segments)
+app.command("rollback", epilog=datastream.EXIT_CODES_HELP)(datastream.rollback)
 
 
 def main() -> None:

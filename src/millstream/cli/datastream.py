@@ -247,3 +247,37 @@ def segments(
             table_text(rows, title=title)
         else:
             console.print(title, highlight=False)
+
+
+def rollback(
+    table: Annotated[str, typer.Argument(help="Table name.", show_default=False)],
+    partition: Annotated[int, typer.Option("--partition", help="Partition to roll back.")],
+    from_seq: Annotated[int, typer.Option("--from-seq", help="First segment sequence to remove.")],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run/--apply", help="Only show what would be removed (default).")
+    ] = True,
+    force: Annotated[bool, typer.Option(help="Roll back even if the datastream runs.")] = False,
+    controller: ControllerOpt = DEFAULT_CONTROLLER,
+    token: TokenOpt = None,
+    output: OutputOpt = OutputFormat.text,
+) -> None:
+    """Remove a partition's segments from --from-seq on and move its upper back (dry run by
+    default; --apply needs the datastream paused unless --force). Writers are fenced and
+    re-ingest from the new upper when resumed."""
+    query = f"partition={partition}&fromSequence={from_seq}&dryRun={str(dry_run).lower()}"
+    query += f"&force={str(force).lower()}"
+    with handle_errors(output), ControllerClient(controller, token=token) as client:
+        plan = client.delete(f"/tables/{segment(table)}/segments?{query}")
+        if output is OutputFormat.json:
+            emit_json(plan)
+            return
+        verb = "would remove" if plan["dry_run"] else "removed"
+        console.print(
+            f"{plan['table']} partition {plan['partition']}: {verb} "
+            f"{len(plan['removed_segments'])} segments; upper {plan['upper']['from']} -> "
+            f"{plan['upper']['to']}, epoch {plan['epoch']['from']} -> {plan['epoch']['to']}"
+            + (" (dry run: pass --apply to do it)" if plan["dry_run"] else ""),
+            highlight=False,
+        )
+        if plan["removed_segments"]:
+            table_text(plan["removed_segments"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 
 from millstream.api.context import ApiContext, get_context
 from millstream.api.models import (
@@ -15,6 +15,9 @@ from millstream.api.models import (
     TableSegmentsOut,
 )
 from millstream.api.status import consuming_info, datastream_for_table, upstream_offsets
+from millstream.core.lifecycle import State
+from millstream.errors import PreconditionFailedError
+from millstream.metastore.rollback import rollback_partition
 
 router = APIRouter(prefix="/tables", tags=["tables"])
 Ctx = Annotated[ApiContext, Depends(get_context)]
@@ -40,6 +43,33 @@ def table_segments(ctx: Ctx, table: str) -> TableSegmentsOut:
             for p, segs in sorted(by_partition.items())
         ],
     )
+
+
+@router.delete("/{table}/segments", responses=NOT_FOUND)
+def rollback_segments(
+    ctx: Ctx,
+    table: str,
+    partition: Annotated[int, Query(ge=0, description="The partition to roll back.")],
+    fromSequence: Annotated[int, Query(ge=0, description="First segment sequence to remove.")],
+    dryRun: Annotated[bool, Query(description="Only show what would be removed.")] = True,
+    force: Annotated[bool, Query(description="Roll back even if the datastream runs.")] = False,
+) -> dict[str, Any]:
+    """Roll partition back: remove its segments with sequence >= fromSequence, move the shard
+    upper to that segment's start and bump the epoch (every writer is fenced and restarts from
+    the new upper). A dry run (the default) changes nothing. A real run needs the datastream
+    writing the table to be PAUSED or STOPPED unless ``force``."""
+    ctx.catalog.table(table)
+    if not dryRun and not force:
+        rec = datastream_for_table(ctx.registry.list(), table)
+        if rec is not None and rec.state not in (State.PAUSED, State.STOPPED):
+            raise PreconditionFailedError(
+                f"datastream {rec.name!r} writing table {table!r} is {rec.state.value}; pause it "
+                "first (or pass force=true)",
+                datastream=rec.name,
+                state=rec.state.value,
+            )
+    plan = rollback_partition(ctx.catalog.store, table, partition, fromSequence, dry_run=dryRun)
+    return plan.to_dict()
 
 
 @router.get(

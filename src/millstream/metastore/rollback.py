@@ -1,0 +1,186 @@
+"""Rollback of a partition: remove its segments from sequence N on, move the shard upper back to
+that segment's start, and bump the epoch so every writer (standbys included) is fenced and must
+restart from the new upper. The table's dead-letter shard moves back with it, so bad records
+in the re-read range are re-recorded exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, insert, select, update
+
+from millstream.datastream import dead_letter_spec
+from millstream.errors import InvalidSpecError, NotFoundError
+from millstream.metastore import schema as s
+from millstream.metastore.cas import cas_update
+from millstream.metastore.models import Entry
+from millstream.metastore.store import MetadataStore, _entry
+
+
+@dataclass(frozen=True, slots=True)
+class RollbackPlan:
+    table: str
+    partition: int
+    from_seq: int
+    dry_run: bool
+    old_upper: int
+    new_upper: int
+    old_epoch: int
+    new_epoch: int
+    removed: tuple[Entry, ...]
+    dead_letter_removed: int = 0
+    manifest_version: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "partition": self.partition,
+            "from_sequence": self.from_seq,
+            "dry_run": self.dry_run,
+            "upper": {"from": self.old_upper, "to": self.new_upper},
+            "epoch": {"from": self.old_epoch, "to": self.new_epoch},
+            "removed_segments": [
+                {
+                    "name": e.name,
+                    "seq": e.seq,
+                    "start_offset": e.start,
+                    "end_offset": e.end,
+                    "rows": e.row_count,
+                    "state": e.state.value,
+                }
+                for e in self.removed
+            ],
+            "dead_letter_segments_removed": self.dead_letter_removed,
+            "manifest_version": self.manifest_version,
+        }
+
+
+def _visible(conn: Connection, table: str, partition: int, version: int) -> list[Entry]:
+    q = (
+        select(s.entries)
+        .where(
+            s.entries.c.table_name == table,
+            s.entries.c.partition == partition,
+            s.entries.c.added_version <= version,
+            s.entries.c.removed_version.is_(None),
+        )
+        .order_by(s.entries.c.seq)
+    )
+    return [_entry(r) for r in conn.execute(q).mappings()]
+
+
+def rollback_partition(
+    store: MetadataStore, table: str, partition: int, from_seq: int, *, dry_run: bool = True
+) -> RollbackPlan:
+    """Plan (``dry_run``, the default) or apply a rollback of ``table`` partition ``partition``
+    to before segment ``from_seq``. Raises NotFoundError if the table, shard or segment does not
+    exist. Callers decide whether the datastream must be paused first."""
+    if from_seq < 0:
+        raise InvalidSpecError("fromSequence", "must be >= 0")
+
+    def _txn(conn: Connection) -> RollbackPlan:
+        info = store._table(conn, table)
+        assert info is not None
+        shard = store._shards(conn, table, [partition]).get(partition)
+        if shard is None:
+            raise NotFoundError("shard", f"{table}/{partition}")
+        entries = _visible(conn, table, partition, info.manifest_version)
+        doomed = [e for e in entries if e.seq >= from_seq]
+        if not doomed or doomed[0].seq != from_seq:
+            have = ", ".join(str(e.seq) for e in entries) or "none"
+            raise NotFoundError(
+                "segment", f"{table}__{partition}__{from_seq} (sequences present: {have})"
+            )
+        new_upper = doomed[0].start
+        plan = RollbackPlan(
+            table,
+            partition,
+            from_seq,
+            dry_run,
+            shard.upper,
+            new_upper,
+            shard.epoch,
+            shard.epoch + 1,
+            tuple(doomed),
+        )
+        if dry_run:
+            return plan
+        version = info.manifest_version + 1
+        now = store.clock.now()
+        for e in doomed:
+            conn.execute(
+                update(s.entries)
+                .where(s.entries.c.id == e.id, s.entries.c.removed_version.is_(None))
+                .values(removed_version=version, version=s.entries.c.version + 1)
+            )
+        cas_update(
+            conn,
+            s.shards,
+            {"table_name": table, "partition": partition},
+            shard.version,
+            {"upper": new_upper, "epoch": shard.epoch + 1},
+        )
+        cas_update(conn, s.tables, {"name": table}, info.version, {"manifest_version": version})
+        conn.execute(
+            insert(s.table_versions).values(
+                table_name=table, manifest_version=version, committed_at=now, operation="rollback"
+            )
+        )
+        dl_removed = _rollback_dead_letters(store, conn, table, partition, new_upper, now)
+        return RollbackPlan(
+            table,
+            partition,
+            from_seq,
+            False,
+            shard.upper,
+            new_upper,
+            shard.epoch,
+            shard.epoch + 1,
+            tuple(doomed),
+            dl_removed,
+            version,
+        )
+
+    plan, _ = store.retrying(_txn)
+    assert isinstance(plan, RollbackPlan)
+    return plan
+
+
+def _rollback_dead_letters(
+    store: MetadataStore, conn: Connection, table: str, partition: int, new_upper: int, now: float
+) -> int:
+    """Dead-letter entries mirror the table's batch ranges: drop those at or above the new upper."""
+    dl = dead_letter_spec(table).name
+    info = store._table(conn, dl, missing_ok=True)
+    if info is None:
+        return 0
+    shard = store._shards(conn, dl, [partition]).get(partition)
+    if shard is None:
+        return 0
+    doomed = [
+        e for e in _visible(conn, dl, partition, info.manifest_version) if e.start >= new_upper
+    ]
+    version = info.manifest_version + 1
+    for e in doomed:
+        conn.execute(
+            update(s.entries)
+            .where(s.entries.c.id == e.id, s.entries.c.removed_version.is_(None))
+            .values(removed_version=version, version=s.entries.c.version + 1)
+        )
+    cas_update(
+        conn,
+        s.shards,
+        {"table_name": dl, "partition": partition},
+        shard.version,
+        {"upper": min(shard.upper, new_upper), "epoch": shard.epoch + 1},
+    )
+    cas_update(conn, s.tables, {"name": dl}, info.version, {"manifest_version": version})
+    conn.execute(
+        insert(s.table_versions).values(
+            table_name=dl, manifest_version=version, committed_at=now, operation="rollback"
+        )
+    )
+    return len(doomed)
