@@ -166,26 +166,78 @@ def _dedup_sequential(spec: TableSpec, rows: pa.Table, *, ttl_seconds: float | N
     return sorted(i for idxs in kept_by_key.values() for i in idxs)
 
 
+def _after_last_delete(ordered: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """Split ``ordered`` (with KEY_START) into the rows after their key's last delete, and the
+    last delete row of each key that has one."""
+    deletes = ordered.filter(ordered.column(DEL))
+    if not deletes.num_rows:
+        return ordered, deletes
+    last_del = deletes.group_by([KEY_START], use_threads=False).aggregate([(IDX, "max")])
+    last_idx = last_del.column(f"{IDX}_max").combine_chunks()
+    last_del = last_del.rename_columns({f"{IDX}_max": "__ms_last_del"})
+    live = ordered.join(last_del, [KEY_START], join_type="left outer")
+    after = pc.or_kleene(
+        pc.is_null(live.column("__ms_last_del")),
+        pc.greater(live.column(IDX), live.column("__ms_last_del")),
+    )
+    live = (
+        live.filter(after)
+        .select(ordered.column_names)
+        .sort_by([(IDX, "ascending")])
+        .cast(ordered.schema)
+    )
+    return live, ordered.filter(pc.is_in(ordered.column(IDX), value_set=last_idx))
+
+
+def _reindexed(table: pa.Table) -> pa.Table:
+    """Positions (IDX) renumbered from 0 in the current order: the engines take by IDX."""
+    i = table.schema.get_field_index(IDX)
+    return table.set_column(i, IDX, pa.array(range(table.num_rows), pa.int64()))
+
+
+def compact(spec: TableSpec, rows: pa.Table) -> pa.Table:
+    """The rows a run of one partition's consecutive segments can be sealed into, such that
+    merging them with any older and newer rows gives the same table as merging the originals.
+
+    * ``upsert``: the winning row of each key, deletes included (the last row wins wherever it
+      is merged, and a winning delete still removes older rows).
+    * ``dedup`` and ``partial`` without a comparison column or TTL: the key's last delete plus
+      the first (dedup) or folded (partial) row after it. Order is the offset then, so the rows
+      of a newer run always come after this run's; every partial strategy folds associatively.
+    * Otherwise (``append``, or an order that interleaves runs): every row, sorted.
+
+    Output: the table's columns plus system columns, sorted by key then (partition, offset).
+    """
+    ordered = _in_order(spec, rows)
+    keys = list(spec.primary_key)
+    if spec.mode == "upsert" and ordered.num_rows:
+        out = _take_by_group(ordered, keys, "max")
+    elif (
+        spec.mode in ("dedup", "partial")
+        and spec.comparison_column is None
+        and spec.dedup_ttl is None
+        and ordered.num_rows
+    ):
+        live, last_deletes = _after_last_delete(
+            ordered.append_column(KEY_START, _key_starts(ordered, keys))
+        )
+        live = _reindexed(live.drop_columns([KEY_START]))
+        kept = _dedup(spec, live) if spec.mode == "dedup" else _partial(spec, live)
+        out = pa.concat_tables([last_deletes.drop_columns([KEY_START]), kept.cast(live.schema)])
+    else:
+        out = ordered
+    sort = [(k, "ascending", "at_end") for k in keys] + [
+        (PARTITION_COL, "ascending", "at_end"),
+        (OFFSET_COL, "ascending", "at_end"),
+    ]
+    return out.take(pc.sort_indices(out, sort_keys=sort)).drop_columns([IDX, DEL])
+
+
 def _partial(spec: TableSpec, ordered: pa.Table) -> pa.Table:
     keys = list(spec.primary_key)
     # Joins below go through KEY_START, never through the (nullable) key columns.
     ordered = ordered.append_column(KEY_START, _key_starts(ordered, keys))
-    deletes = ordered.filter(ordered.column(DEL))
-    live = ordered
-    if deletes.num_rows:
-        last_del = deletes.group_by([KEY_START], use_threads=False).aggregate([(IDX, "max")])
-        last_del = last_del.rename_columns({f"{IDX}_max": "__ms_last_del"})
-        live = ordered.join(last_del, [KEY_START], join_type="left outer")
-        after = pc.or_kleene(
-            pc.is_null(live.column("__ms_last_del")),
-            pc.greater(live.column(IDX), live.column("__ms_last_del")),
-        )
-        live = (
-            live.filter(after)
-            .select(ordered.column_names)
-            .sort_by([(IDX, "ascending")])
-            .cast(ordered.schema)
-        )
+    live, _ = _after_last_delete(ordered)
     ordered = ordered.drop_columns([KEY_START])
     if live.num_rows == 0:
         return ordered.slice(0, 0)

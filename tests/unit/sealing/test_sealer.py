@@ -1,0 +1,201 @@
+"""Sealing in the background: faults at every named point never change what readers see, a
+failed seal is retried until the run is ONLINE, and a partition's segments seal in order."""
+
+from __future__ import annotations
+
+import random
+import threading
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from millstream.catalog import Catalog
+from millstream.metastore.models import SegmentState
+from millstream.sealing.sealer import (
+    FAULT_POINTS,
+    InjectedSealFault,
+    Sealer,
+    SealFaults,
+)
+from millstream.spec import TableSpec
+from millstream.table.writer import commit_staged, stage_rows
+from millstream.testing.model import canonical, model_rows
+
+ENGINES: dict[str, dict[str, Any]] = {
+    "append": {"mode": "append"},
+    "dedup": {"mode": "dedup", "primary_key": ["k"], "delete_column": "d"},
+    "upsert": {"mode": "upsert", "primary_key": ["k"], "delete_column": "d"},
+    "partial": {
+        "mode": "partial",
+        "primary_key": ["k"],
+        "delete_column": "d",
+        "partial": {"v": "sum", "s": "append"},
+    },
+}
+
+
+class Feed:
+    """Deterministic rows per partition, committed batch by batch like a writer would."""
+
+    def __init__(self, cat: Catalog, spec: TableSpec, seed: int) -> None:
+        self.cat, self.spec, self.rnd = cat, spec, random.Random(seed)
+        self.rows: list[dict[str, Any]] = []
+        self.pos: dict[int, int] = {}
+
+    def batch(self, partition: int, n: int) -> None:
+        lo = self.pos.get(partition, 0)
+        rows = [
+            {
+                "k": self.rnd.randrange(6) * 2 + partition,
+                "v": self.rnd.choice([None, self.rnd.randrange(10)]),
+                "s": self.rnd.choice([None, "a", "b"]),
+                "d": self.rnd.random() < 0.1,
+                "_ms_partition": partition,
+                "_ms_offset": o,
+                "_ms_tombstone": False,
+            }
+            for o in range(lo, lo + n)
+        ]
+        table = pa.Table.from_pylist(rows, schema=self.spec.arrow_schema(system_columns=True))
+        staged = stage_rows(self.cat.deep, self.spec, table)
+        commit_staged(
+            self.cat.store, self.cat.deep, "t", staged, {partition: (lo, lo + n)}, {partition: 0}
+        )
+        self.rows += rows
+        self.pos[partition] = lo + n
+
+    def assert_table_equals_model(self) -> None:
+        got = self.cat.read_table("t").to_pylist()
+        assert canonical(got) == canonical(model_rows(self.spec, self.rows))
+
+
+def _setup(tmp_path: Path, engine: str, seed: int = 0) -> Feed:
+    cat = Catalog.open(home=tmp_path)
+    spec = TableSpec.parse(
+        {
+            "name": "t",
+            "schema": {"k": "long", "v": "long", "s": "string", "d": "boolean"},
+            **ENGINES[engine],
+        }
+    )
+    cat.create_table(spec)
+    return Feed(cat, spec, seed)
+
+
+def _states(cat: Catalog, partition: int) -> list[tuple[int, SegmentState]]:
+    return [(e.seq, e.state) for e in cat.manifest("t").entries if e.partition == partition]
+
+
+@pytest.mark.parametrize("point", FAULT_POINTS)
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_a_fault_at_any_seal_point_keeps_reads_exact_and_the_retry_brings_the_run_online(
+    tmp_path: Path, engine: str, point: str
+) -> None:
+    feed = _setup(tmp_path, engine)
+    for _ in range(3):
+        feed.batch(0, 20)
+        feed.batch(1, 15)
+    faults = SealFaults({point: 1})
+    sealer = Sealer(feed.cat, "t", faults=faults)
+    if point == "after_swap":
+        # Only cleanup is interrupted: the seal itself is done.
+        assert sealer.seal_partition(0, force=True) is not None
+    else:
+        with pytest.raises(InjectedSealFault):
+            sealer.seal_partition(0, force=True)
+        assert all(state is SegmentState.CONSUMING for _, state in _states(feed.cat, 0))
+        feed.assert_table_equals_model()
+        # Ingestion keeps committing while the seal is failing.
+        feed.batch(0, 10)
+        feed.assert_table_equals_model()
+        result = sealer.seal_partition(0, force=True)
+        assert result is not None
+    assert _states(feed.cat, 0) == [(0, SegmentState.ONLINE)]
+    assert all(state is SegmentState.CONSUMING for _, state in _states(feed.cat, 1))
+    feed.assert_table_equals_model()
+    # Seal again after more data: a second sealed segment follows the first, in order.
+    feed.batch(0, 12)
+    assert sealer.seal_partition(0, force=True) is not None
+    online = [e for e in feed.cat.manifest("t").entries if e.partition == 0]
+    assert [e.state for e in online] == [SegmentState.ONLINE, SegmentState.ONLINE]
+    assert online[0].end == online[1].start and online[1].end == feed.pos[0]
+    feed.assert_table_equals_model()
+
+
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_a_seal_that_keeps_failing_marks_its_segment_error_and_the_table_stays_correct(
+    tmp_path: Path, engine: str
+) -> None:
+    feed = _setup(tmp_path, engine, seed=3)
+    for _ in range(3):
+        feed.batch(0, 10)
+    sealer = Sealer(feed.cat, "t", faults=SealFaults({"before_swap": 3}), max_failures=3)
+    for _ in range(3):
+        with pytest.raises(InjectedSealFault):
+            sealer.seal_partition(0, force=True)
+    entries = [e for e in feed.cat.manifest("t").entries if e.partition == 0]
+    assert entries[0].state is SegmentState.ERROR
+    assert "before_swap" in (entries[0].last_error or "")
+    feed.assert_table_equals_model()
+    leftovers = [f.path for f in feed.cat.deep.list_files("tables/t/data") if "sealed" in f.path]
+    assert leftovers == [], "an unswapped sealed file must not be left behind"
+    assert sealer.seal_partition(0, force=True) is not None
+    assert _states(feed.cat, 0) == [(0, SegmentState.ONLINE)]
+    feed.assert_table_equals_model()
+
+
+def test_segments_of_a_partition_never_swap_out_of_order_when_a_build_is_delayed(
+    tmp_path: Path,
+) -> None:
+    feed = _setup(tmp_path, "upsert", seed=5)
+    feed.batch(0, 10)
+    feed.batch(0, 10)
+    in_build, release = threading.Event(), threading.Event()
+
+    def delay_first_build(point: str, partition: int) -> None:
+        if point == "before_build" and not in_build.is_set():
+            in_build.set()
+            assert release.wait(30)
+
+    slow = Sealer(feed.cat, "t", faults=SealFaults(hook=delay_first_build))
+    results: list[Any] = []
+    t = threading.Thread(target=lambda: results.append(slow.seal_partition(0, force=True)))
+    t.start()
+    assert in_build.wait(30)
+    # While run N (seq 0-1) is building, segment N+1 arrives and another sealer tries.
+    feed.batch(0, 10)
+    other = Sealer(feed.cat, "t")
+    assert other.seal_partition(0, force=True) is None, "N+1 must wait for N"
+    feed.assert_table_equals_model()
+    release.set()
+    t.join(30)
+    assert results and results[0] is not None and results[0].sealed.end == 20
+    later = other.seal_partition(0, force=True)
+    assert later is not None and later.sealed.start == 20
+    entries = [e for e in feed.cat.manifest("t").entries if e.partition == 0]
+    assert [(e.seq, e.start, e.end, e.state) for e in entries] == [
+        (0, 0, 20, SegmentState.ONLINE),
+        (2, 20, 30, SegmentState.ONLINE),
+    ]
+    feed.assert_table_equals_model()
+
+
+def test_sealing_is_due_by_rows_bytes_or_age_and_not_before(tmp_path: Path) -> None:
+    from millstream.clock import ManualClock
+    from millstream.sealing.sealer import Thresholds
+
+    feed = _setup(tmp_path, "append")
+    feed.batch(0, 10)
+    clock = ManualClock(start=feed.cat.manifest("t").entries[0].created_at)
+    sealer = Sealer(
+        feed.cat, "t", thresholds=Thresholds(flush_rows=25, flush_seconds=60), clock=clock
+    )
+    assert sealer.seal_due() == []
+    feed.batch(0, 20)
+    assert [r.partition for r in sealer.seal_due()] == [0]
+    feed.batch(0, 5)
+    assert sealer.seal_due() == []
+    clock.advance(61)
+    assert [r.rows_in for r in sealer.seal_due()] == [5]
