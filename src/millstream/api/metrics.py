@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from millstream.api.context import ApiContext
+from millstream.api.sealing import debug_info
 from millstream.api.status import consuming_info, rows_per_table, upstream_offsets
 from millstream.control.workers import list_workers
 from millstream.core.lifecycle import State
@@ -52,12 +53,34 @@ class MillstreamCollector:
             ),
             GaugeMetricFamily("millstream_datastreams", "Datastreams by state.", labels=["state"]),
             GaugeMetricFamily("millstream_workers_alive", "Workers heartbeating within the TTL."),
+            GaugeMetricFamily(
+                "millstream_segments_in_error",
+                "Segments whose seal keeps failing.",
+                labels=["table"],
+            ),
+            GaugeMetricFamily(
+                "millstream_seal_lag_segments",
+                "Consuming segments waiting to be sealed.",
+                labels=["table", "partition"],
+            ),
+            GaugeMetricFamily(
+                "millstream_seal_duration_seconds",
+                "Duration of the last seal a worker reported.",
+                labels=["datastream", "worker"],
+            ),
+            GaugeMetricFamily(
+                "millstream_pauseless_enabled",
+                "1 if consumption continues while segments seal.",
+                labels=["datastream"],
+            ),
         )
 
     def collect(self) -> Iterator[Any]:
         ctx = self.ctx
         store = ctx.catalog.store
-        delay, lag, rows, conflicts, datastreams, alive = self._families()
+        delay, lag, rows, conflicts, datastreams, alive, in_error, seal_lag, seal_s, pauseless = (
+            self._families()
+        )
         records = ctx.registry.list()
         live = [r for r in records if r.state not in _NO_TABLE]
         upstream = upstream_offsets([r.spec for r in live], ctx.upstream_timeout)
@@ -85,7 +108,31 @@ class MillstreamCollector:
         for state in State:
             datastreams.add_metric([state.value], by_state.get(state, 0))
         alive.add_metric([], sum(1 for w in workers if w.alive(now, ctx.worker_ttl)))
-        yield from (delay, lag, rows, conflicts, datastreams, alive)
+        for rec in live:
+            pauseless.add_metric([rec.name], 1.0 if rec.spec.segments.pauseless else 0.0)
+            try:
+                debug = debug_info(ctx, rec.spec.table_name)
+            except NotFoundError:
+                continue
+            in_error.add_metric([rec.spec.table_name], len(debug["segments_in_error"]))
+            for q in debug["sealer_queue"]:
+                seal_lag.add_metric([rec.spec.table_name, str(q["partition"])], q["segments"])
+        for w in workers:
+            for ds, st in (w.info.get("sealing") or {}).items():
+                if st.get("last_seal_seconds") is not None:
+                    seal_s.add_metric([ds, w.id], float(st["last_seal_seconds"]))
+        yield from (
+            delay,
+            lag,
+            rows,
+            conflicts,
+            datastreams,
+            alive,
+            in_error,
+            seal_lag,
+            seal_s,
+            pauseless,
+        )
 
 
 def make_registry(ctx: ApiContext) -> CollectorRegistry:

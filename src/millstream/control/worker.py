@@ -31,6 +31,7 @@ from millstream.control.workers import heartbeat, read_assignments
 from millstream.core.lifecycle import State
 from millstream.errors import MillstreamError
 from millstream.ingest.runner import DatastreamRunner
+from millstream.sealing.sealer import Sealer, Thresholds
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class Worker:
         self.registry = Registry(catalog.store, clock=clock)
         self.url = url
         self.writers: dict[str, _Writer] = {}
+        self.sealers: dict[str, Sealer] = {}
         self._stop = threading.Event()
 
     # -- reconcile -------------------------------------------------------------------------
@@ -177,16 +179,44 @@ class Worker:
             info={
                 "writers": writers,
                 "commit_conflicts": self.catalog.store.conflicts,
+                "sealing": {ds: sealer.status() for ds, sealer in self.sealers.items()},
                 "lost_races": lost_races,
             },
             clock=self.clock,
             url=self.url,
         )
 
+    def seal(self) -> None:
+        """Seal what is due for every datastream this worker runs actively. Runs on its own
+        thread: consumption never waits for a seal (pauseless)."""
+        for ds, w in list(self.writers.items()):
+            if w.role != "active" or not w.running or w.runner is None:
+                continue
+            spec = w.runner.spec
+            sealer = self.sealers.get(ds)
+            if sealer is None:
+                seg = spec.segments
+                sealer = Sealer(
+                    self.catalog,
+                    spec.table_name,
+                    thresholds=Thresholds(seg.flush_rows, seg.flush_seconds, seg.flush_bytes),
+                    clock=self.clock,
+                )
+                self.sealers[ds] = sealer
+            sealer.seal_due()
+
+    def _seal_loop(self) -> None:
+        while not self._stop.wait(self.settings.tick_seconds * 2):
+            try:
+                self.seal()
+            except Exception as exc:  # the sealer never takes the worker down
+                log.warning("worker %s sealing failed: %s", self.id, exc)
+
     # -- loop ------------------------------------------------------------------------------
 
     def run_forever(self) -> None:
         self._heartbeat()
+        threading.Thread(target=self._seal_loop, name="sealer", daemon=True).start()
         while not self._stop.is_set():
             try:
                 self.tick()

@@ -115,6 +115,7 @@ class Sealer:
         self.failures: dict[int, int] = {}
         self.last_error: dict[int, str] = {}
         self.durations: list[float] = []
+        self._next_try: dict[int, float] = {}
 
     # -- planning --------------------------------------------------------------------------
 
@@ -143,17 +144,33 @@ class Sealer:
     # -- sealing ---------------------------------------------------------------------------
 
     def seal_due(self) -> list[SealResult]:
-        """Seal every partition whose thresholds are reached; failures are recorded, not raised."""
+        """Seal every partition whose thresholds are reached. Failures are recorded and the
+        partition is retried with exponential backoff (capped at a minute), never raised: this
+        runs in the background beside the writers."""
         out = []
         for p in self.partitions():
+            if self._next_try.get(p, 0.0) > self.clock.now():
+                continue
             try:
                 r = self.seal_partition(p)
-            except MillstreamError as exc:
-                log.warning("seal of %s partition %d failed: %s", self.table, p, exc)
+            except Exception as exc:
+                delay = min(60.0, 2.0 ** self.failures.get(p, 1))
+                self._next_try[p] = self.clock.now() + delay
+                log.warning(
+                    "seal of %s partition %d failed (retry in %.0fs): %s", self.table, p, delay, exc
+                )
                 continue
             if r is not None:
                 out.append(r)
         return out
+
+    def status(self) -> dict[str, object]:
+        return {
+            "failures": {str(p): n for p, n in self.failures.items()},
+            "last_error": {str(p): e for p, e in self.last_error.items()},
+            "last_seal_seconds": self.durations[-1] if self.durations else None,
+            "seals": len(self.durations),
+        }
 
     def seal_partition(self, partition: int, *, force: bool = False) -> SealResult | None:
         """Seal the partition's consuming run if due (or ``force``). Returns None when there is

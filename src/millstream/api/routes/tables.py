@@ -14,6 +14,7 @@ from millstream.api.models import (
     SegmentOut,
     TableSegmentsOut,
 )
+from millstream.api.sealing import debug_info
 from millstream.api.status import consuming_info, datastream_for_table, upstream_offsets
 from millstream.core.lifecycle import State
 from millstream.errors import PreconditionFailedError
@@ -70,6 +71,13 @@ def rollback_segments(
             )
     plan = rollback_partition(ctx.catalog.store, table, partition, fromSequence, dry_run=dryRun)
     return plan.to_dict()
+
+
+@router.get("/{table}/debugInfo", responses=NOT_FOUND)
+def table_debug_info(ctx: Ctx, table: str) -> dict[str, Any]:
+    """Committing segments with their age, segments in ERROR with the last error, the sealer
+    queue per partition, and the sealing status workers report."""
+    return debug_info(ctx, table)
 
 
 @router.get(
