@@ -10,7 +10,7 @@ from millstream.api.errors import install_error_handlers
 from millstream.api.metrics import make_registry
 from millstream.api.middleware import MAX_BODY_BYTES, BearerAuthMiddleware, BodyLimitMiddleware
 from millstream.api.openapi import openapi_factory
-from millstream.api.routes import cluster, datastreams, metrics, tables
+from millstream.api.routes import cluster, datastreams, metrics, segments, tables
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control.controller import Controller, ControlSettings
@@ -58,7 +58,13 @@ def create_app(
     app.state.millstream = ctx
     app.state.metrics_registry = make_registry(ctx)
     install_error_handlers(app)
-    for router in (datastreams.router, tables.router, cluster.router, metrics.router):
+    for router in (
+        datastreams.router,
+        tables.router,
+        segments.router,
+        cluster.router,
+        metrics.router,
+    ):
         app.include_router(router)
     # The last added runs first: auth is checked before any body byte is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)

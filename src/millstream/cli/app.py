@@ -181,6 +181,7 @@ control.register(app)
 app.add_typer(datastream.app, name="datastream")
 app.command("segments", epilog=datastream.EXIT_CODES_HELP)(datastream.segments)
 app.command("rollback", epilog=datastream.EXIT_CODES_HELP)(datastream.rollback)
+app.command("reingest", epilog=datastream.EXIT_CODES_HELP)(datastream.reingest)
 
 
 def main() -> None:

@@ -281,3 +281,30 @@ def rollback(
         )
         if plan["removed_segments"]:
             table_text(plan["removed_segments"])
+
+
+def reingest(
+    segment_name: Annotated[str, typer.Argument(metavar="SEGMENT", help="e.g. orders__0__12")],
+    wait: Annotated[bool, typer.Option(help="Wait for the job to finish.")] = True,
+    controller: ControllerOpt = DEFAULT_CONTROLLER,
+    token: TokenOpt = None,
+    output: OutputOpt = OutputFormat.text,
+) -> None:
+    """Rebuild a segment whose file is lost or corrupt by re-reading its offset range from the
+    source (a job on the controller; 409 if one already runs for that segment)."""
+    import time
+
+    with handle_errors(output), ControllerClient(controller, token=token) as client:
+        job = client.post(f"/segments/{segment(segment_name)}/reingest")
+        while wait and job["state"] == "RUNNING":
+            time.sleep(0.5)
+            job = next(j for j in client.get("/reingestJobs") if j["id"] == job["id"])
+        if output is OutputFormat.json:
+            emit_json(job)
+        else:
+            detail = job["error"] or (job["result"] or {})
+            console.print(
+                f"re-ingestion of {job['segment']}: {job['state']} {detail}", highlight=False
+            )
+        if job["state"] == "FAILED":
+            raise typer.Exit(1)
