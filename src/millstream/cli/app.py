@@ -75,7 +75,9 @@ def run(
 
         catalog = _catalog(home)
         spark = spark_session(master=master)
-        runner = DatastreamRunner(spec, catalog, spark, writer_id=writer_id)
+        runner = DatastreamRunner(
+            spec, catalog, spark, writer_id=writer_id, background_sealing=not available_now
+        )
 
         def _sigterm(*_: object) -> None:
             runner.stop()

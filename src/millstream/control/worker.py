@@ -192,6 +192,8 @@ class Worker:
         for ds, w in list(self.writers.items()):
             if w.role != "active" or not w.running or w.runner is None:
                 continue
+            if not w.runner.spec.segments.pauseless:
+                continue  # its sink seals inline: the writer waits for the seal
             spec = w.runner.spec
             sealer = self.sealers.get(ds)
             if sealer is None:

@@ -12,6 +12,7 @@ import json
 import logging
 import shutil
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,6 +165,7 @@ class DatastreamRunner:
         writer_id: str | None = None,
         state_dir: StateDirectory | None = None,
         commit_gate: dict[str, str] | None = None,
+        background_sealing: bool = False,
     ) -> None:
         self.spec = spec
         self.catalog = catalog
@@ -178,6 +180,9 @@ class DatastreamRunner:
         self.stats = RunStats()
         #: Sink options that make a standby commit only when the active is gone (workers).
         self.commit_gate = commit_gate or {}
+        #: Seal on a thread of this process while the query runs (``millstream run``; a worker
+        #: seals on its own thread instead). Ignored with ``pauseless: false``.
+        self.background_sealing = background_sealing and spec.segments.pauseless
         self.query: Any = None
         self._stopping = False
 
@@ -252,6 +257,15 @@ class DatastreamRunner:
             "statsFile": str(self.stats_file),
             **self.commit_gate,
         }
+        if not self.spec.segments.pauseless:
+            seg = self.spec.segments
+            sink_opts["sealInline"] = json.dumps(
+                {
+                    "flush_rows": seg.flush_rows,
+                    "flush_seconds": seg.flush_seconds,
+                    "flush_bytes": seg.flush_bytes,
+                }
+            )
         writer = (
             self.spark.readStream.format(fmt)
             .options(**src_opts)
@@ -283,6 +297,7 @@ class DatastreamRunner:
         Holds the state directory lock throughout (and releases it at the end, unless the
         caller locked it first, as a worker does)."""
         owns_lock = not self.state_dir.held
+        sealing = self._start_sealing() if self.background_sealing else None
         try:
             while not self._stopping:
                 self.start(available_now=available_now)
@@ -297,8 +312,29 @@ class DatastreamRunner:
                 shutil.rmtree(self.checkpoint, ignore_errors=True)
             return self.stats
         finally:
+            if sealing is not None:
+                sealing.set()
             if owns_lock:
                 self.state_dir.unlock()
+
+    def _start_sealing(self) -> threading.Event:
+        """A background sealer for this writer's table; returns the event that stops it."""
+        from millstream.sealing.sealer import Sealer, Thresholds
+
+        seg = self.spec.segments
+        sealer = Sealer(
+            self.catalog,
+            self.table_spec.name,
+            thresholds=Thresholds(seg.flush_rows, seg.flush_seconds, seg.flush_bytes),
+        )
+        done = threading.Event()
+
+        def _loop() -> None:
+            while not done.wait(1.0):
+                sealer.seal_due()
+
+        threading.Thread(target=_loop, name=f"sealer-{self.spec.name}", daemon=True).start()
+        return done
 
     def _await(
         self, on_tick: Callable[[DatastreamRunner], None] | None, tick: float

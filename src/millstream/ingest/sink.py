@@ -97,6 +97,8 @@ class SegmentSink(DataSourceStreamArrowWriter):
         self.gate_datastream = options.get("gateDatastream")
         self.gate_worker = options.get("gateWorker")
         self.gate_worker_ttl = float(options.get("gateWorkerTtl") or 6.0)
+        # pauseless: false -> the micro-batch waits for due seals (the comparison mode).
+        self.seal_inline = json.loads(options.get("sealInline") or "null")
 
     def _deep(self) -> DeepStore:
         return DeepStore.from_uri(self.settings.deep_store, s3_endpoint=self.settings.s3_endpoint)
@@ -193,6 +195,8 @@ class SegmentSink(DataSourceStreamArrowWriter):
         referenced = results[table].files_referenced | results[dl_table].files_referenced
         self._delete(deep, staged - referenced)
         self._record(batchId, results[table], rows)
+        if self.seal_inline:
+            self._seal_inline()
         faults.hit("after_commit", batchId)
         results[table].raise_for_gaps(main)
 
@@ -220,6 +224,17 @@ class SegmentSink(DataSourceStreamArrowWriter):
     def _delete(deep: DeepStore, paths: set[str]) -> None:
         for p in paths:
             deep.delete(p)
+
+    def _seal_inline(self) -> None:
+        from millstream.catalog import Catalog
+        from millstream.sealing.sealer import Sealer, Thresholds
+
+        store = MetadataStore(self.settings.metadata_url)
+        try:
+            catalog = Catalog(self.settings, store, self._deep())
+            Sealer(catalog, self.spec.name, thresholds=Thresholds(**self.seal_inline)).seal_due()
+        finally:
+            store.dispose()
 
     def _may_commit(self, store: MetadataStore) -> bool:
         if not (self.gate_datastream and self.gate_worker):
