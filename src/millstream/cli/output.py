@@ -36,8 +36,22 @@ def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, default=_default, indent=2) + "\n")
 
 
+class SparkQueryError(MillstreamError):
+    """One of our errors, raised inside a Spark Python worker, as the driver saw it."""
+
+    def __init__(self, kind: str, message: str, **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.kind = kind
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": self.kind, "message": self.message, **self.fields}
+
+
 def spark_error_to_millstream(exc: BaseException) -> MillstreamError | None:
-    """A Spark query failed because of one of our errors (raised in a Python worker): find it."""
+    """A Spark query failed because of one of our errors (raised in a Python worker): find it,
+    keeping its name and, for a bad record, the partition and offset."""
+    import re
+
     text = str(exc)
     from millstream import errors
     from millstream.ingest.sink import BadRecordError
@@ -51,7 +65,11 @@ def spark_error_to_millstream(exc: BaseException) -> MillstreamError | None:
         marker = f"{cls.__name__}: "
         if marker in text:
             line = text.split(marker, 1)[1].splitlines()[0]
-            return MillstreamError(line)
+            fields: dict[str, Any] = {}
+            m = re.search(r"partition (\d+) offset (\d+)", line)
+            if m:
+                fields = {"partition": int(m.group(1)), "offset": int(m.group(2))}
+            return SparkQueryError(cls.__name__, line, **fields)
     return None
 
 

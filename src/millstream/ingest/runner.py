@@ -126,6 +126,9 @@ def checkpoint_verdict(checkpoint: Path, boot: Bootstrap) -> str | None:
     end = _read_offsets_file(offsets_dir / str(n))
     if end is None:
         return f"offsets/{n} is unreadable"
+    unknown = sorted(set(end) - set(boot.uppers))
+    if unknown:
+        return f"it has offsets for partition {unknown[0]} but the store has no shard for it"
     if (checkpoint / "commits" / str(n)).exists():
         for p, upper in boot.uppers.items():
             if end.get(p) != upper:
@@ -193,6 +196,17 @@ class DatastreamRunner:
         self.catalog.create_table(dead_letter_spec(self.table_spec.name))
 
     def bootstrap(self) -> Bootstrap:
+        """The shards' uppers and epochs. Every source partition gets a shard first (at the
+        position a fresh start would use), so a local checkpoint is always compared with an
+        authoritative upper, never trusted for a partition the store knows nothing about."""
+        reader = make_reader(self.spec)
+        latest = reader.latest_offsets()
+        fresh = (
+            reader.earliest_offsets() if self.spec.source.starting_offsets == "earliest" else latest
+        )
+        starts = {p: fresh.get(p, 0) for p in latest}
+        self.catalog.store.ensure_shards(self.table_spec.name, starts)
+        self.catalog.store.ensure_shards(dead_letter_spec(self.table_spec.name).name, starts)
         shards = self.catalog.store.list_shards(self.table_spec.name)
         dl = self.catalog.store.list_shards(dead_letter_spec(self.table_spec.name).name)
         return Bootstrap(

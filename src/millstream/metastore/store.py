@@ -266,6 +266,30 @@ class MetadataStore:
             for r in conn.execute(q)
         }
 
+    def ensure_shards(self, table: str, starts: dict[int, int]) -> dict[int, Shard]:
+        """Create the shards of ``table`` that do not exist yet, at ``starts[partition]`` (epoch
+        0); existing shards are left alone. Returns every requested shard as it now is."""
+
+        def _txn(conn: Connection) -> dict[int, Shard]:
+            self._table(conn, table)
+            have = self._shards(conn, table, list(starts))
+            for p, upper in sorted(starts.items()):
+                if p not in have:
+                    conn.execute(
+                        insert(s.shards).values(
+                            table_name=table,
+                            partition=p,
+                            upper=upper,
+                            epoch=0,
+                            next_seq=0,
+                            version=1,
+                        )
+                    )
+            return self._shards(conn, table, list(starts))
+
+        shards, _ = self.retrying(_txn)
+        return shards  # type: ignore[no-any-return]
+
     def compare_and_append(
         self,
         table: str,

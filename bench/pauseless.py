@@ -1,0 +1,278 @@
+"""Pauseless sealing, measured (seed 003, Pinot pauseless consumption).
+
+    .venv/bin/python bench/pauseless.py [--seconds 40] [--rate 4000] [--quick]
+
+1. The same steady Kafka input is ingested twice, with ``pauseless: true`` and ``false``, with a
+   small ``flush_rows`` so seals happen every few seconds. A sampler notes (ack time, partition,
+   offset) of produced records and the first time the shard upper passes them: produce-to-
+   visible freshness. A sample is "during a seal" when a seal committed while it waited.
+   Target: with pauseless, p99 during seals <= 1.2x p99 between seals.
+2. Seal time of a fixed 200k-row run with 1M and with 10M rows already sealed in the table.
+   Target ratio <= 1.5 (a seal reads only its own run; it never rewrites older segments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+PARTITIONS = 4
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
+
+
+def freshness_run(
+    spark: Any, root: Path, *, pauseless: bool, seconds: float, rate: int
+) -> dict[str, Any]:
+    from confluent_kafka import Producer
+    from sqlalchemy import select
+
+    from millstream.catalog import Catalog
+    from millstream.datastream import DatastreamSpec
+    from millstream.ingest.runner import DatastreamRunner
+    from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
+    from millstream.ingest.sources.kafka import close_consumers
+    from millstream.metastore import schema as s
+    from millstream.testing.servers import TansuBroker
+
+    tag = "pauseless" if pauseless else "blocking"
+    broker = TansuBroker(root / f"broker-{tag}").start()
+    runner: DatastreamRunner | None = None
+    try:
+        broker.create_topic("orders", PARTITIONS)
+        spec = DatastreamSpec.parse(
+            {
+                "name": f"fresh-{tag}",
+                "source": {
+                    "kind": "kafka",
+                    "bootstrap_servers": broker.bootstrap,
+                    "topic": "orders",
+                },
+                "table": {
+                    "primary_key": ["order_id"],
+                    "mode": "upsert",
+                    "comparison_column": "updated_at",
+                },
+                "schema": ORDERS_SCHEMA,
+                "max_records_per_batch": 50_000,
+                "trigger_interval": "500ms",
+                "segments": {
+                    "flush_rows": max(2000, rate * 3),
+                    "flush_seconds": 3600,
+                    "pauseless": pauseless,
+                },
+            }
+        )
+        cat = Catalog.open(home=root / f"home-{tag}")
+        runner = DatastreamRunner(spec, cat, spark, writer_id="bench", background_sealing=True)
+        runner.ensure_tables()
+        errors: list[BaseException] = []
+        t = threading.Thread(
+            target=lambda: _guard(errors, runner.run, available_now=False), daemon=True
+        )
+        t.start()
+        while runner.query is None or not runner.query.isActive:
+            if errors:
+                raise errors[0]
+            time.sleep(0.2)
+        time.sleep(3)  # first batch planned
+
+        cfg = GeneratorConfig(seed=3, partitions=PARTITIONS, key_cardinality=20_000)
+        producer = Producer(
+            {"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "log.connection.close": False}
+        )
+        samples: list[tuple[float, int, int]] = []
+        lock = threading.Lock()
+
+        def acked(err: Any, msg: Any) -> None:
+            if err is None and msg.offset() % 50 == 0:
+                with lock:
+                    samples.append((time.time(), msg.partition(), msg.offset()))
+
+        gens = {p: generate(cfg, p, 0, 10**9) for p in range(PARTITIONS)}
+        tick = 0.05
+        per_tick = max(1, int(rate * tick / PARTITIONS))
+        end = time.time() + seconds
+        while time.time() < end:
+            t0 = time.time()
+            for p in range(PARTITIONS):
+                for _ in range(per_tick):
+                    _, key, value = next(gens[p])
+                    producer.produce("orders", value=value, key=key, partition=p, on_delivery=acked)
+            producer.poll(0)
+            time.sleep(max(0.0, tick - (time.time() - t0)))
+        producer.flush()
+        # Each partition's last record alone in its batch keeps Tansu's watermark exact.
+        for p in range(PARTITIONS):
+            _, key, value = next(gens[p])
+            producer.produce("orders", value=value, key=key, partition=p, on_delivery=acked)
+            producer.flush()
+
+        pending = sorted(samples)
+        visible: list[tuple[float, float]] = []  # (ack time, latency)
+        deadline = time.time() + 120
+        while pending and time.time() < deadline:
+            uppers = {sh.partition: sh.upper for sh in cat.store.list_shards(spec.table_name)}
+            now = time.time()
+            still = []
+            for ack, p, o in pending:
+                if uppers.get(p, -1) > o:
+                    visible.append((ack, now - ack))
+                else:
+                    still.append((ack, p, o))
+            pending = still
+            if errors:
+                raise errors[0]
+            time.sleep(0.02)
+        with cat.store.read() as conn:
+            seals = [
+                r[0]
+                for r in conn.execute(
+                    select(s.table_versions.c.committed_at).where(
+                        s.table_versions.c.table_name == spec.table_name,
+                        s.table_versions.c.operation == "seal",
+                    )
+                )
+            ]
+        during = [lat for ack, lat in visible if any(ack <= c <= ack + lat for c in seals)]
+        between = [lat for ack, lat in visible if not any(ack <= c <= ack + lat for c in seals)]
+        return {
+            "mode": tag,
+            "samples": len(visible),
+            "unresolved": len(pending),
+            "seals": len(seals),
+            "during_p50": pct(during, 0.5),
+            "during_p99": pct(during, 0.99),
+            "between_p50": pct(between, 0.5),
+            "between_p99": pct(between, 0.99),
+            "during_n": len(during),
+            "between_n": len(between),
+        }
+    finally:
+        if runner is not None:
+            runner.stop()
+        close_consumers()
+        broker.stop()
+
+
+def _guard(errors: list[BaseException], fn: Any, **kw: Any) -> None:
+    try:
+        fn(**kw)
+    except BaseException as exc:
+        errors.append(exc)
+
+
+def seal_time(root: Path, existing_rows: int, run_rows: int = 200_000) -> float:
+    """Seconds to seal a ``run_rows`` run of partition 0 of a table holding ``existing_rows``
+    sealed rows (written as 1M-row sealed segments)."""
+    from millstream.catalog import Catalog
+    from millstream.sealing.sealer import Sealer
+    from millstream.table.writer import commit_staged, stage_rows
+
+    cat = Catalog.open(home=root / f"seal-{existing_rows}")
+    spec = cat.create_table(
+        {
+            "name": "orders",
+            "schema": {"order_id": "long", "amount": "double", "status": "string"},
+            "primary_key": ["order_id"],
+            "mode": "upsert",
+        }
+    ).spec
+    rng = np.random.default_rng(1)
+    sealer = Sealer(cat, "orders")
+    pos = 0
+
+    def batch(n: int) -> None:
+        nonlocal pos
+        rows = pa.table(
+            {
+                "order_id": pa.array(rng.integers(0, max(1, existing_rows // 2), n)),
+                "amount": pa.array(rng.random(n) * 100),
+                "status": pa.array(np.array(["new", "paid", "shipped"])[rng.integers(0, 3, n)]),
+                "_ms_partition": pa.array(np.zeros(n, dtype=np.int32)),
+                "_ms_offset": pa.array(np.arange(pos, pos + n, dtype=np.int64)),
+                "_ms_tombstone": pa.array(np.zeros(n, dtype=bool)),
+            }
+        )
+        commit_staged(
+            cat.store,
+            cat.deep,
+            "orders",
+            stage_rows(cat.deep, spec, rows),
+            {0: (pos, pos + n)},
+            {0: 0},
+        )
+        pos += n
+
+    for _ in range(existing_rows // 1_000_000):
+        batch(1_000_000)
+        sealer.seal_partition(0, force=True)
+    for _ in range(4):
+        batch(run_rows // 4)
+    t0 = time.perf_counter()
+    result = sealer.seal_partition(0, force=True)
+    elapsed = time.perf_counter() - t0
+    assert result is not None and result.rows_in == run_rows
+    return elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--seconds", type=float, default=40)
+    ap.add_argument("--rate", type=int, default=4000)
+    ap.add_argument("--quick", action="store_true", help="20 s runs, 1M vs 3M rows")
+    args = ap.parse_args()
+    seconds = 20 if args.quick else args.seconds
+    big = 3_000_000 if args.quick else 10_000_000
+    print(
+        f"cores {os.cpu_count()}, load {os.getloadavg()[0]:.2f}, rate {args.rate} rows/s, {seconds:.0f} s per run"
+    )
+    from millstream.ingest.session import spark_session
+
+    with tempfile.TemporaryDirectory(prefix="ms-pauseless-") as tmp:
+        root = Path(tmp)
+        t1 = seal_time(root, 1_000_000)
+        tbig = seal_time(root, big)
+        print(
+            f"seal of a 200k-row run: {t1:.2f} s with 1M rows sealed, {tbig:.2f} s with {big // 10**6}M "
+            f"(ratio {tbig / t1:.2f}, target <= 1.5)"
+        )
+        spark = spark_session()
+        rows = [
+            freshness_run(spark, root, pauseless=p, seconds=seconds, rate=args.rate)
+            for p in (True, False)
+        ]
+        spark.stop()
+    print(
+        f"{'mode':<10} {'seals':>5} {'samples':>7} {'during p50':>10} {'during p99':>10} "
+        f"{'between p50':>11} {'between p99':>11} {'p99 ratio':>9}"
+    )
+    for r in rows:
+        ratio = r["during_p99"] / r["between_p99"] if r["between_p99"] else float("nan")
+        print(
+            f"{r['mode']:<10} {r['seals']:>5} {r['samples']:>7} {r['during_p50']:>10.3f} "
+            f"{r['during_p99']:>10.3f} {r['between_p50']:>11.3f} {r['between_p99']:>11.3f} {ratio:>9.2f}"
+        )
+    print(
+        f"load at end {os.getloadavg()[0]:.2f}; samples: during/between "
+        + ", ".join(f"{r['mode']} {r['during_n']}/{r['between_n']}" for r in rows)
+    )
+
+
+if __name__ == "__main__":
+    main()
