@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, select, update
 
 from millstream.datastream import dead_letter_spec
 from millstream.errors import InvalidSpecError, NotFoundError
 from millstream.metastore import schema as s
 from millstream.metastore.cas import cas_update
 from millstream.metastore.models import Entry
-from millstream.metastore.store import MetadataStore, _entry
+from millstream.metastore.store import MetadataStore, _entry, publish_version
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,12 +123,7 @@ def rollback_partition(
             shard.version,
             {"upper": new_upper, "epoch": shard.epoch + 1},
         )
-        cas_update(conn, s.tables, {"name": table}, info.version, {"manifest_version": version})
-        conn.execute(
-            insert(s.table_versions).values(
-                table_name=table, manifest_version=version, committed_at=now, operation="rollback"
-            )
-        )
+        publish_version(conn, info, "rollback", now)
         dl_removed = _rollback_dead_letters(store, conn, table, partition, new_upper, now)
         return RollbackPlan(
             table,
@@ -177,10 +172,5 @@ def _rollback_dead_letters(
         shard.version,
         {"upper": min(shard.upper, new_upper), "epoch": shard.epoch + 1},
     )
-    cas_update(conn, s.tables, {"name": dl}, info.version, {"manifest_version": version})
-    conn.execute(
-        insert(s.table_versions).values(
-            table_name=dl, manifest_version=version, committed_at=now, operation="rollback"
-        )
-    )
+    publish_version(conn, info, "rollback", now)
     return len(doomed)

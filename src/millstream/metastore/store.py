@@ -385,24 +385,21 @@ class MetadataStore:
             if a.file_path is not None and a.row_count > 0:
                 seq = next_seq
                 assert new_version is not None
-                conn.execute(
-                    insert(s.entries).values(
-                        table_name=table,
-                        partition=a.partition,
-                        seq=seq,
-                        file_path=a.file_path,
-                        start_offset=d.start,
-                        end_offset=d.end,
-                        state=SegmentState.CONSUMING.value,
-                        row_count=a.row_count,
-                        size_bytes=a.size_bytes,
-                        added_version=new_version,
-                        removed_version=None,
-                        writer_id=writer_id,
-                        batch_id=batch_id,
-                        created_at=now,
-                        version=1,
-                    )
+                insert_entry(
+                    conn,
+                    table=table,
+                    partition=a.partition,
+                    seq=seq,
+                    file_path=a.file_path,
+                    start=d.start,
+                    end=d.end,
+                    state=SegmentState.CONSUMING,
+                    row_count=a.row_count,
+                    size_bytes=a.size_bytes,
+                    added_version=new_version,
+                    now=now,
+                    writer_id=writer_id,
+                    batch_id=batch_id,
                 )
                 files.add(a.file_path)
                 next_seq += 1
@@ -428,19 +425,7 @@ class MetadataStore:
             results.append(ShardResult(a.partition, d, seq))
 
         if new_version is not None:
-            cas_update(
-                conn, s.tables, {"name": table}, info.version, {"manifest_version": new_version}
-            )
-            conn.execute(
-                insert(s.table_versions).values(
-                    table_name=table,
-                    manifest_version=new_version,
-                    committed_at=now,
-                    operation="append",
-                    writer_id=writer_id,
-                    batch_id=batch_id,
-                )
-            )
+            publish_version(conn, info, "append", now, writer_id=writer_id, batch_id=batch_id)
         return AppendResult(table, new_version, tuple(results), 0, frozenset(files))
 
     # -- manifests -------------------------------------------------------------------------
@@ -503,6 +488,81 @@ class MetadataStore:
                 s.entries.c.table_name == table, s.entries.c.file_path.is_not(None)
             )
             return {r[0] for r in conn.execute(q)}
+
+
+def insert_entry(
+    conn: Connection,
+    *,
+    table: str,
+    partition: int,
+    seq: int,
+    file_path: str | None,
+    start: int,
+    end: int,
+    state: SegmentState,
+    row_count: int,
+    size_bytes: int,
+    added_version: int,
+    now: float,
+    writer_id: str | None = None,
+    batch_id: int | None = None,
+) -> int:
+    """Add a manifest entry visible from ``added_version`` on; returns its id."""
+    res = conn.execute(
+        insert(s.entries).values(
+            table_name=table,
+            partition=partition,
+            seq=seq,
+            file_path=file_path,
+            start_offset=start,
+            end_offset=end,
+            state=state.value,
+            row_count=row_count,
+            size_bytes=size_bytes,
+            added_version=added_version,
+            removed_version=None,
+            writer_id=writer_id,
+            batch_id=batch_id,
+            created_at=now,
+            version=1,
+        )
+    )
+    key = res.inserted_primary_key
+    assert key is not None
+    return int(key[0])
+
+
+def get_entry(conn: Connection, entry_id: int) -> Entry:
+    row = conn.execute(select(s.entries).where(s.entries.c.id == entry_id)).mappings().first()
+    assert row is not None, entry_id
+    return _entry(row)
+
+
+def publish_version(
+    conn: Connection,
+    info: TableInfo,
+    operation: str,
+    now: float,
+    *,
+    writer_id: str | None = None,
+    batch_id: int | None = None,
+) -> int:
+    """Make ``info.manifest_version + 1`` the table's current version (compare-and-set on the
+    table row) and record who made it and when (time travel by time). Every manifest change
+    goes through here: appends, seals, rollbacks, re-ingestion."""
+    version = info.manifest_version + 1
+    cas_update(conn, s.tables, {"name": info.name}, info.version, {"manifest_version": version})
+    conn.execute(
+        insert(s.table_versions).values(
+            table_name=info.name,
+            manifest_version=version,
+            committed_at=now,
+            operation=operation,
+            writer_id=writer_id,
+            batch_id=batch_id,
+        )
+    )
+    return version
 
 
 def _is_retryable(exc: BaseException) -> bool:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, select, update
 
 from millstream.catalog import Catalog
 from millstream.core.merge import compact
@@ -22,9 +22,8 @@ from millstream.datastream import DatastreamSpec
 from millstream.errors import AlreadyExistsError, InvalidSpecError, MillstreamError, NotFoundError
 from millstream.ingest.decode import decode_records
 from millstream.metastore import schema as s
-from millstream.metastore.cas import cas_update
 from millstream.metastore.models import Entry, SegmentState
-from millstream.metastore.store import _entry
+from millstream.metastore.store import get_entry, insert_entry, publish_version
 from millstream.storage.deepstore import table_data_prefix
 
 
@@ -108,39 +107,23 @@ def _swap(catalog: Catalog, old: Entry, path: str, rows: int, size: int) -> Entr
             .where(s.entries.c.id == old.id, s.entries.c.version == row["version"])
             .values(removed_version=version, version=row["version"] + 1)
         )
-        res = conn.execute(
-            insert(s.entries).values(
-                table_name=old.table,
-                partition=old.partition,
-                seq=old.seq,
-                file_path=path,
-                start_offset=old.start,
-                end_offset=old.end,
-                state=old.state.value,
-                row_count=rows,
-                size_bytes=size,
-                added_version=version,
-                removed_version=None,
-                writer_id="reingest",
-                batch_id=None,
-                created_at=now,
-                version=1,
-            )
+        new_id = insert_entry(
+            conn,
+            table=old.table,
+            partition=old.partition,
+            seq=old.seq,
+            file_path=path,
+            start=old.start,
+            end=old.end,
+            state=old.state,
+            row_count=rows,
+            size_bytes=size,
+            added_version=version,
+            now=now,
+            writer_id="reingest",
         )
-        cas_update(conn, s.tables, {"name": old.table}, info.version, {"manifest_version": version})
-        conn.execute(
-            insert(s.table_versions).values(
-                table_name=old.table,
-                manifest_version=version,
-                committed_at=now,
-                operation="reingest",
-            )
-        )
-        key = res.inserted_primary_key
-        assert key is not None
-        new = conn.execute(select(s.entries).where(s.entries.c.id == key[0])).mappings().first()
-        assert new is not None
-        return _entry(new)
+        publish_version(conn, info, "reingest", now)
+        return get_entry(conn, new_id)
 
     entry, _ = store.retrying(_txn)
     return entry  # type: ignore[no-any-return]

@@ -29,16 +29,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, select, update
 
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.core.merge import compact
 from millstream.errors import CommitConflictError, MillstreamError
 from millstream.metastore import schema as s
-from millstream.metastore.cas import cas_update
 from millstream.metastore.models import Entry, SegmentState
-from millstream.metastore.store import _entry
+from millstream.metastore.store import _entry, get_entry, insert_entry, publish_version
 from millstream.storage.deepstore import table_data_prefix
 from millstream.table.read import read_entries
 
@@ -318,44 +317,23 @@ class Sealer:
                     .where(s.entries.c.id == e.id)
                     .values(removed_version=new_version, version=claimed[e.id] + 1)
                 )
-            result = conn.execute(
-                insert(s.entries).values(
-                    table_name=self.table,
-                    partition=partition,
-                    seq=entries[0].seq,
-                    file_path=path,
-                    start_offset=entries[0].start,
-                    end_offset=entries[-1].end,
-                    state=SegmentState.ONLINE.value,
-                    row_count=rows,
-                    size_bytes=size,
-                    added_version=new_version,
-                    removed_version=None,
-                    writer_id="sealer",
-                    batch_id=None,
-                    created_at=now,
-                    version=1,
-                )
-            )
-            cas_update(
+            new_id = insert_entry(
                 conn,
-                s.tables,
-                {"name": self.table},
-                info.version,
-                {"manifest_version": new_version},
+                table=self.table,
+                partition=partition,
+                seq=entries[0].seq,
+                file_path=path,
+                start=entries[0].start,
+                end=entries[-1].end,
+                state=SegmentState.ONLINE,
+                row_count=rows,
+                size_bytes=size,
+                added_version=new_version,
+                now=now,
+                writer_id="sealer",
             )
-            conn.execute(
-                insert(s.table_versions).values(
-                    table_name=self.table,
-                    manifest_version=new_version,
-                    committed_at=now,
-                    operation="seal",
-                )
-            )
-            new_id = result.inserted_primary_key[0] if result.inserted_primary_key else None
-            row = conn.execute(select(s.entries).where(s.entries.c.id == new_id)).mappings().first()
-            assert row is not None
-            return _entry(row)
+            publish_version(conn, info, "seal", now)
+            return get_entry(conn, new_id)
 
         sealed, _ = self.store.retrying(_txn)
         return sealed  # type: ignore[no-any-return]
