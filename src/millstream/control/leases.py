@@ -1,6 +1,7 @@
 """Leases with a TTL and a fencing token (controller leadership).
 
-The token grows by one every time the lease changes hands, never otherwise. A leader passes
+The token grows by one every time the lease is taken (by a new holder, or by the same holder
+after its lease lapsed), never on a renewal. A leader passes
 its token to every write it makes on the leader's behalf; :func:`check_fence` inside the same
 transaction refuses the write if the lease has moved on, so a leader that was paused past its
 TTL (GC, SIGSTOP, a network partition) cannot make an assignment after a successor took over.
