@@ -70,18 +70,34 @@ def controller(
     ] = None,
     api_token: ApiTokenOpt = None,
     controller_id: Annotated[str | None, typer.Option(help="Stable id of this controller.")] = None,
+    lease_ttl: Annotated[
+        float,
+        typer.Option(
+            "--lease-ttl", min=0.1, help="Seconds a leader holds its lease without renewing it."
+        ),
+    ] = 6.0,  # ControlSettings' defaults (not imported here: the CLI starts fast)
+    worker_ttl: Annotated[
+        float,
+        typer.Option(
+            "--worker-ttl",
+            min=0.1,
+            help="Seconds without a heartbeat after which a worker is dead (its writers move; "
+            "a warm standby may commit). Workers learn it from GET /settings.",
+        ),
+    ] = 6.0,
     output: OutputOpt = OutputFormat.text,
 ) -> None:
     """Run a controller (leader election, lifecycle, assignment) and serve the REST API."""
     from millstream.api import create_app
     from millstream.api.routes.cluster import public_url
     from millstream.catalog import Catalog
-    from millstream.control.controller import Controller
+    from millstream.control.controller import Controller, ControlSettings
 
     _logging()
     with handle_errors(output):
         catalog = Catalog.open(home=home, metadata_url=metadata_url, deep_store=deep_store)
-        ctl = Controller(catalog, controller_id=controller_id)
+        settings = ControlSettings(lease_ttl=lease_ttl, worker_ttl=worker_ttl)
+        ctl = Controller(catalog, controller_id=controller_id, settings=settings)
         app = create_app(catalog, controller=ctl, api_token=api_token)
         with ServiceGroup() as group:
             group.handle_signals()

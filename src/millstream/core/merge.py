@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -75,7 +76,7 @@ def _in_order(spec: TableSpec, rows: pa.Table) -> pa.Table:
     is_del = pc.fill_null(ordered.column(TOMBSTONE_COL), False)
     if spec.delete_column is not None:
         is_del = pc.or_(is_del, pc.fill_null(ordered.column(spec.delete_column), False))
-    ordered = ordered.append_column(IDX, pa.array(range(ordered.num_rows), pa.int64()))
+    ordered = ordered.append_column(IDX, pa.array(np.arange(ordered.num_rows, dtype=np.int64)))
     return ordered.append_column(DEL, is_del)
 
 
@@ -192,7 +193,7 @@ def _after_last_delete(ordered: pa.Table) -> tuple[pa.Table, pa.Table]:
 def _reindexed(table: pa.Table) -> pa.Table:
     """Positions (IDX) renumbered from 0 in the current order: the engines take by IDX."""
     i = table.schema.get_field_index(IDX)
-    return table.set_column(i, IDX, pa.array(range(table.num_rows), pa.int64()))
+    return table.set_column(i, IDX, pa.array(np.arange(table.num_rows, dtype=np.int64)))
 
 
 def compact(spec: TableSpec, rows: pa.Table) -> pa.Table:

@@ -260,6 +260,10 @@ class DatastreamRunner:
         fmt, src_opts = source_options(self.spec)
         src_opts["startOffsets"] = json.dumps(encode_offsets(boot.uppers))
         src_opts["tasks"] = str(max(1, int(self.spark.sparkContext.defaultParallelism)))
+        if self.commit_gate:
+            # The standby's source follows the shard uppers while it may not commit.
+            src_opts.update(self.catalog.settings.as_options())
+            src_opts.update(self.commit_gate, gateTable=self.table_spec.name)
         sink_opts = {
             **self.catalog.settings.as_options(),
             "table": self.table_spec.name,

@@ -233,9 +233,17 @@ class MetadataStore:
             rows = conn.execute(select(s.tables).order_by(s.tables.c.name)).mappings().all()
             return [_table_info(r) for r in rows]
 
-    def _table(self, conn: Connection, name: str, *, missing_ok: bool = False) -> TableInfo | None:
+    def _table(
+        self, conn: Connection, name: str, *, missing_ok: bool = False, lock: bool = False
+    ) -> TableInfo | None:
+        """The table row. ``lock`` takes its row lock first (PostgreSQL ``FOR UPDATE``; SQLite's
+        write transactions already hold the database lock): racing committers then wait
+        instead of doing all their work and losing the final compare-and-set."""
         validate_table_name(name, field="table")
-        row = conn.execute(select(s.tables).where(s.tables.c.name == name)).mappings().first()
+        q = select(s.tables).where(s.tables.c.name == name)
+        if lock and not self.is_sqlite:
+            q = q.with_for_update()
+        row = conn.execute(q).mappings().first()
         if row is None:
             if missing_ok:
                 return None
@@ -356,7 +364,7 @@ class MetadataStore:
         writer_id: str | None,
         batch_id: int | None,
     ) -> AppendResult:
-        info = self._table(conn, table)
+        info = self._table(conn, table, lock=True)
         assert info is not None
         current = self._shards(conn, table, [a.partition for a in appends])
         decisions: list[tuple[ShardAppend, Shard | None, Decision]] = []

@@ -80,6 +80,7 @@ class PartitionedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self.starting = options.get("startingOffsets", "earliest")
         self.tasks = int(options.get("tasks", "2"))
         self._target: dict[int, int] | None = None
+        self._gate_store: Any = None
 
     # -- hooks -----------------------------------------------------------------------------
 
@@ -122,9 +123,34 @@ class PartitionedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         begin = self._fill_new_partitions(begin, latest)
         latest = {p: max(latest.get(p, o), o) for p, o in begin.items()}
         if isinstance(limit, ReadAllAvailable):
-            return encode_offsets(latest)
+            return encode_offsets(self._follow_shards(begin, latest))
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_rows
-        return encode_offsets(split_budget(begin, latest, budget))
+        return encode_offsets(self._follow_shards(begin, split_budget(begin, latest, budget)))
+
+    def _follow_shards(self, begin: dict[int, int], end: dict[int, int]) -> dict[int, int]:
+        """A warm standby (``gate*`` options) that may not commit plans no further than what the
+        active has committed. So it stays warm but never runs ahead of the shard upper, and the
+        first batch it plans once the active is gone starts at the upper and commits directly:
+        no gap, no restart."""
+        ds = self.options.get("gateDatastream")
+        if not ds:
+            return end
+        import time
+
+        from millstream.config import Settings
+        from millstream.control.workers import may_commit
+        from millstream.metastore.store import MetadataStore
+
+        if self._gate_store is None:
+            self._gate_store = MetadataStore(Settings.from_options(self.options).metadata_url)
+        store = self._gate_store
+        ttl = float(self.options.get("gateWorkerTtl") or 6.0)
+        if may_commit(
+            store, ds, self.options.get("gateWorker", ""), worker_ttl=ttl, now=time.time()
+        ):
+            return end
+        uppers = {sh.partition: sh.upper for sh in store.list_shards(self.options["gateTable"])}
+        return {p: max(begin.get(p, e), min(e, uppers.get(p, e))) for p, e in end.items()}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         begin, stop = decode_offsets(start), decode_offsets(end)

@@ -99,7 +99,9 @@ class KafkaStreamReader(PartitionedStreamReader):
     def _watermarks(self) -> dict[int, tuple[int, int]]:
         c = _consumer(self.conf)
         try:
-            return {p: c.get_watermark_offsets(self._tp(p), timeout=10) for p in self.list_partitions()}
+            return {
+                p: c.get_watermark_offsets(self._tp(p), timeout=10) for p in self.list_partitions()
+            }
         except Exception:
             _drop_consumer(c)  # do not keep a client retrying a broker that is down
             raise
