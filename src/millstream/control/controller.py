@@ -46,6 +46,8 @@ class ControlSettings:
     lease_ttl: float = 6.0
     worker_ttl: float = 6.0
     tick_seconds: float = 0.5
+    #: A worker deletes state directories nobody holds that were idle longer than this.
+    state_cleanup_delay: float = 600.0
 
 
 class Controller:

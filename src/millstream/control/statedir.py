@@ -110,10 +110,11 @@ class StateDirectory:
 
     def write_checkpoint(self, name: str, data: bytes) -> None:
         self._require_lock("write a checkpoint to")
-        self.path.mkdir(parents=True, exist_ok=True)
-        tmp = self.path / f".{name}.tmp"
+        target = self.path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
         tmp.write_bytes(data)
-        tmp.replace(self.path / name)
+        tmp.replace(target)  # atomic: a reader never sees half a checkpoint
         self.touch()
 
 

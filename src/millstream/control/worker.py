@@ -26,7 +26,7 @@ from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control.controller import ControlSettings
 from millstream.control.registry import Registry
-from millstream.control.statedir import StateDirectory, StateDirLockedError
+from millstream.control.statedir import StateDirCleaner, StateDirectory, StateDirLockedError
 from millstream.control.workers import heartbeat, read_assignments
 from millstream.core.lifecycle import State
 from millstream.errors import MillstreamError
@@ -74,6 +74,7 @@ class Worker:
         self.url = url
         self.writers: dict[str, _Writer] = {}
         self.sealers: dict[str, Sealer] = {}
+        self._last_clean = 0.0
         self._stop = threading.Event()
 
     # -- reconcile -------------------------------------------------------------------------
@@ -99,7 +100,21 @@ class Worker:
         for ds in list(self.writers):
             if ds not in mine:
                 self._stop_writer(ds)
+        self._clean_state_dirs()
         self._heartbeat()
+
+    def _clean_state_dirs(self) -> None:
+        """Delete this worker's state directories that no writer holds and that were idle
+        longer than ``state_cleanup_delay`` (the cleaner takes each lock itself first)."""
+        now = self.clock.now()
+        if now - self._last_clean < min(60.0, self.settings.state_cleanup_delay):
+            return
+        self._last_clean = now
+        removed = StateDirCleaner(
+            self.state_root, delay=self.settings.state_cleanup_delay, clock=self.clock
+        ).clean()
+        if removed:
+            log.info("worker %s removed idle state directories %s", self.id, removed)
 
     def _start(self, ds: str, role: str) -> None:
         rec = self.registry.get(ds)

@@ -236,12 +236,8 @@ class DatastreamRunner:
                 )
                 self.stats.discarded_checkpoints.append(why)
                 shutil.rmtree(self.checkpoint)
-        self.checkpoint.mkdir(parents=True, exist_ok=True)
-        (self.checkpoint / SIDECAR).write_text(
-            json.dumps(
-                {"epochs": {str(k): v for k, v in boot.epochs.items()}, "writer": self.writer_id}
-            )
-        )
+        sidecar = {"epochs": {str(k): v for k, v in boot.epochs.items()}, "writer": self.writer_id}
+        self.state_dir.write_checkpoint(f"checkpoint/{SIDECAR}", json.dumps(sidecar).encode())
 
     # -- query -----------------------------------------------------------------------------
 
