@@ -44,6 +44,8 @@ class _Writer:
     runner: DatastreamRunner | None = None
     thread: threading.Thread | None = None
     error: str | None = None
+    failed_at: float | None = None
+    failures: int = 0
     locked: bool = False
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -91,7 +93,7 @@ class Worker:
             rec = states.get(ds)
             should_run = rec is not None and rec.state is State.READY
             w = self.writers.get(ds)
-            if should_run and (w is None or not w.running) and not (w and w.error):
+            if should_run and (w is None or not w.running) and self._may_restart(w):
                 self._start(ds, role)
             elif not should_run and w is not None:
                 self._stop_writer(ds)
@@ -119,7 +121,12 @@ class Worker:
     def _start(self, ds: str, role: str) -> None:
         rec = self.registry.get(ds)
         sd = StateDirectory(self.state_root, ds)
-        w = _Writer(ds, role, sd)
+        previous = self.writers.get(ds)
+        if previous is not None and not previous.running and previous.state_dir.held:
+            previous.state_dir.unlock()  # its thread ended (failed): release before retrying
+        w = _Writer(
+            ds, role, sd, failures=(previous.failures + 1) if previous and previous.error else 0
+        )
         self.writers[ds] = w
         try:
             sd.lock()
@@ -150,6 +157,7 @@ class Worker:
                 runner.run(available_now=False)
             except Exception as exc:
                 w.error = str(exc).splitlines()[0][:2000]
+                w.failed_at = self.clock.now()
                 log.error("writer %s on %s failed: %s", ds, self.id, w.error)
                 if isinstance(exc, MillstreamError) or "BadRecordError" in str(exc):
                     self.registry.fail(ds, w.error)
@@ -158,6 +166,15 @@ class Worker:
 
         w.thread = threading.Thread(target=_run, name=f"writer-{ds}", daemon=True)
         w.thread.start()
+
+    def _may_restart(self, w: _Writer | None) -> bool:
+        """A writer that failed (a broker briefly down, say) is restarted after a backoff that
+        doubles per failure, capped at 5 minutes. Errors that put the datastream in ERROR (a bad
+        record with ``bad_records: fail``) stop it through the lifecycle instead."""
+        if w is None or w.error is None or w.failed_at is None:
+            return True
+        backoff = min(300.0, 5.0 * float(2 ** min(w.failures, 6)))
+        return self.clock.now() - w.failed_at >= backoff
 
     def _stop_writer(self, ds: str) -> None:
         w = self.writers.pop(ds)
