@@ -1,10 +1,12 @@
-"""Ingest benchmark: catch-up throughput of the Spark ingest path, against local baselines, and
-produce-to-visible freshness at a steady rate.
+"""Ingest benchmark: catch-up throughput vs local baselines, and produce-to-visible freshness.
+
+Catch-up throughput of the Spark ingest path against local baselines, and freshness at a
+steady produce rate.
 
 Run from the repository root::
 
-    .venv/bin/python bench/ingest.py                 # 1,000,000 rows, ~6-10 minutes
-    .venv/bin/python bench/ingest.py --quick         # 100,000 rows, ~3 minutes
+    .venv/bin/python bench/ingest.py                 # 1,000,000 rows, ~7 min on a quiet machine
+    .venv/bin/python bench/ingest.py --quick         # 100,000 rows, ~4 minutes
     .venv/bin/python bench/ingest.py --rows 400000   # any size
 
 One run, one generated input: the orders stream of ``millstream.ingest.sources.generator``
@@ -28,9 +30,23 @@ value) cannot be a JSON line, so it is written as a delete record
     the first time a shard upper exceeds that offset minus the time the produce was acked.
 
 Besides the figures, (a) is profiled: Spark's per-batch ``durationMs`` and the sink's
-``commits.jsonl``, and an in-process replay of one batch through the same source reader and
-sink code (read / decode / Parquet stage / metadata commit timed separately, plus a cProfile
-of ``SegmentSink.write``).
+``commits.jsonl``; task times from Spark's event log (enabled through PYSPARK_SUBMIT_ARGS,
+so ``spark_session()`` runs unchanged; ``--no-event-log`` turns it off); CPU seconds per
+process kind from /proc; the same source into Spark's ``noop`` sink (the read path alone); a
+re-run with timed subclasses of the files source and the sink (input wait vs own work per
+task); a prototype doing each task's read + decode + stage in one Python worker (no JVM data
+hop); and an in-process replay of one batch through the same reader and sink code (read /
+decode / Parquet stage / metadata commit timed separately, plus a cProfile of
+``SegmentSink.write``).
+
+(d) needs protobuf (pyspark's ``connect`` extra), which the project venv does not have: it is
+installed once with pip into ``~/.cache/millstream-bench/site-pyXY`` (outside the venv) and
+passed to Spark's Python workers on PYTHONPATH.
+
+The script waits up to 3 minutes for the 1-minute load average to drop below 1.5 (``--no-wait``
+skips that) and prints the load at start and end. It stops everything it started by handle or
+PID (query, SparkSession, then the broker) and removes its temporary directory (``--keep``
+keeps it).
 """
 
 from __future__ import annotations
