@@ -15,7 +15,7 @@ from millstream.datastream import dead_letter_spec
 from millstream.errors import InvalidSpecError, NotFoundError
 from millstream.metastore import schema as s
 from millstream.metastore.cas import cas_update
-from millstream.metastore.models import Entry
+from millstream.metastore.models import Entry, Shard, TableInfo
 from millstream.metastore.store import MetadataStore, _entry, publish_version
 
 
@@ -108,22 +108,8 @@ def rollback_partition(
         )
         if dry_run:
             return plan
-        version = info.manifest_version + 1
         now = store.clock.now()
-        for e in doomed:
-            conn.execute(
-                update(s.entries)
-                .where(s.entries.c.id == e.id, s.entries.c.removed_version.is_(None))
-                .values(removed_version=version, version=s.entries.c.version + 1)
-            )
-        cas_update(
-            conn,
-            s.shards,
-            {"table_name": table, "partition": partition},
-            shard.version,
-            {"upper": new_upper, "epoch": shard.epoch + 1},
-        )
-        publish_version(conn, info, "rollback", now)
+        version = _roll_back_shard(conn, info, shard, doomed, new_upper, now)
         dl_removed = _rollback_dead_letters(store, conn, table, partition, new_upper, now)
         return RollbackPlan(
             table,
@@ -144,6 +130,33 @@ def rollback_partition(
     return plan
 
 
+def _roll_back_shard(
+    conn: Connection,
+    info: TableInfo,
+    shard: Shard,
+    doomed: list[Entry],
+    new_upper: int,
+    now: float,
+) -> int:
+    """Remove ``doomed`` entries, move the shard's upper to ``new_upper`` and bump its epoch
+    (fencing every writer), then publish the new manifest version, which it returns."""
+    version = info.manifest_version + 1
+    for e in doomed:
+        conn.execute(
+            update(s.entries)
+            .where(s.entries.c.id == e.id, s.entries.c.removed_version.is_(None))
+            .values(removed_version=version, version=s.entries.c.version + 1)
+        )
+    cas_update(
+        conn,
+        s.shards,
+        {"table_name": info.name, "partition": shard.partition},
+        shard.version,
+        {"upper": new_upper, "epoch": shard.epoch + 1},
+    )
+    return publish_version(conn, info, "rollback", now)
+
+
 def _rollback_dead_letters(
     store: MetadataStore, conn: Connection, table: str, partition: int, new_upper: int, now: float
 ) -> int:
@@ -158,19 +171,5 @@ def _rollback_dead_letters(
     doomed = [
         e for e in _visible(conn, dl, partition, info.manifest_version) if e.start >= new_upper
     ]
-    version = info.manifest_version + 1
-    for e in doomed:
-        conn.execute(
-            update(s.entries)
-            .where(s.entries.c.id == e.id, s.entries.c.removed_version.is_(None))
-            .values(removed_version=version, version=s.entries.c.version + 1)
-        )
-    cas_update(
-        conn,
-        s.shards,
-        {"table_name": dl, "partition": partition},
-        shard.version,
-        {"upper": min(shard.upper, new_upper), "epoch": shard.epoch + 1},
-    )
-    publish_version(conn, info, "rollback", now)
+    _roll_back_shard(conn, info, shard, doomed, min(shard.upper, new_upper), now)
     return len(doomed)
