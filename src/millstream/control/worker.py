@@ -259,6 +259,8 @@ class Worker:
             self._stop.wait(self.settings.tick_seconds)
         for ds in list(self.writers):
             self._stop_writer(ds)
+        for sealer in self.sealers.values():
+            sealer.checkpoint(force=True)  # the next owner loads the key index, not rebuilds it
         heartbeat(
             self.catalog.store, self.id, status="STOPPED", info={"writers": []}, clock=self.clock
         )

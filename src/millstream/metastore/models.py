@@ -67,12 +67,28 @@ class Entry:
 
 
 @dataclass(frozen=True, slots=True)
+class DeleteVector:
+    """Offsets (in ``file_path``, one ``_ms_offset`` column) of rows of ``partition`` that the
+    seal of segment ``source_seq`` found superseded in older sealed segments."""
+
+    id: int
+    table: str
+    partition: int
+    source_seq: int
+    file_path: str
+    row_count: int
+    added_version: int
+    removed_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Manifest:
     """The entries visible at one manifest version: a consistent snapshot of a table."""
 
     table: TableInfo
     version: int
     entries: tuple[Entry, ...]
+    delete_vectors: tuple[DeleteVector, ...] = ()
 
     @property
     def row_count(self) -> int:

@@ -138,7 +138,7 @@ def _roll_back_shard(
     new_upper: int,
     now: float,
 ) -> int:
-    """Remove ``doomed`` entries, move the shard's upper to ``new_upper`` and bump its epoch
+    """Remove ``doomed`` entries (and the delete vectors their seals wrote), move the shard's upper to ``new_upper`` and bump its epoch
     (fencing every writer), then publish the new manifest version, which it returns."""
     version = info.manifest_version + 1
     for e in doomed:
@@ -146,6 +146,19 @@ def _roll_back_shard(
             update(s.entries)
             .where(s.entries.c.id == e.id, s.entries.c.removed_version.is_(None))
             .values(removed_version=version, version=s.entries.c.version + 1)
+        )
+    if doomed:
+        # Rows the removed seals had superseded in older segments are current again.
+        dv = s.delete_vectors
+        conn.execute(
+            update(dv)
+            .where(
+                dv.c.table_name == info.name,
+                dv.c.partition == shard.partition,
+                dv.c.source_seq >= min(e.seq for e in doomed),
+                dv.c.removed_version.is_(None),
+            )
+            .values(removed_version=version, version=dv.c.version + 1)
         )
     cas_update(
         conn,

@@ -159,7 +159,31 @@ assignments = Table(
     Column("version", BigInteger, nullable=False),
 )
 
-LATEST_SCHEMA_VERSION = 2
+# -- sealing (schema version 3) -------------------------------------------------------------
+
+sealing = MetaData()
+
+#: Delete vectors: offsets of rows in a partition's older sealed segments that a seal found
+#: superseded (row identity is (partition, offset), so they hold whichever file the rows are
+#: in). ``source_seq`` is the sequence number of the sealed segment whose seal wrote it: a
+#: rollback from sequence N removes every vector with ``source_seq >= N``. Visible in manifest
+#: versions ``added_version <= v < removed_version``, like entries.
+delete_vectors = Table(
+    "ms_delete_vectors",
+    sealing,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("table_name", String(128), nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("source_seq", BigInteger, nullable=False),
+    Column("file_path", Text, nullable=False),
+    Column("row_count", BigInteger, nullable=False),
+    Column("added_version", BigInteger, nullable=False),
+    Column("removed_version", BigInteger, nullable=True),
+    Column("version", BigInteger, nullable=False),
+)
+Index("ix_delete_vectors_table", delete_vectors.c.table_name, delete_vectors.c.partition)
+
+LATEST_SCHEMA_VERSION = 3
 
 
 def _v1(conn: Connection) -> None:
@@ -170,8 +194,12 @@ def _v2(conn: Connection) -> None:
     control.create_all(conn, checkfirst=True)
 
 
+def _v3(conn: Connection) -> None:
+    sealing.create_all(conn, checkfirst=True)
+
+
 #: Migration N takes the schema from version N-1 to N. Append; never edit a released one.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1, 2: _v2}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1, 2: _v2, 3: _v3}
 
 
 def current_schema_version(conn: Connection) -> int:

@@ -46,6 +46,7 @@ from millstream.metastore import schema as s
 from millstream.metastore.cas import cas_update
 from millstream.metastore.models import (
     AppendResult,
+    DeleteVector,
     Entry,
     Manifest,
     SegmentState,
@@ -460,7 +461,18 @@ class MetadataStore:
                 .order_by(s.entries.c.partition, s.entries.c.seq)
             )
             entries = tuple(_entry(r) for r in conn.execute(q).mappings())
-            return Manifest(info, version, entries)
+            dv = s.delete_vectors
+            q = (
+                select(dv)
+                .where(
+                    dv.c.table_name == table,
+                    dv.c.added_version <= version,
+                    or_(dv.c.removed_version.is_(None), dv.c.removed_version > version),
+                )
+                .order_by(dv.c.partition, dv.c.source_seq, dv.c.id)
+            )
+            dvs = tuple(_delete_vector(r) for r in conn.execute(q).mappings())
+            return Manifest(info, version, entries, dvs)
 
     def _resolve_version(
         self, conn: Connection, info: TableInfo, as_of: int | float | datetime | None
@@ -490,12 +502,15 @@ class MetadataStore:
         return int(row[0])
 
     def referenced_files(self, table: str) -> set[str]:
-        """Every data file any entry of ``table`` references (removed entries included)."""
+        """Every data file any entry or delete vector of ``table`` references (removed ones
+        included: time travel may still read them)."""
         with self.read() as conn:
             q = select(s.entries.c.file_path).where(
                 s.entries.c.table_name == table, s.entries.c.file_path.is_not(None)
             )
-            return {r[0] for r in conn.execute(q)}
+            files = {r[0] for r in conn.execute(q)}
+            q = select(s.delete_vectors.c.file_path).where(s.delete_vectors.c.table_name == table)
+            return files | {r[0] for r in conn.execute(q)}
 
 
 def insert_entry(
@@ -532,6 +547,34 @@ def insert_entry(
             writer_id=writer_id,
             batch_id=batch_id,
             created_at=now,
+            version=1,
+        )
+    )
+    key = res.inserted_primary_key
+    assert key is not None
+    return int(key[0])
+
+
+def insert_delete_vector(
+    conn: Connection,
+    *,
+    table: str,
+    partition: int,
+    source_seq: int,
+    file_path: str,
+    row_count: int,
+    added_version: int,
+) -> int:
+    """Record a delete vector visible from ``added_version`` on; returns its id."""
+    res = conn.execute(
+        insert(s.delete_vectors).values(
+            table_name=table,
+            partition=partition,
+            source_seq=source_seq,
+            file_path=file_path,
+            row_count=row_count,
+            added_version=added_version,
+            removed_version=None,
             version=1,
         )
     )
@@ -584,6 +627,19 @@ def _is_retryable(exc: BaseException) -> bool:
 def _table_info(r: Any) -> TableInfo:
     return TableInfo(
         TableSpec.parse(r["spec"]), r["manifest_version"], r["created_at"], r["version"]
+    )
+
+
+def _delete_vector(r: Any) -> DeleteVector:
+    return DeleteVector(
+        id=r["id"],
+        table=r["table_name"],
+        partition=r["partition"],
+        source_seq=r["source_seq"],
+        file_path=r["file_path"],
+        row_count=r["row_count"],
+        added_version=r["added_version"],
+        removed_version=r["removed_version"],
     )
 
 

@@ -8,11 +8,17 @@ One seal of partition P:
    Claiming is a compare-and-set of each entry CONSUMING -> COMMITTING; a run another sealer
    has claimed is left alone.
 2. **build**: read the run's rows and :func:`millstream.core.merge.compact` them (resolving
-   keys where that provably gives the same table), sorted by key, in sized row groups.
-3. **upload** the sealed file to the deep store.
+   keys where that provably gives the same table), sorted by key, in sized row groups; look
+   the run's keys up in the partition's key index (:mod:`millstream.sealing.keyindex`) to find
+   the rows of older sealed segments the run supersedes.
+3. **upload** the sealed file and, if any rows are superseded, their delete vector.
 4. **swap** the manifest in one transaction: the run's entries are removed (if, and only if,
    they are still exactly as claimed) and one ONLINE entry covering ``[run start, run end)``
-   with the run's first sequence number is added.
+   with the run's first sequence number is added, with its delete vector; the partition's
+   sealed entries and delete vectors must still be the ones the key index reflects.
+
+The cost of a seal grows with its run, not with the table: it reads only the run, and the key
+index answers which older rows are superseded without reading older segments.
 
 A failure at any point leaves the consuming segments in place and queryable (the read result
 never depends on sealing), deletes an uploaded but unswapped file, and puts the run back to
@@ -28,7 +34,10 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 from sqlalchemy import Connection, select, update
 
 from millstream.catalog import Catalog
@@ -36,8 +45,16 @@ from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.core.merge import compact
 from millstream.errors import CommitConflictError, MillstreamError
 from millstream.metastore import schema as s
-from millstream.metastore.models import Entry, SegmentState
-from millstream.metastore.store import _entry, get_entry, insert_entry, publish_version
+from millstream.metastore.models import Entry, Manifest, SegmentState
+from millstream.metastore.store import (
+    _entry,
+    get_entry,
+    insert_delete_vector,
+    insert_entry,
+    publish_version,
+)
+from millstream.sealing.keyindex import CACHE, KeyIndex, Reflects, indexed
+from millstream.spec import OFFSET_COL
 from millstream.storage.deepstore import table_data_prefix
 from millstream.table.read import read_entries
 
@@ -84,6 +101,7 @@ class SealResult:
     rows_in: int
     rows_out: int
     seconds: float
+    rows_deleted: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +121,7 @@ class Sealer:
         clock: Clock = SYSTEM_CLOCK,
         faults: SealFaults | None = None,
         max_failures: int = 3,
+        checkpoint_seconds: float = 60.0,
     ) -> None:
         self.catalog = catalog
         self.store = catalog.store
@@ -115,12 +134,73 @@ class Sealer:
         self.last_error: dict[int, str] = {}
         self.durations: list[float] = []
         self._next_try: dict[int, float] = {}
+        #: How often (at most) a partition's key index is checkpointed after a seal.
+        self.checkpoint_seconds = checkpoint_seconds
+        self._where = f"{catalog.settings.metadata_url}|{catalog.settings.deep_store}"
+        self._checkpointed: dict[int, float] = {}
+        #: Key indexes this sealer had to rebuild by reading sealed segments.
+        self.index_rebuilds = 0
+
+    # -- key index -------------------------------------------------------------------------
+
+    def checkpoint_path(self, partition: int) -> Path:
+        return (
+            self.catalog.settings.home / "cache" / "keyindex" / self.table / f"p{partition}.arrow"
+        )
+
+    def key_index(self, partition: int, manifest: Manifest) -> KeyIndex | None:
+        """The partition's key index as of ``manifest``: the in-memory one if current, else the
+        local checkpoint if current, else rebuilt from the sealed segments."""
+        spec = manifest.table.spec
+        if not indexed(spec):
+            return None
+        want = Reflects.of(manifest, partition)
+        index = CACHE.get(self._where, self.table, partition)
+        if index is not None and index.reflects == want and index.spec == spec:
+            return index
+        index = KeyIndex.load(spec, partition, self.checkpoint_path(partition))
+        if index is None or index.reflects != want:
+            if not want.entries:  # nothing sealed yet: an empty index, nothing to read
+                index = KeyIndex.build(spec, partition, self.catalog.deep, manifest)
+                CACHE.put(self._where, self.table, index)
+                return index
+            log.info(
+                "rebuilding the key index of %s partition %d from %d sealed segments",
+                self.table,
+                partition,
+                len(want.entries),
+            )
+            index = KeyIndex.build(spec, partition, self.catalog.deep, manifest)
+            self.index_rebuilds += 1
+            self._checkpointed[partition] = 0.0  # checkpoint the rebuilt index
+        CACHE.put(self._where, self.table, index)
+        return index
+
+    def checkpoint(self, *, force: bool = False) -> int:
+        """Write the key index checkpoint of every partition due for one (or all, ``force``);
+        returns how many were written. A checkpoint only saves a rebuild after a restart."""
+        written = 0
+        for partition in self.partitions():
+            index = CACHE.get(self._where, self.table, partition)
+            last = self._checkpointed.get(partition)
+            if index is None or last is None:
+                continue  # nothing sealed by this sealer since its last checkpoint
+            if not force and time.monotonic() - last < self.checkpoint_seconds:
+                continue
+            try:
+                index.save(self.checkpoint_path(partition))
+            except OSError as exc:
+                log.warning("could not checkpoint the key index of %s: %s", self.table, exc)
+                continue
+            self._checkpointed.pop(partition, None)
+            written += 1
+        return written
 
     # -- planning --------------------------------------------------------------------------
 
-    def pending_run(self, partition: int) -> list[Entry]:
+    def pending_run(self, partition: int, manifest: Manifest | None = None) -> list[Entry]:
         """The partition's entries not sealed yet, in sequence order."""
-        manifest = self.catalog.manifest(self.table)
+        manifest = manifest or self.catalog.manifest(self.table)
         return [
             e
             for e in manifest.entries
@@ -175,7 +255,8 @@ class Sealer:
         """Seal the partition's consuming run if due (or ``force``). Returns None when there is
         nothing to do or another sealer holds the run; raises the failure otherwise (after
         putting the run back)."""
-        run = self.pending_run(partition)
+        manifest = self.catalog.manifest(self.table)
+        run = self.pending_run(partition, manifest)
         if not run or not (force or self.due(run)):
             return None
         if any(e.state is SegmentState.COMMITTING for e in run):
@@ -185,23 +266,54 @@ class Sealer:
         if claimed is None:
             return None
         path: str | None = None
+        dv_path: str | None = None
+        index: KeyIndex | None = None
+        dropped = np.zeros(0, dtype=np.int64)
         try:
             self.faults.check("before_build", partition)
-            spec = self.catalog.table(self.table).spec
+            spec = manifest.table.spec
             rows = read_entries(self.catalog.deep, spec, run)
             sealed_rows = compact(spec, rows)
+            index = self.key_index(partition, manifest)
+            if index is not None:
+                dropped = index.superseded(sealed_rows)
             self.faults.check("before_upload", partition)
-            path = f"{table_data_prefix(self.table)}/sealed-p{partition}-s{run[0].seq}-{uuid.uuid4().hex}.parquet"
+            prefix = table_data_prefix(self.table)
+            tag = f"p{partition}-s{run[0].seq}-{uuid.uuid4().hex}"
+            path = f"{prefix}/sealed-{tag}.parquet"
             size = self.catalog.deep.write_parquet(path, sealed_rows, row_group_size=ROW_GROUP_ROWS)
+            if index is not None and len(dropped):
+                dv_path = f"{prefix}/dv-{tag}.parquet"
+                self.catalog.deep.write_parquet(
+                    dv_path, pa.table({OFFSET_COL: index.offsets(np.sort(dropped))})
+                )
             self.faults.check("before_swap", partition)
-            sealed = self._swap(partition, claimed, path, sealed_rows.num_rows, size)
+            sealed, dv_id = self._swap(
+                partition,
+                claimed,
+                path,
+                sealed_rows.num_rows,
+                size,
+                reflects=None if index is None else index.reflects,
+                delete_vector=None if dv_path is None else (dv_path, len(dropped)),
+            )
         except BaseException as exc:
-            if path is not None:
-                self.catalog.deep.delete(path)
+            for p in (path, dv_path):
+                if p is not None:
+                    self.catalog.deep.delete(p)
+            if isinstance(exc, SealDiscardedError):
+                CACHE.drop(self._where, self.table, partition)
             self._release(
                 claimed, str(exc).splitlines()[0][:1000] if str(exc) else type(exc).__name__
             )
             raise
+        if index is not None:
+            reflects = Reflects(
+                tuple(sorted((*index.reflects.entries, sealed.id))),
+                tuple(sorted(index.reflects.delete_vectors + (() if dv_id is None else (dv_id,)))),
+            )
+            CACHE.put(self._where, self.table, index.updated(dropped, sealed_rows, reflects))
+            self._checkpointed.setdefault(partition, time.monotonic())
         self.failures.pop(partition, None)
         self.last_error.pop(partition, None)
         seconds = time.monotonic() - started
@@ -214,7 +326,9 @@ class Sealer:
             rows.num_rows,
             sealed_rows.num_rows,
             seconds,
+            len(dropped),
         )
+        self.checkpoint()
         try:
             self.faults.check("after_swap", partition)
         except InjectedSealFault as exc:
@@ -290,11 +404,25 @@ class Sealer:
         self.store.retrying(_txn)
 
     def _swap(
-        self, partition: int, claimed: dict[int, int], path: str, rows: int, size: int
-    ) -> Entry:
-        def _txn(conn: Connection) -> Entry:
+        self,
+        partition: int,
+        claimed: dict[int, int],
+        path: str,
+        rows: int,
+        size: int,
+        *,
+        reflects: Reflects | None = None,
+        delete_vector: tuple[str, int] | None = None,
+    ) -> tuple[Entry, int | None]:
+        def _txn(conn: Connection) -> tuple[Entry, int | None]:
             info = self.store._table(conn, self.table)
             assert info is not None
+            if reflects is not None and self._reflects_now(conn, partition) != reflects:
+                raise SealDiscardedError(
+                    f"the sealed segments of {self.table} partition {partition} changed while "
+                    "this seal was built (rolled back, re-ingested or sealed elsewhere); the "
+                    "seal is discarded and retried with a current key index"
+                )
             entries = []
             for entry_id, version in claimed.items():
                 row = (
@@ -332,8 +460,38 @@ class Sealer:
                 now=now,
                 writer_id="sealer",
             )
+            dv_id = None
+            if delete_vector is not None:
+                dv_id = insert_delete_vector(
+                    conn,
+                    table=self.table,
+                    partition=partition,
+                    source_seq=entries[0].seq,
+                    file_path=delete_vector[0],
+                    row_count=delete_vector[1],
+                    added_version=new_version,
+                )
             publish_version(conn, info, "seal", now)
-            return get_entry(conn, new_id)
+            return get_entry(conn, new_id), dv_id
 
-        sealed, _ = self.store.retrying(_txn)
-        return sealed  # type: ignore[no-any-return]
+        result, _ = self.store.retrying(_txn)
+        return result  # type: ignore[no-any-return]
+
+    def _reflects_now(self, conn: Connection, partition: int) -> Reflects:
+        e, dv = s.entries, s.delete_vectors
+        entries = conn.execute(
+            select(e.c.id).where(
+                e.c.table_name == self.table,
+                e.c.partition == partition,
+                e.c.removed_version.is_(None),
+                e.c.state == SegmentState.ONLINE.value,
+            )
+        )
+        dvs = conn.execute(
+            select(dv.c.id).where(
+                dv.c.table_name == self.table,
+                dv.c.partition == partition,
+                dv.c.removed_version.is_(None),
+            )
+        )
+        return Reflects(tuple(sorted(r[0] for r in entries)), tuple(sorted(r[0] for r in dvs)))

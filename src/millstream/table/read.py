@@ -1,7 +1,14 @@
-"""Snapshot reads: merge-on-read of one manifest version, returning Arrow (no Spark needed)."""
+"""Snapshot reads: merge-on-read of one manifest version, returning Arrow (no Spark needed).
+
+The rows of a version are its entries' rows minus the rows its delete vectors name, merged by
+the table's engine. A delete vector only ever names rows that cannot change the merge result
+(see :mod:`millstream.sealing.keyindex`), so it saves work but is never needed for
+correctness: a delete vector whose file cannot be read is skipped with a warning.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -11,11 +18,13 @@ import pyarrow.compute as pc
 
 from millstream.core.merge import resolve
 from millstream.errors import SegmentUnavailableError
-from millstream.metastore.models import Entry, Manifest
+from millstream.metastore.models import DeleteVector, Entry, Manifest
 from millstream.spec import OFFSET_COL, PARTITION_COL, SYSTEM_COLUMNS, TableSpec
 from millstream.storage.deepstore import DeepStore
 
 READ_THREADS = 8
+
+log = logging.getLogger(__name__)
 
 
 def _valid_rows(data: pa.Table, entries: Iterable[Entry]) -> pa.Table:
@@ -64,12 +73,61 @@ def read_entries(deep: DeepStore, spec: TableSpec, entries: Iterable[Entry]) -> 
     return pa.concat_tables(parts)
 
 
+def read_delete_vectors(deep: DeepStore, dvs: Iterable[DeleteVector]) -> dict[int, pa.Array]:
+    """The superseded offsets of each partition named by ``dvs``. A vector that cannot be read
+    is skipped (the read stays exact, only slower) and logged."""
+    by_partition: dict[int, list[pa.Array]] = defaultdict(list)
+    for dv in dvs:
+        try:
+            offsets = deep.read_parquet(dv.file_path, columns=[OFFSET_COL]).column(OFFSET_COL)
+        except (OSError, pa.ArrowInvalid, KeyError) as exc:
+            log.warning(
+                "delete vector %s of %s partition %d (from segment %d) is unreadable, reading "
+                "without it: %s",
+                dv.file_path,
+                dv.table,
+                dv.partition,
+                dv.source_seq,
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+            )
+            continue
+        by_partition[dv.partition].extend(offsets.chunks)
+    return {
+        p: pa.chunked_array(chunks, pa.int64()).combine_chunks()
+        for p, chunks in by_partition.items()
+    }
+
+
+def drop_deleted(rows: pa.Table, deleted: dict[int, pa.Array]) -> pa.Table:
+    """``rows`` without the (partition, offset) rows in ``deleted``."""
+    drop = None
+    for p, offsets in deleted.items():
+        if not len(offsets):
+            continue
+        m = pc.and_(
+            pc.equal(rows.column(PARTITION_COL), p),
+            pc.is_in(rows.column(OFFSET_COL), value_set=offsets),
+        )
+        drop = m if drop is None else pc.or_(drop, m)
+    if drop is None:
+        return rows
+    return rows.filter(pc.invert(pc.fill_null(drop, False)))
+
+
 def read_manifest(
-    deep: DeepStore, manifest: Manifest, *, include_system_columns: bool = False
+    deep: DeepStore,
+    manifest: Manifest,
+    *,
+    include_system_columns: bool = False,
+    use_delete_vectors: bool = True,
 ) -> pa.Table:
-    """The table's current rows at ``manifest``'s version, merged by its engine."""
+    """The table's current rows at ``manifest``'s version, merged by its engine.
+    ``use_delete_vectors=False`` reads every row of every entry (the answer is the same)."""
     spec = manifest.table.spec
-    rows = resolve(spec, read_entries(deep, spec, manifest.entries))
+    raw = read_entries(deep, spec, manifest.entries)
+    if use_delete_vectors and manifest.delete_vectors:
+        raw = drop_deleted(raw, read_delete_vectors(deep, manifest.delete_vectors))
+    rows = resolve(spec, raw)
     if include_system_columns:
         return rows
     return rows.drop_columns(list(SYSTEM_COLUMNS))

@@ -1,0 +1,350 @@
+"""The per-partition key index: which live sealed rows each key has, so a seal can write delete
+vectors for the rows its new data supersedes without reading the older segments.
+
+A :class:`KeyIndex` holds, for one partition of one table, every sealed row that no delete
+vector names: its key columns, its offset and (if the table has one) its comparison value,
+sorted by a 64-bit hash of the key. Looking up a run's keys is a binary search per key
+(``numpy.searchsorted``) followed by an exact comparison of the key values, so a hash collision
+can cost a comparison but never a wrong delete. A seal's cost therefore grows with its run, not
+with the table: lookups are ``O(run x log table)`` and the update is one ``take`` (a memory copy)
+of the index.
+
+**Which rows a seal may delete.** A delete vector must only name rows that cannot change any
+read, so reads with and without delete vectors give the same table (``read_manifest(...,
+use_delete_vectors=False)``). Within one partition the new run's rows all come after the
+sealed rows in offset order. So:
+
+* ``upsert`` without a comparison column: every sealed row of a key the run has a row for (the
+  last row wins and the run's row is later).
+* ``upsert`` with a comparison column: the sealed rows of a key that order before the run's
+  winning row of that key, in (comparison value with nulls last, offset) order.
+* ``dedup`` and ``partial`` without a comparison column: every sealed row of a key the run has a
+  delete for. A delete resets a key: nothing before it affects the result, and the run's sealed
+  output keeps the key's last delete (:func:`millstream.core.merge.compact`).
+* Otherwise (``append``; ``dedup``/``partial`` ordered by a comparison column): nothing, and
+  there is no index.
+
+**Currency.** An index reflects an exact set of sealed entries and delete vectors of its
+partition (their ids). The sealer uses it only if that set is the partition's current one;
+otherwise it loads the local checkpoint (an Arrow IPC file under ``<home>/cache/keyindex``)
+if that reflects the current set, or rebuilds the index from the sealed segments. The swap
+re-checks the set inside its transaction, so an index that went stale during a build (a
+rollback, a re-ingestion, another sealer) never produces a delete vector.
+
+Ordering is what keeps this sound: a run is always the whole suffix after the partition's last
+sealed segment (see :mod:`millstream.sealing.sealer`). If a newer run were sealed before an
+older one, the older run's keys would look newer than the sealed rows and would delete them
+(seed 003, tests/scenarios/test_seed_003_pauseless_ordering.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd  # type: ignore[import-untyped]
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+
+from millstream.errors import SegmentUnavailableError
+from millstream.metastore.models import Entry, Manifest, SegmentState
+from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
+from millstream.storage.deepstore import DeepStore
+
+log = logging.getLogger(__name__)
+
+HASH_COL = "__ms_key_hash"
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def indexed(spec: TableSpec) -> bool:
+    """Whether the table's seals write delete vectors (and so keep a key index)."""
+    if spec.mode == "upsert":
+        return True
+    return spec.mode in ("dedup", "partial") and spec.comparison_column is None
+
+
+def key_hashes(rows: pa.Table, keys: Iterable[str]) -> np.ndarray:
+    """A 64-bit hash of each row's key (nulls hash like a value of their own)."""
+    out = np.zeros(rows.num_rows, dtype=np.uint64)
+    for k in keys:
+        col = rows.column(k).combine_chunks() if rows.num_rows else rows.column(k)
+        if pa.types.is_integer(col.type):
+            values = pc.fill_null(col.cast(pa.int64()), 0).to_numpy(zero_copy_only=False)
+            h = pd.util.hash_array(values)
+            h = np.where(pc.is_null(col).to_numpy(zero_copy_only=False), _MIX, h)
+        else:
+            text = col.cast(pa.string()) if not pa.types.is_string(col.type) else col
+            h = pd.util.hash_array(
+                np.asarray(text.to_numpy(zero_copy_only=False), dtype=object), categorize=False
+            )
+        out = out * _MIX + h.astype(np.uint64)
+    return out
+
+
+def _same(a: pa.Array, b: pa.Array) -> np.ndarray:
+    """Element-wise equality with null equal to null."""
+    eq = pc.fill_null(pc.equal(a, b), False)
+    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
+    return np.asarray(pc.or_(eq, both_null).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+@dataclass(frozen=True, slots=True)
+class Reflects:
+    """The sealed entries and delete vectors of a partition an index was built from."""
+
+    entries: tuple[int, ...]
+    delete_vectors: tuple[int, ...]
+
+    @classmethod
+    def of(cls, manifest: Manifest, partition: int) -> Reflects:
+        return cls(
+            tuple(
+                sorted(
+                    e.id
+                    for e in manifest.entries
+                    if e.partition == partition and e.state is SegmentState.ONLINE
+                )
+            ),
+            tuple(sorted(d.id for d in manifest.delete_vectors if d.partition == partition)),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps({"entries": self.entries, "delete_vectors": self.delete_vectors})
+
+    @classmethod
+    def from_json(cls, text: str) -> Reflects:
+        d = json.loads(text)
+        return cls(tuple(d["entries"]), tuple(d["delete_vectors"]))
+
+
+class KeyIndex:
+    """The live sealed rows of one partition, sorted by key hash (see the module docstring)."""
+
+    def __init__(self, spec: TableSpec, partition: int, data: pa.Table, reflects: Reflects):
+        self.spec = spec
+        self.partition = partition
+        self.data = data
+        self.hashes = data.column(HASH_COL).to_numpy()
+        self.reflects = reflects
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.data.num_rows)
+
+    # -- construction ----------------------------------------------------------------------
+
+    @classmethod
+    def columns(cls, spec: TableSpec) -> list[str]:
+        cols = [*spec.primary_key, OFFSET_COL]
+        if spec.comparison_column is not None:
+            cols.append(spec.comparison_column)
+        return cols
+
+    @classmethod
+    def from_rows(
+        cls, spec: TableSpec, partition: int, rows: pa.Table, reflects: Reflects
+    ) -> KeyIndex:
+        """An index of ``rows`` (which have at least :meth:`columns`)."""
+        rows = rows.select(cls.columns(spec))
+        h = key_hashes(rows, spec.primary_key)
+        order = np.argsort(h, kind="stable")
+        data = rows.take(pa.array(order)).append_column(HASH_COL, pa.array(h[order]))
+        return cls(spec, partition, data, reflects)
+
+    @classmethod
+    def build(
+        cls,
+        spec: TableSpec,
+        partition: int,
+        deep: DeepStore,
+        manifest: Manifest,
+    ) -> KeyIndex:
+        """Rebuild from the partition's sealed segments minus its delete vectors (reads only
+        the key, offset and comparison columns)."""
+        from millstream.table.read import drop_deleted, read_delete_vectors
+
+        reflects = Reflects.of(manifest, partition)
+        sealed = [
+            e
+            for e in manifest.entries
+            if e.partition == partition and e.state is SegmentState.ONLINE
+        ]
+        cols = [*cls.columns(spec), PARTITION_COL]
+        parts = [_read_keys(deep, spec, e, cols) for e in sealed]
+        schema = spec.arrow_schema(system_columns=True)
+        rows = (
+            pa.concat_tables(parts)
+            if parts
+            else pa.schema([schema.field(c) for c in cols]).empty_table()
+        )
+        dvs = [d for d in manifest.delete_vectors if d.partition == partition]
+        if dvs:
+            rows = drop_deleted(rows, read_delete_vectors(deep, dvs))
+        return cls.from_rows(spec, partition, rows, reflects)
+
+    # -- lookups ---------------------------------------------------------------------------
+
+    def matches(self, rows: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        """Pairs (row position in ``rows``, index position) whose keys are equal."""
+        if not self.num_rows or not rows.num_rows:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty
+        h = key_hashes(rows, self.spec.primary_key)
+        lo = np.searchsorted(self.hashes, h, side="left")
+        hi = np.searchsorted(self.hashes, h, side="right")
+        counts = hi - lo
+        total = int(counts.sum())
+        if total == 0:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty
+        new_pos = np.repeat(np.arange(rows.num_rows, dtype=np.int64), counts)
+        first = np.cumsum(counts) - counts
+        idx_pos = np.repeat(lo, counts) + (np.arange(total) - np.repeat(first, counts))
+        same = np.ones(total, dtype=bool)
+        take_new, take_old = pa.array(new_pos), pa.array(idx_pos)
+        for k in self.spec.primary_key:
+            same &= _same(rows.column(k).take(take_new), self.data.column(k).take(take_old))
+        return new_pos[same], idx_pos[same]
+
+    def superseded(self, rows: pa.Table) -> np.ndarray:
+        """Index positions of the sealed rows that ``rows`` (a compacted run of this partition,
+        newer than every indexed row) supersede, per the rules in the module docstring."""
+        spec = self.spec
+        new_pos, idx_pos = self.matches(rows)
+        if not len(new_pos):
+            return idx_pos
+        if spec.mode == "upsert":
+            cmp = spec.comparison_column
+            if cmp is None:
+                return np.unique(idx_pos)
+            later = _orders_after(
+                rows.column(cmp).take(pa.array(new_pos)),
+                rows.column(OFFSET_COL).take(pa.array(new_pos)),
+                self.data.column(cmp).take(pa.array(idx_pos)),
+                self.data.column(OFFSET_COL).take(pa.array(idx_pos)),
+            )
+            return np.unique(idx_pos[later])
+        is_del = pc.fill_null(rows.column(TOMBSTONE_COL), False)
+        if spec.delete_column is not None:
+            is_del = pc.or_(is_del, pc.fill_null(rows.column(spec.delete_column), False))
+        deletes = np.asarray(is_del.to_numpy(zero_copy_only=False), dtype=bool)
+        return np.unique(idx_pos[deletes[new_pos]])
+
+    def offsets(self, positions: np.ndarray) -> pa.Array:
+        return self.data.column(OFFSET_COL).take(pa.array(positions)).combine_chunks()
+
+    # -- update ----------------------------------------------------------------------------
+
+    def updated(self, dropped: np.ndarray, rows: pa.Table, reflects: Reflects) -> KeyIndex:
+        """The index after a seal: without ``dropped`` positions, with ``rows`` added. One pass
+        over the index (a merge of two sorted sequences), no sort of the whole."""
+        keep = np.ones(self.num_rows, dtype=bool)
+        keep[dropped] = False
+        old = self.data.filter(pa.array(keep)) if len(dropped) else self.data
+        h_old = self.hashes[keep] if len(dropped) else self.hashes
+        new = KeyIndex.from_rows(self.spec, self.partition, rows, reflects)
+        h_new = new.hashes
+        n, m = len(h_old), len(h_new)
+        pos_new = np.searchsorted(h_old, h_new, side="right") + np.arange(m)
+        perm = np.empty(n + m, dtype=np.int64)
+        is_new = np.zeros(n + m, dtype=bool)
+        is_new[pos_new] = True
+        perm[pos_new] = n + np.arange(m)
+        perm[~is_new] = np.arange(n)
+        both = pa.concat_tables([old, new.data.cast(old.schema)])
+        return KeyIndex(self.spec, self.partition, both.take(pa.array(perm)), reflects)
+
+    # -- checkpoint ------------------------------------------------------------------------
+
+    def save(self, path: Path) -> None:
+        """Write the checkpoint atomically (a temporary file renamed into place)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        meta = {b"millstream.reflects": self.reflects.to_json().encode()}
+        tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
+        data = self.data.replace_schema_metadata(meta)
+        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, data.schema) as writer:
+            writer.write_table(data)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, spec: TableSpec, partition: int, path: Path) -> KeyIndex | None:
+        """The checkpoint at ``path``, or None if there is none or it cannot be read."""
+        try:
+            with pa.memory_map(str(path), "r") as source:
+                data = ipc.open_file(source).read_all()
+        except (OSError, pa.ArrowInvalid):
+            return None
+        meta = data.schema.metadata or {}
+        raw = meta.get(b"millstream.reflects")
+        if raw is None or data.column_names != [*cls.columns(spec), HASH_COL]:
+            return None
+        return cls(spec, partition, data.replace_schema_metadata(None), Reflects.from_json(raw))
+
+
+def _orders_after(
+    cmp_new: pa.Array, off_new: pa.Array, cmp_old: pa.Array, off_old: pa.Array
+) -> np.ndarray:
+    """Row-wise: does (cmp_new, off_new) come after (cmp_old, off_old) in the order key
+    (comparison value with nulls last, then offset)? Both rows are of one partition."""
+    n_null = pc.is_null(cmp_new).to_numpy(zero_copy_only=False)
+    o_null = pc.is_null(cmp_old).to_numpy(zero_copy_only=False)
+    greater = pc.fill_null(pc.greater(cmp_new, cmp_old), False).to_numpy(zero_copy_only=False)
+    equal = pc.fill_null(pc.equal(cmp_new, cmp_old), False).to_numpy(zero_copy_only=False)
+    later_off = pc.greater(off_new, off_old).to_numpy(zero_copy_only=False)
+    both = ~n_null & ~o_null
+    return np.asarray(
+        (both & (greater | (equal & later_off)))
+        | (n_null & ~o_null)
+        | (n_null & o_null & later_off),
+        dtype=bool,
+    )
+
+
+def _read_keys(deep: DeepStore, spec: TableSpec, entry: Entry, cols: list[str]) -> pa.Table:
+    assert entry.file_path is not None
+    schema = spec.arrow_schema(system_columns=True)
+    try:
+        data = deep.read_parquet(entry.file_path, columns=cols)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise SegmentUnavailableError(
+            spec.name, entry.name, entry.file_path, str(exc).splitlines()[0]
+        ) from exc
+    data = data.cast(pa.schema([schema.field(c) for c in cols]))
+    off = data.column(OFFSET_COL)
+    mask = pc.and_(
+        pc.equal(data.column(PARTITION_COL), entry.partition),
+        pc.and_(pc.greater_equal(off, entry.start), pc.less(off, entry.end)),
+    )
+    return data.filter(mask)
+
+
+class IndexCache:
+    """Key indexes kept in memory per (deployment, table, partition), shared by every sealer
+    of the process, with a local checkpoint per partition."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._indexes: dict[tuple[str, str, int], KeyIndex] = {}
+
+    def get(self, where: str, table: str, partition: int) -> KeyIndex | None:
+        with self._lock:
+            return self._indexes.get((where, table, partition))
+
+    def put(self, where: str, table: str, index: KeyIndex) -> None:
+        with self._lock:
+            self._indexes[(where, table, index.partition)] = index
+
+    def drop(self, where: str, table: str, partition: int) -> None:
+        with self._lock:
+            self._indexes.pop((where, table, partition), None)
+
+
+CACHE = IndexCache()
