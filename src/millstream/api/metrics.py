@@ -42,9 +42,10 @@ class MillstreamCollector:
                 "Source latest offset minus shard upper (records not yet committed).",
                 labels=["table", "partition"],
             ),
-            CounterMetricFamily(
-                "millstream_rows_ingested",
-                "Rows in the table's current segments (sum of segment row counts).",
+            GaugeMetricFamily(
+                "millstream_table_rows",
+                "Rows stored in the table's current segments minus the rows delete vectors "
+                "skip (it shrinks when seals resolve keys).",
                 labels=["table"],
             ),
             CounterMetricFamily(

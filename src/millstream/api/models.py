@@ -69,13 +69,20 @@ class SegmentOut(_Out):
 class PartitionSegmentsOut(_Out):
     partition: int
     segments: list[SegmentOut]
+    delete_vectors: int = Field(
+        0, description="Delete vectors of the partition's sealed segments in this version."
+    )
+    deleted_rows: int = Field(
+        0, description="Sealed rows the delete vectors mark as superseded (readers skip them)."
+    )
 
 
 class TableSegmentsOut(_Out):
     table: str
     manifest_version: int
     segment_count: int
-    row_count: int
+    row_count: int = Field(description="Rows stored in the segments, minus deleted rows.")
+    deleted_rows: int = Field(0, description="Rows marked superseded by delete vectors.")
     partitions: list[PartitionSegmentsOut]
 
 

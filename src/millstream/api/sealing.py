@@ -11,7 +11,8 @@ from millstream.metastore.models import SegmentState
 
 def debug_info(ctx: ApiContext, table: str) -> dict[str, Any]:
     """Committing segments with their age, segments in ERROR with the last error, and the
-    sealer queue (segments not sealed yet) per partition, plus what workers report."""
+    sealer queue (segments not sealed yet) and the delete vectors (count, superseded rows) per
+    partition, plus what workers report."""
     manifest = ctx.catalog.manifest(table)
     now = ctx.clock.now()
     queue: dict[int, int] = {}
@@ -30,11 +31,17 @@ def debug_info(ctx: ApiContext, table: str) -> dict[str, Any]:
         for w in list_workers(ctx.catalog.store)
         if w.alive(now, ctx.worker_ttl) and w.info.get("sealing")
     }
+    deletes: dict[int, dict[str, int]] = {}
+    for dv in manifest.delete_vectors:
+        d = deletes.setdefault(dv.partition, {"partition": dv.partition, "vectors": 0, "rows": 0})
+        d["vectors"] += 1
+        d["rows"] += dv.row_count
     return {
         "table": table,
         "manifest_version": manifest.version,
         "committing_segments": committing,
         "segments_in_error": errors,
         "sealer_queue": [{"partition": p, "segments": n} for p, n in sorted(queue.items())],
+        "delete_vectors": [deletes[p] for p in sorted(deletes)],
         "workers": reported,
     }

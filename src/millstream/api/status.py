@@ -116,15 +116,24 @@ def last_commit_times(store: MetadataStore, table: str) -> dict[int, float]:
 
 
 def rows_per_table(store: MetadataStore) -> dict[str, int]:
-    """Rows in each table's current manifest (the sum of its segments' row counts)."""
-    e = s.entries
+    """Rows in each table's current manifest: its segments' row counts minus the rows its
+    delete vectors mark superseded."""
+    e, dv = s.entries, s.delete_vectors
     q = (
         select(e.c.table_name, func.coalesce(func.sum(e.c.row_count), 0))
         .where(e.c.removed_version.is_(None))
         .group_by(e.c.table_name)
     )
+    q_dv = (
+        select(dv.c.table_name, func.coalesce(func.sum(dv.c.row_count), 0))
+        .where(dv.c.removed_version.is_(None))
+        .group_by(dv.c.table_name)
+    )
     with store.read() as conn:
-        return {str(t): int(n) for t, n in conn.execute(q)}
+        rows = {str(t): int(n) for t, n in conn.execute(q)}
+        for t, n in conn.execute(q_dv):
+            rows[str(t)] = rows.get(str(t), 0) - int(n)
+        return rows
 
 
 def serving_workers(ctx: ApiContext, datastream: str) -> list[ServingWorkerOut]:

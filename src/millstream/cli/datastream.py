@@ -239,9 +239,11 @@ def segments(
             for p in info["partitions"]
             for s in p["segments"]
         ]
+        deleted = info.get("deleted_rows", 0)
         title = (
-            f"{info['table']}: {info['segment_count']} segments, {info['row_count']} rows "
-            f"(manifest version {info['manifest_version']})"
+            f"{info['table']}: {info['segment_count']} segments, {info['row_count']} rows"
+            + (f" ({deleted} superseded rows skipped by delete vectors)" if deleted else "")
+            + f" (manifest version {info['manifest_version']})"
         )
         if rows:
             table_text(rows, title=title)

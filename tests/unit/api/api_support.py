@@ -57,7 +57,11 @@ def store_snapshot(store: MetadataStore) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every metadata table (datastreams, events, leases, shards, entries ...)."""
     out: dict[str, list[tuple[Any, ...]]] = {}
     with store.read() as conn:
-        for table in [*schema.metadata.sorted_tables, *schema.control.sorted_tables]:
+        for table in [
+            *schema.metadata.sorted_tables,
+            *schema.control.sorted_tables,
+            *schema.sealing.sorted_tables,
+        ]:
             q = select(table).order_by(*table.primary_key.columns)
             out[table.name] = [tuple(r) for r in conn.execute(q)]
     return out

@@ -114,7 +114,7 @@ def test_metrics_are_computed_at_scrape_time(
     assert m["millstream_offset_lag", orders1] == 0
     assert m["millstream_ingestion_delay_ms", orders0] == 1500
     assert m["millstream_ingestion_delay_ms", orders1] == 0
-    assert m["millstream_rows_ingested_total", (("table", "orders"),)] == 11
+    assert m["millstream_table_rows", (("table", "orders"),)] == 11
     assert m["millstream_datastreams", (("state", "READY"),)] == 1
     assert m["millstream_datastreams", (("state", "PAUSED"),)] == 1
     assert m["millstream_datastreams", (("state", "STOPPED"),)] == 0
@@ -128,7 +128,7 @@ def test_metrics_expose_every_metric_name_on_an_empty_deployment(api: TestClient
     for name in (
         "millstream_ingestion_delay_ms",
         "millstream_offset_lag",
-        "millstream_rows_ingested_total",
+        "millstream_table_rows",
         "millstream_commit_conflicts_total",
         "millstream_datastreams",
         "millstream_workers_alive",

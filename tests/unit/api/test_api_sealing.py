@@ -62,3 +62,36 @@ def test_an_injected_fault_names_its_point_in_the_segment_error(
         sealer.seal_partition(0, force=True)
     info = api.get("/tables/orders/debugInfo").json()
     assert "before_build" in info["segments_in_error"][0]["last_error"]
+
+
+def test_segments_and_debug_info_report_the_rows_delete_vectors_skip(
+    api: TestClient, controller: Controller, catalog: Catalog, source_dir: Path
+) -> None:
+    import pyarrow as pa
+
+    from millstream.table.writer import commit_staged, stage_rows
+
+    assert api.post("/datastreams", json=spec_body("orders", source_dir)).status_code == 201
+    controller.tick()
+    spec = catalog.table("orders").spec
+    sealer = Sealer(catalog, "orders")
+    for lo in (0, 10):  # the same ten ids twice: the second seal supersedes all ten
+        rows = pa.table(
+            {
+                "id": pa.array(range(10), pa.int64()),
+                "status": ["new"] * 10,
+                "_ms_partition": pa.array([0] * 10, pa.int32()),
+                "_ms_offset": pa.array(range(lo, lo + 10), pa.int64()),
+                "_ms_tombstone": [False] * 10,
+            }
+        )
+        staged = stage_rows(catalog.deep, spec, rows)
+        commit_staged(catalog.store, catalog.deep, "orders", staged, {0: (lo, lo + 10)}, {0: 0})
+        assert sealer.seal_partition(0, force=True) is not None
+    segs = api.get("/tables/orders/segments").json()
+    assert (segs["row_count"], segs["deleted_rows"]) == (10, 10)
+    assert segs["partitions"][0]["delete_vectors"] == 1
+    assert catalog.read_table("orders").num_rows == 10
+    info = api.get("/tables/orders/debugInfo").json()
+    assert info["delete_vectors"] == [{"partition": 0, "vectors": 1, "rows": 10}]
+    assert 'millstream_table_rows{table="orders"} 10.0' in api.get("/metrics").text

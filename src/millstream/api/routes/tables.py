@@ -34,13 +34,24 @@ def table_segments(ctx: Ctx, table: str) -> TableSegmentsOut:
     by_partition: dict[int, list[SegmentOut]] = {}
     for e in manifest.entries:
         by_partition.setdefault(e.partition, []).append(SegmentOut.of(e))
+    dvs: dict[int, tuple[int, int]] = {}
+    for dv in manifest.delete_vectors:
+        n, rows = dvs.get(dv.partition, (0, 0))
+        dvs[dv.partition] = (n + 1, rows + dv.row_count)
+    deleted = sum(rows for _, rows in dvs.values())
     return TableSegmentsOut(
         table=table,
         manifest_version=manifest.version,
         segment_count=len(manifest.entries),
-        row_count=manifest.row_count,
+        row_count=manifest.row_count - deleted,
+        deleted_rows=deleted,
         partitions=[
-            PartitionSegmentsOut(partition=p, segments=segs)
+            PartitionSegmentsOut(
+                partition=p,
+                segments=segs,
+                delete_vectors=dvs.get(p, (0, 0))[0],
+                deleted_rows=dvs.get(p, (0, 0))[1],
+            )
             for p, segs in sorted(by_partition.items())
         ],
     )
