@@ -282,3 +282,25 @@ def test_a_seal_built_on_an_index_that_went_stale_is_discarded_not_swapped(
     assert states == [(0, SegmentState.ONLINE)]
     assert feed.cat.manifest("t").delete_vectors == ()
     assert feed.read() == feed.model(prefix)
+
+
+def test_a_failed_swap_leaves_no_delete_vector_file_and_the_retry_writes_it(
+    tmp_path: Path,
+) -> None:
+    from millstream.sealing.sealer import InjectedSealFault, SealFaults
+
+    feed = _setup(tmp_path, "upsert", 7)
+    feed.batch(0, 10, keys=list(range(10)))
+    assert Sealer(feed.cat, "t").seal_partition(0, force=True) is not None
+    feed.batch(0, 10, keys=list(range(10)))
+    failing = Sealer(feed.cat, "t", faults=SealFaults({"before_swap": 1}))
+    with pytest.raises(InjectedSealFault):
+        failing.seal_partition(0, force=True)
+    files = [f.path for f in feed.cat.deep.list_files("tables/t/data")]
+    assert not [f for f in files if "/dv-" in f], "an unswapped delete vector is deleted"
+    assert feed.cat.manifest("t").delete_vectors == ()
+    assert feed.read() == feed.model()
+    result = failing.seal_partition(0, force=True)
+    assert result is not None and result.rows_deleted == 10
+    assert len(feed.cat.manifest("t").delete_vectors) == 1
+    assert feed.read() == feed.model()
