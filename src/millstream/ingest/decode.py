@@ -71,7 +71,7 @@ def _parse_block(values: pa.Array, schema: pa.Schema) -> pa.Table | str:
     if len(values) == 0:
         return schema.empty_table()
     # Pretty-printed JSON is still one record: newlines are whitespace between tokens.
-    flat = pc.replace_substring(values, "\n", " ")
+    flat = pc.replace_substring(values, "\n", " ") if _has_newline(values) else values
     joined = pc.binary_join_element_wise(flat, pa.scalar(b"", pa.binary()), b"\n")
     size = int(np.frombuffer(joined.buffers()[1], dtype=np.int32)[len(joined)])
     try:
@@ -89,12 +89,26 @@ def _parse_block(values: pa.Array, schema: pa.Schema) -> pa.Table | str:
     return table
 
 
+def _has_newline(values: pa.Array) -> bool:
+    """Whether any value of a binary array holds a newline (one scan of its data buffer)."""
+    n = len(values)
+    data = values.buffers()[2]
+    if n == 0 or data is None:
+        return False
+    wide = pa.types.is_large_binary(values.type) or pa.types.is_large_string(values.type)
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int64 if wide else np.int32)
+    lo, hi = int(offsets[values.offset]), int(offsets[values.offset + n])
+    # Bytes under null slots are looked at too: at worst that costs a needless copy.
+    body = np.frombuffer(data, dtype=np.uint8, count=hi - lo, offset=lo)
+    return bool((body == 10).any())
+
+
 def _parse_robust(
     values: pa.Array, schema: pa.Schema
-) -> tuple[pa.Table, list[int], dict[int, str]]:
+) -> tuple[pa.Table, np.ndarray, dict[int, str]]:
     """Parse, bisecting around failures: (good rows, their positions, {bad position: error})."""
     good: list[pa.Table] = []
-    positions: list[int] = []
+    pieces: list[np.ndarray] = []
     bad: dict[int, str] = {}
     stack = [(0, len(values))]
     while stack:
@@ -102,7 +116,7 @@ def _parse_robust(
         result = _parse_block(values.slice(lo, hi - lo), schema)
         if isinstance(result, pa.Table):
             good.append(result)
-            positions.extend(range(lo, hi))
+            pieces.append(np.arange(lo, hi, dtype=np.int64))
         elif hi - lo == 1:
             bad[lo] = _explain(values[lo].as_py(), result)
         else:
@@ -110,6 +124,7 @@ def _parse_robust(
             stack.append((mid, hi))
             stack.append((lo, mid))
     table = pa.concat_tables(good) if good else schema.empty_table()
+    positions = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
     return table, positions, bad
 
 
@@ -168,13 +183,14 @@ def decode_records(spec: TableSpec, raw: pa.Table) -> Decoded:
         dead.append((int(parts[i]), int(offs[i]), values[i].as_py(), keys[i].as_py(), error))
 
     is_null = pc.is_null(values).to_numpy(zero_copy_only=False)
-    live_idx = [i for i in range(n) if not is_null[i]] if is_null.any() else list(range(n))
+    any_null = bool(is_null.any())
+    live_idx = np.flatnonzero(~is_null) if any_null else np.arange(n, dtype=np.int64)
     schema = _json_schema(spec)
-    live_values = values.take(pa.array(live_idx, pa.int64())) if is_null.any() else values
+    live_values = values.take(pa.array(live_idx)) if any_null else values
     parsed, positions, bad = _parse_robust(live_values, schema)
     for pos, err in sorted(bad.items()):
-        kill(live_idx[pos], err)
-    row_index = [live_idx[p] for p in positions]
+        kill(int(live_idx[pos]), err)
+    row_index = live_idx[positions]
 
     columns: dict[str, pa.Array] = {}
     cast_errors: dict[int, str] = {}
@@ -188,25 +204,24 @@ def decode_records(spec: TableSpec, raw: pa.Table) -> Decoded:
         else:
             columns[c] = col.combine_chunks()
     good = pa.table(columns, schema=spec.arrow_schema())
-    good = good.append_column(
-        PARTITION_COL, pa.array([int(parts[i]) for i in row_index], pa.int32())
-    )
-    good = good.append_column(OFFSET_COL, pa.array([int(offs[i]) for i in row_index], pa.int64()))
-    good = good.append_column(TOMBSTONE_COL, pa.array([False] * len(row_index), pa.bool_()))
+    good = good.append_column(PARTITION_COL, pa.array(parts[row_index].astype(np.int32)))
+    good = good.append_column(OFFSET_COL, pa.array(offs[row_index].astype(np.int64)))
+    good = good.append_column(TOMBSTONE_COL, pa.array(np.zeros(len(row_index), dtype=bool)))
     good = good.cast(spec.arrow_schema(system_columns=True))
 
     # Keys: fill from the record key where the value lacks them; a null key is a bad record.
     if spec.keyed:
-        good, key_errors = _fill_keys(spec, good, [keys[i].as_py() for i in row_index])
+        good, key_errors = _fill_keys(spec, good, keys, row_index)
         for j, e in key_errors.items():
             cast_errors.setdefault(j, e)
     if cast_errors:
-        keep = pa.array([j not in cast_errors for j in range(good.num_rows)], pa.bool_())
+        keep = np.ones(good.num_rows, dtype=bool)
+        keep[list(cast_errors)] = False
         for j, e in sorted(cast_errors.items()):
-            kill(row_index[j], e)
-        good = good.filter(keep)
+            kill(int(row_index[j]), e)
+        good = good.filter(pa.array(keep))
 
-    tombstones = [i for i in range(n) if is_null[i]] if is_null.any() else []
+    tombstones = [int(i) for i in np.flatnonzero(is_null)] if any_null else []
     if tombstones:
         stones, stone_errors = _tombstones(spec, tombstones, parts, offs, keys)
         for i, e in stone_errors:
@@ -242,8 +257,10 @@ def _coerce(spec: TableSpec, column: str, value: Any) -> Any:
 
 
 def _fill_keys(
-    spec: TableSpec, good: pa.Table, record_keys: list[bytes | None]
+    spec: TableSpec, good: pa.Table, keys: pa.ChunkedArray, row_index: np.ndarray
 ) -> tuple[pa.Table, dict[int, str]]:
+    """Fill null key columns of ``good`` from the record keys (``keys[row_index[j]]`` is row
+    ``j``'s); the keys are looked at only for rows that lack a key column."""
     errors: dict[int, str] = {}
     missing = None
     for k in spec.primary_key:
@@ -254,7 +271,7 @@ def _fill_keys(
     cols = {k: good.column(k).to_pylist() for k in spec.primary_key}
     for j in pc.indices_nonzero(missing).to_pylist():
         try:
-            from_key = _key_from_record(spec, record_keys[j])
+            from_key = _key_from_record(spec, keys[int(row_index[j])].as_py())
             for k in spec.primary_key:
                 if cols[k][j] is None and from_key is not None:
                     cols[k][j] = _coerce(spec, k, from_key.get(k))
