@@ -256,6 +256,9 @@ class DatastreamRunner:
         fmt, src_opts = source_options(self.spec)
         src_opts["startOffsets"] = json.dumps(encode_offsets(boot.uppers))
         src_opts["tasks"] = str(max(1, int(self.spark.sparkContext.defaultParallelism)))
+        # The sink reads each planned range itself; the source sends only the range markers.
+        reader_opts = {k: v for k, v in src_opts.items() if k != "startOffsets"}
+        src_opts["rangesOnly"] = "true"
         if self.commit_gate:
             # The standby's source follows the shard uppers while it may not commit.
             src_opts.update(self.catalog.settings.as_options())
@@ -269,6 +272,8 @@ class DatastreamRunner:
             "writerId": self.writer_id,
             "badRecords": self.spec.bad_records,
             "statsFile": str(self.stats_file),
+            "sourceFormat": fmt,
+            "sourceOptions": json.dumps(reader_opts),
             **self.commit_gate,
         }
         if not self.spec.segments.pauseless:

@@ -1,6 +1,7 @@
 """The segment sink: a Spark streaming Arrow writer that commits through compare_and_append.
 
-* ``write()`` runs on executors: decode + validate the task's records, stage one Parquet data
+* ``write()`` runs on executors: read the task's source ranges (with the source options, when
+  the source sends range markers only), decode + validate the records, stage one Parquet data
   file (several partitions per file) and one dead-letter file, named with batch id, Spark
   partition and attempt, and return the per-partition offset ranges.
 * ``commit()`` runs in a separate process on the driver with a fresh writer object, so
@@ -30,7 +31,13 @@ from millstream.config import Settings
 from millstream.datastream import dead_letter_spec
 from millstream.errors import CommitStateUnknownError, MillstreamError
 from millstream.ingest.decode import RAW_SCHEMA, dead_letter_rows, decode_records
-from millstream.ingest.sources.base import decode_offsets
+from millstream.ingest.sources.base import (
+    SELF_READ,
+    PartitionedStreamReader,
+    decode_offsets,
+    read_records,
+    reader_for,
+)
 from millstream.metastore.models import ShardAppend
 from millstream.metastore.store import MetadataStore
 from millstream.options import Options
@@ -80,7 +87,9 @@ def _ranges(raw: pa.Table) -> dict[int, tuple[int, int]]:
 class SegmentSink(DataSourceStreamArrowWriter):
     """Options: settings (``home``, ``metadataUrl``, ``deepStore``), ``table``, ``tableSpec``
     (JSON), ``epochs`` / ``deadLetterEpochs`` (JSON ``{partition: epoch}``), ``writerId``,
-    ``badRecords`` (dead_letter|fail), ``statsFile`` (optional JSON-lines commit log)."""
+    ``badRecords`` (dead_letter|fail), ``statsFile`` (optional JSON-lines commit log),
+    ``sourceFormat`` / ``sourceOptions`` (JSON): the source whose range markers this sink reads
+    itself (a ``rangesOnly`` source)."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.options = Options(options)
@@ -99,6 +108,38 @@ class SegmentSink(DataSourceStreamArrowWriter):
         self.gate_worker_ttl = float(options.get("gateWorkerTtl") or 6.0)
         # pauseless: false -> the micro-batch waits for due seals (the comparison mode).
         self.seal_inline = json.loads(options.get("sealInline") or "null")
+        self.source_format = options.get("sourceFormat")
+        self.source_options: dict[str, str] = json.loads(options.get("sourceOptions") or "{}")
+
+    def _source_reader(self) -> PartitionedStreamReader:
+        if not self.source_format:
+            raise MillstreamError(
+                "the source sent range markers for the sink to read, but the sink has no "
+                "sourceFormat/sourceOptions: start it with the source's settings"
+            )
+        return reader_for(self.source_format, self.source_options)
+
+    def _records(self, raw: pa.Table) -> pa.Table:
+        """The task's records: those that came through Spark plus those of the ranges the
+        source left for the sink to read (markers valued :data:`SELF_READ`)."""
+        names = RAW_SCHEMA.names[:4]
+        is_marker = raw.column("is_marker")
+        records = raw.filter(pc.invert(is_marker)).select(names)
+        markers = raw.filter(is_marker)
+        self_read = markers.filter(pc.equal(markers.column("value"), pa.scalar(SELF_READ)))
+        if self_read.num_rows == 0:
+            return records
+        ranges = sorted(
+            zip(
+                self_read.column("partition").to_pylist(),
+                self_read.column("range_lo").to_pylist(),
+                self_read.column("range_hi").to_pylist(),
+                strict=True,
+            )
+        )
+        batches = list(read_records(self._source_reader(), ranges))
+        read = pa.Table.from_batches(batches, schema=records.schema)
+        return read if records.num_rows == 0 else pa.concat_tables([records, read])
 
     def _deep(self) -> DeepStore:
         return DeepStore.from_uri(self.settings.deep_store, s3_endpoint=self.settings.s3_endpoint)
@@ -113,7 +154,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
         )
         raw = pa.Table.from_batches(list(iterator), schema=RAW_SCHEMA)
         ranges = _ranges(raw)
-        records = raw.filter(pc.invert(raw.column("is_marker")))
+        records = self._records(raw)
         decoded = decode_records(self.spec, records)
         if decoded.dead and self.bad_records == "fail":
             p, o, _, _, err = min(decoded.dead, key=lambda d: (d[0], d[1]))

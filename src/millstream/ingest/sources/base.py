@@ -7,6 +7,13 @@ Offsets are ``{partition: offset}`` (JSON keys are strings). Admission control c
 every range, even one with no records (offsets need not be contiguous), and the frontier
 always advances over the whole range.
 
+With the ``rangesOnly`` option the reader yields the markers alone, each flagged with
+:data:`SELF_READ` as its value, and the sink reads every range itself through the same
+:meth:`PartitionedStreamReader.read_range` (see :func:`reader_for`). Record data then never
+passes through the JVM: a marker is one small row per range, while records would be turned
+from Arrow into JVM rows and back into Arrow, in a second Python worker per task. Ranges are
+fixed by the batch's offsets, so a replayed batch re-reads exactly the same records.
+
 Subclasses implement four small hooks: :meth:`list_partitions`, :meth:`earliest_offsets`,
 :meth:`latest_offsets` and :meth:`read_range`.
 """
@@ -17,6 +24,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -34,6 +42,30 @@ RAW_DDL = (
     "partition int, offset bigint, key binary, value binary, "
     "range_lo bigint, range_hi bigint, is_marker boolean"
 )
+
+
+#: The value of a marker whose range the sink must read itself (``rangesOnly`` sources).
+SELF_READ = b"millstream:read-range"
+
+#: Spark format name -> module and reader class of each Millstream source.
+READERS = {
+    "millstream_files": ("millstream.ingest.sources.files", "FilesStreamReader"),
+    "millstream_kafka": ("millstream.ingest.sources.kafka", "KafkaStreamReader"),
+    "millstream_generator": ("millstream.ingest.sources.generator", "GeneratorStreamReader"),
+}
+
+
+def reader_for(fmt: str, options: Mapping[str, str]) -> PartitionedStreamReader:
+    """A reader of the source ``fmt`` (a Spark format name) with ``options``."""
+    import importlib
+
+    if fmt not in READERS:
+        raise InvalidSpecError("source", f"unknown Millstream source format {fmt!r}")
+    module, cls = READERS[fmt]
+    reader: PartitionedStreamReader = getattr(importlib.import_module(module), cls)(
+        Options(options)
+    )
+    return reader
 
 
 def encode_offsets(offsets: dict[int, int]) -> dict[str, int]:
@@ -79,6 +111,7 @@ class PartitionedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self.start_offsets = decode_offsets(json.loads(options.get("startOffsets") or "{}"))
         self.starting = options.get("startingOffsets", "earliest")
         self.tasks = int(options.get("tasks", "2"))
+        self.ranges_only = options.get("rangesOnly", "false").lower() == "true"
         self._target: dict[int, int] | None = None
         self._gate_store: Any = None
 
@@ -168,19 +201,19 @@ class PartitionedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangeTask)
+        if self.ranges_only:
+            yield markers_batch(partition.ranges)
+            return
         for p, lo, hi in partition.ranges:
             for batch in self.read_range(p, lo, hi):
                 n = batch.num_rows
                 if n:
                     yield pa.RecordBatch.from_arrays(
                         [
-                            batch.column(0).cast(pa.int32()),
-                            batch.column(1).cast(pa.int64()),
-                            batch.column(2).cast(pa.binary()),
-                            batch.column(3).cast(pa.binary()),
-                            pa.array([lo] * n, pa.int64()),
-                            pa.array([hi] * n, pa.int64()),
-                            pa.array([False] * n, pa.bool_()),
+                            *raw_columns(batch),
+                            pa.array(np.full(n, lo, dtype=np.int64)),
+                            pa.array(np.full(n, hi, dtype=np.int64)),
+                            pa.array(np.zeros(n, dtype=bool)),
                         ],
                         schema=RAW_ARROW,
                     )
@@ -203,6 +236,45 @@ def marker_batch(partition: int, lo: int, hi: int) -> pa.RecordBatch:
         ],
         schema=RAW_ARROW,
     )
+
+
+def markers_batch(ranges: list[tuple[int, int, int]]) -> pa.RecordBatch:
+    """Marker rows for ``ranges`` whose records the sink reads itself (:data:`SELF_READ`)."""
+    n = len(ranges)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([p for p, _, _ in ranges], pa.int32()),
+            pa.array([hi for _, _, hi in ranges], pa.int64()),
+            pa.nulls(n, pa.binary()),
+            pa.array([SELF_READ] * n, pa.binary()),
+            pa.array([lo for _, lo, _ in ranges], pa.int64()),
+            pa.array([hi for _, _, hi in ranges], pa.int64()),
+            pa.array([True] * n, pa.bool_()),
+        ],
+        schema=RAW_ARROW,
+    )
+
+
+def raw_columns(batch: pa.RecordBatch) -> list[pa.Array]:
+    """(partition, offset, key, value) of a :meth:`~PartitionedStreamReader.read_range` batch,
+    with the raw schema's types."""
+    return [
+        batch.column(0).cast(pa.int32()),
+        batch.column(1).cast(pa.int64()),
+        batch.column(2).cast(pa.binary()),
+        batch.column(3).cast(pa.binary()),
+    ]
+
+
+def read_records(
+    reader: PartitionedStreamReader, ranges: list[tuple[int, int, int]]
+) -> Iterator[pa.RecordBatch]:
+    """The records of ``ranges`` as (partition, offset, key, value) batches."""
+    names = RAW_ARROW.names[:4]
+    for p, lo, hi in ranges:
+        for batch in reader.read_range(p, lo, hi):
+            if batch.num_rows:
+                yield pa.RecordBatch.from_arrays(raw_columns(batch), names=names)
 
 
 def records_batch(
