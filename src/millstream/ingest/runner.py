@@ -351,6 +351,7 @@ class DatastreamRunner:
         def _loop() -> None:
             while not done.wait(1.0):
                 sealer.seal_due()
+            sealer.checkpoint(force=True)  # a restart loads the key index instead of rebuilding
 
         threading.Thread(target=_loop, name=f"sealer-{self.spec.name}", daemon=True).start()
         return done
