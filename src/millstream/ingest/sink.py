@@ -30,7 +30,7 @@ from millstream import faults
 from millstream.config import Settings
 from millstream.datastream import dead_letter_spec
 from millstream.errors import CommitStateUnknownError, MillstreamError
-from millstream.ingest.decode import RAW_SCHEMA, dead_letter_rows, decode_records
+from millstream.ingest.decode import RAW_SCHEMA, Decoded, dead_letter_rows, decode_records
 from millstream.ingest.sources.base import (
     SELF_READ,
     PartitionedStreamReader,
@@ -84,6 +84,15 @@ def _ranges(raw: pa.Table) -> dict[int, tuple[int, int]]:
     }
 
 
+#: Records decoded at a time by a write task.
+DECODE_ROWS = 32_768
+
+
+def _slices(table: pa.Table) -> Iterator[pa.Table]:
+    for i in range(0, table.num_rows, DECODE_ROWS):
+        yield table.slice(i, DECODE_ROWS)
+
+
 class SegmentSink(DataSourceStreamArrowWriter):
     """Options: settings (``home``, ``metadataUrl``, ``deepStore``), ``table``, ``tableSpec``
     (JSON), ``epochs`` / ``deadLetterEpochs`` (JSON ``{partition: epoch}``), ``writerId``,
@@ -119,16 +128,19 @@ class SegmentSink(DataSourceStreamArrowWriter):
             )
         return reader_for(self.source_format, self.source_options)
 
-    def _records(self, raw: pa.Table) -> pa.Table:
-        """The task's records: those that came through Spark plus those of the ranges the
-        source left for the sink to read (markers valued :data:`SELF_READ`)."""
+    def _record_pieces(self, raw: pa.Table) -> Iterator[pa.Table]:
+        """The task's records, in pieces of at most :data:`DECODE_ROWS`: those that came
+        through Spark, then those of the ranges the source left for the sink to read (markers
+        valued :data:`SELF_READ`), read one chunk at a time."""
         names = RAW_SCHEMA.names[:4]
         is_marker = raw.column("is_marker")
         records = raw.filter(pc.invert(is_marker)).select(names)
+        if records.num_rows:
+            yield from _slices(records)
         markers = raw.filter(is_marker)
         self_read = markers.filter(pc.equal(markers.column("value"), pa.scalar(SELF_READ)))
         if self_read.num_rows == 0:
-            return records
+            return
         ranges = sorted(
             zip(
                 self_read.column("partition").to_pylist(),
@@ -137,9 +149,21 @@ class SegmentSink(DataSourceStreamArrowWriter):
                 strict=True,
             )
         )
-        batches = list(read_records(self._source_reader(), ranges))
-        read = pa.Table.from_batches(batches, schema=records.schema)
-        return read if records.num_rows == 0 else pa.concat_tables([records, read])
+        for batch in read_records(self._source_reader(), ranges):
+            yield from _slices(pa.Table.from_batches([batch], schema=records.schema))
+
+    def _decode(self, raw: pa.Table) -> Decoded:
+        """Decode the task's records piece by piece: a small working set that the allocator
+        reuses, instead of fresh memory for the whole task (which costs kernel time)."""
+        rows: list[pa.Table] = []
+        dead: list[tuple[int, int, bytes | None, bytes | None, str]] = []
+        for piece in self._record_pieces(raw):
+            d = decode_records(self.spec, piece)
+            rows.append(d.rows)
+            dead.extend(d.dead)
+        if not rows:
+            return decode_records(self.spec, raw.select(RAW_SCHEMA.names[:4]).slice(0, 0))
+        return Decoded(pa.concat_tables(rows) if len(rows) > 1 else rows[0], dead)
 
     def _deep(self) -> DeepStore:
         return DeepStore.from_uri(self.settings.deep_store, s3_endpoint=self.settings.s3_endpoint)
@@ -154,8 +178,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
         )
         raw = pa.Table.from_batches(list(iterator), schema=RAW_SCHEMA)
         ranges = _ranges(raw)
-        records = self._records(raw)
-        decoded = decode_records(self.spec, records)
+        decoded = self._decode(raw)
         if decoded.dead and self.bad_records == "fail":
             p, o, _, _, err = min(decoded.dead, key=lambda d: (d[0], d[1]))
             raise BadRecordError(self.spec.name, p, o, err)

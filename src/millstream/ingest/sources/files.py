@@ -20,7 +20,7 @@ from millstream.errors import InvalidSpecError, MillstreamError
 from millstream.ingest.sources.base import RAW_DDL, PartitionedStreamReader
 from millstream.options import Options
 
-CHUNK = 65536
+CHUNK = 32768
 _INDEX_CACHE = 512  # files whose line index a process keeps
 
 #: (path, size, mtime_ns) -> line bounds: line i is bytes [bounds[i], bounds[i + 1] - 1), the
