@@ -164,6 +164,8 @@ def _cast_column(
 
 def _cast_strings(arr: pa.Array, target: pa.DataType) -> pa.Array:
     if pa.types.is_timestamp(target):
+        if pc.all(pc.ends_with(arr, "Z")).as_py() is not False:
+            return arr.cast(target)  # all UTC already: no regex pass needed
         # ISO-8601 with "Z" or an offset; a string without a zone is taken as UTC.
         zoned = pc.match_substring_regex(arr, r"(Z|[+-]\d\d:?\d\d)$")
         arr = pc.if_else(zoned, arr, pc.binary_join_element_wise(arr, "Z", ""))
