@@ -296,7 +296,14 @@ class SegmentSink(DataSourceStreamArrowWriter):
         store = MetadataStore(self.settings.metadata_url)
         try:
             catalog = Catalog(self.settings, store, self._deep())
-            Sealer(catalog, self.spec.name, thresholds=Thresholds(**self.seal_inline)).seal_due()
+            # A fresh sealer per commit, possibly in a fresh process: checkpoint the key index
+            # after every seal so the next one loads it instead of rebuilding it.
+            Sealer(
+                catalog,
+                self.spec.name,
+                thresholds=Thresholds(**self.seal_inline),
+                checkpoint_seconds=0.0,
+            ).seal_due()
         finally:
             store.dispose()
 
