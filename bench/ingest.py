@@ -32,10 +32,11 @@ value) cannot be a JSON line, so it is written as a delete record
 Besides the figures, (a) is profiled: Spark's per-batch ``durationMs`` and the sink's
 ``commits.jsonl``; task times from Spark's event log (enabled through PYSPARK_SUBMIT_ARGS,
 so ``spark_session()`` runs unchanged; ``--no-event-log`` turns it off); CPU seconds per
-process kind from /proc; the same source into Spark's ``noop`` sink (the read path alone); a
-re-run with timed subclasses of the files source and the sink (input wait vs own work per
-task); a prototype doing each task's read + decode + stage in one Python worker (no JVM data
-hop); and an in-process replay of one batch through the same reader and sink code (read /
+process kind from /proc; the source emitting its records into Spark's ``noop`` sink (the data
+path before the sink read its own ranges, for comparison); a re-run with timed subclasses of
+the files source and the sink (marker wait, read + decode, Parquet staging per task); the same
+batches as plain ``mapPartitions`` jobs (read + decode + stage per task, no streaming query);
+and an in-process replay of one batch through the same reader and sink code (read /
 decode / Parquet stage / metadata commit timed separately, plus a cProfile of
 ``SegmentSink.write``).
 
