@@ -125,19 +125,79 @@ class Reflects:
         return cls(tuple(d["entries"]), tuple(d["delete_vectors"]))
 
 
-class KeyIndex:
-    """The live sealed rows of one partition, sorted by key hash (see the module docstring)."""
+class _Run:
+    """One sorted run of the index: rows sorted by key hash, and which of them are live."""
 
-    def __init__(self, spec: TableSpec, partition: int, data: pa.Table, reflects: Reflects):
+    __slots__ = ("data", "hashes", "live", "n_live")
+
+    def __init__(self, data: pa.Table, live: np.ndarray | None = None) -> None:
+        self.data = data.combine_chunks()
+        self.hashes = np.asarray(self.data.column(HASH_COL).to_numpy(), dtype=np.uint64)
+        self.live = np.ones(len(self.hashes), dtype=bool) if live is None else live
+        self.n_live = int(self.live.sum())
+
+    @classmethod
+    def of(cls, spec: TableSpec, rows: pa.Table) -> _Run:
+        rows = rows.select(KeyIndex.columns(spec))
+        h = key_hashes(rows, spec.primary_key)
+        order = np.argsort(h, kind="stable")
+        return cls(rows.take(pa.array(order)).append_column(HASH_COL, pa.array(h[order])))
+
+    def live_data(self) -> pa.Table:
+        if self.n_live == len(self.live):
+            return self.data
+        return self.data.filter(pa.array(self.live))
+
+
+def _merge(a: _Run, b: _Run) -> _Run:
+    """The live rows of two runs as one sorted run: a merge of two sorted sequences."""
+    old, new = a.live_data(), b.live_data()
+    h_old = a.hashes[a.live] if a.n_live < len(a.live) else a.hashes
+    h_new = b.hashes[b.live] if b.n_live < len(b.live) else b.hashes
+    n, m = len(h_old), len(h_new)
+    pos_new = np.searchsorted(h_old, h_new, side="right") + np.arange(m)
+    perm = np.empty(n + m, dtype=np.int64)
+    is_new = np.zeros(n + m, dtype=bool)
+    is_new[pos_new] = True
+    perm[pos_new] = n + np.arange(m)
+    perm[~is_new] = np.arange(n)
+    # One contiguous chunk first: ``take`` on a chunked column resolves the chunk of every
+    # index, which costs several times the copy.
+    both = pa.concat_tables([old, new.cast(old.schema)]).combine_chunks()
+    return _Run(both.take(pa.array(perm)))
+
+
+class KeyIndex:
+    """The live sealed rows of one partition by key hash (see the module docstring).
+
+    Stored as a few sorted runs, like an LSM tree: a seal marks the rows it supersedes dead in
+    place and adds its rows as a new run; runs are merged (dropping dead rows) only while the
+    newest run holds at least half as many live rows as the one before it. So there are
+    ``O(log n)`` runs and a seal costs ``O(run x log table)`` amortized, never a copy of the
+    whole index. A position is global: the run's base (the sizes of the runs before it) plus
+    the row's place in the run.
+    """
+
+    def __init__(
+        self, spec: TableSpec, partition: int, runs: list[_Run], reflects: Reflects
+    ) -> None:
         self.spec = spec
         self.partition = partition
-        self.data = data
-        self.hashes = data.column(HASH_COL).to_numpy()
+        self.runs = [r for r in runs if len(r.live)]
         self.reflects = reflects
+        self._bases = np.cumsum([0] + [len(r.live) for r in self.runs])
 
     @property
     def num_rows(self) -> int:
-        return int(self.data.num_rows)
+        """Live rows."""
+        return sum(r.n_live for r in self.runs)
+
+    @property
+    def data(self) -> pa.Table:
+        """Every live row (key columns, offset, comparison value, hash), run by run."""
+        if not self.runs:
+            return _Run.of(self.spec, _empty(self.spec)).data
+        return pa.concat_tables([r.live_data() for r in self.runs])
 
     # -- construction ----------------------------------------------------------------------
 
@@ -153,11 +213,7 @@ class KeyIndex:
         cls, spec: TableSpec, partition: int, rows: pa.Table, reflects: Reflects
     ) -> KeyIndex:
         """An index of ``rows`` (which have at least :meth:`columns`)."""
-        rows = rows.select(cls.columns(spec))
-        h = key_hashes(rows, spec.primary_key)
-        order = np.argsort(h, kind="stable")
-        data = rows.take(pa.array(order)).append_column(HASH_COL, pa.array(h[order]))
-        return cls(spec, partition, data, reflects)
+        return cls(spec, partition, [_Run.of(spec, rows)], reflects)
 
     @classmethod
     def build(
@@ -179,12 +235,7 @@ class KeyIndex:
         ]
         cols = [*cls.columns(spec), PARTITION_COL]
         parts = [_read_keys(deep, spec, e, cols) for e in sealed]
-        schema = spec.arrow_schema(system_columns=True)
-        rows = (
-            pa.concat_tables(parts)
-            if parts
-            else pa.schema([schema.field(c) for c in cols]).empty_table()
-        )
+        rows = pa.concat_tables(parts) if parts else _empty(spec)
         dvs = [d for d in manifest.delete_vectors if d.partition == partition]
         if dvs:
             rows = drop_deleted(rows, read_delete_vectors(deep, dvs))
@@ -193,91 +244,119 @@ class KeyIndex:
     # -- lookups ---------------------------------------------------------------------------
 
     def matches(self, rows: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-        """Pairs (row position in ``rows``, index position) whose keys are equal."""
+        """Pairs (row position in ``rows``, live index position) whose keys are equal."""
+        empty = np.zeros(0, dtype=np.int64)
         if not self.num_rows or not rows.num_rows:
-            empty = np.zeros(0, dtype=np.int64)
             return empty, empty
         h = key_hashes(rows, self.spec.primary_key)
         # Searching in key-hash order turns the binary searches' random reads of the (large)
         # index into one forward sweep: numpy narrows each search with the previous result.
         order = np.argsort(h, kind="stable")
         sorted_h = h[order]
-        lo = np.empty_like(order)
-        hi = np.empty_like(order)
-        lo[order] = np.searchsorted(self.hashes, sorted_h, side="left")
-        hi[order] = np.searchsorted(self.hashes, sorted_h, side="right")
-        counts = hi - lo
-        total = int(counts.sum())
-        if total == 0:
-            empty = np.zeros(0, dtype=np.int64)
+        found_new, found_idx = [], []
+        for base, run in zip(self._bases, self.runs, strict=False):
+            lo = np.searchsorted(run.hashes, sorted_h, side="left")
+            hi = np.searchsorted(run.hashes, sorted_h, side="right")
+            counts = hi - lo
+            total = int(counts.sum())
+            if total == 0:
+                continue
+            first = np.cumsum(counts) - counts
+            pos = np.repeat(lo, counts) + (np.arange(total) - np.repeat(first, counts))
+            new = order[np.repeat(np.arange(len(order)), counts)]
+            alive = run.live[pos]
+            pos, new = pos[alive], new[alive]
+            if not len(pos):
+                continue
+            same = np.ones(len(pos), dtype=bool)
+            take_new, take_old = pa.array(new), pa.array(pos)
+            for k in self.spec.primary_key:
+                same &= _same(rows.column(k).take(take_new), run.data.column(k).take(take_old))
+            found_new.append(new[same])
+            found_idx.append(pos[same] + base)
+        if not found_new:
             return empty, empty
-        new_pos = np.repeat(np.arange(rows.num_rows, dtype=np.int64), counts)
-        first = np.cumsum(counts) - counts
-        idx_pos = np.repeat(lo, counts) + (np.arange(total) - np.repeat(first, counts))
-        same = np.ones(total, dtype=bool)
-        take_new, take_old = pa.array(new_pos), pa.array(idx_pos)
-        for k in self.spec.primary_key:
-            same &= _same(rows.column(k).take(take_new), self.data.column(k).take(take_old))
-        return new_pos[same], idx_pos[same]
+        return np.concatenate(found_new), np.concatenate(found_idx)
+
+    def _column(self, name: str, positions: np.ndarray) -> pa.Array:
+        """Column ``name`` of the rows at global ``positions``, in that order."""
+        run_of = np.searchsorted(self._bases, positions, side="right") - 1
+        pieces, where = [], []
+        for i, run in enumerate(self.runs):
+            sel = np.flatnonzero(run_of == i)
+            if len(sel):
+                local = pa.array(positions[sel] - self._bases[i])
+                pieces.append(run.data.column(name).take(local).combine_chunks())
+                where.append(sel)
+        if not pieces:
+            return pa.array([], self.data.schema.field(name).type)
+        values = pa.concat_arrays(pieces)
+        order = np.concatenate(where)  # values[j] belongs at output position order[j]
+        inverse = np.empty(len(order), dtype=np.int64)
+        inverse[order] = np.arange(len(order))
+        return values.take(pa.array(inverse))
 
     def superseded(self, rows: pa.Table) -> np.ndarray:
         """Index positions of the sealed rows that ``rows`` (a compacted run of this partition,
         newer than every indexed row) supersede, per the rules in the module docstring."""
         spec = self.spec
         new_pos, idx_pos = self.matches(rows)
+        total = int(self._bases[-1])
         if not len(new_pos):
             return idx_pos
         if spec.mode == "upsert":
             cmp = spec.comparison_column
             if cmp is None:
-                return _distinct(idx_pos, self.num_rows)
+                return _distinct(idx_pos, total)
             later = _orders_after(
                 rows.column(cmp).take(pa.array(new_pos)),
                 rows.column(OFFSET_COL).take(pa.array(new_pos)),
-                self.data.column(cmp).take(pa.array(idx_pos)),
-                self.data.column(OFFSET_COL).take(pa.array(idx_pos)),
+                self._column(cmp, idx_pos),
+                self._column(OFFSET_COL, idx_pos),
             )
-            return _distinct(idx_pos[later], self.num_rows)
+            return _distinct(idx_pos[later], total)
         is_del = pc.fill_null(rows.column(TOMBSTONE_COL), False)
         if spec.delete_column is not None:
             is_del = pc.or_(is_del, pc.fill_null(rows.column(spec.delete_column), False))
         deletes = np.asarray(is_del.to_numpy(zero_copy_only=False), dtype=bool)
-        return _distinct(idx_pos[deletes[new_pos]], self.num_rows)
+        return _distinct(idx_pos[deletes[new_pos]], total)
 
     def offsets(self, positions: np.ndarray) -> pa.Array:
-        return self.data.column(OFFSET_COL).take(pa.array(positions)).combine_chunks()
+        return self._column(OFFSET_COL, positions)
 
     # -- update ----------------------------------------------------------------------------
 
     def updated(self, dropped: np.ndarray, rows: pa.Table, reflects: Reflects) -> KeyIndex:
-        """The index after a seal: without ``dropped`` positions, with ``rows`` added. One pass
-        over the index (a merge of two sorted sequences), no sort of the whole."""
-        keep = np.ones(self.num_rows, dtype=bool)
-        keep[dropped] = False
-        old = self.data.filter(pa.array(keep)) if len(dropped) else self.data
-        h_old = self.hashes[keep] if len(dropped) else self.hashes
-        new = KeyIndex.from_rows(self.spec, self.partition, rows, reflects)
-        h_new = new.hashes
-        n, m = len(h_old), len(h_new)
-        pos_new = np.searchsorted(h_old, h_new, side="right") + np.arange(m)
-        perm = np.empty(n + m, dtype=np.int64)
-        is_new = np.zeros(n + m, dtype=bool)
-        is_new[pos_new] = True
-        perm[pos_new] = n + np.arange(m)
-        perm[~is_new] = np.arange(n)
-        # One contiguous chunk first: ``take`` on a chunked column resolves the chunk of every
-        # index, which costs several times the copy.
-        both = pa.concat_tables([old, new.data.cast(old.schema)]).combine_chunks()
-        return KeyIndex(self.spec, self.partition, both.take(pa.array(perm)), reflects)
+        """The index after a seal: ``dropped`` positions dead, ``rows`` added as a new run,
+        runs merged while the newest holds at least half the live rows of the one before.
+        Only call it once the seal is swapped: it changes this index in place."""
+        for i, run in enumerate(self.runs):
+            lo, hi = self._bases[i], self._bases[i + 1]
+            mine = dropped[(dropped >= lo) & (dropped < hi)] - lo
+            if len(mine):
+                run.live[mine] = False
+                run.n_live = int(run.live.sum())
+        runs = [r for r in self.runs if r.n_live]
+        runs.append(_Run.of(self.spec, rows))
+        while len(runs) >= 2 and runs[-2].n_live <= 2 * runs[-1].n_live:
+            b = runs.pop()
+            runs[-1] = _merge(runs[-1], b)
+        return KeyIndex(self.spec, self.partition, runs, reflects)
 
     # -- checkpoint ------------------------------------------------------------------------
 
     def save(self, path: Path) -> None:
-        """Write the checkpoint atomically (a temporary file renamed into place)."""
+        """Write the checkpoint (the live rows, one sorted run) atomically: a temporary file
+        renamed into place."""
         path.parent.mkdir(parents=True, exist_ok=True)
+        runs = list(self.runs)
+        while len(runs) >= 2:
+            b = runs.pop()
+            runs[-1] = _merge(runs[-1], b)
+        data = runs[0].live_data() if runs else self.data
         meta = {b"millstream.reflects": self.reflects.to_json().encode()}
         tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
-        data = self.data.replace_schema_metadata(meta)
+        data = data.replace_schema_metadata(meta)
         with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, data.schema) as writer:
             writer.write_table(data)
         os.replace(tmp, path)
@@ -294,7 +373,15 @@ class KeyIndex:
         raw = meta.get(b"millstream.reflects")
         if raw is None or data.column_names != [*cls.columns(spec), HASH_COL]:
             return None
-        return cls(spec, partition, data.replace_schema_metadata(None), Reflects.from_json(raw))
+        run = _Run(data.replace_schema_metadata(None))
+        return cls(spec, partition, [run], Reflects.from_json(raw))
+
+
+def _empty(spec: TableSpec) -> pa.Table:
+    schema = spec.arrow_schema(system_columns=True)
+    return pa.schema(
+        [schema.field(c) for c in [*KeyIndex.columns(spec), PARTITION_COL]]
+    ).empty_table()
 
 
 def _distinct(positions: np.ndarray, n: int) -> np.ndarray:
