@@ -1,11 +1,13 @@
 """Pauseless sealing, measured (seed 003, Pinot pauseless consumption).
 
-    .venv/bin/python bench/pauseless.py [--seconds 40] [--rate 4000] [--quick]
+    .venv/bin/python bench/pauseless.py [--seconds 60] [--warmup 10] [--rate 4000] [--quick] [--skip seal|freshness] [--json PATH]
 
 1. The same steady Kafka input is ingested twice, with ``pauseless: true`` and ``false``, with a
-   small ``flush_rows`` so seals happen every few seconds. A sampler notes (ack time, partition,
-   offset) of produced records and the first time the shard upper passes them: produce-to-
-   visible freshness. A sample is "during a seal" when a seal committed while it waited.
+   small ``flush_rows`` so seals happen every few seconds. Every 50th record's ack time is
+   noted; a sampler thread checks every 20 ms, while the producer runs, which noted records
+   the shard upper has passed (produce-ack-to-visible freshness) and whether a seal is in
+   progress (a segment COMMITTING). A sample is "during a seal" when a seal was in progress
+   (or committed) while it waited.
    Target: with pauseless, p99 during seals <= 1.2x p99 between seals.
 2. Seal time of a fixed 200k-row run with 1M and with 10M rows already sealed in the table.
    Target ratio <= 1.5 (a seal reads only its own run; it never rewrites older segments).
@@ -35,7 +37,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def freshness_run(
-    spark: Any, root: Path, *, pauseless: bool, seconds: float, rate: int
+    spark: Any, root: Path, *, pauseless: bool, seconds: float, rate: int, warmup: float = 10.0
 ) -> dict[str, Any]:
     from confluent_kafka import Producer
     from sqlalchemy import select
@@ -94,18 +96,57 @@ def freshness_run(
         producer = Producer(
             {"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "log.connection.close": False}
         )
-        samples: list[tuple[float, int, int]] = []
+        pending: list[tuple[float, int, int]] = []  # (ack time, partition, offset)
+        visible: list[tuple[float, float]] = []  # (ack time, latency)
+        sealing: list[float] = []  # sampler ticks at which some segment was COMMITTING
         lock = threading.Lock()
+        done_producing = threading.Event()
 
         def acked(err: Any, msg: Any) -> None:
             if err is None and msg.offset() % 50 == 0:
                 with lock:
-                    samples.append((time.time(), msg.partition(), msg.offset()))
+                    pending.append((time.time(), msg.partition(), msg.offset()))
 
+        e = s.entries
+        committing_q = select(e.c.id).where(
+            e.c.table_name == spec.table_name,
+            e.c.removed_version.is_(None),
+            e.c.state == "COMMITTING",
+        )
+
+        def sampler() -> None:
+            """Every 20 ms: which acked samples are visible now (shard upper past them), and
+            whether a seal is in progress (a segment COMMITTING)."""
+            deadline = None
+            while True:
+                uppers = {sh.partition: sh.upper for sh in cat.store.list_shards(spec.table_name)}
+                with cat.store.read() as conn:
+                    busy = conn.execute(committing_q).first() is not None
+                now = time.time()
+                if busy:
+                    sealing.append(now)
+                with lock:
+                    still = []
+                    for ack, p, o in pending:
+                        if uppers.get(p, -1) > o:
+                            visible.append((ack, now - ack))
+                        else:
+                            still.append((ack, p, o))
+                    pending[:] = still
+                    left = len(pending)
+                if done_producing.is_set():
+                    deadline = deadline or now + 120
+                    if not left or now > deadline:
+                        return
+                time.sleep(0.02)
+
+        watcher = threading.Thread(target=sampler, daemon=True)
+        watcher.start()
         gens = {p: generate(cfg, p, 0, 10**9) for p in range(PARTITIONS)}
         tick = 0.05
         per_tick = max(1, int(rate * tick / PARTITIONS))
-        end = time.time() + seconds
+        measured_from = time.time() + warmup
+        end = measured_from + seconds
         while time.time() < end:
             t0 = time.time()
             for p in range(PARTITIONS):
@@ -120,23 +161,10 @@ def freshness_run(
             _, key, value = next(gens[p])
             producer.produce("orders", value=value, key=key, partition=p, on_delivery=acked)
             producer.flush()
-
-        pending = sorted(samples)
-        visible: list[tuple[float, float]] = []  # (ack time, latency)
-        deadline = time.time() + 120
-        while pending and time.time() < deadline:
-            uppers = {sh.partition: sh.upper for sh in cat.store.list_shards(spec.table_name)}
-            now = time.time()
-            still = []
-            for ack, p, o in pending:
-                if uppers.get(p, -1) > o:
-                    visible.append((ack, now - ack))
-                else:
-                    still.append((ack, p, o))
-            pending = still
-            if errors:
-                raise errors[0]
-            time.sleep(0.02)
+        done_producing.set()
+        watcher.join(150)
+        if errors:
+            raise errors[0]
         with cat.store.read() as conn:
             seals = [
                 r[0]
@@ -147,12 +175,24 @@ def freshness_run(
                     )
                 )
             ]
-        during = [lat for ack, lat in visible if any(ack <= c <= ack + lat for c in seals)]
-        between = [lat for ack, lat in visible if not any(ack <= c <= ack + lat for c in seals)]
+        busy_ticks = np.array(sorted(sealing + seals))
+
+        def during_seal(ack: float, lat: float) -> bool:
+            """A seal was building, uploading or swapping while the sample waited."""
+            i = np.searchsorted(busy_ticks, ack)
+            return bool(i < len(busy_ticks) and busy_ticks[i] <= ack + lat)
+
+        # The first seconds at full rate warm up the query (the first batches of a new query,
+        # Python worker start); only samples acked after them are measured.
+        visible = [(ack, lat) for ack, lat in visible if ack >= measured_from]
+        during = [lat for ack, lat in visible if during_seal(ack, lat)]
+        between = [lat for ack, lat in visible if not during_seal(ack, lat)]
         return {
             "mode": tag,
             "samples": len(visible),
             "unresolved": len(pending),
+            "sealing_ticks": len(sealing),
+            "raw": {"visible": visible, "seals": sorted(seals), "sealing": sealing},
             "seals": len(seals),
             "during_p50": pct(during, 0.5),
             "during_p99": pct(during, 0.99),
@@ -272,10 +312,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--seconds", type=float, default=40)
+    ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--rate", type=int, default=4000)
     ap.add_argument("--quick", action="store_true", help="20 s runs, 1M vs 3M rows")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: seal, freshness")
+    ap.add_argument(
+        "--warmup", type=float, default=10.0, help="seconds at full rate before measuring"
+    )
+    ap.add_argument("--json", help="write every sample (ack time, latency) and seal time here")
     args = ap.parse_args()
     seconds = 20 if args.quick else args.seconds
     big = 3_000_000 if args.quick else 10_000_000
@@ -309,7 +353,9 @@ def main() -> None:
 
             spark = spark_session()
             rows = [
-                freshness_run(spark, root, pauseless=p, seconds=seconds, rate=args.rate)
+                freshness_run(
+                    spark, root, pauseless=p, seconds=seconds, rate=args.rate, warmup=args.warmup
+                )
                 for p in (True, False)
             ]
             spark.stop()
@@ -324,6 +370,10 @@ def main() -> None:
             f"{r['mode']:<10} {r['seals']:>5} {r['samples']:>7} {r['during_p50']:>10.3f} "
             f"{r['during_p99']:>10.3f} {r['between_p50']:>11.3f} {r['between_p99']:>11.3f} {ratio:>9.2f}"
         )
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps(rows))
     if rows:
         print(
             f"load at end {os.getloadavg()[0]:.2f}; samples: during/between "
