@@ -327,9 +327,9 @@ class KeyIndex:
     # -- update ----------------------------------------------------------------------------
 
     def updated(self, dropped: np.ndarray, rows: pa.Table, reflects: Reflects) -> KeyIndex:
-        """The index after a seal: ``dropped`` positions dead, ``rows`` added as a new run,
-        runs merged while the newest holds at least half the live rows of the one before.
-        Only call it once the seal is swapped: it changes this index in place."""
+        """The index after a seal: ``dropped`` positions dead, ``rows`` added as a new run.
+        ``O(run)``: runs are merged later, by :meth:`compacted`. Only call it once the seal is
+        swapped: it changes this index in place."""
         for i, run in enumerate(self.runs):
             lo, hi = self._bases[i], self._bases[i + 1]
             mine = dropped[(dropped >= lo) & (dropped < hi)] - lo
@@ -338,10 +338,20 @@ class KeyIndex:
                 run.n_live = int(run.live.sum())
         runs = [r for r in self.runs if r.n_live]
         runs.append(_Run.of(self.spec, rows))
+        return KeyIndex(self.spec, self.partition, runs, reflects)
+
+    def compacted(self) -> KeyIndex:
+        """The same rows with runs merged (dropping dead rows) while the newest run holds at
+        least half as many live rows as the one before it: ``O(log n)`` runs, each row merged
+        ``O(log n)`` times over its life. The sealer calls it after a seal's swap, off the
+        seal's critical path."""
+        runs = list(self.runs)
         while len(runs) >= 2 and runs[-2].n_live <= 2 * runs[-1].n_live:
             b = runs.pop()
             runs[-1] = _merge(runs[-1], b)
-        return KeyIndex(self.spec, self.partition, runs, reflects)
+        if len(runs) == len(self.runs):
+            return self
+        return KeyIndex(self.spec, self.partition, runs, self.reflects)
 
     # -- checkpoint ------------------------------------------------------------------------
 

@@ -140,6 +140,8 @@ class Sealer:
         self._checkpointed: dict[int, float] = {}
         #: Key indexes this sealer had to rebuild by reading sealed segments.
         self.index_rebuilds = 0
+        #: Seconds of key-index maintenance (run merges) after each seal.
+        self.index_seconds: list[float] = []
 
     # -- key index -------------------------------------------------------------------------
 
@@ -328,6 +330,14 @@ class Sealer:
             seconds,
             len(dropped),
         )
+        if index is not None:
+            # Index maintenance (merging its sorted runs) is off the seal's critical path: the
+            # seal is swapped and visible already.
+            t0 = time.monotonic()
+            current = CACHE.get(self._where, self.table, partition)
+            if current is not None:
+                CACHE.put(self._where, self.table, current.compacted())
+            self.index_seconds.append(time.monotonic() - t0)
         self.checkpoint()
         try:
             self.faults.check("after_swap", partition)
