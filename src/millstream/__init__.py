@@ -1,19 +1,40 @@
-"""Millstream: reliable nearline ingestion on Apache Spark."""
+"""Millstream: reliable nearline ingestion on Apache Spark.
+
+``Catalog``, ``MillstreamError``, ``TableSpec`` and ``read_table`` are imported on first use
+(PEP 562): Spark starts a fresh Python process for every streaming query's source runner, and
+importing SQLAlchemy and pydantic there for nothing cost about 0.45 s per query start.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
-from millstream.catalog import Catalog
-from millstream.errors import MillstreamError
-from millstream.spec import TableSpec
+if TYPE_CHECKING:
+    from millstream.catalog import Catalog
+    from millstream.errors import MillstreamError
+    from millstream.spec import TableSpec
 
 __all__ = ["Catalog", "MillstreamError", "TableSpec", "read_table"]
 __version__ = "0.1.0"
+
+_LAZY = {
+    "Catalog": "millstream.catalog",
+    "MillstreamError": "millstream.errors",
+    "TableSpec": "millstream.spec",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'millstream' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 def read_table(
@@ -32,12 +53,13 @@ def read_table(
       ``millstream`` data source (registered on the session if needed).
     """
     if isinstance(table_or_spark, str):
+        from millstream.catalog import Catalog
+
         name = table_or_spark
         if catalog is not None:
             return catalog.read_table(name, as_of=as_of)
         with Catalog.open(home=home) as cat:
-            result: pa.Table = cat.read_table(name, as_of=as_of)
-            return result
+            return cat.read_table(name, as_of=as_of)
     from millstream.table.spark_source import read_dataframe
 
     if table is None:
