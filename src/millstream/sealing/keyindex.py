@@ -355,7 +355,7 @@ class KeyIndex:
 
     # -- checkpoint ------------------------------------------------------------------------
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path, *, owner: str) -> None:
         """Write the checkpoint (the live rows, one sorted run) atomically: a temporary file
         renamed into place."""
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -364,7 +364,10 @@ class KeyIndex:
             b = runs.pop()
             runs[-1] = _merge(runs[-1], b)
         data = runs[0].live_data() if runs else self.data
-        meta = {b"millstream.reflects": self.reflects.to_json().encode()}
+        meta = {
+            b"millstream.reflects": self.reflects.to_json().encode(),
+            b"millstream.owner": owner.encode(),
+        }
         tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
         data = data.replace_schema_metadata(meta)
         with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, data.schema) as writer:
@@ -372,8 +375,10 @@ class KeyIndex:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, spec: TableSpec, partition: int, path: Path) -> KeyIndex | None:
-        """The checkpoint at ``path``, or None if there is none or it cannot be read."""
+    def load(cls, spec: TableSpec, partition: int, path: Path, *, owner: str) -> KeyIndex | None:
+        """The checkpoint at ``path``, or None if there is none, it cannot be read, or it was
+        written for another ``owner`` (deployment and table incarnation: entry ids restart at 1
+        in a new metadata store, so ids alone cannot tell two tables apart)."""
         try:
             with pa.memory_map(str(path), "r") as source:
                 data = ipc.open_file(source).read_all()
@@ -382,6 +387,8 @@ class KeyIndex:
         meta = data.schema.metadata or {}
         raw = meta.get(b"millstream.reflects")
         if raw is None or data.column_names != [*cls.columns(spec), HASH_COL]:
+            return None
+        if meta.get(b"millstream.owner") != owner.encode():
             return None
         run = _Run(data.replace_schema_metadata(None))
         return cls(spec, partition, [run], Reflects.from_json(raw))

@@ -138,6 +138,7 @@ class Sealer:
         self.checkpoint_seconds = checkpoint_seconds
         self._where = f"{catalog.settings.metadata_url}|{catalog.settings.deep_store}"
         self._checkpointed: dict[int, float] = {}
+        self._owner: str | None = None  # set from the manifest when an index is used
         #: Key indexes this sealer had to rebuild by reading sealed segments.
         self.index_rebuilds = 0
         #: Seconds of key-index maintenance (run merges) after each seal.
@@ -157,10 +158,12 @@ class Sealer:
         if not indexed(spec):
             return None
         want = Reflects.of(manifest, partition)
+        # Whose index a checkpoint holds: this deployment's table, created at that time.
+        self._owner = f"{self._where}|{spec.name}|{manifest.table.created_at!r}"
         index = CACHE.get(self._where, self.table, partition)
         if index is not None and index.reflects == want and index.spec == spec:
             return index
-        index = KeyIndex.load(spec, partition, self.checkpoint_path(partition))
+        index = KeyIndex.load(spec, partition, self.checkpoint_path(partition), owner=self._owner)
         if index is None or index.reflects != want:
             if not want.entries:  # nothing sealed yet: an empty index, nothing to read
                 index = KeyIndex.build(spec, partition, self.catalog.deep, manifest)
@@ -185,12 +188,12 @@ class Sealer:
         for partition in self.partitions():
             index = CACHE.get(self._where, self.table, partition)
             last = self._checkpointed.get(partition)
-            if index is None or last is None:
+            if index is None or last is None or self._owner is None:
                 continue  # nothing sealed by this sealer since its last checkpoint
             if not force and time.monotonic() - last < self.checkpoint_seconds:
                 continue
             try:
-                index.save(self.checkpoint_path(partition))
+                index.save(self.checkpoint_path(partition), owner=self._owner)
             except OSError as exc:
                 log.warning("could not checkpoint the key index of %s: %s", self.table, exc)
                 continue

@@ -304,3 +304,35 @@ def test_a_failed_swap_leaves_no_delete_vector_file_and_the_retry_writes_it(
     assert result is not None and result.rows_deleted == 10
     assert len(feed.cat.manifest("t").delete_vectors) == 1
     assert feed.read() == feed.model()
+
+
+def test_a_checkpoint_of_an_earlier_table_with_the_same_ids_is_not_trusted(
+    tmp_path: Path,
+) -> None:
+    """Entry ids restart at 1 in a new metadata store: a checkpoint left in the same home by an
+    earlier table of the same name, whose ids match, must be rebuilt, not loaded (its rows
+    would name the wrong offsets in the new table's delete vectors)."""
+    import shutil
+
+    first = _setup(tmp_path / "run", "upsert", 8)
+    first.batch(0, 10, keys=list(range(10)))
+    sealer = Sealer(first.cat, "t", checkpoint_seconds=0.0)
+    assert sealer.seal_partition(0, force=True) is not None
+    checkpoint = sealer.checkpoint_path(0)
+    assert checkpoint.exists()
+    saved = checkpoint.read_bytes()
+    first.cat.close()
+    # A new deployment in the same home: same table name, same entry ids, other keys.
+    shutil.rmtree(tmp_path / "run")
+    second = _setup(tmp_path / "run", "upsert", 9)
+    second.batch(0, 10, keys=list(range(10, 20)))
+    s2 = Sealer(second.cat, "t", checkpoint_seconds=0.0)
+    assert s2.seal_partition(0, force=True) is not None
+    checkpoint.write_bytes(saved)  # the old checkpoint, reflecting the same ids
+    CACHE._indexes.clear()
+    second.batch(0, 10, keys=list(range(10, 20)))
+    s3 = Sealer(second.cat, "t")
+    result = s3.seal_partition(0, force=True)
+    assert result is not None and s3.index_rebuilds == 1, "the old checkpoint was rebuilt"
+    assert result.rows_deleted == 10
+    assert second.read() == second.model()
