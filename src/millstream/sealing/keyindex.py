@@ -53,8 +53,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from millstream.errors import SegmentUnavailableError
-from millstream.metastore.models import Entry, Manifest, SegmentState
+from millstream.metastore.models import Manifest, SegmentState
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
 from millstream.storage.deepstore import DeepStore
 
@@ -225,7 +224,7 @@ class KeyIndex:
     ) -> KeyIndex:
         """Rebuild from the partition's sealed segments minus its delete vectors (reads only
         the key, offset and comparison columns)."""
-        from millstream.table.read import drop_deleted, read_delete_vectors
+        from millstream.table.read import drop_deleted, read_delete_vectors, read_entries
 
         reflects = Reflects.of(manifest, partition)
         sealed = [
@@ -233,9 +232,7 @@ class KeyIndex:
             for e in manifest.entries
             if e.partition == partition and e.state is SegmentState.ONLINE
         ]
-        cols = [*cls.columns(spec), PARTITION_COL]
-        parts = [_read_keys(deep, spec, e, cols) for e in sealed]
-        rows = pa.concat_tables(parts) if parts else _empty(spec)
+        rows = read_entries(deep, spec, sealed, columns=cls.columns(spec))
         dvs = [d for d in manifest.delete_vectors if d.partition == partition]
         if dvs:
             rows = drop_deleted(rows, read_delete_vectors(deep, dvs))
@@ -425,24 +422,6 @@ def _orders_after(
         | (n_null & o_null & later_off),
         dtype=bool,
     )
-
-
-def _read_keys(deep: DeepStore, spec: TableSpec, entry: Entry, cols: list[str]) -> pa.Table:
-    assert entry.file_path is not None
-    schema = spec.arrow_schema(system_columns=True)
-    try:
-        data = deep.read_parquet(entry.file_path, columns=cols)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise SegmentUnavailableError(
-            spec.name, entry.name, entry.file_path, str(exc).splitlines()[0]
-        ) from exc
-    data = data.cast(pa.schema([schema.field(c) for c in cols]))
-    off = data.column(OFFSET_COL)
-    mask = pc.and_(
-        pc.equal(data.column(PARTITION_COL), entry.partition),
-        pc.and_(pc.greater_equal(off, entry.start), pc.less(off, entry.end)),
-    )
-    return data.filter(mask)
 
 
 class IndexCache:

@@ -42,21 +42,31 @@ def _valid_rows(data: pa.Table, entries: Iterable[Entry]) -> pa.Table:
     return data.filter(mask)
 
 
-def read_entries(deep: DeepStore, spec: TableSpec, entries: Iterable[Entry]) -> pa.Table:
+def read_entries(
+    deep: DeepStore,
+    spec: TableSpec,
+    entries: Iterable[Entry],
+    *,
+    columns: list[str] | None = None,
+) -> pa.Table:
     """The raw rows (with system columns) of ``entries``, before merging. Each data file is
-    read once even when it holds several partitions' segments."""
+    read once even when it holds several partitions' segments. ``columns`` reads only those
+    (the partition and offset columns are always read, to select the valid rows)."""
     by_file: dict[str, list[Entry]] = defaultdict(list)
     for e in entries:
         if e.file_path is not None:
             by_file[e.file_path].append(e)
     schema = spec.arrow_schema(system_columns=True)
+    if columns is not None:
+        wanted = {*columns, PARTITION_COL, OFFSET_COL}
+        schema = pa.schema([f for f in schema if f.name in wanted])
     if not by_file:
         return schema.empty_table()
 
     def load(item: tuple[str, list[Entry]]) -> pa.Table:
         path, file_entries = item
         try:
-            data = deep.read_parquet(path)
+            data = deep.read_parquet(path, columns=None if columns is None else schema.names)
         except (OSError, pa.ArrowInvalid) as exc:
             e = file_entries[0]
             raise SegmentUnavailableError(
