@@ -31,17 +31,15 @@ def debug_info(ctx: ApiContext, table: str) -> dict[str, Any]:
         for w in list_workers(ctx.catalog.store)
         if w.alive(now, ctx.worker_ttl) and w.info.get("sealing")
     }
-    deletes: dict[int, dict[str, int]] = {}
-    for dv in manifest.delete_vectors:
-        d = deletes.setdefault(dv.partition, {"partition": dv.partition, "vectors": 0, "rows": 0})
-        d["vectors"] += 1
-        d["rows"] += dv.row_count
     return {
         "table": table,
         "manifest_version": manifest.version,
         "committing_segments": committing,
         "segments_in_error": errors,
         "sealer_queue": [{"partition": p, "segments": n} for p, n in sorted(queue.items())],
-        "delete_vectors": [deletes[p] for p in sorted(deletes)],
+        "delete_vectors": [
+            {"partition": p, "vectors": n, "rows": rows}
+            for p, (n, rows) in sorted(manifest.delete_vector_totals().items())
+        ],
         "workers": reported,
     }

@@ -94,6 +94,14 @@ class Manifest:
     def row_count(self) -> int:
         return sum(e.row_count for e in self.entries)
 
+    def delete_vector_totals(self) -> dict[int, tuple[int, int]]:
+        """Per partition: (delete vectors, rows they mark superseded)."""
+        totals: dict[int, tuple[int, int]] = {}
+        for dv in self.delete_vectors:
+            n, rows = totals.get(dv.partition, (0, 0))
+            totals[dv.partition] = (n + 1, rows + dv.row_count)
+        return totals
+
 
 @dataclass(frozen=True, slots=True)
 class ShardAppend:

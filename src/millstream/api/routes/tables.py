@@ -34,10 +34,7 @@ def table_segments(ctx: Ctx, table: str) -> TableSegmentsOut:
     by_partition: dict[int, list[SegmentOut]] = {}
     for e in manifest.entries:
         by_partition.setdefault(e.partition, []).append(SegmentOut.of(e))
-    dvs: dict[int, tuple[int, int]] = {}
-    for dv in manifest.delete_vectors:
-        n, rows = dvs.get(dv.partition, (0, 0))
-        dvs[dv.partition] = (n + 1, rows + dv.row_count)
+    dvs = manifest.delete_vector_totals()
     deleted = sum(rows for _, rows in dvs.values())
     return TableSegmentsOut(
         table=table,
