@@ -317,7 +317,8 @@ class Sealer:
                 tuple(sorted((*index.reflects.entries, sealed.id))),
                 tuple(sorted(index.reflects.delete_vectors + (() if dv_id is None else (dv_id,)))),
             )
-            CACHE.put(self._where, self.table, index.updated(dropped, sealed_rows, reflects))
+            index = index.updated(dropped, sealed_rows, reflects)
+            CACHE.put(self._where, self.table, index)
             self._checkpointed.setdefault(partition, time.monotonic())
         self.failures.pop(partition, None)
         self.last_error.pop(partition, None)
@@ -337,9 +338,7 @@ class Sealer:
             # Index maintenance (merging its sorted runs) is off the seal's critical path: the
             # seal is swapped and visible already.
             t0 = time.monotonic()
-            current = CACHE.get(self._where, self.table, partition)
-            if current is not None:
-                CACHE.put(self._where, self.table, current.compacted())
+            CACHE.put(self._where, self.table, index.compacted())
             self.index_seconds.append(time.monotonic() - t0)
         self.checkpoint()
         try:
