@@ -5,6 +5,27 @@ after its lease lapsed), never on a renewal. A leader passes
 its token to every write it makes on the leader's behalf; :func:`check_fence` inside the same
 transaction refuses the write if the lease has moved on, so a leader that was paused past its
 TTL (GC, SIGSTOP, a network partition) cannot make an assignment after a successor took over.
+
+**Why the fence holds under concurrency.** Checking the token is not enough by itself: the
+check and the commit of the fenced write are two moments, and a leader may pause between them.
+The guarantee is an order: *every fenced write commits before the takeover that ends its
+token, or not at all.* Both backends get it from the lease row itself:
+
+* **PostgreSQL** (READ COMMITTED): :func:`check_fence` reads the lease row ``FOR UPDATE``, so
+  the fenced transaction holds the row lock until it commits or rolls back. A takeover (and a
+  renewal, and a release) is an ``UPDATE`` of that row, so it waits for the fenced write to
+  finish; the write therefore commits before the takeover. Conversely, a fence that finds a
+  takeover in flight waits for it, and then reads the row as committed by it (READ COMMITTED
+  re-reads a row locked ``FOR UPDATE`` after the lock is released), sees the new token and
+  refuses the write. With a plain ``SELECT`` neither waits: a leader paused after its check
+  commits assignments with its old token after the successor's takeover committed
+  (``tests/scenarios/test_lease_fence_on_postgres.py`` shows both).
+* **SQLite**: every write transaction starts with ``BEGIN IMMEDIATE``, so write transactions,
+  the fenced write and the takeover included, run one at a time and the ``FOR UPDATE`` (which
+  SQLite does not have, and SQLAlchemy omits) is not needed.
+
+The lock is held only for the fenced transaction (one short assignment write per controller
+tick); a successor therefore takes over at most that long after the TTL ran out.
 """
 
 from __future__ import annotations
@@ -36,8 +57,11 @@ class Lease:
         return self.holder == holder and self.expires_at > now
 
 
-def read_lease(conn: Connection, name: str) -> Lease | None:
-    r = conn.execute(select(s.leases).where(s.leases.c.name == name)).mappings().first()
+def read_lease(conn: Connection, name: str, *, lock: bool = False) -> Lease | None:
+    """The lease ``name``; with ``lock``, its row stays locked until the transaction ends (on
+    PostgreSQL; SQLite write transactions are serialized anyway)."""
+    q = select(s.leases).where(s.leases.c.name == name)
+    r = conn.execute(q.with_for_update() if lock else q).mappings().first()
     return (
         None
         if r is None
@@ -89,7 +113,10 @@ def release(store: MetadataStore, name: str, holder: str, clock: Clock) -> None:
 
 
 def check_fence(conn: Connection, name: str, holder: str, token: int, now: float) -> None:
-    cur = read_lease(conn, name)
+    """Refuse the write of ``conn``'s transaction unless ``holder`` still holds lease ``name``
+    with ``token`` at ``now``; otherwise lock the lease row until that transaction ends, so no
+    takeover can commit before the fenced write does (see the module docstring)."""
+    cur = read_lease(conn, name, lock=True)
     if cur is None or cur.holder != holder or cur.token != token or cur.expires_at <= now:
         raise LeaseLostError(
             f"lease {name!r} is no longer held by {holder!r} with token {token} "
