@@ -74,14 +74,31 @@ class MillstreamCollector:
                 "1 if consumption continues while segments seal.",
                 labels=["datastream"],
             ),
+            CounterMetricFamily(
+                "millstream_background_errors",
+                "Errors a worker's supervised background loop caught (logged with the table, "
+                "retried with backoff); table is empty for the loop itself. The loop's status "
+                "(last error, failures in a row, last success) is in /tables/{t}/debugInfo.",
+                labels=["loop", "table", "worker"],
+            ),
         )
 
     def collect(self) -> Iterator[Any]:
         ctx = self.ctx
         store = ctx.catalog.store
-        delay, lag, rows, conflicts, datastreams, alive, in_error, seal_lag, seal_s, pauseless = (
-            self._families()
-        )
+        (
+            delay,
+            lag,
+            rows,
+            conflicts,
+            datastreams,
+            alive,
+            in_error,
+            seal_lag,
+            seal_s,
+            pauseless,
+            background_errors,
+        ) = self._families()
         records = ctx.registry.list()
         live = [r for r in records if r.state not in _NO_TABLE]
         upstream = upstream_offsets([r.spec for r in live], ctx.upstream_timeout)
@@ -122,6 +139,10 @@ class MillstreamCollector:
             for ds, st in (w.info.get("sealing") or {}).items():
                 if st.get("last_seal_seconds") is not None:
                     seal_s.add_metric([ds, w.id], float(st["last_seal_seconds"]))
+            for loop in w.info.get("loops") or []:
+                background_errors.add_metric(
+                    [str(loop["loop"]), str(loop.get("table") or ""), w.id], int(loop["errors"])
+                )
         yield from (
             delay,
             lag,
@@ -133,6 +154,7 @@ class MillstreamCollector:
             seal_lag,
             seal_s,
             pauseless,
+            background_errors,
         )
 
 

@@ -106,9 +106,10 @@ def run(
                         last[0] = time.time()
                         s = view.snapshot()
                         lag = sum((v["lag"] or 0) for v in s["partitions"].values())
+                        sealing = r.sealing_summary(time.time())
                         err_console.print(
                             f"{s['rows_committed']} rows committed, {s['rows_per_second']:.0f} rows/s, "
-                            f"offset lag {lag}",
+                            f"offset lag {lag}" + (f"; {sealing}" if sealing else ""),
                             highlight=False,
                         )
 

@@ -41,6 +41,7 @@ class ProgressView:
             "batches": len(commits),
             "last_commit_age_s": None if last is None else round(time.time() - last, 1),
             "lost_races": sum(1 for c in commits if c.get("lost_race")),
+            "sealing": r.sealing_status(),
             "partitions": {
                 p: {
                     "upper": shards.get(p),
@@ -67,4 +68,5 @@ class ProgressView:
             t.add_column(c, justify="right")
         for p, v in s["partitions"].items():
             t.add_row(str(p), str(v["upper"]), str(v["latest"]), str(v["lag"]))
+        t.caption = self.runner.sealing_summary(time.time())
         return t

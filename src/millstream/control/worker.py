@@ -10,6 +10,12 @@ Each :meth:`Worker.tick` reads the stored assignments and datastream states and 
 
 It then heartbeats its status and the writers it runs. The worker reports RUNNING only when
 every writer it hosts, standbys included, holds its state-directory lock.
+
+Sealing runs on its own supervised thread (:mod:`millstream.supervise`): each table's pass has
+its own supervisor, so an error is logged with the table, counted, and retried with backoff
+for that table alone while the other tables keep sealing; the loop's and each table's status
+go out with every heartbeat (``info["loops"]``, and ``info["sealing"][datastream]["loop"]``
+beside the sealer's own status).
 """
 
 from __future__ import annotations
@@ -29,9 +35,11 @@ from millstream.control.registry import Registry
 from millstream.control.statedir import StateDirCleaner, StateDirectory, StateDirLockedError
 from millstream.control.workers import heartbeat, read_assignments
 from millstream.core.lifecycle import State
+from millstream.datastream import DatastreamSpec
 from millstream.errors import MillstreamError
 from millstream.ingest.runner import DatastreamRunner
 from millstream.sealing.sealer import Sealer, Thresholds
+from millstream.supervise import Backoff, LoopStatus, SupervisedLoop, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +84,13 @@ class Worker:
         self.url = url
         self.writers: dict[str, _Writer] = {}
         self.sealers: dict[str, Sealer] = {}
+        #: Backoff of a table whose sealing pass failed (other tables keep sealing meanwhile).
+        self.seal_backoff = Backoff(base=5.0, cap=300.0)
+        #: One supervisor per datastream's table sealing pass, inside the one sealing thread.
+        self.seal_supervisors: dict[str, Supervisor] = {}
+        self.seal_loop = SupervisedLoop(
+            "sealer", self.seal, interval=self.settings.tick_seconds * 2, clock=clock
+        )
         self._last_clean = 0.0
         self._stop = threading.Event()
 
@@ -211,7 +226,8 @@ class Worker:
             info={
                 "writers": writers,
                 "commit_conflicts": self.catalog.store.conflicts,
-                "sealing": {ds: sealer.status() for ds, sealer in self.sealers.items()},
+                "sealing": self.sealing_status(),
+                "loops": [s.to_dict() for s in self.loop_statuses()],
                 "lost_races": lost_races,
             },
             clock=self.clock,
@@ -220,43 +236,69 @@ class Worker:
 
     def seal(self) -> None:
         """Seal what is due for every datastream this worker runs actively. Runs on its own
-        thread: consumption never waits for a seal (pauseless)."""
+        thread: consumption never waits for a seal (pauseless). Each table's pass is
+        supervised on its own: a failure backs off that table only."""
         for ds, w in list(self.writers.items()):
             if w.role != "active" or not w.running or w.runner is None:
                 continue
             if not w.runner.spec.segments.pauseless:
                 continue  # its sink seals inline: the writer waits for the seal
             spec = w.runner.spec
-            sealer = self.sealers.get(ds)
-            if sealer is None:
-                seg = spec.segments
-                sealer = Sealer(
-                    self.catalog,
-                    spec.table_name,
-                    thresholds=Thresholds(seg.flush_rows, seg.flush_seconds, seg.flush_bytes),
-                    clock=self.clock,
+            supervisor = self.seal_supervisors.get(ds)
+            if supervisor is None:
+                supervisor = Supervisor(
+                    "sealer", table=spec.table_name, clock=self.clock, backoff=self.seal_backoff
                 )
-                self.sealers[ds] = sealer
-            sealer.seal_due()
+                self.seal_supervisors[ds] = supervisor
+            if supervisor.due():
+                supervisor.attempt(self._seal_table, ds, spec)
 
-    def _seal_loop(self) -> None:
-        while not self._stop.wait(self.settings.tick_seconds * 2):
-            try:
-                self.seal()
-            except Exception as exc:  # the sealer never takes the worker down
-                log.warning("worker %s sealing failed: %s", self.id, exc)
+    def _seal_table(self, ds: str, spec: DatastreamSpec) -> None:
+        sealer = self.sealers.get(ds)
+        if sealer is None:
+            seg = spec.segments
+            sealer = Sealer(
+                self.catalog,
+                spec.table_name,
+                thresholds=Thresholds(seg.flush_rows, seg.flush_seconds, seg.flush_bytes),
+                clock=self.clock,
+            )
+            self.sealers[ds] = sealer
+        sealer.seal_due()
+
+    def sealing_status(self) -> dict[str, dict[str, Any]]:
+        """Per datastream: its sealer's status (per-partition failures, last seal) and, under
+        ``loop``, the supervision of its table's sealing passes."""
+        alive = self.seal_loop.alive
+        out: dict[str, dict[str, Any]] = {}
+        for ds, supervisor in sorted(self.seal_supervisors.items()):
+            sealer = self.sealers.get(ds)  # None if its first pass failed before creating it
+            out[ds] = {
+                **(sealer.status() if sealer is not None else {}),
+                "loop": supervisor.status(alive=alive).to_dict(),
+            }
+        return out
+
+    def loop_statuses(self) -> list[LoopStatus]:
+        """The sealing thread's status and each table's, for the heartbeat and the metrics."""
+        alive = self.seal_loop.alive
+        return [
+            self.seal_loop.status(),
+            *(s.status(alive=alive) for _, s in sorted(self.seal_supervisors.items())),
+        ]
 
     # -- loop ------------------------------------------------------------------------------
 
     def run_forever(self) -> None:
         self._heartbeat()
-        threading.Thread(target=self._seal_loop, name="sealer", daemon=True).start()
+        self.seal_loop.start()
         while not self._stop.is_set():
             try:
                 self.tick()
             except MillstreamError as exc:
                 log.warning("worker %s tick failed: %s", self.id, exc)
             self._stop.wait(self.settings.tick_seconds)
+        self.seal_loop.stop()  # lets a seal in progress finish first
         for ds in list(self.writers):
             self._stop_writer(ds)
         for sealer in self.sealers.values():

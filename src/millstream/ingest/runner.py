@@ -12,7 +12,6 @@ import json
 import logging
 import shutil
 import socket
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,8 @@ from millstream.datastream import (
 )
 from millstream.errors import ShardGapError, WriterFencedError
 from millstream.ingest.sources.base import encode_offsets
+from millstream.sealing.sealer import Sealer, Thresholds
+from millstream.supervise import Backoff, SupervisedLoop
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,12 @@ class DatastreamRunner:
         #: Seal on a thread of this process while the query runs (``millstream run``; a worker
         #: seals on its own thread instead). Ignored with ``pauseless: false``.
         self.background_sealing = background_sealing and spec.segments.pauseless
+        #: Seconds between the background sealer's passes, and its backoff after a failure.
+        self.seal_interval = 1.0
+        self.seal_backoff = Backoff(base=1.0, cap=60.0)
+        #: The supervised background sealer while :meth:`run` runs one (see :meth:`sealing_status`).
+        self.sealing: SupervisedLoop | None = None
+        self.sealer: Sealer | None = None
         self.query: Any = None
         self._stopping = False
 
@@ -316,10 +323,13 @@ class DatastreamRunner:
         Holds the state directory lock throughout (and releases it at the end, unless the
         caller locked it first, as a worker does)."""
         owns_lock = not self.state_dir.held
-        sealing = self._start_sealing() if self.background_sealing else None
+        sealing: SupervisedLoop | None = None
         try:
             while not self._stopping:
                 self.start(available_now=available_now)
+                if self.background_sealing and sealing is None:
+                    # Only now: start() created the tables, so no pass finds them missing.
+                    sealing = self._start_sealing()
                 error = self._await(on_tick, tick_seconds)
                 if error is None or self._stopping:
                     return self.stats
@@ -332,29 +342,50 @@ class DatastreamRunner:
             return self.stats
         finally:
             if sealing is not None:
-                sealing.set()
+                sealing.stop()  # lets a seal in progress finish, then checkpoints the key index
             if owns_lock:
                 self.state_dir.unlock()
 
-    def _start_sealing(self) -> threading.Event:
-        """A background sealer for this writer's table; returns the event that stops it."""
-        from millstream.sealing.sealer import Sealer, Thresholds
-
+    def _start_sealing(self) -> SupervisedLoop:
+        """Start sealing this writer's table on a supervised thread of this process; the
+        tables must exist (:meth:`start` creates them). A failed pass is logged with the table,
+        counted and retried with backoff; it never ends sealing. On stop, the key index is
+        checkpointed, so a restart loads it instead of rebuilding it."""
         seg = self.spec.segments
         sealer = Sealer(
             self.catalog,
             self.table_spec.name,
             thresholds=Thresholds(seg.flush_rows, seg.flush_seconds, seg.flush_bytes),
         )
-        done = threading.Event()
+        self.sealer = sealer
+        self.sealing = SupervisedLoop(
+            "sealer",
+            sealer.seal_due,
+            interval=self.seal_interval,
+            table=self.table_spec.name,
+            backoff=self.seal_backoff,
+            on_stop=lambda: sealer.checkpoint(force=True),
+            thread_name=f"sealer-{self.spec.name}",
+        ).start()
+        return self.sealing
 
-        def _loop() -> None:
-            while not done.wait(1.0):
-                sealer.seal_due()
-            sealer.checkpoint(force=True)  # a restart loads the key index instead of rebuilding
+    def sealing_status(self) -> dict[str, Any] | None:
+        """The background sealer's loop status plus the sealer's own (per-partition failures,
+        last seal); None when this runner does not seal in the background (or not yet)."""
+        if self.sealing is None or self.sealer is None:
+            return None
+        return {**self.sealing.status().to_dict(), "sealer": self.sealer.status()}
 
-        threading.Thread(target=_loop, name=f"sealer-{self.spec.name}", daemon=True).start()
-        return done
+    def sealing_summary(self, now: float) -> str | None:
+        """One line on the background sealer for progress output (None without one), naming
+        the partitions whose seals fail."""
+        if self.sealing is None or self.sealer is None:
+            return None
+        line = self.sealing.status().describe(now)
+        failing = sorted(self.sealer.last_error.items())
+        if failing:
+            line += "; seals failing: " + ", ".join(f"partition {p}: {e}" for p, e in failing)
+        return line
 
     def _await(
         self, on_tick: Callable[[DatastreamRunner], None] | None, tick: float

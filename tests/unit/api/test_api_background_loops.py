@@ -1,0 +1,93 @@
+"""A worker's sealing passes are supervised per table: a table whose pass fails (here: its
+writer started, its table not created yet) is backed off while the other tables keep sealing,
+and the operator sees the error in ``/metrics`` and in ``/tables/{t}/debugInfo``."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from api_support import TestClient, spec_body
+
+from millstream.catalog import Catalog
+from millstream.clock import ManualClock
+from millstream.control.controller import Controller
+from millstream.control.registry import Registry
+from millstream.control.statedir import StateDirectory
+from millstream.control.worker import Worker, _Writer
+from millstream.ingest.runner import DatastreamRunner
+
+WORKER = "w1"
+ERRORS_ORDERS = 'millstream_background_errors_total{loop="sealer",table="orders",worker="w1"} 1.0'
+
+
+@pytest.fixture
+def running() -> Iterator[threading.Event]:
+    """Set at the end of the test: the stand-in writer threads run until then."""
+    done = threading.Event()
+    yield done
+    done.set()
+
+
+def add_running_writer(
+    worker: Worker, catalog: Catalog, ds: str, state_root: Path, done: threading.Event
+) -> None:
+    """An active writer of ``ds`` whose query thread runs (no Spark: it waits for ``done``)."""
+    spec = Registry(catalog.store).get(ds).spec
+    sd = StateDirectory(state_root, ds)
+    runner = DatastreamRunner(spec, catalog, None, writer_id=WORKER, state_dir=sd)
+    thread = threading.Thread(target=done.wait, name=f"writer-{ds}", daemon=True)
+    thread.start()
+    worker.writers[ds] = _Writer(ds, "active", sd, runner=runner, thread=thread)
+
+
+def test_a_failing_sealing_pass_backs_off_its_table_only_and_is_shown_in_metrics_and_debug_info(
+    api: TestClient,
+    controller: Controller,
+    catalog: Catalog,
+    clock: ManualClock,
+    source_dir: Path,
+    tmp_path: Path,
+    running: threading.Event,
+) -> None:
+    assert api.post("/datastreams", json=spec_body("payments", source_dir)).status_code == 201
+    controller.tick()  # payments READY, its table created
+    # orders' writer runs, but its table is not created yet (a brand-new datastream).
+    assert api.post("/datastreams", json=spec_body("orders", source_dir)).status_code == 201
+    worker = Worker(catalog, None, worker_id=WORKER, clock=clock, state_root=tmp_path / "state")
+    for ds in ("orders", "payments"):
+        add_running_writer(worker, catalog, ds, tmp_path / "state", running)
+
+    worker.seal()  # must not raise: the orders pass fails, payments is sealed
+    worker._heartbeat()
+
+    loops = {s.table: s for s in worker.loop_statuses()}
+    assert (loops["payments"].runs, loops["payments"].errors) == (1, 0)
+    assert (loops["orders"].errors, loops["orders"].consecutive_failures) == (1, 1)
+    text = api.get("/metrics").text
+    assert ERRORS_ORDERS in text
+    assert (
+        'millstream_background_errors_total{loop="sealer",table="payments",worker="w1"} 0.0' in text
+    )
+    debug = api.get("/tables/payments/debugInfo").json()
+    failing = debug["workers"][WORKER]["orders"]["loop"]
+    assert failing["table"] == "orders" and failing["consecutive_failures"] == 1
+    assert failing["last_error"] == "TableNotFoundError: table 'orders' does not exist"
+    assert failing["next_attempt_at"] > clock.now()
+    assert debug["workers"][WORKER]["payments"]["loop"]["last_success_at"] == clock.now()
+
+    worker.seal()  # within the backoff: orders is not retried, payments seals on
+    loops = {s.table: s for s in worker.loop_statuses()}
+    assert (loops["orders"].errors, loops["payments"].runs) == (1, 2)
+
+    controller.tick()  # orders READY: its table exists now
+    clock.advance(worker.seal_backoff.base)  # past the backoff (at most base after 1 failure)
+    worker.seal()
+    worker._heartbeat()
+    recovered = api.get("/tables/orders/debugInfo").json()["workers"][WORKER]["orders"]["loop"]
+    assert recovered["consecutive_failures"] == 0 and recovered["errors"] == 1
+    assert recovered["last_success_at"] == clock.now() and recovered["next_attempt_at"] is None
+    # A counter: recovering does not reset it.
+    assert ERRORS_ORDERS in api.get("/metrics").text
