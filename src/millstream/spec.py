@@ -79,7 +79,12 @@ class TableSpec(BaseModel):
     primary_key: tuple[str, ...] = Field(default=(), description="Key columns (not for append).")
     mode: MergeMode = Field(default="append", description="Merge engine.")
     comparison_column: str | None = Field(
-        default=None, description="Orders rows of one key; ties and nulls fall back to offset."
+        default=None,
+        description=(
+            "Orders rows of one key (ties: the later offset wins). A delete without a value "
+            "takes its key's highest earlier value in its partition; any other record must "
+            "carry it (else dead-lettered)."
+        ),
     )
     delete_column: str | None = Field(
         default=None, description="Boolean column; true removes the key (keyed modes)."

@@ -126,6 +126,40 @@ def test_decode_pretty_printed_values_missing_keys_and_bad_records() -> None:
     )
 
 
+def test_decode_dead_letters_a_non_delete_record_without_the_comparison_value() -> None:
+    """Only deletes may lack the comparison value: the merge order derives one for a delete
+    (the highest of its key before it), never for an insert or update."""
+    spec = TableSpec.parse(
+        {
+            "name": "t",
+            "schema": {**SCHEMA, "gone": "boolean"},
+            "primary_key": ["id"],
+            "mode": "upsert",
+            "comparison_column": "at",
+            "delete_column": "gone",
+        }
+    )
+    records = [
+        (0, 0, None, _value(1)),
+        (0, 1, None, json.dumps({"id": 2, "name": "no at"}).encode()),
+        (0, 2, None, json.dumps({"id": 3, "at": None, "gone": False}).encode()),
+        (0, 3, None, json.dumps({"id": 4, "gone": True}).encode()),  # a delete: fine
+        (0, 4, b"5", None),  # a tombstone: fine
+    ]
+
+    decoded = decode_records(spec, _raw(records))
+
+    assert sorted(r[OFFSET_COL] for r in decoded.rows.to_pylist()) == [0, 3, 4]
+    errors = {(d[0], d[1]): d[4] for d in decoded.dead}
+    assert sorted(errors) == [(0, 1), (0, 2)]
+    assert errors[0, 1] == (
+        "comparison column 'at' is null (a record that is not a delete must carry it)"
+    )
+    # Without a comparison column nothing changes.
+    plain = decode_records(_spec(), _raw(records[:2]))
+    assert (plain.rows.num_rows, plain.dead) == (2, [])
+
+
 # -- the sink reads its ranges itself ---------------------------------------------------------
 
 

@@ -4,10 +4,16 @@ The hot ingest path keeps no per-key state (DESIGN.md "Data path"); key semantic
 here, when data is read and when it is sealed. The rules are the sequential model in
 :mod:`millstream.testing.model`, applied per key in the **order key**:
 
-    (comparison value, nulls last) -> partition -> offset
+    (effective comparison value, nulls first) -> partition -> offset
 
-A row without a comparison value (a Kafka tombstone, say) is ordered after every row of the
-same key that has one; among themselves such rows and ties fall back to (partition, offset).
+A row's effective comparison value is its comparison value, except for a delete (a Kafka
+tombstone, or ``delete_column`` true) that carries none: it takes the highest comparison value
+its key has at lower offsets of the same partition, so it removes exactly the key's earlier
+rows (a later re-insert with an equal or higher value brings the key back; a late record with a
+lower value stays deleted). A delete with no earlier value in its partition has none, and rows
+without an (effective) value order first. Ties fall back to (partition, offset): the later
+offset wins. A record that is not a delete must carry the comparison value (decode
+dead-letters it otherwise), so only deletes ever need an effective value.
 
 * ``append``  every row.
 * ``dedup``   the first row of a key wins; a delete removes the key's rows so the next row wins
@@ -34,6 +40,7 @@ from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
 
 IDX = "__ms_idx"
 DEL = "__ms_del"
+EFF = "__ms_eff"
 KEY_START = "__ms_key_start"
 APPEND_SEPARATOR = ","
 
@@ -45,6 +52,8 @@ def resolve(spec: TableSpec, rows: pa.Table) -> pa.Table:
     (tombstone column all false), ordered by the order key.
     """
     ordered = _in_order(spec, rows)
+    if EFF in ordered.column_names:
+        ordered = ordered.drop_columns([EFF])
     if spec.mode == "append" or ordered.num_rows == 0:
         return ordered.drop_columns([IDX, DEL])
     if spec.mode == "upsert":
@@ -58,26 +67,138 @@ def resolve(spec: TableSpec, rows: pa.Table) -> pa.Table:
 
 
 def order_sort_keys(spec: TableSpec) -> list[tuple[str, str]]:
+    """Sort keys putting a keyed table's rows in (key, order key) order. With a comparison
+    column they sort the effective value, column :data:`EFF`, whose nulls go first."""
     keys: list[tuple[str, str]] = [(k, "ascending") for k in spec.primary_key]
     if spec.comparison_column is not None:
-        keys.append((spec.comparison_column, "ascending"))
+        keys.append((EFF, "ascending"))
     keys += [(PARTITION_COL, "ascending"), (OFFSET_COL, "ascending")]
     return keys
 
 
-def _in_order(spec: TableSpec, rows: pa.Table) -> pa.Table:
-    """Sort by (key, order key) and add the position (IDX) and the delete flag (DEL)."""
+def _deletes(spec: TableSpec, rows: pa.Table) -> pa.ChunkedArray:
+    is_del = pc.fill_null(rows.column(TOMBSTONE_COL), False)
+    if spec.delete_column is not None:
+        is_del = pc.or_(is_del, pc.fill_null(rows.column(spec.delete_column), False))
+    return is_del
+
+
+def lacks_comparison_value(spec: TableSpec, rows: pa.Table) -> np.ndarray:
+    """Which rows are bad for a keyed table with a comparison column: not a delete, and no
+    comparison value (all False otherwise). Decode dead-letters such records and
+    ``stage_rows`` refuses them, so only deletes ever need an effective value."""
+    column = spec.comparison_column
+    if not spec.keyed or column is None or rows.num_rows == 0:
+        return np.zeros(rows.num_rows, dtype=bool)
+    bad = pc.and_(pc.is_null(rows.column(column)), pc.invert(_deletes(spec, rows)))
+    return np.asarray(bad.to_numpy(), dtype=bool)
+
+
+def missing_comparison_error(spec: TableSpec) -> str:
+    """The error of a row :func:`lacks_comparison_value` finds, naming the column."""
+    return (
+        f"comparison column {spec.comparison_column!r} is null "
+        "(a record that is not a delete must carry it)"
+    )
+
+
+def _in_order(spec: TableSpec, rows: pa.Table, floor: pa.Table | None = None) -> pa.Table:
+    """Sort by (key, order key) and add the position (IDX) and the delete flag (DEL); with a
+    comparison column also the effective comparison value (EFF, see :func:`effective_values`)."""
     if spec.mode == "append":
         keys = [(PARTITION_COL, "ascending"), (OFFSET_COL, "ascending")]
     else:
         keys = order_sort_keys(spec)
-    idx = pc.sort_indices(rows, sort_keys=[(name, order, "at_end") for name, order in keys])
+        if spec.comparison_column is not None:
+            rows = rows.append_column(EFF, effective_values(spec, rows, floor=floor))
+    # Rows without an (effective) comparison value order first; null keys go anywhere.
+    idx = pc.sort_indices(
+        rows,
+        sort_keys=[(name, order, "at_start" if name == EFF else "at_end") for name, order in keys],
+    )
     ordered = rows.take(idx)
-    is_del = pc.fill_null(ordered.column(TOMBSTONE_COL), False)
-    if spec.delete_column is not None:
-        is_del = pc.or_(is_del, pc.fill_null(ordered.column(spec.delete_column), False))
     ordered = ordered.append_column(IDX, pa.array(np.arange(ordered.num_rows, dtype=np.int64)))
-    return ordered.append_column(DEL, is_del)
+    return ordered.append_column(DEL, _deletes(spec, ordered))
+
+
+def effective_values(spec: TableSpec, rows: pa.Table, *, floor: pa.Table | None = None) -> pa.Array:
+    """Each row's effective comparison value (in the order of ``rows``): its comparison value,
+    or, for a delete without one, the highest comparison value of the same key at a lower
+    offset of the same partition (null if there is none).
+
+    ``floor`` (key columns and the comparison column, one partition's rows only) stands for
+    earlier rows of the partition that are not in ``rows``: per key, the highest comparison
+    value they hold.
+
+    Vectorized, over the rows of keys that have such a delete only (a superset found by one
+    hash lookup per key column): sort them by (key, partition, offset), dense-rank the values,
+    and take a running maximum of ``group * (n + 1) + rank`` (group ids increase along the
+    sort, so the running maximum never carries over from the group before).
+    """
+    cmp_col = spec.comparison_column
+    assert cmp_col is not None
+    values = rows.column(cmp_col).combine_chunks()
+    need = pc.and_(_deletes(spec, rows), pc.is_null(values)).combine_chunks()
+    if rows.num_rows == 0 or not pc.any(need).as_py():
+        return values
+    keys = list(spec.primary_key)
+    candidate = np.ones(rows.num_rows, dtype=bool)
+    needing = rows.filter(need)
+    for c in keys:
+        found = pc.is_in(
+            rows.column(c), value_set=pc.unique(needing.column(c)), skip_nulls=False
+        )  # null matches null: a null key is a key of its own
+        candidate &= np.asarray(found.to_numpy(zero_copy_only=False), dtype=bool)
+    positions = np.flatnonzero(candidate)  # every row needing a value, and its key's rows
+    base = rows.select([*keys, PARTITION_COL, OFFSET_COL, cmp_col]).take(pa.array(positions))
+    if floor is not None and floor.num_rows:
+        partitions = pc.unique(rows.column(PARTITION_COL)).to_pylist()
+        if len(partitions) != 1:
+            raise ValueError(f"a floor applies to one partition's rows, got {partitions}")
+        earliest = np.iinfo(np.int64).min  # before any offset of the partition
+        floor_rows = pa.table(
+            {
+                **{c: floor.column(c) for c in keys},
+                PARTITION_COL: pa.array([partitions[0]] * floor.num_rows, pa.int32()),
+                OFFSET_COL: pa.array([earliest] * floor.num_rows, pa.int64()),
+                cmp_col: floor.column(cmp_col),
+            }
+        )
+        base = pa.concat_tables([base, floor_rows.cast(base.schema)]).combine_chunks()
+    n = base.num_rows
+    order = pc.sort_indices(
+        base, sort_keys=[(c, "ascending", "at_end") for c in [*keys, PARTITION_COL, OFFSET_COL]]
+    ).to_numpy()
+    in_order = base.take(pa.array(order))
+    # Group (key, partition) ids: a new group wherever a key column or the partition changes.
+    starts = np.zeros(n, dtype=bool)
+    starts[0] = True
+    for c in [*keys, PARTITION_COL]:
+        col = in_order.column(c).combine_chunks()
+        prev, cur = col.slice(0, n - 1), col.slice(1)
+        changed = pc.or_(
+            pc.fill_null(pc.not_equal(prev, cur), False),
+            pc.xor(pc.is_null(prev), pc.is_null(cur)),
+        )
+        starts[1:] |= np.asarray(changed.to_numpy(zero_copy_only=False), dtype=bool)
+    group = np.cumsum(starts, dtype=np.int64) - 1
+    sorted_values = in_order.column(cmp_col).combine_chunks()
+    ranks = np.asarray(
+        pc.rank(sorted_values, sort_keys="ascending", tiebreaker="dense"), dtype=np.int64
+    )
+    ranks[np.asarray(pc.is_null(sorted_values).to_numpy(zero_copy_only=False), dtype=bool)] = 0
+    base_of_group = group * (n + 1)
+    running = np.maximum.accumulate(base_of_group + ranks) - base_of_group
+    # Back to the rows' order; a delete without a value ranks 0 itself, so the running
+    # maximum up to and including it is the maximum of the rows before it.
+    running_in_base = np.empty(n, dtype=np.int64)
+    running_in_base[order] = running
+    rank_of_row = np.zeros(rows.num_rows, dtype=np.int64)
+    rank_of_row[positions] = running_in_base[: len(positions)]
+    distinct = pc.unique(sorted_values.drop_null())
+    distinct = distinct.take(pc.array_sort_indices(distinct))
+    earlier = distinct.take(pa.array(rank_of_row - 1, pa.int64(), mask=rank_of_row == 0))
+    return pc.if_else(need, earlier, values)
 
 
 def _key_starts(ordered: pa.Table, keys: list[str]) -> pa.Array:
@@ -196,21 +317,38 @@ def _reindexed(table: pa.Table) -> pa.Table:
     return table.set_column(i, IDX, pa.array(np.arange(table.num_rows, dtype=np.int64)))
 
 
-def compact(spec: TableSpec, rows: pa.Table) -> pa.Table:
+def compact(spec: TableSpec, rows: pa.Table, *, floor: pa.Table | None = None) -> pa.Table:
     """The rows a run of one partition's consecutive segments can be sealed into, such that
     merging them with any older and newer rows gives the same table as merging the originals.
 
     * ``upsert``: the winning row of each key, deletes included (the last row wins wherever it
-      is merged, and a winning delete still removes older rows).
+      is merged, and a winning delete still removes older rows). With a comparison column, a
+      delete without a comparison value gets its effective value written into that column (a
+      delete is never visible, so no read sees the value itself): the earlier rows it derives
+      from are gone once the run is compacted and older sealed rows are named by delete
+      vectors. ``floor`` (key columns and the comparison column) gives, per key, the highest
+      comparison value of the partition's earlier rows outside the run; the sealer takes it
+      from the key index (:meth:`millstream.sealing.keyindex.KeyIndex.comparison_floor`).
+      Without it a run whose key has older rows would materialize too low a value.
     * ``dedup`` and ``partial`` without a comparison column or TTL: the key's last delete plus
       the first (dedup) or folded (partial) row after it. Order is the offset then, so the rows
       of a newer run always come after this run's; every partial strategy folds associatively.
-    * Otherwise (``append``, or an order that interleaves runs): every row, sorted.
+    * Otherwise (``append``, or an order that interleaves runs): every row, sorted, as it is.
+      Nothing an effective value derives from is removed then (such tables have no delete
+      vectors), so reads keep deriving it and no floor is needed.
 
     Output: the table's columns plus system columns, sorted by key then (partition, offset).
     """
-    ordered = _in_order(spec, rows)
+    ordered = _in_order(spec, rows, floor if spec.mode == "upsert" else None)
     keys = list(spec.primary_key)
+    if EFF in ordered.column_names:
+        cmp_col = spec.comparison_column
+        assert cmp_col is not None
+        if spec.mode == "upsert":  # materialize: EFF differs only for deletes without a value
+            i = ordered.schema.get_field_index(cmp_col)
+            field = ordered.schema.field(i)
+            ordered = ordered.set_column(i, field, ordered.column(EFF).cast(field.type))
+        ordered = ordered.drop_columns([EFF])
     if spec.mode == "upsert" and ordered.num_rows:
         out = _take_by_group(ordered, keys, "max")
     elif (

@@ -4,6 +4,8 @@ Raw records (partition, offset, key, value) become table rows plus system column
 that cannot be decoded or does not fit goes to the dead-letter rows with its partition, offset,
 raw bytes and error text; it still counts toward the frontier (the sink commits the whole
 offset range). A null value is a tombstone for keyed tables; its key comes from the record key.
+With a comparison column, a record that is not a delete (tombstone or ``delete_column`` true)
+and lacks the comparison value is bad: the merge order only derives a value for deletes.
 
 The fast path parses a whole batch with one ``pyarrow.json`` call. When that fails (a
 malformed record somewhere), the batch is bisected until each bad record is isolated, so the
@@ -22,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
+from millstream.core.merge import lacks_comparison_value, missing_comparison_error
 from millstream.spec import (
     ARROW_TYPES,
     OFFSET_COL,
@@ -216,6 +219,9 @@ def decode_records(spec: TableSpec, raw: pa.Table) -> Decoded:
         good, key_errors = _fill_keys(spec, good, keys, row_index)
         for j, e in key_errors.items():
             cast_errors.setdefault(j, e)
+    # A record that is not a delete must carry the comparison value (a tombstone never does).
+    for position in np.flatnonzero(lacks_comparison_value(spec, good)).tolist():
+        cast_errors.setdefault(position, missing_comparison_error(spec))
     if cast_errors:
         keep = np.ones(good.num_rows, dtype=bool)
         keep[list(cast_errors)] = False

@@ -17,7 +17,9 @@ sealed rows in offset order. So:
 * ``upsert`` without a comparison column: every sealed row of a key the run has a row for (the
   last row wins and the run's row is later).
 * ``upsert`` with a comparison column: the sealed rows of a key that order before the run's
-  winning row of that key, in (comparison value with nulls last, offset) order.
+  winning row of that key, in (comparison value with nulls first, offset) order. Sealed rows
+  hold materialized values (a sealed delete carries its effective comparison value, see
+  :func:`millstream.core.merge.compact`), so this is the read-time order key.
 * ``dedup`` and ``partial`` without a comparison column: every sealed row of a key the run has a
   delete for. A delete resets a key: nothing before it affects the result, and the run's sealed
   output keeps the key's last delete (:func:`millstream.core.merge.compact`).
@@ -56,6 +58,7 @@ import pyarrow.ipc as ipc
 from millstream.metastore.models import Manifest, SegmentState
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
 from millstream.storage.deepstore import DeepStore
+from millstream.table.read import drop_deleted, read_delete_vectors, read_entries
 
 log = logging.getLogger(__name__)
 
@@ -224,8 +227,6 @@ class KeyIndex:
     ) -> KeyIndex:
         """Rebuild from the partition's sealed segments minus its delete vectors (reads only
         the key, offset and comparison columns)."""
-        from millstream.table.read import drop_deleted, read_delete_vectors, read_entries
-
         reflects = Reflects.of(manifest, partition)
         sealed = [
             e
@@ -321,6 +322,40 @@ class KeyIndex:
     def offsets(self, positions: np.ndarray) -> pa.Array:
         return self._column(OFFSET_COL, positions)
 
+    def comparison_floor(self, rows: pa.Table) -> pa.Table | None:
+        """The floor :func:`millstream.core.merge.compact` needs to seal ``rows`` (a run of this
+        partition, newer than every indexed row): per key of ``rows`` whose live sealed rows
+        hold a comparison value, the key columns and the highest such value. None if the table
+        has no comparison column.
+
+        Why the live sealed rows are enough: a delete's effective value is the highest
+        comparison value of *every* earlier row of its key in the partition, and sealing never
+        removes a key's highest value. Compaction keeps each key's winner, the last of the run
+        in (effective value, offset) order, so its stored (materialized) value is at least every
+        value in the run. A delete vector names only sealed rows that order before a kept
+        winner of the same key, so rows whose value is at most the winner's. Either way a
+        removed row leaves a kept row of its key, below the next run, whose value is at least
+        its own; if a later seal removes that row, the same holds for it, and the chain ends at
+        a live row. No row holds more than the highest earlier value either (a materialized
+        value is itself that highest value). So per key, the highest value of the live sealed
+        rows equals the highest value of every row written to the partition before the run.
+        """
+        column = self.spec.comparison_column
+        if column is None:
+            return None
+        keys = list(self.spec.primary_key)
+        distinct = rows.select(keys).group_by(keys, use_threads=False).aggregate([])
+        new_pos, idx_pos = self.matches(distinct)
+        values = (
+            self._column(column, idx_pos)
+            if len(idx_pos)
+            else pa.array([], self.spec.arrow_schema().field(column).type)
+        )
+        found = pa.table({"pos": pa.array(new_pos, pa.int64()), "v": values})
+        found = found.filter(pc.is_valid(found.column("v")))
+        highest = found.group_by(["pos"], use_threads=False).aggregate([("v", "max")])
+        return _with_highest(self.spec, distinct.take(highest.column("pos")), highest)
+
     # -- update ----------------------------------------------------------------------------
 
     def updated(self, dropped: np.ndarray, rows: pa.Table, reflects: Reflects) -> KeyIndex:
@@ -391,6 +426,43 @@ class KeyIndex:
         return cls(spec, partition, [run], Reflects.from_json(raw))
 
 
+def comparison_floor_below(
+    spec: TableSpec, deep: DeepStore, manifest: Manifest, partition: int, offset: int
+) -> pa.Table | None:
+    """The floor for compacting a partition's rows from ``offset`` on once more (re-ingesting a
+    sealed segment that starts there): per key, the highest comparison value of the partition's
+    stored rows below ``offset``. None unless the table is ``upsert`` with a comparison column
+    (only its compaction materializes values).
+
+    Delete vectors are deliberately not applied: the key index answers for the end of the
+    sealed prefix, not for a point inside it, and a later seal's delete vector may name the
+    very rows the segment's deletes derived their value from. Every stored row of a sealed run
+    is that run's winner of its key, whose materialized value is the run's highest, so the
+    highest stored value below ``offset`` is the highest value of every row ever written there.
+    Reads only the key, offset and comparison columns of the segments below ``offset`` (a lost
+    one fails the re-ingestion naming it: re-ingest that one first).
+    """
+    column = spec.comparison_column
+    if spec.mode != "upsert" or column is None:
+        return None
+    keys = list(spec.primary_key)
+    earlier = [e for e in manifest.entries if e.partition == partition and e.start < offset]
+    rows = read_entries(deep, spec, earlier, columns=[*keys, column])
+    rows = rows.filter(
+        pc.and_(pc.less(rows.column(OFFSET_COL), offset), pc.is_valid(rows.column(column)))
+    )
+    highest = rows.group_by(keys, use_threads=False).aggregate([(column, "max")])
+    return _with_highest(spec, highest.select(keys), highest.rename_columns([*keys, "v_max"]))
+
+
+def _with_highest(spec: TableSpec, keys: pa.Table, highest: pa.Table) -> pa.Table:
+    """``keys`` plus the comparison column, filled from ``highest``'s ``v_max``."""
+    column = spec.comparison_column
+    assert column is not None
+    field = spec.arrow_schema().field(column)
+    return keys.append_column(field, highest.column("v_max").cast(field.type))
+
+
 def _empty(spec: TableSpec) -> pa.Table:
     schema = spec.arrow_schema(system_columns=True)
     return pa.schema(
@@ -409,7 +481,8 @@ def _orders_after(
     cmp_new: pa.Array, off_new: pa.Array, cmp_old: pa.Array, off_old: pa.Array
 ) -> np.ndarray:
     """Row-wise: does (cmp_new, off_new) come after (cmp_old, off_old) in the order key
-    (comparison value with nulls last, then offset)? Both rows are of one partition."""
+    (comparison value with nulls first, then offset)? Both rows are of one partition and
+    carry materialized values, so a null means the key had no value before that row."""
     n_null = pc.is_null(cmp_new).to_numpy(zero_copy_only=False)
     o_null = pc.is_null(cmp_old).to_numpy(zero_copy_only=False)
     greater = pc.fill_null(pc.greater(cmp_new, cmp_old), False).to_numpy(zero_copy_only=False)
@@ -418,7 +491,7 @@ def _orders_after(
     both = ~n_null & ~o_null
     return np.asarray(
         (both & (greater | (equal & later_off)))
-        | (n_null & ~o_null)
+        | (~n_null & o_null)
         | (n_null & o_null & later_off),
         dtype=bool,
     )

@@ -278,8 +278,9 @@ class Sealer:
             self.faults.check("before_build", partition)
             spec = manifest.table.spec
             rows = read_entries(self.catalog.deep, spec, run)
-            sealed_rows = compact(spec, rows)
             index = self.key_index(partition, manifest)
+            floor = None if index is None else index.comparison_floor(rows)
+            sealed_rows = compact(spec, rows, floor=floor)
             if index is not None:
                 dropped = index.superseded(sealed_rows)
             self.faults.check("before_upload", partition)

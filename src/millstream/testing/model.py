@@ -1,8 +1,12 @@
 """Reference sequential models of the merge engines: the oracle tests hold everything to.
 
 Deliberately naive: plain Python over dict rows, one row at a time, per key in the order key
-``(comparison value with nulls last, partition, offset)``. No Arrow, no vectorization, so it
-shares no code path with :mod:`millstream.core.merge`.
+``(effective comparison value with nulls first, partition, offset)``. No Arrow, no
+vectorization, so it shares no code path with :mod:`millstream.core.merge`.
+
+A row's effective comparison value is its comparison value; a delete (tombstone or
+``delete_column`` true) without one takes the highest comparison value of its key at lower
+offsets of its partition (none if there is none).
 
 A row is a dict with the table's columns plus ``_ms_partition``, ``_ms_offset`` and
 ``_ms_tombstone``.
@@ -19,15 +23,35 @@ from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
 Row = dict[str, Any]
 
 
-def order_key(spec: TableSpec, row: Row) -> tuple[Any, ...]:
-    cmp = row.get(spec.comparison_column) if spec.comparison_column else None
-    return (cmp is None, cmp if cmp is not None else 0, row[PARTITION_COL], row[OFFSET_COL])
-
-
 def is_delete(spec: TableSpec, row: Row) -> bool:
     if row.get(TOMBSTONE_COL):
         return True
     return bool(spec.delete_column and row.get(spec.delete_column))
+
+
+def effective_comparison_values(spec: TableSpec, key_rows: list[Row]) -> dict[tuple[int, int], Any]:
+    """The effective comparison value of each row of one key, by (partition, offset): walk each
+    partition in offset order keeping the highest value seen so far."""
+    column = spec.comparison_column
+    out: dict[tuple[int, int], Any] = {}
+    if column is None:
+        return out
+    highest: dict[int, Any] = {}
+    for r in sorted(key_rows, key=lambda r: (r[PARTITION_COL], r[OFFSET_COL])):
+        p = r[PARTITION_COL]
+        value = r.get(column)
+        if value is None and is_delete(spec, r):
+            value = highest.get(p)
+        out[(p, r[OFFSET_COL])] = value
+        if value is not None and (highest.get(p) is None or value > highest[p]):
+            highest[p] = value
+    return out
+
+
+def order_key(effective: Any, row: Row) -> tuple[Any, ...]:
+    """(has a value, value, partition, offset): rows without an effective value come first."""
+    has = effective is not None
+    return (has, effective if has else 0, row[PARTITION_COL], row[OFFSET_COL])
 
 
 def _seconds(value: Any) -> float | None:
@@ -74,7 +98,8 @@ def model_rows(spec: TableSpec, rows: Iterable[Row]) -> list[Row]:
     ttl = spec.ttl.total_seconds() if spec.ttl is not None else None
     out: list[Row] = []
     for key_rows in keyed.values():
-        key_rows.sort(key=lambda r: order_key(spec, r))
+        effective = effective_comparison_values(spec, key_rows)
+        key_rows.sort(key=lambda r: order_key(effective.get((r[PARTITION_COL], r[OFFSET_COL])), r))
         if spec.mode == "upsert":
             last = key_rows[-1]
             if not is_delete(spec, last):

@@ -87,6 +87,9 @@ def decode_one(spec: TableSpec, rec: RawRecord) -> Row | None:
                     row[c] = _typed(spec.columns[c], k[c])
             if any(row[c] is None for c in spec.primary_key):
                 return None
+        cmp, deleted = spec.comparison_column, spec.delete_column
+        if spec.keyed and cmp is not None and row[cmp] is None and not (deleted and row[deleted]):
+            return None  # only a delete may lack the comparison value
         return {**row, **sys_cols}
     except (ValueError, TypeError, UnicodeDecodeError):
         return None

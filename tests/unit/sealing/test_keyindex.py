@@ -26,11 +26,12 @@ def _rows(spec: TableSpec, rows: list[dict[str, Any]]) -> pa.Table:
 
 
 def _later(new: dict[str, Any], old: dict[str, Any]) -> bool:
-    """(c nulls last, offset) order of the upsert_cmp model."""
+    """(c nulls first, offset) order of the upsert_cmp model: a sealed row without a value is a
+    delete whose key had none before it."""
     if new["c"] is None or old["c"] is None:
         if new["c"] is None and old["c"] is None:
             return bool(new["_ms_offset"] > old["_ms_offset"])
-        return new["c"] is None
+        return old["c"] is None
     if new["c"] != old["c"]:
         return bool(new["c"] > old["c"])
     return bool(new["_ms_offset"] > old["_ms_offset"])
@@ -48,6 +49,25 @@ def _superseded(mode: str, live: list[dict[str, Any]], run: list[dict[str, Any]]
                 or (mode == "dedup" and new["d"])
             ):
                 out.add(old["_ms_offset"])
+    return out
+
+
+def _highest(live: list[dict[str, Any]], run: list[dict[str, Any]]) -> dict[Any, Any]:
+    """Per key of ``run``, the highest comparison value of the live rows of that key."""
+    keys = {r["k"] for r in run}
+    out: dict[Any, Any] = {}
+    for r in live:
+        if r["k"] in keys and r["c"] is not None:
+            out[r["k"]] = max(out.get(r["k"], r["c"]), r["c"])
+    return out
+
+
+def _floor(index: KeyIndex, run: pa.Table) -> dict[Any, Any]:
+    floor = index.comparison_floor(run)
+    assert floor is not None
+    pairs = zip(floor.column("k").to_pylist(), floor.column("c").to_pylist(), strict=True)
+    out = dict(pairs)
+    assert len(out) == floor.num_rows, "one floor row per key"
     return out
 
 
@@ -70,14 +90,16 @@ def test_superseded_rows_and_live_rows_match_a_brute_force_model(mode: str, seed
     for size in [800, 250, 80, 30, 10, 400, 5, 120, 60, 3, 900, 40]:
         run = []
         for _ in range(size):
+            c = rnd.choice([None, rnd.randrange(20)])
             run.append(
                 {
                     "k": rnd.choice([None, *(f"k{i}" for i in range(300))]),
-                    "c": rnd.choice([None, rnd.randrange(20)]),
+                    "c": c,
                     "d": rnd.random() < 0.2,
                     "_ms_partition": 0,
                     "_ms_offset": offset,
-                    "_ms_tombstone": False,
+                    # only a delete may lack the comparison value
+                    "_ms_tombstone": mode == "upsert_cmp" and c is None,
                 }
             )
             offset += 1
@@ -86,6 +108,8 @@ def test_superseded_rows_and_live_rows_match_a_brute_force_model(mode: str, seed
         got = set(index.offsets(dropped).to_pylist())
         expected = _superseded(mode, live, run)
         assert got == expected, f"seed={seed} mode={mode} run of {size}"
+        if mode == "upsert_cmp":
+            assert _floor(index, table) == _highest(live, run), f"seed={seed} run of {size}"
         index = index.updated(dropped, table, NO_REFLECTS)
         max_runs = max(max_runs, len(index.runs))
         if rnd.random() < 0.5:  # the sealer merges runs after a seal; sometimes later
