@@ -69,6 +69,34 @@ class CommitStateUnknownError(MillstreamError):
     """
 
 
+class SegmentChangedError(MillstreamError):
+    """The segments an operation was built from changed before it could swap its result in
+    (rolled back, re-ingested, or sealed by another sealer after this one was presumed dead).
+
+    Nothing was swapped; the operation's output is discarded and it is retried from the current
+    manifest. Deliberately not a :class:`CommitConflictError`: re-running the same transaction
+    cannot succeed, only rebuilding from the new state can.
+    """
+
+
+class StagedFileExpiredError(MillstreamError):
+    """A staged data file is older than the commit may accept: garbage collection may already
+    have deleted it (it deletes unreferenced files older than its grace period).
+
+    Nothing was committed. The writer restarts from the shard upper and stages the range again.
+    """
+
+    def __init__(self, path: str, age_seconds: float, limit_seconds: float) -> None:
+        super().__init__(
+            f"staged file {path} is {age_seconds:.0f}s old, past the {limit_seconds:.0f}s a "
+            "commit may accept (garbage collection may have deleted it); nothing was "
+            "committed: restart the writer from the shard upper to stage the range again",
+            path=path,
+            age_seconds=round(age_seconds, 3),
+            limit_seconds=limit_seconds,
+        )
+
+
 class WriterFencedError(MillstreamError):
     """A writer bootstrapped at an older shard epoch tried to commit.
 
@@ -194,6 +222,8 @@ HTTP_STATUS: dict[type[MillstreamError], int] = {
     CommitConflictError: 409,
     WriterFencedError: 409,
     ShardGapError: 409,
+    SegmentChangedError: 409,
+    StagedFileExpiredError: 409,
     CommitStateUnknownError: 503,
     SegmentUnavailableError: 503,
     MetadataSchemaError: 500,
@@ -210,6 +240,8 @@ EXIT_CODES: dict[type[MillstreamError], int] = {
     CommitConflictError: 5,
     WriterFencedError: 5,
     ShardGapError: 5,
+    SegmentChangedError: 5,
+    StagedFileExpiredError: 5,
     CommitStateUnknownError: 6,
     SegmentUnavailableError: 7,
     MetadataSchemaError: 8,

@@ -1,4 +1,6 @@
-"""Fault campaign: one to four writers race on one to four partitions of one table.
+"""Fault campaign: one to four writers race on one to four partitions of one table and its
+dead-letter table, committing through the production commit path
+(:func:`millstream.table.commit.commit_writes`, what the Spark sink's commit runs).
 
 Every writer reads the same deterministic source, as replicas of one pipeline do. A writer
 bootstraps from the shard upper, or from the partition's first offset if the shard does
@@ -55,15 +57,19 @@ from hypothesis.stateful import (
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.core.frontier import Outcome, decide
+from millstream.datastream import dead_letter_spec
+from millstream.ingest.decode import dead_letter_rows
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
 from millstream.storage.gc import collect_garbage
+from millstream.table.commit import BatchCommit, StagedFile, StagedWrite, commit_writes
 from millstream.table.read import read_manifest
-from millstream.table.writer import StagedFile, commit_staged, stage_rows
+from millstream.table.writer import stage_rows
 from millstream.testing.model import canonical, model_rows
 
 Row = dict[str, Any]
 
 TABLE = "orders"
+DEAD = dead_letter_spec(TABLE)
 SCHEMA = {"k": "string", "seq": "long", "qty": "long", "note": "string", "gone": "boolean"}
 SPECS = {
     "append": {"mode": "append"},
@@ -104,12 +110,14 @@ def make_source(mode: str, partition: int, first_offset: int, source_seed: int) 
     offset = first_offset
     while offset < first_offset + SOURCE_OFFSETS:
         tombstone = mode != "append" and rng.random() < 0.05
+        gone = None if tombstone else rng.random() < 0.08
         rows[offset] = {
             "k": f"p{partition}-k{rng.randrange(4)}",
-            "seq": None if tombstone or rng.random() < 0.1 else rng.randrange(10),
+            # Only a delete may lack the comparison value (decode dead-letters other records).
+            "seq": None if tombstone or (gone and rng.random() < 0.5) else rng.randrange(10),
             "qty": None if tombstone or rng.random() < 0.2 else rng.randrange(-5, 20),
             "note": None if tombstone or rng.random() < 0.3 else rng.choice("xyz"),
-            "gone": None if tombstone else rng.random() < 0.08,
+            "gone": gone,
             PARTITION_COL: partition,
             OFFSET_COL: offset,
             TOMBSTONE_COL: tombstone,
@@ -121,9 +129,14 @@ def make_source(mode: str, partition: int, first_offset: int, source_seed: int) 
 @dataclass
 class Pending:
     staged: StagedFile
+    dead: StagedFile
     ranges: dict[int, tuple[int, int]]
     rows: list[Row]
     batch_id: int
+
+    @property
+    def paths(self) -> set[str]:
+        return {p for p in (self.staged.path, self.dead.path) if p}
 
 
 @dataclass
@@ -178,9 +191,15 @@ class ConcurrentWriters(RuleBasedStateMachine):
         self.cat = Catalog.open(home=self.home)
         self.spec = TableSpec.parse({"name": TABLE, "schema": SCHEMA, **SPECS[mode]})
         self.cat.create_table(self.spec)
+        self.cat.create_table(DEAD)
         self.first_offsets = dict(enumerate(first_offsets))
         self.source = {
             p: make_source(mode, p, first, source_seed) for p, first in self.first_offsets.items()
+        }
+        # Records that fail to decode: the dead-letter table must hold exactly these.
+        self.bad = {
+            p: {o for o in rows if random.Random(f"{source_seed}/{p}/{o}/bad").random() < 0.05}
+            for p, rows in self.source.items()
         }
         self.uppers: dict[int, int] = {}
         self.crashed_files: set[str] = set()
@@ -203,10 +222,33 @@ class ConcurrentWriters(RuleBasedStateMachine):
         return [r for o, r in self.source[p].items() if lo <= o < hi]
 
     def stage(self, w: Writer, ranges: dict[int, tuple[int, int]], batch_id: int) -> Pending:
+        """What a write task stages: the good records as a data file, the bad ones as a
+        dead-letter file."""
         rows = [r for p, (lo, hi) in ranges.items() for r in self.read_source(p, lo, hi)]
-        table = pa.Table.from_pylist(rows, schema=self.spec.arrow_schema(system_columns=True))
+        good = [r for r in rows if r[OFFSET_COL] not in self.bad[r[PARTITION_COL]]]
+        dead = [
+            (r[PARTITION_COL], r[OFFSET_COL], b"{", None, "not JSON")
+            for r in rows
+            if r[OFFSET_COL] in self.bad[r[PARTITION_COL]]
+        ]
+        table = pa.Table.from_pylist(good, schema=self.spec.arrow_schema(system_columns=True))
         staged = stage_rows(self.catalog.deep, self.spec, table, name_hint=w.name)
-        return Pending(staged, ranges, rows, batch_id)
+        dead_file = stage_rows(self.catalog.deep, DEAD, dead_letter_rows(dead), name_hint=w.name)
+        return Pending(staged, dead_file, ranges, good, batch_id)
+
+    def commit(self, w: Writer, pending: Pending) -> BatchCommit:
+        """The production commit path (what the Spark sink's commit runs): the table and its
+        dead-letter table in one transaction."""
+        return commit_writes(
+            self.catalog.store,
+            self.catalog.deep,
+            TABLE,
+            [StagedWrite(pending.ranges, pending.staged, pending.dead)],
+            dead_letter_table=DEAD.name,
+            writer_id=w.name,
+            batch_id=pending.batch_id,
+            raise_for_gaps=False,
+        )
 
     def draw_writer(self, data: st.DataObject, eligible: Callable[[Writer], bool]) -> Writer:
         names = [w.name for w in self.writers if eligible(w)]
@@ -246,16 +288,12 @@ class ConcurrentWriters(RuleBasedStateMachine):
         pending = w.pending
         assert pending is not None
         before = self.uppers  # as the invariant read them after the previous step
-        result = commit_staged(
-            self.catalog.store,
-            self.catalog.deep,
-            TABLE,
-            pending.staged,
-            pending.ranges,
-            {},
-            writer_id=w.name,
-            batch_id=pending.batch_id,
-        )
+        commit = self.commit(w, pending)
+        result = commit.table
+        assert commit.dead_letter is not None
+        assert [s.decision for s in commit.dead_letter.shards] == [
+            s.decision for s in result.shards
+        ], "the dead-letter table decides exactly like the table"
         after = self.shard_uppers()
         for p, (lo, hi) in pending.ranges.items():
             upper = before.get(p, lo)  # a new shard starts where its first batch starts
@@ -266,10 +304,10 @@ class ConcurrentWriters(RuleBasedStateMachine):
             if hi > upper:
                 assert after[p] >= hi, f"batch [{lo}, {hi}) stranded below upper {after.get(p)}"
             w.pos[p] = hi
-        if pending.staged.path is not None:
-            assert self.catalog.deep.exists(pending.staged.path) == (
-                pending.staged.path in result.files_referenced
-            ), "a staged file outlived a commit that did not reference it"
+        for path in pending.paths:
+            assert self.catalog.deep.exists(path) == (path in commit.files_referenced), (
+                "a staged file outlived a commit that did not reference it"
+            )
         w.pending = None
         w.last_committed = pending
 
@@ -284,22 +322,13 @@ class ConcurrentWriters(RuleBasedStateMachine):
         before = self.uppers
         version = self.catalog.store.get_table(TABLE).manifest_version
         replay = self.stage(w, last.ranges, last.batch_id)
-        result = commit_staged(
-            self.catalog.store,
-            self.catalog.deep,
-            TABLE,
-            replay.staged,
-            replay.ranges,
-            {},
-            writer_id=w.name,
-            batch_id=replay.batch_id,
-        )
+        result = self.commit(w, replay).table
         assert all(s.decision.outcome is Outcome.DROP for s in result.shards), result
         assert result.version is None
         assert self.catalog.store.get_table(TABLE).manifest_version == version
         assert self.shard_uppers() == before
-        if replay.staged.path is not None:
-            assert not self.catalog.deep.exists(replay.staged.path)
+        for path in replay.paths:
+            assert not self.catalog.deep.exists(path)
 
     @rule(data=st.data())
     @step
@@ -307,8 +336,8 @@ class ConcurrentWriters(RuleBasedStateMachine):
         """The process dies: a staged, uncommitted file is left behind, and the writer
         restarts from the shard upper."""
         w = self.draw_writer(data, lambda w: True)
-        if w.pending is not None and w.pending.staged.path is not None:
-            self.crashed_files.add(w.pending.staged.path)
+        if w.pending is not None and w.pending.paths:
+            self.crashed_files |= w.pending.paths
             event("crash left a staged file behind")
         w.pending = None
         self.bootstrap(w)
@@ -316,7 +345,13 @@ class ConcurrentWriters(RuleBasedStateMachine):
     # -- invariants ----------------------------------------------------------------------
 
     def expected_rows(self, uppers: dict[int, int]) -> list[Row]:
-        return [r for p, upper in uppers.items() for o, r in self.source[p].items() if o < upper]
+        """The good records below the uppers (bad ones are in the dead-letter table)."""
+        return [
+            r
+            for p, upper in uppers.items()
+            for o, r in self.source[p].items()
+            if o < upper and o not in self.bad[p]
+        ]
 
     @invariant()
     @step
@@ -341,14 +376,26 @@ class ConcurrentWriters(RuleBasedStateMachine):
                 assert prev_end <= e.start < e.end <= upper, (p, e.start, e.end, upper)
                 prev_end = e.end
 
-        files = {f.path for f in self.catalog.deep.list_files(f"tables/{TABLE}")}
-        pending = {
-            w.pending.staged.path
-            for w in self.writers
-            if w.pending is not None and w.pending.staged.path is not None
+        dead = self.catalog.manifest(DEAD.name)
+        assert {sh.partition: sh.upper for sh in self.catalog.store.list_shards(DEAD.name)} == (
+            uppers
+        ), "the dead-letter table covers exactly the table's offsets"
+        dead_rows = read_manifest(self.catalog.deep, dead).to_pylist()
+        got_bad = sorted((r["partition"], r["offset"]) for r in dead_rows)
+        want_bad = sorted((p, o) for p, upper in uppers.items() for o in self.bad[p] if o < upper)
+        assert got_bad == want_bad, "every bad record below the upper is dead-lettered once"
+
+        files = self.files()
+        pending = {p for w in self.writers if w.pending is not None for p in w.pending.paths}
+        referenced = {
+            e.file_path for m in (manifest, dead) for e in m.entries if e.file_path is not None
         }
-        referenced = {e.file_path for e in manifest.entries if e.file_path is not None}
         assert files == referenced | pending | self.crashed_files
+
+    def files(self) -> set[str]:
+        return {
+            f.path for t in (TABLE, DEAD.name) for f in self.catalog.deep.list_files(f"tables/{t}")
+        }
 
     def teardown(self) -> None:
         if self.cat is None:
@@ -357,19 +404,24 @@ class ConcurrentWriters(RuleBasedStateMachine):
             if not self.clean:
                 return  # a step failed: that is the error to report
             for w in self.writers:  # the campaign ends: whatever is still staged is orphaned
-                if w.pending is not None and w.pending.staged.path is not None:
-                    self.crashed_files.add(w.pending.staged.path)
+                if w.pending is not None:
+                    self.crashed_files |= w.pending.paths
                 w.pending = None
             before = canonical(self.catalog.read_table(TABLE).to_pylist())
             far_future = ManualClock(start=4_000_000_000.0)
-            deleted = collect_garbage(
-                self.catalog.store, self.catalog.deep, TABLE, grace_seconds=0, clock=far_future
-            )
+            deleted = [
+                path
+                for t in (TABLE, DEAD.name)
+                for path in collect_garbage(
+                    self.catalog.store, self.catalog.deep, t, grace_seconds=0, clock=far_future
+                )
+            ]
             assert set(deleted) == self.crashed_files
             assert len(deleted) == len(set(deleted))
             assert canonical(self.catalog.read_table(TABLE).to_pylist()) == before
-            files = {f.path for f in self.catalog.deep.list_files(f"tables/{TABLE}")}
-            assert files == self.catalog.store.referenced_files(TABLE)
+            assert self.files() == self.catalog.store.referenced_files(
+                TABLE
+            ) | self.catalog.store.referenced_files(DEAD.name)
         finally:
             self.catalog.close()
             assert self.home is not None

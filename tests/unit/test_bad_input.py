@@ -6,11 +6,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 import millstream
 from millstream.catalog import Catalog
 from millstream.errors import InvalidSpecError, TableNotFoundError
+from millstream.table.writer import stage_rows
 
 GOOD = {
     "name": "orders",
@@ -93,3 +95,27 @@ def test_as_of_beyond_the_latest_version_is_invalid(cat: Catalog) -> None:
         cat.read_table("orders", as_of=1)
     assert info.value.field == "as_of"
     assert "0..0" in str(info.value)
+
+
+def test_staging_a_row_that_is_not_a_delete_without_the_comparison_value_is_refused(
+    cat: Catalog,
+) -> None:
+    """Decode dead-letters such records, so only a writer bypassing it could stage one; the
+    error names the column and where the row is, and no file is written."""
+    spec = cat.create_table(spec_with(comparison_column="amount", delete_column="deleted")).spec
+    system = {"_ms_partition": 3, "_ms_tombstone": False}
+    rows = pa.Table.from_pylist(
+        [
+            {"id": "a", "amount": None, "deleted": True, "_ms_offset": 7, **system},  # a delete
+            {"id": "b", "amount": None, "deleted": False, "_ms_offset": 8, **system},
+        ],
+        schema=spec.arrow_schema(system_columns=True),
+    )
+
+    with pytest.raises(InvalidSpecError) as info:
+        stage_rows(cat.deep, spec, rows)
+
+    assert info.value.field == "rows.amount"
+    assert "partition 3 offset 8" in str(info.value)
+    assert "comparison column 'amount' is null" in str(info.value)
+    assert cat.deep.list_files("tables/orders") == []

@@ -21,8 +21,16 @@ def debug_info(ctx: ApiContext, table: str) -> dict[str, Any]:
         if e.state is not SegmentState.ONLINE:
             queue[e.partition] = queue.get(e.partition, 0) + 1
         if e.state is SegmentState.COMMITTING:
+            expires = e.claim_expires_at
             committing.append(
-                {"segment": e.name, "partition": e.partition, "age_s": round(now - e.created_at, 3)}
+                {
+                    "segment": e.name,
+                    "partition": e.partition,
+                    "age_s": round(now - e.created_at, 3),
+                    # Who is sealing it; an expired claim is taken over by the next seal.
+                    "claimed_by": e.claimed_by,
+                    "claim_expires_in_s": None if expires is None else round(expires - now, 3),
+                }
             )
         if e.state is SegmentState.ERROR:
             errors.append({"segment": e.name, "partition": e.partition, "last_error": e.last_error})

@@ -1,9 +1,9 @@
 """The ``millstream`` command line. Every command takes ``--output text|json``; exit codes:
 
 0 ok · 1 unexpected error · 2 invalid spec/argument (the field is named) · 3 not found ·
-4 conflict with existing state · 5 lost compare-and-set / fenced / gap · 6 commit outcome
-unknown · 7 segment unavailable · 8 metadata schema too new · 9 the Spark query failed with
-one of the above (message says which) · 130 interrupted.
+4 conflict with existing state · 5 lost compare-and-set / fenced / gap / segment changed /
+staged file too old · 6 commit outcome unknown · 7 segment unavailable · 8 metadata schema too
+new · 9 the Spark query failed with one of the above (message says which) · 130 interrupted.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from millstream.datastream import (
     KafkaSource,
     dead_letter_spec,
 )
-from millstream.errors import ShardGapError, WriterFencedError
+from millstream.errors import ShardGapError, StagedFileExpiredError, WriterFencedError
 from millstream.ingest.sources.base import encode_offsets
 from millstream.sealing.sealer import Sealer, Thresholds
 from millstream.supervise import Backoff, SupervisedLoop
@@ -205,21 +205,29 @@ class DatastreamRunner:
     def bootstrap(self) -> Bootstrap:
         """The shards' uppers and epochs. Every source partition gets a shard first (at the
         position a fresh start would use), so a local checkpoint is always compared with an
-        authoritative upper, never trusted for a partition the store knows nothing about."""
+        authoritative upper, never trusted for a partition the store knows nothing about.
+
+        The table's and the dead-letter table's shards are created in one transaction, and
+        the writer starts each partition at the LOWER of the two uppers: where the dead-letter
+        shard is behind (created late by an older version, or left behind by a gap), its bad
+        records are read again; the table's part of that range is a harmless replay (DROP)."""
+        table, dl_table = self.table_spec.name, dead_letter_spec(self.table_spec.name).name
         reader = make_reader(self.spec)
         latest = reader.latest_offsets()
         fresh = (
             reader.earliest_offsets() if self.spec.source.starting_offsets == "earliest" else latest
         )
         starts = {p: fresh.get(p, 0) for p in latest}
-        self.catalog.store.ensure_shards(self.table_spec.name, starts)
-        self.catalog.store.ensure_shards(dead_letter_spec(self.table_spec.name).name, starts)
-        shards = self.catalog.store.list_shards(self.table_spec.name)
-        dl = self.catalog.store.list_shards(dead_letter_spec(self.table_spec.name).name)
+        store = self.catalog.store
+        store.ensure_shards(table, starts, together_with=[dl_table])
+        shards = {s.partition: s for s in store.list_shards(table)}
+        dl = {s.partition: s for s in store.list_shards(dl_table)}
         return Bootstrap(
-            uppers={s.partition: s.upper for s in shards},
-            epochs={s.partition: s.epoch for s in shards},
-            dead_letter_epochs={s.partition: s.epoch for s in dl},
+            uppers={
+                p: min(sh.upper, dl[p].upper) if p in dl else sh.upper for p, sh in shards.items()
+            },
+            epochs={p: sh.epoch for p, sh in shards.items()},
+            dead_letter_epochs={p: sh.epoch for p, sh in dl.items()},
         )
 
     @property
@@ -422,4 +430,5 @@ class DatastreamRunner:
 
 def _restartable(error: Exception) -> bool:
     text = str(error)
-    return any(name in text for name in (ShardGapError.__name__, WriterFencedError.__name__))
+    restartable = (ShardGapError, WriterFencedError, StagedFileExpiredError)
+    return any(cls.__name__ in text for cls in restartable)

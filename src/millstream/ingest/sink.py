@@ -29,7 +29,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from millstream import faults
 from millstream.config import Settings
 from millstream.datastream import dead_letter_spec
-from millstream.errors import CommitStateUnknownError, MillstreamError
+from millstream.errors import MillstreamError
 from millstream.ingest.decode import RAW_SCHEMA, Decoded, dead_letter_rows, decode_records
 from millstream.ingest.sources.base import (
     SELF_READ,
@@ -38,11 +38,17 @@ from millstream.ingest.sources.base import (
     read_records,
     reader_for,
 )
-from millstream.metastore.models import ShardAppend
 from millstream.metastore.store import MetadataStore
 from millstream.options import Options
 from millstream.spec import TableSpec
 from millstream.storage.deepstore import DeepStore
+from millstream.table.commit import (
+    BatchCommit,
+    StagedFile,
+    StagedWrite,
+    commit_writes,
+    plan_appends,
+)
 
 
 class BadRecordError(MillstreamError):
@@ -67,6 +73,16 @@ class SinkMessage(WriterCommitMessage):
     dead_path: str | None = None
     dead_size: int = 0
     dead_counts: dict[int, int] = field(default_factory=dict)
+    #: wall-clock time taken before the files were written (the commit refuses old ones)
+    staged_at: float | None = None
+
+    def staged_write(self) -> StagedWrite:
+        return StagedWrite(
+            self.ranges,
+            StagedFile(self.data_path, self.data_size, self.data_counts),
+            StagedFile(self.dead_path, self.dead_size, self.dead_counts),
+            self.staged_at,
+        )
 
 
 def _ranges(raw: pa.Table) -> dict[int, tuple[int, int]]:
@@ -178,6 +194,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
         )
         raw = pa.Table.from_batches(list(iterator), schema=RAW_SCHEMA)
         ranges = _ranges(raw)
+        staged_at = time.time()  # before reading: no file of this task is older
         decoded = self._decode(raw)
         if decoded.dead and self.bad_records == "fail":
             p, o, _, _, err = min(decoded.dead, key=lambda d: (d[0], d[1]))
@@ -194,77 +211,59 @@ class SegmentSink(DataSourceStreamArrowWriter):
             dead_path=dead.path,
             dead_size=dead.size_bytes,
             dead_counts=dict(dead.row_counts),
+            staged_at=staged_at,
         )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Commit the batch through :func:`millstream.table.commit.commit_writes` (the one
+        commit path): the table and its dead-letter table in one transaction."""
         faults.hit("before_commit", batchId)
-        table, dl_table = self.spec.name, self.dl_spec.name
-        main: list[ShardAppend] = []
-        dl: list[ShardAppend] = []
-        staged: set[str] = set()
-        rows = 0
-        for m in messages:
-            if not isinstance(m, SinkMessage):
-                continue
-            staged.update(p for p in (m.data_path, m.dead_path) if p)
-            for part, (lo, hi) in m.ranges.items():
-                n = m.data_counts.get(part, 0)
-                rows += n
-                main.append(
-                    ShardAppend(
-                        part,
-                        lo,
-                        hi,
-                        self.epochs.get(part, 0),
-                        m.data_path if n else None,
-                        n,
-                        m.data_size,
-                    )
-                )
-                d = m.dead_counts.get(part, 0)
-                dl.append(
-                    ShardAppend(
-                        part,
-                        lo,
-                        hi,
-                        self.dl_epochs.get(part, 0),
-                        m.dead_path if d else None,
-                        d,
-                        m.dead_size,
-                    )
-                )
-        if not main:
+        writes = [m.staged_write() for m in messages if isinstance(m, SinkMessage)]
+        if not any(w.ranges for w in writes):
             return
         store = MetadataStore(self.settings.metadata_url)
         deep = self._deep()
-        if not self._may_commit(store):
-            # A warm standby: it reads and stages like the active but does not commit while the
-            # active is alive. When it takes over, its first commit finds a gap and the runner
-            # restarts it from the shard upper.
-            store.dispose()
-            self._delete(deep, staged)
-            self._record(batchId, None, 0)
-            return
         try:
-            results = store.commit_batch(
-                {table: main, dl_table: dl}, writer_id=self.writer_id, batch_id=batchId
+            if not self._may_commit(store):
+                # A warm standby: it reads and stages like the active but does not commit
+                # while the active is alive. When it takes over, its first commit finds a gap
+                # and the runner restarts it from the shard upper.
+                self._delete(deep, set().union(*(w.paths for w in writes)))
+                self._record(batchId, None)
+                return
+            # CommitStateUnknownError propagates only when a re-read did not show the batch
+            # persisted; the staged files are then kept (only GC, which checks references, may
+            # delete them) and the query fails and restarts from the shard uppers.
+            result = commit_writes(
+                store,
+                deep,
+                self.spec.name,
+                writes,
+                dead_letter_table=self.dl_spec.name,
+                epochs=self.epochs,
+                dead_letter_epochs=self.dl_epochs,
+                writer_id=self.writer_id,
+                batch_id=batchId,
+                raise_for_gaps=False,
             )
-        except CommitStateUnknownError:
-            raise  # the files may be referenced now; abort() checks before deleting
-        except MillstreamError:
-            self._delete(deep, staged)  # the transaction rolled back: nothing references them
-            raise
         finally:
             store.dispose()
-        referenced = results[table].files_referenced | results[dl_table].files_referenced
-        self._delete(deep, staged - referenced)
-        self._record(batchId, results[table], rows)
+        self._record(batchId, result)
         if self.seal_inline:
             self._seal_inline()
         faults.hit("after_commit", batchId)
-        results[table].raise_for_gaps(main)
+        main, dl, _ = plan_appends(writes, self.epochs, self.dl_epochs)
+        result.table.raise_for_gaps(main)
+        if result.dead_letter is not None:
+            result.dead_letter.raise_for_gaps(dl)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Delete staged files after a write task failed (some message is missing): the
+        commit never ran, so nothing can reference them, but the check is cheap. When every
+        task succeeded, ``commit`` ran and disposed of the files itself (and kept them on an
+        unknown outcome, deliberately): nothing to do."""
+        if all(isinstance(m, SinkMessage) for m in messages):
+            return
         staged = {
             p
             for m in messages
@@ -276,7 +275,6 @@ class SegmentSink(DataSourceStreamArrowWriter):
             return
         store = MetadataStore(self.settings.metadata_url)
         try:
-            # A commit whose outcome was unknown may have landed: keep what the manifest uses.
             referenced = store.referenced_files(self.spec.name) | store.referenced_files(
                 self.dl_spec.name
             )
@@ -320,7 +318,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
             now=time.time(),
         )
 
-    def _record(self, batch_id: int, result: Any, rows: int) -> None:
+    def _record(self, batch_id: int, result: BatchCommit | None) -> None:
         if not self.stats_file:
             return
         if result is None:
@@ -331,15 +329,17 @@ class SegmentSink(DataSourceStreamArrowWriter):
                 "rows": 0,
             }
         else:
+            table = result.table
             entry = {
                 "batch_id": batch_id,
                 "at": time.time(),
-                "version": result.version,
-                "rows": rows,
-                "lost_race": result.lost_race,
-                "retries": result.retries,
-                "outcomes": {str(s.partition): s.decision.outcome.value for s in result.shards},
-                "uppers": {str(s.partition): s.decision.new_upper for s in result.shards},
+                "version": table.version,
+                "rows": result.rows,
+                "lost_race": table.lost_race,
+                "retries": table.retries,
+                "reconciled": result.reconciled,
+                "outcomes": {str(s.partition): s.decision.outcome.value for s in table.shards},
+                "uppers": {str(s.partition): s.decision.new_upper for s in table.shards},
             }
         path = Path(self.stats_file)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -59,6 +59,9 @@ class Entry:
     batch_id: int | None
     created_at: float
     last_error: str | None = None
+    #: The sealer that claimed this entry (state COMMITTING), and until when its claim holds.
+    claimed_by: str | None = None
+    claim_expires_at: float | None = None
 
     @property
     def name(self) -> str:

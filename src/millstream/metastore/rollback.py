@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, select
 
 from millstream.datastream import dead_letter_spec
 from millstream.errors import InvalidSpecError, NotFoundError
 from millstream.metastore import schema as s
-from millstream.metastore.cas import cas_update
-from millstream.metastore.models import Entry, Shard, TableInfo
-from millstream.metastore.store import MetadataStore, _entry, publish_version
+from millstream.metastore.manifest import entry_of, remove_segments
+from millstream.metastore.models import Entry
+from millstream.metastore.store import MetadataStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,7 @@ def _visible(conn: Connection, table: str, partition: int, version: int) -> list
         )
         .order_by(s.entries.c.seq)
     )
-    return [_entry(r) for r in conn.execute(q).mappings()]
+    return [entry_of(r) for r in conn.execute(q).mappings()]
 
 
 def rollback_partition(
@@ -109,7 +109,9 @@ def rollback_partition(
         if dry_run:
             return plan
         now = store.clock.now()
-        version = _roll_back_shard(conn, info, shard, doomed, new_upper, now)
+        version = remove_segments(
+            conn, info, (partition, shard.epoch, shard.version), doomed, new_upper, now
+        )
         dl_removed = _rollback_dead_letters(store, conn, table, partition, new_upper, now)
         return RollbackPlan(
             table,
@@ -130,46 +132,6 @@ def rollback_partition(
     return plan
 
 
-def _roll_back_shard(
-    conn: Connection,
-    info: TableInfo,
-    shard: Shard,
-    doomed: list[Entry],
-    new_upper: int,
-    now: float,
-) -> int:
-    """Remove ``doomed`` entries (and the delete vectors their seals wrote), move the shard's upper to ``new_upper`` and bump its epoch
-    (fencing every writer), then publish the new manifest version, which it returns."""
-    version = info.manifest_version + 1
-    for e in doomed:
-        conn.execute(
-            update(s.entries)
-            .where(s.entries.c.id == e.id, s.entries.c.removed_version.is_(None))
-            .values(removed_version=version, version=s.entries.c.version + 1)
-        )
-    if doomed:
-        # Rows the removed seals had superseded in older segments are current again.
-        dv = s.delete_vectors
-        conn.execute(
-            update(dv)
-            .where(
-                dv.c.table_name == info.name,
-                dv.c.partition == shard.partition,
-                dv.c.source_seq >= min(e.seq for e in doomed),
-                dv.c.removed_version.is_(None),
-            )
-            .values(removed_version=version, version=dv.c.version + 1)
-        )
-    cas_update(
-        conn,
-        s.shards,
-        {"table_name": info.name, "partition": shard.partition},
-        shard.version,
-        {"upper": new_upper, "epoch": shard.epoch + 1},
-    )
-    return publish_version(conn, info, "rollback", now)
-
-
 def _rollback_dead_letters(
     store: MetadataStore, conn: Connection, table: str, partition: int, new_upper: int, now: float
 ) -> int:
@@ -184,5 +146,12 @@ def _rollback_dead_letters(
     doomed = [
         e for e in _visible(conn, dl, partition, info.manifest_version) if e.start >= new_upper
     ]
-    _roll_back_shard(conn, info, shard, doomed, min(shard.upper, new_upper), now)
+    remove_segments(
+        conn,
+        info,
+        (partition, shard.epoch, shard.version),
+        doomed,
+        min(shard.upper, new_upper),
+        now,
+    )
     return len(doomed)

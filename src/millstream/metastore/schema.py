@@ -21,7 +21,9 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    inspect,
     select,
+    text,
 )
 
 metadata = MetaData()
@@ -89,6 +91,10 @@ entries = Table(
     Column("created_at", Float, nullable=False),
     Column("last_error", Text, nullable=True),
     Column("version", BigInteger, nullable=False),
+    # Schema v4: who claimed the entry for a seal (state COMMITTING) and until when. A claim
+    # whose expiry has passed belongs to a sealer presumed dead and may be taken over.
+    Column("claimed_by", String(128), nullable=True),
+    Column("claim_expires_at", Float, nullable=True),
     UniqueConstraint("table_name", "partition", "seq", "added_version", name="uq_entry_seq"),
 )
 Index("ix_entries_table_version", entries.c.table_name, entries.c.added_version)
@@ -183,7 +189,7 @@ delete_vectors = Table(
 )
 Index("ix_delete_vectors_table", delete_vectors.c.table_name, delete_vectors.c.partition)
 
-LATEST_SCHEMA_VERSION = 3
+LATEST_SCHEMA_VERSION = 4
 
 
 def _v1(conn: Connection) -> None:
@@ -198,8 +204,17 @@ def _v3(conn: Connection) -> None:
     sealing.create_all(conn, checkfirst=True)
 
 
+def _v4(conn: Connection) -> None:
+    """Seal claims get an owner and an expiry (a database created at v1 by this code already
+    has the columns: ``entries`` declares them)."""
+    have = {c["name"] for c in inspect(conn).get_columns(entries.name)}
+    for name, sql_type in (("claimed_by", "VARCHAR(128)"), ("claim_expires_at", "FLOAT")):
+        if name not in have:
+            conn.execute(text(f"ALTER TABLE {entries.name} ADD COLUMN {name} {sql_type}"))
+
+
 #: Migration N takes the schema from version N-1 to N. Append; never edit a released one.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1, 2: _v2, 3: _v3}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
 
 
 def current_schema_version(conn: Connection) -> int:

@@ -12,7 +12,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -44,10 +44,14 @@ from millstream.errors import (
 )
 from millstream.metastore import schema as s
 from millstream.metastore.cas import cas_update
+from millstream.metastore.manifest import (
+    delete_vector_of,
+    entry_of,
+    insert_entry,
+    publish_version,
+)
 from millstream.metastore.models import (
     AppendResult,
-    DeleteVector,
-    Entry,
     Manifest,
     SegmentState,
     Shard,
@@ -76,6 +80,11 @@ class MetadataStore:
         self.engine = self._make_engine(url)
         #: Compare-and-set retries in this process (reported as commit conflicts).
         self.conflicts = 0
+        #: Fault point for tests and drills: called as ``on_commit(landed)`` right before
+        #: (``landed=False``) and right after (``landed=True``) every write transaction's COMMIT.
+        #: An exception it raises is treated as a failure during COMMIT, i.e. an unknown outcome
+        #: (:class:`CommitStateUnknownError`), whether or not the transaction landed.
+        self.on_commit: Callable[[bool], None] | None = None
         self._conflicts_lock = threading.Lock()
         self._migrate()
 
@@ -128,7 +137,13 @@ class MetadataStore:
                 txn.rollback()
                 raise
             try:
+                if self.on_commit is not None:
+                    self.on_commit(False)
                 txn.commit()
+                if self.on_commit is not None:
+                    self.on_commit(True)
+            except CommitStateUnknownError:
+                raise
             except (OperationalError, DBAPIError) as exc:
                 if _is_retryable(exc):
                     raise CommitConflictError(
@@ -137,6 +152,13 @@ class MetadataStore:
                 raise CommitStateUnknownError(
                     f"the metadata store failed during COMMIT ({exc}); the outcome is unknown: "
                     "re-read shard uppers before doing anything else"
+                ) from exc
+            except Exception as exc:  # an injected fault (on_commit)
+                if txn.is_active:
+                    txn.rollback()
+                raise CommitStateUnknownError(
+                    f"COMMIT failed ({exc}); the outcome is unknown: re-read before doing "
+                    "anything else"
                 ) from exc
 
     def retrying(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -234,6 +256,12 @@ class MetadataStore:
             rows = conn.execute(select(s.tables).order_by(s.tables.c.name)).mappings().all()
             return [_table_info(r) for r in rows]
 
+    def table_row(self, conn: Connection, name: str, *, lock: bool = False) -> TableInfo:
+        """The table's row inside ``conn``'s transaction (TableNotFoundError if missing)."""
+        info = self._table(conn, name, lock=lock)
+        assert info is not None
+        return info
+
     def _table(
         self, conn: Connection, name: str, *, missing_ok: bool = False, lock: bool = False
     ) -> TableInfo | None:
@@ -275,25 +303,40 @@ class MetadataStore:
             for r in conn.execute(q)
         }
 
-    def ensure_shards(self, table: str, starts: dict[int, int]) -> dict[int, Shard]:
-        """Create the shards of ``table`` that do not exist yet, at ``starts[partition]`` (epoch
-        0); existing shards are left alone. Returns every requested shard as it now is."""
+    def ensure_shards(
+        self, table: str, starts: dict[int, int], *, together_with: Sequence[str] = ()
+    ) -> dict[int, Shard]:
+        """Create the missing shards of ``table`` (and of the ``together_with`` tables, its
+        dead-letter table) in ONE transaction; existing shards are left alone. Returns
+        ``table``'s requested shards as they now are.
+
+        A partition none of the tables has a shard for starts at ``starts[partition]``
+        (epoch 0). A partition some of them already have starts, in the others, at the lowest
+        upper among those: a table and its dead-letter table must cover the same offsets, or
+        the bad records between the two starts would be in neither (a crash between two
+        separate creations, or two replicas bootstrapping a new datastream under traffic)."""
+        names = [table, *together_with]
 
         def _txn(conn: Connection) -> dict[int, Shard]:
-            self._table(conn, table)
-            have = self._shards(conn, table, list(starts))
-            for p, upper in sorted(starts.items()):
-                if p not in have:
-                    conn.execute(
-                        insert(s.shards).values(
-                            table_name=table,
-                            partition=p,
-                            upper=upper,
-                            epoch=0,
-                            next_seq=0,
-                            version=1,
+            have = {}
+            for name in names:
+                self._table(conn, name)
+                have[name] = self._shards(conn, name, list(starts))
+            for p, start in sorted(starts.items()):
+                existing = [have[name][p].upper for name in names if p in have[name]]
+                upper = min(existing) if existing else start
+                for name in names:
+                    if p not in have[name]:
+                        conn.execute(
+                            insert(s.shards).values(
+                                table_name=name,
+                                partition=p,
+                                upper=upper,
+                                epoch=0,
+                                next_seq=0,
+                                version=1,
+                            )
                         )
-                    )
             return self._shards(conn, table, list(starts))
 
         shards, _ = self.retrying(_txn)
@@ -460,7 +503,7 @@ class MetadataStore:
                 )
                 .order_by(s.entries.c.partition, s.entries.c.seq)
             )
-            entries = tuple(_entry(r) for r in conn.execute(q).mappings())
+            entries = tuple(entry_of(r) for r in conn.execute(q).mappings())
             dv = s.delete_vectors
             q = (
                 select(dv)
@@ -471,7 +514,7 @@ class MetadataStore:
                 )
                 .order_by(dv.c.partition, dv.c.source_seq, dv.c.id)
             )
-            dvs = tuple(_delete_vector(r) for r in conn.execute(q).mappings())
+            dvs = tuple(delete_vector_of(r) for r in conn.execute(q).mappings())
             return Manifest(info, version, entries, dvs)
 
     def _resolve_version(
@@ -513,109 +556,6 @@ class MetadataStore:
             return files | {r[0] for r in conn.execute(q)}
 
 
-def insert_entry(
-    conn: Connection,
-    *,
-    table: str,
-    partition: int,
-    seq: int,
-    file_path: str | None,
-    start: int,
-    end: int,
-    state: SegmentState,
-    row_count: int,
-    size_bytes: int,
-    added_version: int,
-    now: float,
-    writer_id: str | None = None,
-    batch_id: int | None = None,
-) -> int:
-    """Add a manifest entry visible from ``added_version`` on; returns its id."""
-    res = conn.execute(
-        insert(s.entries).values(
-            table_name=table,
-            partition=partition,
-            seq=seq,
-            file_path=file_path,
-            start_offset=start,
-            end_offset=end,
-            state=state.value,
-            row_count=row_count,
-            size_bytes=size_bytes,
-            added_version=added_version,
-            removed_version=None,
-            writer_id=writer_id,
-            batch_id=batch_id,
-            created_at=now,
-            version=1,
-        )
-    )
-    key = res.inserted_primary_key
-    assert key is not None
-    return int(key[0])
-
-
-def insert_delete_vector(
-    conn: Connection,
-    *,
-    table: str,
-    partition: int,
-    source_seq: int,
-    file_path: str,
-    row_count: int,
-    added_version: int,
-) -> int:
-    """Record a delete vector visible from ``added_version`` on; returns its id."""
-    res = conn.execute(
-        insert(s.delete_vectors).values(
-            table_name=table,
-            partition=partition,
-            source_seq=source_seq,
-            file_path=file_path,
-            row_count=row_count,
-            added_version=added_version,
-            removed_version=None,
-            version=1,
-        )
-    )
-    key = res.inserted_primary_key
-    assert key is not None
-    return int(key[0])
-
-
-def get_entry(conn: Connection, entry_id: int) -> Entry:
-    row = conn.execute(select(s.entries).where(s.entries.c.id == entry_id)).mappings().first()
-    assert row is not None, entry_id
-    return _entry(row)
-
-
-def publish_version(
-    conn: Connection,
-    info: TableInfo,
-    operation: str,
-    now: float,
-    *,
-    writer_id: str | None = None,
-    batch_id: int | None = None,
-) -> int:
-    """Make ``info.manifest_version + 1`` the table's current version (compare-and-set on the
-    table row) and record who made it and when (time travel by time). Every manifest change
-    goes through here: appends, seals, rollbacks, re-ingestion."""
-    version = info.manifest_version + 1
-    cas_update(conn, s.tables, {"name": info.name}, info.version, {"manifest_version": version})
-    conn.execute(
-        insert(s.table_versions).values(
-            table_name=info.name,
-            manifest_version=version,
-            committed_at=now,
-            operation=operation,
-            writer_id=writer_id,
-            batch_id=batch_id,
-        )
-    )
-    return version
-
-
 def _is_retryable(exc: BaseException) -> bool:
     text = str(exc).lower()
     return any(
@@ -627,38 +567,4 @@ def _is_retryable(exc: BaseException) -> bool:
 def _table_info(r: Any) -> TableInfo:
     return TableInfo(
         TableSpec.parse(r["spec"]), r["manifest_version"], r["created_at"], r["version"]
-    )
-
-
-def _delete_vector(r: Any) -> DeleteVector:
-    return DeleteVector(
-        id=r["id"],
-        table=r["table_name"],
-        partition=r["partition"],
-        source_seq=r["source_seq"],
-        file_path=r["file_path"],
-        row_count=r["row_count"],
-        added_version=r["added_version"],
-        removed_version=r["removed_version"],
-    )
-
-
-def _entry(r: Any) -> Entry:
-    return Entry(
-        id=r["id"],
-        table=r["table_name"],
-        partition=r["partition"],
-        seq=r["seq"],
-        file_path=r["file_path"],
-        start=r["start_offset"],
-        end=r["end_offset"],
-        state=SegmentState(r["state"]),
-        row_count=r["row_count"],
-        size_bytes=r["size_bytes"],
-        added_version=r["added_version"],
-        removed_version=r["removed_version"],
-        writer_id=r["writer_id"],
-        batch_id=r["batch_id"],
-        created_at=r["created_at"],
-        last_error=r["last_error"],
     )

@@ -14,16 +14,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from sqlalchemy import Connection, select, update
 
 from millstream.catalog import Catalog
 from millstream.core.merge import compact
 from millstream.datastream import DatastreamSpec
-from millstream.errors import AlreadyExistsError, InvalidSpecError, MillstreamError, NotFoundError
+from millstream.errors import (
+    AlreadyExistsError,
+    CommitStateUnknownError,
+    InvalidSpecError,
+    NotFoundError,
+)
 from millstream.ingest.decode import decode_records
-from millstream.metastore import schema as s
+from millstream.metastore.manifest import replace_entry
 from millstream.metastore.models import Entry, SegmentState
-from millstream.metastore.store import get_entry, insert_entry, publish_version
+from millstream.sealing.keyindex import comparison_floor_below
 from millstream.storage.deepstore import table_data_prefix
 
 
@@ -56,13 +60,21 @@ def reingest_segment(catalog: Catalog, spec: DatastreamSpec, name: str) -> Entry
     raw = _raw_table(batches)
     rows = decode_records(table_spec, raw).rows
     if entry.state is SegmentState.ONLINE:
-        rows = compact(table_spec, rows)
+        manifest = catalog.manifest(entry.table)
+        floor = comparison_floor_below(
+            table_spec, catalog.deep, manifest, entry.partition, entry.start
+        )
+        rows = compact(table_spec, rows, floor=floor)
     path = f"{table_data_prefix(entry.table)}/reingest-p{entry.partition}-s{entry.seq}-{uuid.uuid4().hex}.parquet"
     size = catalog.deep.write_parquet(path, rows)
     try:
-        return _swap(catalog, entry, path, rows.num_rows, size)
+        return replace_entry(
+            catalog.store, entry, file_path=path, row_count=rows.num_rows, size_bytes=size
+        )
+    except CommitStateUnknownError:
+        raise  # a re-read did not show the swap: the file may yet be referenced; GC decides
     except BaseException:
-        catalog.deep.delete(path)
+        catalog.deep.delete(path)  # the swap did not happen: nothing references the file
         raise
 
 
@@ -85,48 +97,6 @@ def _raw_table(batches: list[pa.RecordBatch]) -> pa.Table:
         },
         schema=RAW_SCHEMA,
     )
-
-
-def _swap(catalog: Catalog, old: Entry, path: str, rows: int, size: int) -> Entry:
-    store = catalog.store
-
-    def _txn(conn: Connection) -> Entry:
-        info = store._table(conn, old.table)
-        assert info is not None
-        row = conn.execute(select(s.entries).where(s.entries.c.id == old.id)).mappings().first()
-        if row is None or row["removed_version"] is not None:
-            raise MillstreamError(
-                f"segment {old.name} changed while it was re-ingested (sealed or rolled back); "
-                "nothing was swapped",
-                segment=old.name,
-            )
-        version = info.manifest_version + 1
-        now = store.clock.now()
-        conn.execute(
-            update(s.entries)
-            .where(s.entries.c.id == old.id, s.entries.c.version == row["version"])
-            .values(removed_version=version, version=row["version"] + 1)
-        )
-        new_id = insert_entry(
-            conn,
-            table=old.table,
-            partition=old.partition,
-            seq=old.seq,
-            file_path=path,
-            start=old.start,
-            end=old.end,
-            state=old.state,
-            row_count=rows,
-            size_bytes=size,
-            added_version=version,
-            now=now,
-            writer_id="reingest",
-        )
-        publish_version(conn, info, "reingest", now)
-        return get_entry(conn, new_id)
-
-    entry, _ = store.retrying(_txn)
-    return entry  # type: ignore[no-any-return]
 
 
 @dataclass

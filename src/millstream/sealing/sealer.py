@@ -30,6 +30,8 @@ engine, dedup and partial included: the inputs are the durable consuming segment
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -38,21 +40,19 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from sqlalchemy import Connection, select, update
 
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.core.merge import compact
-from millstream.errors import CommitConflictError, MillstreamError
-from millstream.metastore import schema as s
-from millstream.metastore.models import Entry, Manifest, SegmentState
-from millstream.metastore.store import (
-    _entry,
-    get_entry,
-    insert_delete_vector,
-    insert_entry,
-    publish_version,
+from millstream.errors import CommitStateUnknownError, MillstreamError, SegmentChangedError
+from millstream.metastore.manifest import (
+    DEFAULT_CLAIM_TTL,
+    SealedSegment,
+    claim_run,
+    release_run,
+    replace_run,
 )
+from millstream.metastore.models import Entry, Manifest, SegmentState
 from millstream.sealing.keyindex import CACHE, KeyIndex, Reflects, indexed
 from millstream.spec import OFFSET_COL
 from millstream.storage.deepstore import table_data_prefix
@@ -69,9 +69,9 @@ class InjectedSealFault(MillstreamError):
     """A fault injected at a named seal point (tests, drills)."""
 
 
-class SealDiscardedError(MillstreamError):
-    """The run changed while it was being sealed (rolled back, or re-claimed after this sealer
-    was presumed dead); the sealed file is discarded and the run left as it is now."""
+#: The run changed while it was being sealed (rolled back, re-ingested, or re-claimed after
+#: this sealer was presumed dead); the sealed file is discarded and the run left as it is now.
+SealDiscardedError = SegmentChangedError
 
 
 @dataclass
@@ -122,6 +122,7 @@ class Sealer:
         faults: SealFaults | None = None,
         max_failures: int = 3,
         checkpoint_seconds: float = 60.0,
+        claim_ttl: float = DEFAULT_CLAIM_TTL,
     ) -> None:
         self.catalog = catalog
         self.store = catalog.store
@@ -130,6 +131,10 @@ class Sealer:
         self.clock = clock
         self.faults = faults or SealFaults()
         self.max_failures = max_failures
+        #: Who this sealer is in its claims, and how long a claim holds: after that, another
+        #: sealer may take the run over (this one is presumed dead; its swap is then refused).
+        self.claim_owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.claim_ttl = claim_ttl
         self.failures: dict[int, int] = {}
         self.last_error: dict[int, str] = {}
         self.durations: list[float] = []
@@ -264,10 +269,18 @@ class Sealer:
         run = self.pending_run(partition, manifest)
         if not run or not (force or self.due(run)):
             return None
-        if any(e.state is SegmentState.COMMITTING for e in run):
-            return None  # another sealer is building it
+        now = self.clock.now()
+        if any(
+            e.state is SegmentState.COMMITTING
+            and e.claim_expires_at is not None
+            and e.claim_expires_at > now
+            for e in run
+        ):
+            return None  # another sealer is building it (its claim has not expired)
         started = time.monotonic()
-        claimed = self._claim(run)
+        claimed = claim_run(
+            self.store, run, owner=self.claim_owner, ttl=self.claim_ttl, now=now
+        )
         if claimed is None:
             return None
         path: str | None = None
@@ -294,23 +307,35 @@ class Sealer:
                     dv_path, pa.table({OFFSET_COL: index.offsets(np.sort(dropped))})
                 )
             self.faults.check("before_swap", partition)
-            sealed, dv_id = self._swap(
+            sealed_from = None
+            if index is not None:
+                sealed_from = (index.reflects.entries, index.reflects.delete_vectors)
+            sealed, dv_id = replace_run(
+                self.store,
+                self.table,
                 partition,
                 claimed,
-                path,
-                sealed_rows.num_rows,
-                size,
-                reflects=None if index is None else index.reflects,
-                delete_vector=None if dv_path is None else (dv_path, len(dropped)),
+                SealedSegment(
+                    path,
+                    sealed_rows.num_rows,
+                    size,
+                    reflects=sealed_from,
+                    delete_vector=None if dv_path is None else (dv_path, len(dropped)),
+                ),
             )
         except BaseException as exc:
-            for p in (path, dv_path):
-                if p is not None:
-                    self.catalog.deep.delete(p)
-            if isinstance(exc, SealDiscardedError):
+            if not isinstance(exc, CommitStateUnknownError):
+                # The swap did not happen: nothing references the uploaded files. After an
+                # unknown outcome that a re-read did not resolve, they stay (GC checks).
+                for p in (path, dv_path):
+                    if p is not None:
+                        self.catalog.deep.delete(p)
+            if isinstance(exc, SegmentChangedError | CommitStateUnknownError):
                 CACHE.drop(self._where, self.table, partition)
             self._release(
-                claimed, str(exc).splitlines()[0][:1000] if str(exc) else type(exc).__name__
+                partition,
+                claimed,
+                str(exc).splitlines()[0][:1000] if str(exc) else type(exc).__name__,
             )
             raise
         if index is not None:
@@ -354,157 +379,20 @@ class Sealer:
 
     # -- metadata steps --------------------------------------------------------------------
 
-    def _claim(self, run: list[Entry]) -> dict[int, int] | None:
-        """CONSUMING|ERROR -> COMMITTING for every entry of the run; {entry id: new version}."""
-
-        def _txn(conn: Connection) -> dict[int, int] | None:
-            versions: dict[int, int] = {}
-            for e in run:
-                row = (
-                    conn.execute(select(s.entries).where(s.entries.c.id == e.id)).mappings().first()
-                )
-                if (
-                    row is None
-                    or row["removed_version"] is not None
-                    or row["state"] == "COMMITTING"
-                ):
-                    return None
-                n = conn.execute(
-                    update(s.entries)
-                    .where(s.entries.c.id == e.id, s.entries.c.version == row["version"])
-                    .values(state=SegmentState.COMMITTING.value, version=row["version"] + 1)
-                ).rowcount
-                if n != 1:
-                    raise CommitConflictError(f"segment {e.name} changed while claiming it")
-                versions[e.id] = row["version"] + 1
-            return versions
-
-        claimed, _ = self.store.retrying(_txn)
-        return claimed  # type: ignore[no-any-return]
-
-    def _release(self, claimed: dict[int, int], error: str) -> None:
-        """Put a failed run back: CONSUMING with the error, or ERROR after repeated failures."""
-        first = min(claimed)
-
-        def _txn(conn: Connection) -> None:
-            part = None
-            for entry_id, version in claimed.items():
-                row = (
-                    conn.execute(select(s.entries).where(s.entries.c.id == entry_id))
-                    .mappings()
-                    .first()
-                )
-                if row is None or row["version"] != version:
-                    continue
-                part = row["partition"]
-            if part is None:
-                return
-            count = self.failures.get(part, 0) + 1
-            for entry_id, version in claimed.items():
-                state = (
-                    SegmentState.ERROR
-                    if (count >= self.max_failures and entry_id == first)
-                    else SegmentState.CONSUMING
-                )
-                conn.execute(
-                    update(s.entries)
-                    .where(s.entries.c.id == entry_id, s.entries.c.version == version)
-                    .values(state=state.value, last_error=error, version=version + 1)
-                )
-            self.failures[part] = count
-            self.last_error[part] = error
-
-        self.store.retrying(_txn)
-
-    def _swap(
-        self,
-        partition: int,
-        claimed: dict[int, int],
-        path: str,
-        rows: int,
-        size: int,
-        *,
-        reflects: Reflects | None = None,
-        delete_vector: tuple[str, int] | None = None,
-    ) -> tuple[Entry, int | None]:
-        def _txn(conn: Connection) -> tuple[Entry, int | None]:
-            info = self.store._table(conn, self.table)
-            assert info is not None
-            if reflects is not None and self._reflects_now(conn, partition) != reflects:
-                raise SealDiscardedError(
-                    f"the sealed segments of {self.table} partition {partition} changed while "
-                    "this seal was built (rolled back, re-ingested or sealed elsewhere); the "
-                    "seal is discarded and retried with a current key index"
-                )
-            entries = []
-            for entry_id, version in claimed.items():
-                row = (
-                    conn.execute(select(s.entries).where(s.entries.c.id == entry_id))
-                    .mappings()
-                    .first()
-                )
-                if row is None or row["version"] != version or row["removed_version"] is not None:
-                    raise SealDiscardedError(
-                        f"the run being sealed in {self.table} partition {partition} changed "
-                        "(rolled back or claimed by another sealer); the seal is discarded"
-                    )
-                entries.append(_entry(row))
-            entries.sort(key=lambda e: e.seq)
-            new_version = info.manifest_version + 1
-            now = self.clock.now()
-            for e in entries:
-                conn.execute(
-                    update(s.entries)
-                    .where(s.entries.c.id == e.id)
-                    .values(removed_version=new_version, version=claimed[e.id] + 1)
-                )
-            new_id = insert_entry(
-                conn,
-                table=self.table,
-                partition=partition,
-                seq=entries[0].seq,
-                file_path=path,
-                start=entries[0].start,
-                end=entries[-1].end,
-                state=SegmentState.ONLINE,
-                row_count=rows,
-                size_bytes=size,
-                added_version=new_version,
-                now=now,
-                writer_id="sealer",
+    def _release(self, partition: int, claimed: dict[int, int], error: str) -> None:
+        """Put a failed run back: CONSUMING with the error, or its first entry ERROR after
+        ``max_failures`` consecutive failures (retried with backoff all the same). Entries no
+        longer at their claimed version (re-ingested, taken over) are left alone."""
+        count = self.failures.get(partition, 0) + 1
+        self.failures[partition] = count
+        self.last_error[partition] = error
+        try:
+            release_run(self.store, claimed, error=error, fail_first=count >= self.max_failures)
+        except MillstreamError as exc:
+            # The claim expires on its own; another sealer (or this one) takes the run then.
+            log.warning(
+                "could not release the claim of a failed seal of %s partition %d: %s",
+                self.table,
+                partition,
+                exc,
             )
-            dv_id = None
-            if delete_vector is not None:
-                dv_id = insert_delete_vector(
-                    conn,
-                    table=self.table,
-                    partition=partition,
-                    source_seq=entries[0].seq,
-                    file_path=delete_vector[0],
-                    row_count=delete_vector[1],
-                    added_version=new_version,
-                )
-            publish_version(conn, info, "seal", now)
-            return get_entry(conn, new_id), dv_id
-
-        result, _ = self.store.retrying(_txn)
-        return result  # type: ignore[no-any-return]
-
-    def _reflects_now(self, conn: Connection, partition: int) -> Reflects:
-        e, dv = s.entries, s.delete_vectors
-        entries = conn.execute(
-            select(e.c.id).where(
-                e.c.table_name == self.table,
-                e.c.partition == partition,
-                e.c.removed_version.is_(None),
-                e.c.state == SegmentState.ONLINE.value,
-            )
-        )
-        dvs = conn.execute(
-            select(dv.c.id).where(
-                dv.c.table_name == self.table,
-                dv.c.partition == partition,
-                dv.c.removed_version.is_(None),
-            )
-        )
-        return Reflects(tuple(sorted(r[0] for r in entries)), tuple(sorted(r[0] for r in dvs)))

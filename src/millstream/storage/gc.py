@@ -7,6 +7,9 @@ from millstream.metastore.store import MetadataStore
 from millstream.storage.deepstore import DeepStore, table_data_prefix
 
 DEFAULT_GRACE_SECONDS = 3600.0
+#: A commit refuses staged files older than this (``millstream.table.commit``), so garbage
+#: collection with a grace period above it never deletes a file a commit is about to reference.
+MAX_STAGED_AGE_SECONDS = DEFAULT_GRACE_SECONDS / 2
 
 
 def collect_garbage(
@@ -19,9 +22,10 @@ def collect_garbage(
     dry_run: bool = False,
 ) -> list[str]:
     """Delete staged files of ``table`` that no entry references and that are older than the
-    grace period. The grace period must exceed the longest write-to-commit delay: a file a
-    writer has staged but not yet committed is unreferenced, too. Returns the paths removed
-    (or that would be, with ``dry_run``).
+    grace period. A file a writer has staged but not yet committed is unreferenced, too, so the
+    grace period must exceed :data:`MAX_STAGED_AGE_SECONDS`, the oldest staged file a commit
+    accepts (a shorter one is for tests that know no writer is running). Returns the paths
+    removed (or that would be, with ``dry_run``).
     """
     store.get_table(table)  # raises TableNotFoundError
     # List files before reading references: a file committed in between is then referenced.

@@ -5,32 +5,27 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
-from millstream.errors import CommitStateUnknownError, InvalidSpecError
-from millstream.metastore.models import AppendResult, ShardAppend
+from millstream.core.merge import lacks_comparison_value, missing_comparison_error
+from millstream.errors import InvalidSpecError
+from millstream.metastore.models import AppendResult
 from millstream.metastore.store import MetadataStore
 from millstream.spec import OFFSET_COL, PARTITION_COL, TableSpec
 from millstream.storage.deepstore import DeepStore, table_data_prefix
+from millstream.table.commit import StagedFile, StagedWrite, commit_writes
 
-
-@dataclass(frozen=True, slots=True)
-class StagedFile:
-    """A data file written to the deep store but not (yet) referenced by the manifest."""
-
-    path: str | None
-    size_bytes: int
-    #: partition -> rows of that partition in the file
-    row_counts: Mapping[int, int]
+__all__ = ["StagedFile", "commit_staged", "stage_rows"]
 
 
 def stage_rows(
     deep: DeepStore, spec: TableSpec, rows: pa.Table, *, name_hint: str = "batch"
 ) -> StagedFile:
     """Write ``rows`` (table columns + system columns) as one Parquet file sorted by
-    (partition, offset). No file is written for zero rows."""
+    (partition, offset). No file is written for zero rows. Refuses rows that are not deletes
+    and lack the comparison value (decode dead-letters such records)."""
     if rows.num_rows == 0:
         return StagedFile(None, 0, {})
     schema = spec.arrow_schema(system_columns=True)
@@ -38,6 +33,15 @@ def stage_rows(
         rows = rows.select(schema.names).cast(schema)
     except (KeyError, pa.ArrowInvalid) as exc:
         raise InvalidSpecError("rows", f"do not match table {spec.name!r}: {exc}") from exc
+    bad = lacks_comparison_value(spec, rows)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        partition, offset = rows.column(PARTITION_COL)[first], rows.column(OFFSET_COL)[first]
+        raise InvalidSpecError(
+            f"rows.{spec.comparison_column}",
+            f"{int(bad.sum())} row(s) of table {spec.name!r}, the first at partition "
+            f"{partition} offset {offset}: {missing_comparison_error(spec)}",
+        )
     rows = rows.sort_by([(PARTITION_COL, "ascending"), (OFFSET_COL, "ascending")])
     counts = rows.group_by([PARTITION_COL]).aggregate([(OFFSET_COL, "count")])
     row_counts = dict(
@@ -63,34 +67,23 @@ def commit_staged(
     writer_id: str | None = None,
     batch_id: int | None = None,
 ) -> AppendResult:
-    """compare_and_append ``staged`` for every partition in ``ranges`` (``{p: (lo, hi)}``), in one
-    transaction. If the manifest ends up not referencing the file (every shard dropped or
-    gapped), the file is deleted right away instead of waiting for garbage collection."""
+    """Commit one staged file of ``table`` for every partition in ``ranges`` (``{p: (lo,
+    hi)}``) through the production commit path (:func:`millstream.table.commit.commit_writes`,
+    what the Spark sink runs), with no dead-letter table: one transaction, and a file the
+    manifest ends up not referencing is deleted right away. A range starting above its shard's
+    upper is a GAP outcome in the result (the sink raises ShardGapError for it)."""
     extra = set(staged.row_counts) - set(ranges)
     if extra:
         raise InvalidSpecError(
             "ranges", f"the file holds rows of partitions {sorted(extra)} with no range"
         )
-    appends = [
-        ShardAppend(
-            partition=p,
-            lo=lo,
-            hi=hi,
-            epoch=epochs.get(p, 0),
-            file_path=staged.path if staged.row_counts.get(p, 0) else None,
-            row_count=staged.row_counts.get(p, 0),
-            size_bytes=staged.size_bytes,
-        )
-        for p, (lo, hi) in ranges.items()
-    ]
-    try:
-        result = store.compare_and_append(table, appends, writer_id=writer_id, batch_id=batch_id)
-    except CommitStateUnknownError:
-        raise  # the file may be referenced now: only garbage collection may decide
-    except BaseException:
-        if staged.path is not None:  # fenced or failed before COMMIT: nothing references it
-            deep.delete(staged.path)
-        raise
-    if staged.path is not None and staged.path not in result.files_referenced:
-        deep.delete(staged.path)
-    return result
+    return commit_writes(
+        store,
+        deep,
+        table,
+        [StagedWrite(ranges, staged)],
+        epochs=epochs,
+        writer_id=writer_id,
+        batch_id=batch_id,
+        raise_for_gaps=False,
+    ).table

@@ -9,6 +9,7 @@ import pytest
 from api_support import TestClient, spec_body
 
 from millstream.catalog import Catalog
+from millstream.clock import ManualClock
 from millstream.control.controller import Controller
 from millstream.errors import SegmentUnavailableError
 from millstream.metastore.models import ShardAppend
@@ -62,6 +63,34 @@ def test_an_injected_fault_names_its_point_in_the_segment_error(
         sealer.seal_partition(0, force=True)
     info = api.get("/tables/orders/debugInfo").json()
     assert "before_build" in info["segments_in_error"][0]["last_error"]
+
+
+def test_debug_info_names_who_is_sealing_a_segment_and_when_the_claim_expires(
+    api: TestClient,
+    controller: Controller,
+    catalog: Catalog,
+    source_dir: Path,
+    clock: ManualClock,
+) -> None:
+    assert api.post("/datastreams", json=spec_body("orders", source_dir)).status_code == 201
+    controller.tick()
+    catalog.store.compare_and_append("orders", [ShardAppend(0, 0, 5, 0, "data/x.parquet", 5, 10)])
+    seen: list[dict[str, object]] = []
+
+    def look(point: str, _partition: int) -> None:
+        if point == "before_build":
+            seen.extend(api.get("/tables/orders/debugInfo").json()["committing_segments"])
+            raise InjectedSealFault("stop here")
+
+    sealer = Sealer(catalog, "orders", faults=SealFaults(hook=look), clock=clock)
+    with pytest.raises(InjectedSealFault):
+        sealer.seal_partition(0, force=True)
+    assert [(s["segment"], s["claimed_by"]) for s in seen] == [
+        ("orders__0__0", sealer.claim_owner)
+    ]
+    expires_in = seen[0]["claim_expires_in_s"]
+    assert isinstance(expires_in, float) and 0 < expires_in <= sealer.claim_ttl
+    assert api.get("/tables/orders/debugInfo").json()["committing_segments"] == []
 
 
 def test_segments_and_debug_info_report_the_rows_delete_vectors_skip(

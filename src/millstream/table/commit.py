@@ -1,0 +1,224 @@
+"""The one commit path: what the Spark sink's driver-side commit does with a micro-batch, and
+what every test and campaign drives.
+
+A batch is a set of :class:`StagedWrite` (one per write task: its source ranges, its staged data
+file and dead-letter file). :func:`commit_writes` plans one ``ShardAppend`` per task and
+partition for the table and its dead-letter table, commits them with ``compare_and_append`` in
+ONE metadata transaction (``MetadataStore.commit_batch``), deletes the staged files nothing
+references, and raises for gaps in either table.
+
+Guards, each with a test that fails without it (docs/design.md, "Guards and the tests that
+catch them"):
+
+* **Staged files are young enough.** Garbage collection deletes unreferenced files older than
+  its grace period, and a staged file is unreferenced until its commit lands. A commit refuses
+  files staged more than :data:`MAX_STAGED_AGE_SECONDS` ago (half the default grace period), so
+  it can never reference a file GC has deleted or is about to (:class:`StagedFileExpiredError`).
+* **An unknown outcome keeps the files.** If COMMIT fails with an unknown outcome, the shards
+  are re-read: if every range is persisted the batch is done (by this writer or a peer);
+  otherwise :class:`CommitStateUnknownError` is raised and no staged file is deleted, since
+  nothing proves the manifest does not reference it. Only GC, which checks, may delete them.
+* **The dead-letter table gaps like the table.** Its shard decides like the table's; a gap in
+  either raises :class:`ShardGapError` so the writer restarts from the lower upper instead of
+  skipping bad records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from millstream.clock import SYSTEM_CLOCK, Clock
+from millstream.core.frontier import decide
+from millstream.errors import (
+    CommitStateUnknownError,
+    InvalidSpecError,
+    MillstreamError,
+    StagedFileExpiredError,
+)
+from millstream.metastore.models import AppendResult, ShardAppend, ShardResult
+from millstream.metastore.store import MetadataStore
+from millstream.storage.deepstore import DeepStore
+from millstream.storage.gc import MAX_STAGED_AGE_SECONDS
+
+
+@dataclass(frozen=True, slots=True)
+class StagedFile:
+    """A data file written to the deep store but not (yet) referenced by the manifest."""
+
+    path: str | None
+    size_bytes: int
+    #: partition -> rows of that partition in the file
+    row_counts: Mapping[int, int]
+
+
+NO_FILE = StagedFile(None, 0, {})
+
+
+@dataclass(frozen=True, slots=True)
+class StagedWrite:
+    """What one write task staged for a batch."""
+
+    #: partition -> the source range ``[lo, hi)`` the task read (it may hold no row)
+    ranges: Mapping[int, tuple[int, int]]
+    data: StagedFile = NO_FILE
+    dead: StagedFile = NO_FILE
+    #: wall-clock time taken before the files were written (None: not checked)
+    staged_at: float | None = None
+
+    @property
+    def paths(self) -> set[str]:
+        return {p for p in (self.data.path, self.dead.path) if p}
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCommit:
+    """The outcome of :func:`commit_writes`."""
+
+    table: AppendResult
+    dead_letter: AppendResult | None
+    rows: int
+    #: the COMMIT's outcome was unknown and a re-read showed every range persisted
+    reconciled: bool = False
+    deleted: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def files_referenced(self) -> frozenset[str]:
+        dl = self.dead_letter.files_referenced if self.dead_letter else frozenset()
+        return self.table.files_referenced | dl
+
+
+def plan_appends(
+    writes: Sequence[StagedWrite],
+    epochs: Mapping[int, int],
+    dead_letter_epochs: Mapping[int, int],
+) -> tuple[list[ShardAppend], list[ShardAppend], int]:
+    """One append per task and partition for the table and the dead-letter table; the rows."""
+    main: list[ShardAppend] = []
+    dl: list[ShardAppend] = []
+    rows = 0
+    for w in writes:
+        extra = (set(w.data.row_counts) | set(w.dead.row_counts)) - set(w.ranges)
+        if extra:
+            raise InvalidSpecError(
+                "ranges", f"the staged files hold rows of partitions {sorted(extra)} with no range"
+            )
+        for part, (lo, hi) in sorted(w.ranges.items()):
+            n = w.data.row_counts.get(part, 0)
+            d = w.dead.row_counts.get(part, 0)
+            rows += n
+            main.append(
+                ShardAppend(
+                    part,
+                    lo,
+                    hi,
+                    epochs.get(part, 0),
+                    w.data.path if n else None,
+                    n,
+                    w.data.size_bytes,
+                )
+            )
+            dl.append(
+                ShardAppend(
+                    part,
+                    lo,
+                    hi,
+                    dead_letter_epochs.get(part, 0),
+                    w.dead.path if d else None,
+                    d,
+                    w.dead.size_bytes,
+                )
+            )
+    return main, dl, rows
+
+
+def commit_writes(
+    store: MetadataStore,
+    deep: DeepStore,
+    table: str,
+    writes: Sequence[StagedWrite],
+    *,
+    dead_letter_table: str | None = None,
+    epochs: Mapping[int, int] | None = None,
+    dead_letter_epochs: Mapping[int, int] | None = None,
+    writer_id: str | None = None,
+    batch_id: int | None = None,
+    max_staged_age: float = MAX_STAGED_AGE_SECONDS,
+    clock: Clock = SYSTEM_CLOCK,
+    raise_for_gaps: bool = True,
+) -> BatchCommit:
+    """Commit a batch's staged writes to ``table`` (and ``dead_letter_table``) in one
+    transaction; see the module docstring for what it guarantees. Raises ShardGapError after
+    committing when a range starts above a shard's upper in either table (unless
+    ``raise_for_gaps`` is false: the caller reads the GAP outcomes from the result)."""
+    main, dl, rows = plan_appends(writes, epochs or {}, dead_letter_epochs or {})
+    staged = set().union(*(w.paths for w in writes)) if writes else set()
+    now = clock.now()
+    for w in writes:
+        if w.staged_at is not None and w.paths and now - w.staged_at > max_staged_age:
+            # Nothing committed; GC (which checks references) removes the files.
+            raise StagedFileExpiredError(sorted(w.paths)[0], now - w.staged_at, max_staged_age)
+    changes: dict[str, Sequence[ShardAppend]] = {table: main}
+    if dead_letter_table is not None:
+        changes[dead_letter_table] = dl
+    try:
+        results = store.commit_batch(changes, writer_id=writer_id, batch_id=batch_id)
+    except CommitStateUnknownError:
+        if _persisted(store, changes):
+            # A peer's or this commit's: the ranges are in the manifest. Files stay for GC.
+            return _reconciled(table, dead_letter_table, main, dl, rows)
+        raise
+    except MillstreamError:
+        _delete(deep, staged)  # the transaction rolled back: nothing references them
+        raise
+    commit = BatchCommit(results[table], results.get(dead_letter_table or ""), rows)
+    unused = staged - commit.files_referenced
+    _delete(deep, unused)
+    commit = BatchCommit(commit.table, commit.dead_letter, rows, deleted=frozenset(unused))
+    if not raise_for_gaps:
+        return commit
+    commit.table.raise_for_gaps(main)
+    if commit.dead_letter is not None:
+        commit.dead_letter.raise_for_gaps(dl)
+    return commit
+
+
+def _persisted(store: MetadataStore, changes: Mapping[str, Sequence[ShardAppend]]) -> bool:
+    """Whether every range of ``changes`` is below its shard's upper now (re-read)."""
+    try:
+        for name, appends in changes.items():
+            uppers = {sh.partition: sh.upper for sh in store.list_shards(name)}
+            if any(uppers.get(a.partition, a.lo) < a.hi for a in appends):
+                return False
+    except MillstreamError:
+        return False
+    return True
+
+
+def _reconciled(
+    table: str,
+    dead_letter_table: str | None,
+    main: list[ShardAppend],
+    dl: list[ShardAppend],
+    rows: int,
+) -> BatchCommit:
+    def _dropped(name: str, appends: list[ShardAppend]) -> AppendResult:
+        shards = tuple(
+            ShardResult(
+                a.partition, decide(upper=a.hi, epoch=0, lo=a.lo, hi=a.hi, writer_epoch=0), None
+            )
+            for a in appends
+        )
+        return AppendResult(name, None, shards)
+
+    return BatchCommit(
+        _dropped(table, main),
+        _dropped(dead_letter_table, dl) if dead_letter_table else None,
+        rows,
+        reconciled=True,
+    )
+
+
+def _delete(deep: DeepStore, paths: set[str]) -> None:
+    for p in paths:
+        deep.delete(p)

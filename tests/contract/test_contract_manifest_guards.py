@@ -1,0 +1,306 @@
+"""The manifest's guards, on every backend: a seal or re-ingestion whose COMMIT has an unknown
+outcome keeps its file; re-ingesting a segment a sealer holds does not wedge sealing; a stale
+seal or re-ingestion swaps nothing; garbage collection and a slow commit never lose a file;
+a dead-letter shard behind the table's is a gap, not a silent skip.
+
+Each test fails when the guard it names is removed (docs/design.md, "Guards and the tests that
+catch them"; ``tests/mutations.py`` removes them one at a time).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from millstream.catalog import Catalog
+from millstream.clock import ManualClock
+from millstream.datastream import DatastreamSpec, dead_letter_spec
+from millstream.errors import (
+    CommitStateUnknownError,
+    SegmentChangedError,
+    ShardGapError,
+    StagedFileExpiredError,
+)
+from millstream.ingest.decode import RAW_SCHEMA, dead_letter_rows, decode_records
+from millstream.ingest.runner import make_reader
+from millstream.metastore.manifest import DEFAULT_CLAIM_TTL
+from millstream.metastore.models import SegmentState
+from millstream.sealing import reingest as reingest_module
+from millstream.sealing.reingest import reingest_segment
+from millstream.sealing.sealer import Sealer, SealFaults
+from millstream.storage.deepstore import table_data_prefix
+from millstream.storage.gc import MAX_STAGED_AGE_SECONDS, collect_garbage
+from millstream.table.commit import StagedWrite, commit_writes
+from millstream.table.writer import stage_rows
+
+TABLE = "events"
+LINES = 12  # per partition and batch
+
+
+def _datastream(source: Path) -> DatastreamSpec:
+    return DatastreamSpec.parse(
+        {
+            "name": TABLE,
+            "source": {"kind": "files", "path": str(source)},
+            "schema": {"id": "long", "status": "string"},
+            "table": {"mode": "append"},  # every row shows: a duplicate or a loss is visible
+        }
+    )
+
+
+class Pipeline:
+    """A files source and what the sink does per batch, through the production commit path."""
+
+    def __init__(self, catalog: Catalog, tmp_path: Path) -> None:
+        self.catalog = catalog
+        self.source = tmp_path / "source"
+        self.ds = _datastream(self.source)
+        self.spec = self.ds.table_spec()
+        self.dl = dead_letter_spec(TABLE)
+        catalog.create_table(self.spec)
+        catalog.create_table(self.dl)
+        self.pos: dict[int, int] = {}
+        self.expected: list[dict[str, Any]] = []
+        self._rows: dict[int, list[dict[str, Any]]] = {}
+
+    def write(self, partition: int, n: int = LINES) -> None:
+        """Append ``n`` records to the source partition, one of them not JSON."""
+        d = self.source / str(partition)
+        d.mkdir(parents=True, exist_ok=True)
+        start = sum(len(f.read_text().splitlines()) for f in d.iterdir())
+        lines = [f'{{"id": {partition * 1000 + start + i}, "status": "s{i}"}}' for i in range(n)]
+        lines[n // 2] = "not json"  # one bad record per batch: the dead-letter table gets it
+        (d / f"{len(list(d.iterdir())):05d}.jsonl").write_text("\n".join(lines) + "\n")
+
+    def staged(self, partition: int, n: int = LINES) -> StagedWrite:
+        """Stage the next ``n`` records of the partition as a write task does (new records are
+        appended to the source first unless it already has them)."""
+        lo = self.pos.get(partition, 0)
+        hi = lo + n
+        d = self.source / str(partition)
+        have = sum(len(f.read_text().splitlines()) for f in d.iterdir()) if d.exists() else 0
+        if have < hi:
+            self.write(partition, hi - have)
+        raw = pa.Table.from_batches(list(make_reader(self.ds).read_range(partition, lo, hi)))
+        raw = raw.select(["partition", "offset", "key", "value"])
+        k = raw.num_rows
+        raw = raw.append_column("range_lo", pa.array([lo] * k, pa.int64()))
+        raw = raw.append_column("range_hi", pa.array([hi] * k, pa.int64()))
+        raw = raw.append_column("is_marker", pa.array([False] * k)).cast(RAW_SCHEMA)
+        staged_at = time.time()
+        decoded = decode_records(self.spec, raw)
+        data = stage_rows(self.catalog.deep, self.spec, decoded.rows)
+        dead = stage_rows(self.catalog.deep, self.dl, dead_letter_rows(decoded.dead))
+        self._rows[id(data)] = decoded.rows.select(list(self.spec.columns)).to_pylist()
+        return StagedWrite({partition: (lo, hi)}, data, dead, staged_at)
+
+    def commit(self, write: StagedWrite, **kw: Any) -> None:
+        """Commit through the production path; on success the rows count as expected."""
+        commit_writes(
+            self.catalog.store,
+            self.catalog.deep,
+            TABLE,
+            [write],
+            dead_letter_table=self.dl.name,
+            **kw,
+        )
+        self.expected += self._rows.pop(id(write.data))
+        for p, (_, hi) in write.ranges.items():
+            self.pos[p] = hi
+
+    def batch(self, partition: int) -> None:
+        self.commit(self.staged(partition))
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        t = self.catalog.read_table(TABLE)
+        return sorted(zip(*(t.column(c).to_pylist() for c in self.spec.columns), strict=True))
+
+    def expected_rows(self) -> list[tuple[Any, ...]]:
+        return sorted(tuple(r[c] for c in self.spec.columns) for r in self.expected)
+
+    def assert_reads_every_row_once(self) -> None:
+        assert self.rows() == self.expected_rows()
+        dl_rows = self.catalog.read_table(self.dl.name).num_rows
+        assert dl_rows == sum(self.pos.values()) // LINES  # one bad record per batch
+
+    def entries(self, partition: int = 0) -> list[tuple[int, SegmentState]]:
+        return [
+            (e.seq, e.state) for e in self.catalog.manifest(TABLE).entries if e.partition == partition
+        ]
+
+
+@pytest.fixture
+def pipe(catalog: Catalog, tmp_path: Path) -> Pipeline:
+    p = Pipeline(catalog, tmp_path)
+    for _ in range(3):
+        p.batch(0)
+        p.batch(1)
+    return p
+
+
+def _fail_commit_once(catalog: Catalog, *, landed: bool) -> None:
+    """The next write transaction's COMMIT fails with an unknown outcome, after (``landed``) or
+    before it took effect: the connection drops while COMMIT is in flight."""
+
+    def hook(after: bool) -> None:
+        if after == landed:
+            catalog.store.on_commit = None
+            raise OSError("server closed the connection unexpectedly")
+
+    catalog.store.on_commit = hook
+
+
+def _at(point: str, action: Any) -> SealFaults:
+    fired: list[bool] = []
+
+    def hook(p: str, _partition: int) -> None:
+        if p == point and not fired:
+            fired.append(True)
+            action()
+
+    return SealFaults(hook=hook)
+
+
+def test_a_seal_whose_commit_landed_with_an_unknown_outcome_keeps_its_file_and_reads_work(
+    pipe: Pipeline,
+) -> None:
+    faults = _at("before_swap", lambda: _fail_commit_once(pipe.catalog, landed=True))
+    result = Sealer(pipe.catalog, TABLE, faults=faults).seal_partition(0, force=True)
+    assert result is not None, "the re-read found the swap landed: the seal succeeded"
+    assert pipe.entries(0) == [(0, SegmentState.ONLINE)]
+    assert result.sealed.file_path is not None
+    assert pipe.catalog.deep.exists(result.sealed.file_path)
+    pipe.assert_reads_every_row_once()
+
+
+def test_a_seal_whose_commit_did_not_land_keeps_its_files_and_the_run_seals_next_time(
+    pipe: Pipeline,
+) -> None:
+    before = {f.path for f in pipe.catalog.deep.list_files(table_data_prefix(TABLE))}
+    faults = _at("before_swap", lambda: _fail_commit_once(pipe.catalog, landed=False))
+    sealer = Sealer(pipe.catalog, TABLE, faults=faults)
+    with pytest.raises(CommitStateUnknownError, match="did not land"):
+        sealer.seal_partition(0, force=True)
+    uploaded = {f.path for f in pipe.catalog.deep.list_files(table_data_prefix(TABLE))} - before
+    assert uploaded, "an unknown outcome never licenses deleting the uploaded file"
+    assert all(state is SegmentState.CONSUMING for _, state in pipe.entries(0))
+    pipe.assert_reads_every_row_once()
+    assert sealer.seal_partition(0, force=True) is not None
+    assert pipe.entries(0) == [(0, SegmentState.ONLINE)]
+    pipe.assert_reads_every_row_once()
+
+
+def test_a_reingestion_whose_commit_landed_with_an_unknown_outcome_keeps_its_file(
+    pipe: Pipeline,
+) -> None:
+    segment = f"{TABLE}__1__1"
+    _fail_commit_once(pipe.catalog, landed=True)
+    entry = reingest_segment(pipe.catalog, pipe.ds, segment)
+    assert entry.file_path is not None and pipe.catalog.deep.exists(entry.file_path)
+    pipe.assert_reads_every_row_once()
+
+
+def test_reingesting_a_segment_a_sealer_holds_does_not_wedge_sealing_of_its_partition(
+    pipe: Pipeline,
+) -> None:
+    segment = f"{TABLE}__0__1"
+    faults = _at("before_upload", lambda: reingest_segment(pipe.catalog, pipe.ds, segment))
+    sealer = Sealer(pipe.catalog, TABLE, faults=faults)
+    with pytest.raises(SegmentChangedError):
+        sealer.seal_partition(0, force=True)  # the run changed under it: discarded
+    pipe.assert_reads_every_row_once()
+    assert sealer.seal_partition(0, force=True) is not None
+    assert pipe.entries(0) == [(0, SegmentState.ONLINE)]
+    pipe.batch(0)
+    assert sealer.seal_partition(0, force=True) is not None
+    assert pipe.entries(0) == [(0, SegmentState.ONLINE), (3, SegmentState.ONLINE)]
+    pipe.assert_reads_every_row_once()
+
+
+def test_a_sealer_whose_expired_claim_was_taken_over_cannot_swap_its_stale_seal_in(
+    pipe: Pipeline,
+) -> None:
+    later = ManualClock(time.time() + DEFAULT_CLAIM_TTL + 60)
+    successor = Sealer(pipe.catalog, TABLE, clock=later)
+    taken: list[object] = []
+    faults = _at("before_swap", lambda: taken.append(successor.seal_partition(0, force=True)))
+    slow = Sealer(pipe.catalog, TABLE, faults=faults)
+    with pytest.raises(SegmentChangedError):
+        slow.seal_partition(0, force=True)
+    assert taken and taken[0] is not None, "the successor took the expired claim over"
+    assert pipe.entries(0) == [(0, SegmentState.ONLINE)]
+    pipe.assert_reads_every_row_once()
+
+
+def test_a_live_claim_is_left_alone(pipe: Pipeline) -> None:
+    other = Sealer(pipe.catalog, TABLE)
+    held: list[object] = []
+    faults = _at("before_swap", lambda: held.append(other.seal_partition(0, force=True)))
+    assert Sealer(pipe.catalog, TABLE, faults=faults).seal_partition(0, force=True) is not None
+    assert held == [None]
+    assert pipe.entries(0) == [(0, SegmentState.ONLINE)]
+
+
+def test_a_reingestion_of_a_segment_sealed_meanwhile_swaps_nothing(
+    pipe: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_decode = reingest_module.decode_records
+
+    def seal_then_decode(*args: Any, **kwargs: Any) -> Any:
+        assert Sealer(pipe.catalog, TABLE).seal_partition(0, force=True) is not None
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(reingest_module, "decode_records", seal_then_decode)
+    with pytest.raises(SegmentChangedError):
+        reingest_segment(pipe.catalog, pipe.ds, f"{TABLE}__0__1")
+    assert pipe.entries(0) == [(0, SegmentState.ONLINE)]
+    pipe.assert_reads_every_row_once()
+
+
+def test_gc_lists_files_before_reading_references_so_a_commit_in_between_keeps_its_file(
+    pipe: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write = pipe.staged(0)
+    deep = pipe.catalog.deep
+    real_list = deep.list_files
+
+    def list_then_commit(prefix: str) -> Any:
+        files = real_list(prefix)
+        pipe.commit(write)  # lands between GC's listing and its reading of references
+        return files
+
+    monkeypatch.setattr(deep, "list_files", list_then_commit)
+    later = ManualClock(time.time() + 7200)  # every file is past the grace period
+    collect_garbage(pipe.catalog.store, deep, TABLE, clock=later)
+    monkeypatch.undo()
+    pipe.assert_reads_every_row_once()
+
+
+def test_a_commit_refuses_a_staged_file_older_than_gc_could_have_deleted(pipe: Pipeline) -> None:
+    write = pipe.staged(0)
+    assert write.staged_at is not None
+    # The writer stalled past the grace period; GC ran meanwhile.
+    later = ManualClock(write.staged_at + 3600 + 1)
+    collect_garbage(pipe.catalog.store, pipe.catalog.deep, TABLE, clock=later)
+    upper = pipe.catalog.store.get_shard(TABLE, 0)
+    with pytest.raises(StagedFileExpiredError) as info:
+        pipe.commit(write, clock=later)
+    assert info.value.fields["limit_seconds"] == MAX_STAGED_AGE_SECONDS
+    assert pipe.catalog.store.get_shard(TABLE, 0) == upper, "nothing was committed"
+    pipe.assert_reads_every_row_once()
+    pipe.batch(0)  # the writer restarts from the upper and stages the range again
+    pipe.assert_reads_every_row_once()
+
+
+def test_a_dead_letter_shard_behind_the_tables_is_reported_as_a_gap(pipe: Pipeline) -> None:
+    # The table's shard moves on without the dead-letter table (an older version could do that).
+    write = pipe.staged(0)
+    commit_writes(pipe.catalog.store, pipe.catalog.deep, TABLE, [write])
+    pipe.pos[0] = write.ranges[0][1]
+    with pytest.raises(ShardGapError) as info:
+        pipe.batch(0)
+    assert info.value.fields["table"] == pipe.dl.name

@@ -1,0 +1,69 @@
+"""Bootstrap never lets the dead-letter table start ahead of the table: the bad records in
+between would be in neither (found: the two tables' shards were created in two transactions,
+each at the source's position at that moment)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from millstream.catalog import Catalog
+from millstream.datastream import DatastreamSpec, dead_letter_spec
+from millstream.ingest.runner import DatastreamRunner
+
+TABLE = "events"
+DL = dead_letter_spec(TABLE).name
+
+
+def _write(source: Path, n: int) -> None:
+    d = source / "0"
+    d.mkdir(parents=True, exist_ok=True)
+    lines = "".join('{"id": 1}\n' if i % 3 else "not json\n" for i in range(n))
+    (d / f"{len(list(d.iterdir())):05d}.jsonl").write_text(lines)
+
+
+def _runner(tmp_path: Path) -> tuple[Catalog, DatastreamRunner, Path]:
+    source = tmp_path / "source"
+    _write(source, 10)
+    spec = DatastreamSpec.parse(
+        {
+            "name": TABLE,
+            "source": {"kind": "files", "path": str(source), "starting_offsets": "latest"},
+            "schema": {"id": "long"},
+            "table": {"mode": "append"},
+        }
+    )
+    cat = Catalog.open(home=tmp_path / "home")
+    runner = DatastreamRunner(spec, cat, spark=None, writer_id="w1")
+    runner.ensure_tables()
+    return cat, runner, source
+
+
+def test_a_dead_letter_shard_missing_after_a_crash_starts_where_the_tables_shard_is(
+    tmp_path: Path,
+) -> None:
+    cat, runner, source = _runner(tmp_path)
+    # An earlier bootstrap crashed after creating the table's shard at the source's end (10).
+    cat.store.ensure_shards(TABLE, {0: 10})
+    _write(source, 7)  # traffic meanwhile: the source's end is 17 now
+    boot = runner.bootstrap()
+    assert cat.store.get_shard(DL, 0).upper == 10  # type: ignore[union-attr]
+    assert boot.uppers == {0: 10}, "records 10..17 (bad ones included) are read once"
+
+
+def test_two_replicas_bootstrapping_a_new_datastream_start_both_tables_together(
+    tmp_path: Path,
+) -> None:
+    cat, active, source = _runner(tmp_path)
+    standby = DatastreamRunner(active.spec, cat, spark=None, writer_id="w2")
+    first = active.bootstrap()
+    _write(source, 5)
+    second = standby.bootstrap()
+    assert first.uppers == second.uppers == {0: 10}
+    assert cat.store.get_shard(TABLE, 0).upper == cat.store.get_shard(DL, 0).upper == 10  # type: ignore[union-attr]
+
+
+def test_a_writer_starts_at_the_dead_letter_shard_when_it_is_behind(tmp_path: Path) -> None:
+    cat, runner, _ = _runner(tmp_path)
+    cat.store.ensure_shards(DL, {0: 4})
+    cat.store.ensure_shards(TABLE, {0: 10})
+    assert runner.bootstrap().uppers == {0: 4}
