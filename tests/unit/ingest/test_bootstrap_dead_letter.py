@@ -5,6 +5,9 @@ each at the source's position at that moment)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec, dead_letter_spec
@@ -51,15 +54,29 @@ def test_a_dead_letter_shard_missing_after_a_crash_starts_where_the_tables_shard
 
 
 def test_two_replicas_bootstrapping_a_new_datastream_start_both_tables_together(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cat, active, source = _runner(tmp_path)
     standby = DatastreamRunner(active.spec, cat, spark=None, writer_id="w2")
+    real = cat.store.ensure_shards
+    seen: list[dict[int, int]] = []
+
+    def standby_bootstraps_in_between(*args: Any, **kwargs: Any) -> Any:
+        """Right after the active's first shard creation, records arrive and the standby
+        bootstraps completely (two replicas starting a new datastream under traffic)."""
+        out = real(*args, **kwargs)
+        if not seen:
+            seen.append({})
+            _write(source, 5)
+            seen.append(standby.bootstrap().uppers)
+        return out
+
+    monkeypatch.setattr(cat.store, "ensure_shards", standby_bootstraps_in_between)
     first = active.bootstrap()
-    _write(source, 5)
-    second = standby.bootstrap()
-    assert first.uppers == second.uppers == {0: 10}
-    assert cat.store.get_shard(TABLE, 0).upper == cat.store.get_shard(DL, 0).upper == 10  # type: ignore[union-attr]
+    assert first.uppers == seen[1] == {0: 10}
+    table, dead = cat.store.get_shard(TABLE, 0), cat.store.get_shard(DL, 0)
+    assert table is not None and dead is not None
+    assert dead.upper == table.upper == 10, "bad records 10..15 would be in neither table"
 
 
 def test_a_writer_starts_at_the_dead_letter_shard_when_it_is_behind(tmp_path: Path) -> None:
