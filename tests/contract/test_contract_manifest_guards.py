@@ -27,7 +27,7 @@ from millstream.errors import (
 )
 from millstream.ingest.decode import RAW_SCHEMA, dead_letter_rows, decode_records
 from millstream.ingest.runner import make_reader
-from millstream.metastore.manifest import DEFAULT_CLAIM_TTL
+from millstream.metastore.manifest import DEFAULT_CLAIM_TTL, claim_run
 from millstream.metastore.models import SegmentState
 from millstream.sealing import reingest as reingest_module
 from millstream.sealing.reingest import reingest_segment
@@ -41,13 +41,13 @@ TABLE = "events"
 LINES = 12  # per partition and batch
 
 
-def _datastream(source: Path) -> DatastreamSpec:
+def _datastream(source: Path, table: dict[str, Any]) -> DatastreamSpec:
     return DatastreamSpec.parse(
         {
             "name": TABLE,
             "source": {"kind": "files", "path": str(source)},
             "schema": {"id": "long", "status": "string"},
-            "table": {"mode": "append"},  # every row shows: a duplicate or a loss is visible
+            "table": table,
         }
     )
 
@@ -55,10 +55,14 @@ def _datastream(source: Path) -> DatastreamSpec:
 class Pipeline:
     """A files source and what the sink does per batch, through the production commit path."""
 
-    def __init__(self, catalog: Catalog, tmp_path: Path) -> None:
+    def __init__(
+        self, catalog: Catalog, tmp_path: Path, table: dict[str, Any] | None = None
+    ) -> None:
         self.catalog = catalog
         self.source = tmp_path / "source"
-        self.ds = _datastream(self.source)
+        # Append by default: every row shows, so a duplicate or a loss is visible. Every record
+        # has its own id, so an upsert table (which keeps a key index) holds the same rows.
+        self.ds = _datastream(self.source, table or {"mode": "append"})
         self.spec = self.ds.table_spec()
         self.dl = dead_letter_spec(TABLE)
         catalog.create_table(self.spec)
@@ -304,3 +308,60 @@ def test_a_dead_letter_shard_behind_the_tables_is_reported_as_a_gap(pipe: Pipeli
     with pytest.raises(ShardGapError) as info:
         pipe.batch(0)
     assert info.value.fields["table"] == pipe.dl.name
+
+
+def test_a_reingestion_whose_commit_did_not_land_keeps_its_file(pipe: Pipeline) -> None:
+    before = {f.path for f in pipe.catalog.deep.list_files(table_data_prefix(TABLE))}
+    _fail_commit_once(pipe.catalog, landed=False)
+    with pytest.raises(CommitStateUnknownError, match="did not land"):
+        reingest_segment(pipe.catalog, pipe.ds, f"{TABLE}__1__1")
+    rebuilt = {f.path for f in pipe.catalog.deep.list_files(table_data_prefix(TABLE))} - before
+    assert rebuilt, "an unknown outcome never licenses deleting the rebuilt file"
+    pipe.assert_reads_every_row_once()
+    entry = reingest_segment(pipe.catalog, pipe.ds, f"{TABLE}__1__1")  # retried: it lands
+    assert entry.file_path is not None and pipe.catalog.deep.exists(entry.file_path)
+    pipe.assert_reads_every_row_once()
+
+
+def test_a_run_claimed_between_reading_it_and_claiming_it_is_not_claimed_twice(
+    pipe: Pipeline,
+) -> None:
+    # Two sealers read the run as unclaimed from the same manifest, then claim one by one.
+    run = Sealer(pipe.catalog, TABLE).pending_run(0)
+    first = claim_run(pipe.catalog.store, run, owner="sealer-a")
+    second = claim_run(pipe.catalog.store, run, owner="sealer-b")
+    assert first is not None and second is None
+    owners = {e.claimed_by for e in pipe.catalog.manifest(TABLE).entries if e.partition == 0}
+    assert owners == {"sealer-a"}
+
+
+def test_a_seal_built_on_a_key_index_that_went_stale_is_discarded_and_retried(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    pipe = Pipeline(catalog, tmp_path, {"mode": "upsert", "primary_key": ["id"]})
+    for _ in range(2):
+        pipe.batch(0)
+    assert Sealer(catalog, TABLE).seal_partition(0, force=True) is not None
+    pipe.batch(0)
+    # Between the next seal's build and its swap, the sealed segment its key index reflects is
+    # re-ingested (a new entry): the index is stale, so the seal must not be swapped in.
+    stale = _at("before_swap", lambda: reingest_segment(catalog, pipe.ds, f"{TABLE}__0__0"))
+    with pytest.raises(SegmentChangedError, match="key index"):
+        Sealer(catalog, TABLE, faults=stale).seal_partition(0, force=True)
+    pipe.assert_reads_every_row_once()
+    assert Sealer(catalog, TABLE).seal_partition(0, force=True) is not None
+    assert pipe.entries(0) == [(0, SegmentState.ONLINE), (2, SegmentState.ONLINE)]
+    pipe.assert_reads_every_row_once()
+
+
+def test_a_claim_that_finds_one_entry_taken_claims_none_of_the_run(pipe: Pipeline) -> None:
+    run = Sealer(pipe.catalog, TABLE).pending_run(0)
+    assert claim_run(pipe.catalog.store, run[-1:], owner="sealer-a") is not None
+    assert claim_run(pipe.catalog.store, run, owner="sealer-b") is None
+    states = {
+        e.seq: (e.state, e.claimed_by)
+        for e in pipe.catalog.manifest(TABLE).entries
+        if e.partition == 0
+    }
+    assert states[0] == (SegmentState.CONSUMING, None), "no partial claim left behind"
+    assert states[2] == (SegmentState.COMMITTING, "sealer-a")

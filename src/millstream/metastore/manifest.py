@@ -308,7 +308,8 @@ def claim_run(
     at = store.clock.now() if now is None else now
 
     def _txn(conn: Connection) -> dict[int, int] | None:
-        versions: dict[int, int] = {}
+        # Every entry's precondition first: returning None after claiming some entries would
+        # commit a partial claim that nobody releases until it expires.
         for e in run:
             cur = get_entry(conn, e.id)
             if cur is None or cur.removed_version is not None:
@@ -317,6 +318,8 @@ def claim_run(
                 cur.claim_expires_at is not None and cur.claim_expires_at > at
             ):
                 return None
+        versions: dict[int, int] = {}
+        for e in run:
             versions[e.id] = update_entry(
                 conn,
                 e.id,
