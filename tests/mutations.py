@@ -1,0 +1,706 @@
+"""Mutation check: every guard that protects data has a test that fails without it.
+
+For each guard below: copy the repository (tracked and untracked-but-not-ignored files) into a
+fresh temporary directory, run the guard's tests there unmutated (they must pass, else BROKEN),
+apply ONE textual mutation that removes exactly the guard (``old`` must occur exactly once in
+the file, else NOT APPLIED: the list cannot silently rot), run the tests again, and report
+
+* KILLED      the tests failed with the guard removed (good);
+* SURVIVED    they passed (bad: nothing catches the guard's removal);
+* BROKEN      they fail without the mutation too;
+* NOT APPLIED the mutation's ``old`` text is not in the file exactly once, or the mutated file
+              does not compile;
+* ERROR       pytest ended otherwise (usage error, no tests collected, interrupted, timeout);
+* SKIPPED     the guard is listed but not checkable yet (its ``skip`` says why).
+
+Tests run with the repository's interpreter and ``PYTHONPATH=<copy>/src``, so the copy's
+``millstream`` shadows the editable install (checked for every copy). Run by hand::
+
+    .venv/bin/python tests/mutations.py [--list] [--only NAME ...] [--markdown PATH]
+
+The exit status is non-zero unless every checked guard was KILLED. Not run in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = REPO / ".venv" / "bin" / "python"
+#: Bound for one pytest run (each test has its own 900 s timeout from pyproject.toml).
+RUN_TIMEOUT = 3600.0
+GUARDS_DOC = 'docs/design.md, "Guards and the tests that catch them"'
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    name: str
+    #: the file the mutation edits, relative to the repository
+    file: str
+    #: what the guard protects, one line
+    what: str
+    old: str
+    new: str
+    #: pytest node ids (or paths) that must fail once the guard is removed
+    tests: tuple[str, ...]
+    #: a pytest ``-k`` expression narrowing ``tests``
+    select: str | None = None
+    #: why the guard is not checked (reported as SKIPPED)
+    skip: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    guard: Guard
+    verdict: str
+    seconds: float
+    baseline_seconds: float = 0.0
+    detail: str = ""
+
+
+MANIFEST = "src/millstream/metastore/manifest.py"
+GUARDS_TEST = "tests/contract/test_contract_manifest_guards.py"
+
+
+def _guard_test(name: str) -> str:
+    return f"{GUARDS_TEST}::{name}[sqlite-local]"
+
+
+GUARDS: tuple[Guard, ...] = (
+    Guard(
+        name="seal-swap-rechecks-claim",
+        file=MANIFEST,
+        what="replace_run: every claimed entry is live and still at its claimed version",
+        old="""\
+            if (
+                cur is None
+                or cur.removed_version is not None
+                or _version(conn, entry_id) != version
+            ):
+                raise SegmentChangedError(
+                    f"the run being sealed in {table} partition {partition} changed (rolled "
+                    "back, re-ingested, or claimed by another sealer after this one's claim "
+                    "expired); the seal is discarded",
+                    table=table,
+                    partition=partition,
+                )
+            entries.append(cur)
+        entries.sort(key=lambda e: e.seq)
+        new_version = info.manifest_version + 1
+        now = store.clock.now()
+        for e in entries:
+            update_entry(
+                conn,
+                e.id,
+                claimed[e.id],
+""",
+        new="""\
+            entries.append(cur)  # MUTATION: the claim is not re-checked
+        entries.sort(key=lambda e: e.seq)
+        new_version = info.manifest_version + 1
+        now = store.clock.now()
+        for e in entries:
+            update_entry(
+                conn,
+                e.id,
+                _version(conn, e.id),  # MUTATION: removed at whatever version it is now
+""",
+        tests=(
+            _guard_test(
+                "test_a_sealer_whose_expired_claim_was_taken_over_cannot_swap_its_stale_seal_in"
+            ),
+        ),
+    ),
+    Guard(
+        name="seal-swap-rechecks-key-index",
+        file=MANIFEST,
+        what="replace_run: the partition's sealed entries and delete vectors are the ones the "
+        "seal's key index reflects",
+        old="""\
+        if sealed.reflects is not None and sealed_state(conn, table, partition) != sealed.reflects:
+""",
+        new="""\
+        if False:  # MUTATION: the key index is not re-checked
+""",
+        # Only a sealed set that changes under a seal whose run did not change reaches this
+        # check (a rollback removes the run too, and the claim re-check fires first): the test
+        # re-ingests a sealed segment between a seal's build and its swap. (seed_003's control
+        # test also fails without this guard, but because its UnorderedSealer then reads the
+        # expected table: that is not a test of the guard, so it is left out.)
+        tests=(
+            _guard_test(
+                "test_a_seal_built_on_a_key_index_that_went_stale_is_discarded_and_retried"
+            ),
+        ),
+    ),
+    Guard(
+        name="reingest-swap-refuses-removed-entry",
+        file=MANIFEST,
+        what="replace_entry: an entry removed meanwhile (sealed, rolled back) is not swapped",
+        old="""\
+        if cur is None or cur.removed_version is not None:
+            raise SegmentChangedError(
+                f"segment {old.name} changed while it was re-ingested""",
+        new="""\
+        if cur is None:  # MUTATION: a removed entry is swapped all the same
+            raise SegmentChangedError(
+                f"segment {old.name} changed while it was re-ingested""",
+        tests=(_guard_test("test_a_reingestion_of_a_segment_sealed_meanwhile_swaps_nothing"),),
+    ),
+    Guard(
+        name="reingest-swap-compare-and-set",
+        file=MANIFEST,
+        what="replace_entry: the entry's update is a compare-and-set with a rowcount check",
+        old="""\
+        update_entry(
+            conn,
+            old.id,
+            _version(conn, old.id),
+            {"removed_version": version, "claimed_by": None, "claim_expires_at": None},
+        )
+""",
+        new="""\
+        from sqlalchemy import update  # MUTATION: an update whose rowcount nobody checks
+
+        read = _version(conn, old.id)
+        conn.execute(
+            update(s.entries)
+            .where(s.entries.c.id == old.id, s.entries.c.version == read)
+            .values(
+                removed_version=version, claimed_by=None, claim_expires_at=None, version=read + 1
+            )
+        )
+""",
+        tests=("tests/contract/test_postgres_manifest_races.py",),
+    ),
+    Guard(
+        name="reingest-unclaims-entry",
+        file=MANIFEST,
+        what="replace_entry: a replaced entry that is not sealed becomes CONSUMING, unclaimed",
+        old="""\
+        state = SegmentState.ONLINE if cur.state is SegmentState.ONLINE else SegmentState.CONSUMING
+""",
+        new="""\
+        state = cur.state  # MUTATION: a COMMITTING entry stays COMMITTING, claimed by nobody
+""",
+        # The SQLite test alone lets this survive: an entry left COMMITTING without a claim
+        # expiry counts as an expired claim, so sealing is not wedged. The PostgreSQL race test
+        # asserts the replaced entry is CONSUMING and unclaimed.
+        tests=(
+            _guard_test(
+                "test_reingesting_a_segment_a_sealer_holds_does_not_wedge_sealing_of_its_partition"
+            ),
+            "tests/contract/test_postgres_manifest_races.py",
+        ),
+    ),
+    Guard(
+        name="claim-takes-over-expired-claim",
+        file=MANIFEST,
+        what="claim_run: a run whose claim expired may be claimed again",
+        old="""\
+            if cur.state is SegmentState.COMMITTING and (
+                cur.claim_expires_at is not None and cur.claim_expires_at > at
+            ):
+                return None
+""",
+        new="""\
+            if cur.state is SegmentState.COMMITTING:  # MUTATION: a claim never expires
+                return None
+""",
+        tests=("tests/unit/sealing/test_dead_sealer_claim.py",),
+    ),
+    Guard(
+        name="claim-respects-live-claim",
+        file=MANIFEST,
+        what="claim_run: a run another sealer's live claim holds is left alone",
+        old="""\
+            if cur.state is SegmentState.COMMITTING and (
+                cur.claim_expires_at is not None and cur.claim_expires_at > at
+            ):
+                return None
+""",
+        new="""\
+            if cur.state is SegmentState.COMMITTING and (
+                cur.claim_expires_at is not None and cur.claim_expires_at > at
+            ):
+                pass  # MUTATION: a live claim is taken over
+""",
+        # Sealer.seal_partition leaves a run with a live claim alone before it calls
+        # claim_run; only two sealers that both read the run unclaimed and then claim it one
+        # after the other reach this check, which is what the first test does.
+        tests=(
+            _guard_test(
+                "test_a_run_claimed_between_reading_it_and_claiming_it_is_not_claimed_twice"
+            ),
+            _guard_test("test_a_live_claim_is_left_alone"),
+        ),
+    ),
+    Guard(
+        name="claim-all-or-nothing",
+        file=MANIFEST,
+        what="claim_run: every entry's precondition is checked before any entry is claimed",
+        old="""\
+        for e in run:
+            cur = get_entry(conn, e.id)
+            if cur is None or cur.removed_version is not None:
+                return None
+            if cur.state is SegmentState.COMMITTING and (
+                cur.claim_expires_at is not None and cur.claim_expires_at > at
+            ):
+                return None
+        versions: dict[int, int] = {}
+        for e in run:
+            versions[e.id] = update_entry(
+""",
+        new="""\
+        versions: dict[int, int] = {}
+        for e in run:  # MUTATION: checked entry by entry while claiming
+            cur = get_entry(conn, e.id)
+            if cur is None or cur.removed_version is not None:
+                return None
+            if cur.state is SegmentState.COMMITTING and (
+                cur.claim_expires_at is not None and cur.claim_expires_at > at
+            ):
+                return None
+            versions[e.id] = update_entry(
+""",
+        tests=(_guard_test("test_a_claim_that_finds_one_entry_taken_claims_none_of_the_run"),),
+    ),
+    Guard(
+        name="seal-keeps-files-after-unknown-outcome",
+        file="src/millstream/sealing/sealer.py",
+        what="Sealer: the uploaded files stay after a CommitStateUnknownError",
+        old="""\
+            if not isinstance(exc, CommitStateUnknownError):
+""",
+        new="""\
+            if True:  # MUTATION: the uploaded files are deleted after every failure
+""",
+        tests=(
+            _guard_test(
+                "test_a_seal_whose_commit_did_not_land_keeps_its_files_and_the_run_seals_next_time"
+            ),
+        ),
+    ),
+    Guard(
+        name="reconcile-rereads-unknown-outcome",
+        file=MANIFEST,
+        what="reconcile: a COMMIT with an unknown outcome is re-read to see whether it landed",
+        old="""\
+    except CommitStateUnknownError as exc:
+        try:
+            with store.read() as conn:
+""",
+        new="""\
+    except CommitStateUnknownError as exc:
+        raise  # MUTATION: no re-read
+        try:
+            with store.read() as conn:
+""",
+        tests=(
+            _guard_test(
+                "test_a_seal_whose_commit_landed_with_an_unknown_outcome_keeps_its_file_and_reads_work"
+            ),
+            _guard_test(
+                "test_a_reingestion_whose_commit_landed_with_an_unknown_outcome_keeps_its_file"
+            ),
+        ),
+    ),
+    Guard(
+        name="reingest-keeps-file-after-unknown-outcome",
+        file="src/millstream/sealing/reingest.py",
+        what="reingest_segment: the rebuilt file stays after a CommitStateUnknownError",
+        old="""\
+    except CommitStateUnknownError:
+        raise  # a re-read did not show the swap: the file may yet be referenced; GC decides
+    except BaseException:
+""",
+        new="""\
+    except BaseException:  # MUTATION: the file is deleted after an unknown outcome too
+""",
+        tests=(_guard_test("test_a_reingestion_whose_commit_did_not_land_keeps_its_file"),),
+    ),
+    Guard(
+        name="gc-lists-before-reading-references",
+        file="src/millstream/storage/gc.py",
+        what="collect_garbage: files are listed before the references are read",
+        old="""\
+    files = deep.list_files(table_data_prefix(table))
+    referenced = store.referenced_files(table)
+""",
+        new="""\
+    referenced = store.referenced_files(table)  # MUTATION: references read first
+    files = deep.list_files(table_data_prefix(table))
+""",
+        tests=(
+            _guard_test(
+                "test_gc_lists_files_before_reading_references_so_a_commit_in_between_keeps_its_file"
+            ),
+        ),
+    ),
+    Guard(
+        name="commit-refuses-expired-staged-file",
+        file="src/millstream/table/commit.py",
+        what="commit_writes: a file staged longer ago than GC's grace allows is refused",
+        old="""\
+            raise StagedFileExpiredError(sorted(w.paths)[0], now - w.staged_at, max_staged_age)
+""",
+        new="""\
+            pass  # MUTATION: an expired staged file is committed
+""",
+        tests=(
+            _guard_test("test_a_commit_refuses_a_staged_file_older_than_gc_could_have_deleted"),
+        ),
+    ),
+    Guard(
+        name="commit-raises-dead-letter-gaps",
+        file="src/millstream/table/commit.py",
+        what="commit_writes: a gap in the dead-letter table raises like one in the table",
+        old="""\
+        commit.dead_letter.raise_for_gaps(dl)
+""",
+        new="""\
+        pass  # MUTATION: dead-letter gaps are ignored
+""",
+        tests=(_guard_test("test_a_dead_letter_shard_behind_the_tables_is_reported_as_a_gap"),),
+    ),
+    Guard(
+        name="ensure-shards-start-together",
+        file="src/millstream/metastore/store.py",
+        what="ensure_shards: a missing shard starts at the lowest upper its siblings have",
+        old="""\
+                upper = min(existing) if existing else start
+""",
+        new="""\
+                upper = start  # MUTATION: a missing shard starts at the source's position
+""",
+        tests=("tests/unit/ingest/test_bootstrap_dead_letter.py",),
+    ),
+    Guard(
+        name="bootstrap-starts-at-lower-upper",
+        file="src/millstream/ingest/runner.py",
+        what="bootstrap: a writer starts at the lower of the table's and dead-letter uppers",
+        old="""\
+                p: min(sh.upper, dl[p].upper) if p in dl else sh.upper for p, sh in shards.items()
+""",
+        new="""\
+                p: sh.upper for p, sh in shards.items()  # MUTATION: the table's upper only
+""",
+        tests=(
+            "tests/unit/ingest/test_bootstrap_dead_letter.py::"
+            "test_a_writer_starts_at_the_dead_letter_shard_when_it_is_behind",
+        ),
+    ),
+    Guard(
+        name="lease-fence-locks-row",
+        file="src/millstream/control/leases.py",
+        what="check_fence: the lease row is read FOR UPDATE (held until the fenced write ends)",
+        old="""\
+    cur = read_lease(conn, name, lock=True)
+""",
+        new="""\
+    cur = read_lease(conn, name, lock=False)  # MUTATION: a plain SELECT
+""",
+        tests=("tests/scenarios/test_lease_fence_on_postgres.py",),
+    ),
+    Guard(
+        name="cas-checks-rowcount",
+        file="src/millstream/metastore/cas.py",
+        what="cas_update: an update that matched no row (the version moved) raises",
+        old="""\
+    if conn.execute(stmt).rowcount != 1:
+""",
+        new="""\
+    if conn.execute(stmt) is None:  # MUTATION: the rowcount is not checked
+""",
+        tests=(
+            "tests/contract/test_contract_concurrency.py::"
+            "test_two_compare_and_sets_on_the_same_row_version_exactly_one_conflicts[sqlite-local]",
+        ),
+    ),
+    Guard(
+        name="frontier-fences-stale-epoch",
+        file="src/millstream/core/frontier.py",
+        what="decide: a writer at a stale epoch is FENCED",
+        old="""\
+    if writer_epoch != epoch:
+        return Decision(Outcome.FENCED, upper, upper, upper)
+""",
+        new="""\
+    if writer_epoch != epoch:
+        pass  # MUTATION: a stale epoch is decided like a current one
+""",
+        tests=(
+            "tests/scenarios/test_seed_004_lagging_writer_below_upper.py",
+            "tests/contract/test_contract_append.py",
+        ),
+        select="seed_004 or sqlite-local",
+    ),
+    Guard(
+        name="frontier-drops-below-upper",
+        file="src/millstream/core/frontier.py",
+        what="decide: a batch entirely below the upper is dropped, not committed again",
+        old="""\
+        return Decision(Outcome.DROP, upper, upper, upper, empty=lo == hi)
+""",
+        new="""\
+        return Decision(Outcome.COMMIT, lo, hi, upper, empty=lo == hi)  # MUTATION
+""",
+        tests=(
+            "tests/scenarios/test_seed_004_lagging_writer_below_upper.py",
+            "tests/contract/test_contract_append.py",
+        ),
+        select="seed_004 or sqlite-local",
+    ),
+    Guard(
+        name="supervisor-survives-step-error",
+        file="src/millstream/supervise.py",
+        what="Supervisor.attempt: a step's exception is recorded and backed off, not raised",
+        old="""\
+            self._failed(exc)
+            return False
+""",
+        new="""\
+            self._failed(exc)
+            raise  # MUTATION: the step's error ends the loop
+""",
+        tests=(
+            "tests/unit/test_supervise.py",
+            "tests/unit/ingest/test_runner_background_sealing.py",
+        ),
+    ),
+    Guard(
+        name="delete-takes-effective-comparison-value",
+        file="src/millstream/core/merge.py",
+        what="a delete without a comparison value takes the highest value its key has at "
+        "lower offsets of its partition",
+        old="""\
+    return pc.if_else(need, earlier, values)
+""",
+        new="""\
+    return values  # MUTATION: a delete without a comparison value keeps none
+""",
+        tests=(
+            "tests/unit/core/test_merge_engines_property.py::"
+            "test_upsert_a_tombstone_removes_the_rows_up_to_the_highest_earlier_comparison_value",
+            "tests/scenarios/test_deletes_recreate_keys.py",
+        ),
+    ),
+)
+
+
+# -- the copy --------------------------------------------------------------------------------
+
+
+def copy_repo(dest: Path) -> None:
+    """Copy the tracked and untracked-but-not-ignored files (no ``.venv``) into ``dest``."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    ).stdout
+    for raw in listed.split(b"\0"):
+        rel = os.fsdecode(raw)
+        if not rel or rel == ".venv" or rel.startswith(".venv/"):
+            continue
+        src = REPO / rel
+        if not src.exists() and not src.is_symlink():
+            continue  # tracked but deleted in the working tree
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target, follow_symlinks=False)
+
+
+def env_for(copy: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(copy / "src")
+    # No bytecode: a .pyc written by the unmutated run must never stand in for the mutant.
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def check_shadowing(copy: Path) -> None:
+    """The copy's ``millstream`` is the one imported, not the editable install's."""
+    out = subprocess.run(
+        [str(PYTHON), "-c", "import millstream, sys; print(millstream.__file__)"],
+        cwd=copy,
+        env=env_for(copy),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    if not Path(out).resolve().is_relative_to(copy.resolve()):
+        raise SystemExit(f"the copy at {copy} imports millstream from {out}, not from the copy")
+
+
+class NotAppliedError(Exception):
+    """The mutation cannot be applied: the list of guards has rotted."""
+
+
+def mutated(copy: Path, guard: Guard) -> str:
+    """The guard's file in ``copy`` with the mutation applied (nothing is written yet); it
+    must still compile."""
+    path = copy / guard.file
+    if not path.is_file():
+        raise NotAppliedError(f"{guard.file} does not exist")
+    text = path.read_text()
+    count = text.count(guard.old)
+    if count != 1:
+        raise NotAppliedError(
+            f"the mutation's old text occurs {count} times in {guard.file} (expected once)"
+        )
+    text = text.replace(guard.old, guard.new)
+    try:
+        compile(text, guard.file, "exec")
+    except SyntaxError as exc:
+        raise NotAppliedError(f"the mutated {guard.file} does not compile: {exc}") from exc
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    #: pytest's exit status (1: tests failed), -1 on timeout
+    status: int
+    seconds: float
+    #: the output's last lines
+    tail: str
+    #: pytest's last line, ``3 passed, 1 deselected in 2.1s``
+    summary: str
+
+
+def run_tests(copy: Path, guard: Guard) -> Run:
+    """Run the guard's tests in ``copy``."""
+    cmd = [str(PYTHON), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *guard.tests]
+    if guard.select is not None:
+        cmd += ["-k", guard.select]
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(
+            cmd,
+            cwd=copy,
+            env=env_for(copy),
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT,
+        )
+    except subprocess.TimeoutExpired:
+        took = time.monotonic() - started
+        return Run(-1, took, f"timed out after {RUN_TIMEOUT:.0f}s", "")
+    took = time.monotonic() - started
+    out = proc.stdout.strip().splitlines()
+    tail = "\n".join(out[-25:] + proc.stderr.strip().splitlines()[-10:])
+    return Run(proc.returncode, took, tail, out[-1] if out else "")
+
+
+# -- one guard -------------------------------------------------------------------------------
+
+
+def check(guard: Guard) -> Result:
+    if guard.skip is not None:
+        return Result(guard, "SKIPPED", 0.0, detail=guard.skip)
+    with tempfile.TemporaryDirectory(prefix=f"mutation-{guard.name}-") as tmp:
+        copy = Path(tmp)
+        copy_repo(copy)
+        check_shadowing(copy)
+        try:
+            text = mutated(copy, guard)  # before any test runs: the list must not rot
+        except NotAppliedError as exc:
+            return Result(guard, "NOT APPLIED", 0.0, detail=str(exc))
+        base = run_tests(copy, guard)
+        if base.status != 0 or " passed" not in base.summary or "skipped" in base.summary:
+            why = f"unmutated: exit {base.status} (every test must run and pass)"
+            return Result(guard, "BROKEN", 0.0, base.seconds, f"{why}\n{base.tail}")
+        (copy / guard.file).write_text(text)
+        run = run_tests(copy, guard)
+    verdict = {1: "KILLED", 0: "SURVIVED"}.get(run.status, "ERROR")
+    detail = "" if run.status == 1 else f"exit {run.status}\n{run.tail}"
+    return Result(guard, verdict, run.seconds, base.seconds, detail)
+
+
+# -- reporting -------------------------------------------------------------------------------
+
+
+def tests_label(guard: Guard) -> str:
+    label = " ".join(guard.tests)
+    return label if guard.select is None else f"{label} -k {guard.select!r}"
+
+
+def print_table(results: Sequence[Result]) -> None:
+    width = max(len(r.guard.name) for r in results)
+    print(f"\n{'guard':<{width}}  {'verdict':<11}  {'seconds':>7}  {'baseline':>8}  file")
+    for r in results:
+        print(
+            f"{r.guard.name:<{width}}  {r.verdict:<11}  {r.seconds:>7.1f}  "
+            f"{r.baseline_seconds:>8.1f}  {r.guard.file}"
+        )
+
+
+def markdown(results: Sequence[Result]) -> str:
+    lines = [
+        "| # | guard | file | tests | verdict | seconds |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i, r in enumerate(results, 1):
+        tests = "<br>".join(f"`{t}`" for t in r.guard.tests)
+        if r.guard.select is not None:
+            tests += f"<br>`-k {r.guard.select!r}`"
+        lines.append(
+            f"| {i} | `{r.guard.name}`: {r.guard.what} | `{r.guard.file}` | {tests} | "
+            f"{r.verdict} | {r.seconds:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--list", action="store_true", help="list the guards and exit")
+    parser.add_argument(
+        "--only", action="append", metavar="NAME", help="check only this guard (repeatable)"
+    )
+    parser.add_argument("--markdown", type=Path, metavar="PATH", help="write the table here")
+    args = parser.parse_args(argv)
+
+    guards = list(GUARDS)
+    if args.only:
+        unknown = set(args.only) - {g.name for g in GUARDS}
+        if unknown:
+            parser.error(f"unknown guard(s): {', '.join(sorted(unknown))} (see --list)")
+        guards = [g for g in GUARDS if g.name in args.only]
+    if args.list:
+        for i, g in enumerate(GUARDS, 1):
+            print(f"{i:2}. {g.name}  ({g.file})\n    {g.what}\n    tests: {tests_label(g)}")
+        return 0
+    if not PYTHON.exists():
+        parser.error(f"no interpreter at {PYTHON}")
+
+    started = time.monotonic()
+    results: list[Result] = []
+    for i, g in enumerate(guards, 1):
+        print(f"[{i}/{len(guards)}] {g.name} ({g.file}) ...", flush=True)
+        r = check(g)
+        results.append(r)
+        print(f"    {r.verdict} in {r.seconds:.1f}s (unmutated {r.baseline_seconds:.1f}s)")
+        if r.detail and r.verdict != "KILLED":
+            print("    " + r.detail.replace("\n", "\n    "), flush=True)
+    print_table(results)
+    total = time.monotonic() - started
+    print(f"\ntotal {total:.0f}s; guards and their tests: {GUARDS_DOC}")
+    if args.markdown is not None:
+        args.markdown.write_text(markdown(results))
+        print(f"wrote {args.markdown}")
+    bad = [r for r in results if r.verdict not in ("KILLED", "SKIPPED")]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
