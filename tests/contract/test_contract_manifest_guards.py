@@ -29,6 +29,7 @@ from millstream.ingest.decode import RAW_SCHEMA, dead_letter_rows, decode_record
 from millstream.ingest.runner import make_reader
 from millstream.metastore.manifest import DEFAULT_CLAIM_TTL, claim_run
 from millstream.metastore.models import SegmentState
+from millstream.metastore.rollback import rollback_partition
 from millstream.sealing import reingest as reingest_module
 from millstream.sealing.reingest import reingest_segment
 from millstream.sealing.sealer import Sealer, SealFaults
@@ -365,3 +366,20 @@ def test_a_claim_that_finds_one_entry_taken_claims_none_of_the_run(pipe: Pipelin
     }
     assert states[0] == (SegmentState.CONSUMING, None), "no partial claim left behind"
     assert states[2] == (SegmentState.COMMITTING, "sealer-a")
+
+
+def test_a_rollback_whose_commit_outcome_is_unknown_is_reconciled_by_re_reading(
+    pipe: Pipeline,
+) -> None:
+    before = pipe.catalog.store.get_shard(TABLE, 0)
+    assert before is not None
+    _fail_commit_once(pipe.catalog, landed=False)
+    with pytest.raises(CommitStateUnknownError, match="did not land"):
+        rollback_partition(pipe.catalog.store, TABLE, 0, 1, dry_run=False)
+    assert pipe.catalog.store.get_shard(TABLE, 0) == before
+    _fail_commit_once(pipe.catalog, landed=True)
+    plan = rollback_partition(pipe.catalog.store, TABLE, 0, 1, dry_run=False)
+    shard = pipe.catalog.store.get_shard(TABLE, 0)
+    assert shard is not None
+    assert (shard.upper, shard.epoch) == (plan.new_upper, before.epoch + 1) == (LINES, 1)
+    assert [seq for seq, _ in pipe.entries(0)] == [0]

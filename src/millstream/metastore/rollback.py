@@ -14,7 +14,7 @@ from sqlalchemy import Connection, select
 from millstream.datastream import dead_letter_spec
 from millstream.errors import InvalidSpecError, NotFoundError
 from millstream.metastore import schema as s
-from millstream.metastore.manifest import entry_of, remove_segments
+from millstream.metastore.manifest import entry_of, reconcile, remove_segments
 from millstream.metastore.models import Entry
 from millstream.metastore.store import MetadataStore
 
@@ -127,9 +127,24 @@ def rollback_partition(
             version,
         )
 
-    plan, _ = store.retrying(_txn)
-    assert isinstance(plan, RollbackPlan)
-    return plan
+    attempted: list[RollbackPlan] = []
+
+    def _recorded(conn: Connection) -> RollbackPlan:
+        plan = _txn(conn)
+        attempted.append(plan)
+        return plan
+
+    def _landed(conn: Connection) -> RollbackPlan | None:
+        """After an unknown outcome: the rollback landed iff the shard is at its new epoch."""
+        if not attempted:
+            return None
+        plan = attempted[-1]
+        shard = store._shards(conn, table, [partition]).get(partition)
+        if shard is None or shard.epoch != plan.new_epoch or shard.upper != plan.new_upper:
+            return None
+        return plan
+
+    return reconcile(store, _recorded, _landed, f"rollback of {table} partition {partition}")
 
 
 def _rollback_dead_letters(
