@@ -1,12 +1,19 @@
 """One error tree for Millstream.
 
-Every error carries structured fields and a message that says what happened, with the ids
-involved, and what the operator can do. ``HTTP_STATUS`` and ``EXIT_CODES`` map the tree to
-REST status codes and CLI exit codes; nothing else in the code base decides those.
+Every error Millstream raises on purpose is a class of this module, under
+:class:`MillstreamError`. Each carries structured fields and a message that says what
+happened, with the ids involved, and its docstring says what the operator can do.
+``HTTP_STATUS`` and ``EXIT_CODES`` map every class of the tree (by itself or by an ancestor)
+to a REST status code and a CLI exit code, and ``EXIT_FAMILIES`` names each exit code; nothing
+else in the code base decides those (``tests/unit/test_error_tree.py`` keeps it so).
+
+An error raised inside a Spark Python worker reaches the driver as Spark's text only;
+:func:`from_spark_failure` recovers which class of the tree it was.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -34,7 +41,10 @@ class InvalidSpecError(MillstreamError, ValueError):
 
 
 class NotFoundError(MillstreamError, LookupError):
-    """A named object (table, shard, datastream, segment) does not exist."""
+    """A named object (table, shard, datastream, segment) does not exist.
+
+    Check the name (``millstream datastream list``, ``GET /tables``); nothing was changed.
+    """
 
     def __init__(self, kind: str, name: str) -> None:
         super().__init__(f"{kind} {name!r} does not exist", kind=kind, name=name)
@@ -43,12 +53,18 @@ class NotFoundError(MillstreamError, LookupError):
 
 
 class TableNotFoundError(NotFoundError):
+    """A table that does not exist. Check the name; a datastream's table (and its dead-letter
+    table) is created when the controller first handles the datastream."""
+
     def __init__(self, name: str) -> None:
         super().__init__("table", name)
 
 
 class AlreadyExistsError(MillstreamError):
-    """Creating an object whose name is taken (with a different definition)."""
+    """Creating an object whose name is taken (with a different definition).
+
+    Pick another name, or delete the existing object first; nothing was changed.
+    """
 
     def __init__(self, kind: str, name: str) -> None:
         super().__init__(f"{kind} {name!r} already exists", kind=kind, name=name)
@@ -151,7 +167,11 @@ class SegmentUnavailableError(MillstreamError):
 
 
 class InvalidTransitionError(MillstreamError):
-    """A lifecycle transition that the transition table does not allow."""
+    """A lifecycle transition that the transition table does not allow.
+
+    The message lists the states the datastream may go to from its current one; take one of
+    those first (or wait for a transition in progress to finish). Nothing was changed.
+    """
 
     def __init__(self, name: str, from_state: str, to_state: str, allowed: list[str]) -> None:
         super().__init__(
@@ -171,7 +191,11 @@ class PreconditionFailedError(MillstreamError):
 
 
 class MetadataSchemaError(MillstreamError):
-    """The metadata store's schema is newer than this code understands."""
+    """The metadata store's schema is newer than this code understands.
+
+    A newer Millstream migrated the store: run that version (or newer) against it. Nothing
+    was read or written.
+    """
 
 
 class UnauthorizedError(MillstreamError):
@@ -182,7 +206,10 @@ class UnauthorizedError(MillstreamError):
 
 
 class RequestTooLargeError(MillstreamError):
-    """A REST request body over the size limit; nothing was read past the limit or written."""
+    """A REST request body over the size limit; nothing was read past the limit or written.
+
+    Send a smaller body (a datastream spec is far below the limit the message names).
+    """
 
     def __init__(self, limit: int) -> None:
         super().__init__(f"request body is larger than {limit} bytes", limit=limit)
@@ -200,7 +227,11 @@ class ControllerUnreachableError(MillstreamError):
 
 class RemoteError(MillstreamError):
     """The controller refused a request. ``status`` is the HTTP status and ``remote`` the name
-    of the error it raised (a class of this tree), so the CLI exits as if it raised it."""
+    of the error it raised (a class of this tree), so the CLI exits as if it raised it.
+
+    Act on the controller's message as on the error it names; its own entry in the tables is
+    only the fallback for a name this version does not know.
+    """
 
     def __init__(self, status: int, body: dict[str, Any]) -> None:
         message = str(body.get("message") or f"the controller answered HTTP {status}")
@@ -214,6 +245,157 @@ class RemoteError(MillstreamError):
         return {"error": self.remote or type(self).__name__, "message": self.message, **self.fields}
 
 
+class LeaseLostError(MillstreamError):
+    """This process no longer holds the lease it acted under: another process took it over
+    (this one was paused, or cut off from the metadata store, past the lease's TTL). The fenced
+    write was refused, so nothing was written.
+
+    The process steps down on its own (a controller stops assigning and competes for the
+    lease again). If it keeps happening, raise the lease TTL or find what pauses the process.
+    """
+
+    def __init__(
+        self,
+        lease: str,
+        holder: str,
+        token: int,
+        *,
+        now_held_by: str | None = None,
+        now_token: int | None = None,
+    ) -> None:
+        super().__init__(
+            f"lease {lease!r} is no longer held by {holder!r} with token {token} "
+            f"(now: holder {now_held_by!r}, token {now_token}); nothing was written, "
+            "this process steps down",
+            lease=lease,
+            holder=holder,
+            token=token,
+        )
+
+
+class StateDirLockedError(MillstreamError):
+    """Another writer (thread or process) holds this state directory's lock.
+
+    Nothing was read or written. A worker retries on its next tick (a writer of its own may be
+    shutting down); for ``millstream run``, stop the other writer or pass another
+    ``--writer-id``.
+    """
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"state directory {path} is locked by another writer; stop it (or use another "
+            "writer id) and retry",
+            path=path,
+        )
+
+
+class StateLockNotHeldError(MillstreamError):
+    """A checkpoint read or write without holding the state directory's lock: refused.
+
+    The writer lost (or never took) the lock, so its checkpoint may be stale; nothing was read
+    or written. It must take the lock again (and then re-verify its checkpoint against the
+    shards) before it continues.
+    """
+
+    def __init__(self, action: str, path: str) -> None:
+        super().__init__(
+            f"refusing to {action} {path}: the state directory lock is not held",
+            action=action,
+            path=path,
+        )
+
+
+class BadRecordError(MillstreamError):
+    """A record failed to decode and the datastream says ``bad_records: fail``.
+
+    Nothing of the batch was committed; the datastream stops at the record (partition and
+    offset are named). Fix the record at the source, or set ``bad_records: dead_letter`` to
+    route bad records to the dead-letter table and keep going, then resume.
+    """
+
+    def __init__(self, table: str, partition: int, offset: int, error: str) -> None:
+        super().__init__(
+            f"bad record in table {table!r} at partition {partition} offset {offset}: {error} "
+            "(bad_records: fail stops here; use bad_records: dead_letter to keep going)",
+            table=table,
+            partition=partition,
+            offset=offset,
+        )
+
+
+class SourceReadError(MillstreamError):
+    """Reading the source failed: a Kafka topic that does not exist or answers with an error, a
+    read that made no progress, a source file that changed while it was read.
+
+    Nothing was committed for the range; the shard uppers did not move. Fix the source (broker
+    up, topic created, files appended to rather than rewritten) and the writer continues from
+    the shard uppers (a worker restarts it after a backoff; rerun ``millstream run``).
+    """
+
+    def __init__(
+        self, source: str, reason: str, *, partition: int | None = None, **ids: str
+    ) -> None:
+        """``source`` describes the source in words; ``ids`` name it (``topic="orders"``)."""
+        where = source if partition is None else f"{source} partition {partition}"
+        fields: dict[str, Any] = {"source": source, **ids}
+        if partition is not None:
+            fields["partition"] = partition
+        super().__init__(
+            f"cannot read {where}: {reason}; nothing was committed for it, the writer "
+            "continues from the shard upper once the source can be read",
+            **fields,
+        )
+
+
+class InjectedSealFault(MillstreamError):
+    """A fault injected at a named seal point (tests and drills, through ``SealFaults``).
+
+    Nothing to fix: the seal failed as asked and is retried like any failed seal. Seen in
+    production, remove the fault injection from the sealer's configuration.
+    """
+
+    def __init__(self, point: str, partition: int) -> None:
+        super().__init__(
+            f"fault injected at {point} (partition {partition})", point=point, partition=partition
+        )
+
+
+class ServiceStartError(MillstreamError):
+    """A control-plane service could not start (its REST API could not listen).
+
+    Nothing was started. Stop whatever holds the address, or pass another ``--host`` /
+    ``--port``, and start the service again.
+    """
+
+    def __init__(self, service: str, host: str, port: int) -> None:
+        super().__init__(
+            f"the {service} could not listen on {host}:{port} (is the port in use?); pass "
+            "another --port or stop the process that holds it",
+            service=service,
+            host=host,
+            port=port,
+        )
+
+
+class SparkQueryError(MillstreamError):
+    """A Spark query failed because of one of our errors, raised inside a Spark Python worker
+    (or the sink's commit process): the driver saw only Spark's text, from which
+    :func:`from_spark_failure` recovered ``kind``, the class of the original error.
+
+    Act on the message as on ``kind`` (its docstring says what to do).
+    """
+
+    def __init__(self, kind: type[MillstreamError], message: str, **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.kind = kind
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": self.kind.__name__, "message": self.message, **self.fields}
+
+
+#: The REST status of every class of the tree (by itself or by its nearest listed ancestor).
+#: Errors only the CLI raises (unreachable controller, a refused call, a service that cannot
+#: start) are listed too, so the table stays total.
 HTTP_STATUS: dict[type[MillstreamError], int] = {
     InvalidSpecError: 422,
     NotFoundError: 404,
@@ -230,8 +412,20 @@ HTTP_STATUS: dict[type[MillstreamError], int] = {
     PreconditionFailedError: 409,
     UnauthorizedError: 401,
     RequestTooLargeError: 413,
+    LeaseLostError: 409,
+    StateDirLockedError: 409,
+    StateLockNotHeldError: 409,
+    BadRecordError: 422,
+    SourceReadError: 502,
+    InjectedSealFault: 500,
+    ServiceStartError: 500,
+    SparkQueryError: 500,
+    ControllerUnreachableError: 503,
+    RemoteError: 502,
 }
 
+#: The CLI exit code of every class of the tree (by itself or by its nearest listed ancestor);
+#: each code is named in :data:`EXIT_FAMILIES`.
 EXIT_CODES: dict[type[MillstreamError], int] = {
     InvalidSpecError: 2,
     NotFoundError: 3,
@@ -248,29 +442,117 @@ EXIT_CODES: dict[type[MillstreamError], int] = {
     PreconditionFailedError: 4,
     UnauthorizedError: 2,
     RequestTooLargeError: 2,
+    LeaseLostError: 5,
+    StateDirLockedError: 4,
+    StateLockNotHeldError: 5,
+    BadRecordError: 10,
+    SourceReadError: 11,
+    InjectedSealFault: 1,
+    ServiceStartError: 1,
+    SparkQueryError: 9,
+    ControllerUnreachableError: 1,
+    # Only for a name this version does not know: :func:`exit_code` exits a RemoteError as the
+    # error the controller names, or by its HTTP status.
+    RemoteError: 1,
+}
+
+#: Every exit code of the CLI with the few words that name its family, for the CLI help
+#: (``millstream --help``) and the README (checked against this). 0 and 130 are no errors.
+EXIT_FAMILIES: dict[int, str] = {
+    0: "ok",
+    1: "unexpected error or service failure",
+    2: "invalid spec or argument",
+    3: "not found",
+    4: "conflict with existing state",
+    5: "lost compare-and-set or fenced",
+    6: "commit outcome unknown",
+    7: "segment unavailable",
+    8: "metadata schema too new",
+    9: "the Spark query failed with one of these errors",
+    10: "bad record",
+    11: "source unreadable",
+    130: "interrupted",
 }
 
 #: A remote error whose name is not in the tree exits by its HTTP status.
 HTTP_EXIT_CODES: dict[int, int] = {401: 2, 404: 3, 409: 4, 413: 2, 422: 2, 503: 6}
 
 
-def _lookup(table: dict[type[MillstreamError], int], err: MillstreamError, default: int) -> int:
-    for cls in type(err).__mro__:
-        if cls in table:
-            return table[cls]
+def _subclasses(cls: type[MillstreamError]) -> list[type[MillstreamError]]:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
+
+
+def _depth(cls: type[MillstreamError]) -> int:
+    return sum(1 for c in cls.__mro__ if isinstance(c, type) and issubclass(c, MillstreamError))
+
+
+#: The tree, most specific class first (deepest first, then in the order of this module);
+#: the root last.
+ERROR_CLASSES: tuple[type[MillstreamError], ...] = tuple(
+    sorted([MillstreamError, *_subclasses(MillstreamError)], key=_depth, reverse=True)
+)
+
+
+def error_class(name: str) -> type[MillstreamError] | None:
+    """The class of the tree called ``name`` (as in ``to_dict()["error"]``), if any."""
+    return next((cls for cls in ERROR_CLASSES if cls.__name__ == name), None)
+
+
+def _lookup(
+    table: dict[type[MillstreamError], int], cls: type[MillstreamError], default: int
+) -> int:
+    for c in cls.__mro__:
+        if c in table:
+            return table[c]
     return default
 
 
 def http_status(err: MillstreamError) -> int:
-    return _lookup(HTTP_STATUS, err, 500)
+    return _lookup(HTTP_STATUS, type(err), 500)
 
 
 def exit_code(err: MillstreamError) -> int:
     if isinstance(err, RemoteError):
-        by_name = {cls.__name__: code for cls, code in EXIT_CODES.items()}
-        known = by_name.get(err.remote)
-        if known is None:
-            # A subclass (TableNotFoundError): its status says which family it belongs to.
-            return HTTP_EXIT_CODES.get(err.status, 1)
-        return known
-    return _lookup(EXIT_CODES, err, 1)
+        named = error_class(err.remote)
+        if named is None or named in (MillstreamError, RemoteError):
+            # Not a name of this tree (an older or newer controller): the status says which
+            # family it belongs to.
+            return HTTP_EXIT_CODES.get(err.status, EXIT_CODES[RemoteError])
+        return _lookup(EXIT_CODES, named, 1)
+    return _lookup(EXIT_CODES, type(err), 1)
+
+
+def from_spark_failure(exc: BaseException) -> SparkQueryError | None:
+    """The error of this tree that made a Spark query fail, recovered from Spark's text (an
+    error raised in a Python worker reaches the driver as text only); None if it names none.
+
+    A raised error (``...ShardGapError: message``, as a traceback ends) is looked for first,
+    then a bare mention of a class name. The most specific class wins, and between unrelated
+    ones the one raised last (a traceback ends with the error that propagated). For a bad
+    record the partition and offset are kept as fields.
+    """
+    text = str(exc)
+    candidates = [cls for cls in ERROR_CLASSES if cls is not SparkQueryError]
+    raised = {
+        cls: found
+        for cls in candidates
+        if (found := list(re.finditer(rf"\b{cls.__name__}: (.*)", text)))
+    }
+    if raised:
+        cls = max(raised, key=lambda c: (_depth(c), raised[c][-1].start()))
+        return _spark_query_error(cls, raised[cls][0].group(1))
+    for cls in candidates:
+        if re.search(rf"\b{cls.__name__}\b", text):
+            return _spark_query_error(cls, text.strip().splitlines()[0])
+    return None
+
+
+def _spark_query_error(cls: type[MillstreamError], message: str) -> SparkQueryError:
+    fields: dict[str, Any] = {}
+    m = re.search(r"partition (\d+) offset (\d+)", message)
+    if m:
+        fields = {"partition": int(m.group(1)), "offset": int(m.group(2))}
+    return SparkQueryError(cls, message, **fields)

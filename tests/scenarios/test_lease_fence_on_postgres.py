@@ -31,9 +31,10 @@ from sqlalchemy.exc import OperationalError
 
 from millstream.clock import ManualClock
 from millstream.control import leases, workers
-from millstream.control.leases import LeaseLostError, acquire_or_renew, read_lease
+from millstream.control.leases import acquire_or_renew, read_lease
 from millstream.control.workers import CONTROLLER_LEASE, read_assignments, write_assignments
 from millstream.core.assignment import ACTIVE, STANDBY
+from millstream.errors import LeaseLostError
 from millstream.metastore.store import MetadataStore
 from millstream.testing.servers import PostgresServer
 
@@ -66,7 +67,7 @@ def unguarded_fence(conn: Connection, name: str, holder: str, token: int, now: f
     """The old fence: the same check, by a plain SELECT that locks nothing."""
     cur = read_lease(conn, name)
     if cur is None or cur.holder != holder or cur.token != token or cur.expires_at <= now:
-        raise LeaseLostError(f"lease {name!r} moved on", lease=name, holder=holder, token=token)
+        raise LeaseLostError(name, holder, token)
 
 
 @dataclass

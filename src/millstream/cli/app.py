@@ -1,9 +1,6 @@
-"""The ``millstream`` command line. Every command takes ``--output text|json``; exit codes:
-
-0 ok · 1 unexpected error · 2 invalid spec/argument (the field is named) · 3 not found ·
-4 conflict with existing state · 5 lost compare-and-set / fenced / gap / segment changed /
-staged file too old · 6 commit outcome unknown · 7 segment unavailable · 8 metadata schema too
-new · 9 the Spark query failed with one of the above (message says which) · 130 interrupted.
+"""The ``millstream`` command line. Every command takes ``--output text|json``; its exit
+code is the one :data:`millstream.errors.EXIT_CODES` gives the error (``millstream --help``
+lists them all, from :func:`millstream.cli.output.exit_codes_help`).
 """
 
 from __future__ import annotations
@@ -23,6 +20,7 @@ from millstream.cli.output import (
     console,
     emit_json,
     err_console,
+    exit_codes_help,
     handle_errors,
     table_text,
 )
@@ -30,6 +28,7 @@ from millstream.cli.output import (
 app = typer.Typer(
     name="millstream",
     help="Reliable nearline ingestion on Apache Spark.",
+    epilog=exit_codes_help(),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,

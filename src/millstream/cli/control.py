@@ -32,7 +32,11 @@ ApiTokenOpt = Annotated[
         show_default=False,
     ),
 ]
-SERVICE_EXIT_HELP = "Exit codes: 0 stopped by Ctrl-C/SIGTERM; 1 a service failed; 2 bad option."
+#: The codes of :data:`millstream.errors.EXIT_FAMILIES` a service process exits with.
+SERVICE_EXIT_HELP = (
+    "Exit codes: 0 stopped by Ctrl-C/SIGTERM; 1 a service failed (or could not start, or the "
+    "controller cannot be reached); 2 bad option."
+)
 
 
 def _logging() -> None:

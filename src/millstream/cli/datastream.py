@@ -10,15 +10,17 @@ import typer
 import yaml
 
 from millstream.cli.client import DEFAULT_CONTROLLER, ControllerClient, segment
-from millstream.cli.output import OutputFormat, console, emit_json, handle_errors, table_text
+from millstream.cli.output import (
+    OutputFormat,
+    console,
+    emit_json,
+    exit_codes_help,
+    handle_errors,
+    table_text,
+)
 from millstream.errors import InvalidSpecError
 
-EXIT_CODES_HELP = (
-    "Exit codes: 0 ok; 1 cannot reach the controller (or unexpected error); 2 invalid spec or "
-    "argument (the field is named), missing or wrong token (401), body too large (413); "
-    "3 not found (404); 4 illegal transition or already exists (409); 5 lost compare-and-set; "
-    "6 commit outcome unknown (503)."
-)
+EXIT_CODES_HELP = exit_codes_help(rest_client=True)
 
 app = typer.Typer(
     name="datastream",

@@ -13,7 +13,13 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from millstream.errors import MillstreamError, exit_code
+from millstream.errors import (
+    EXIT_FAMILIES,
+    HTTP_EXIT_CODES,
+    MillstreamError,
+    exit_code,
+    from_spark_failure,
+)
 
 err_console = Console(stderr=True)
 console = Console()
@@ -36,41 +42,19 @@ def emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, default=_default, indent=2) + "\n")
 
 
-class SparkQueryError(MillstreamError):
-    """One of our errors, raised inside a Spark Python worker, as the driver saw it."""
-
-    def __init__(self, kind: str, message: str, **fields: Any) -> None:
-        super().__init__(message, **fields)
-        self.kind = kind
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"error": self.kind, "message": self.message, **self.fields}
-
-
-def spark_error_to_millstream(exc: BaseException) -> MillstreamError | None:
-    """A Spark query failed because of one of our errors (raised in a Python worker): find it,
-    keeping its name and, for a bad record, the partition and offset."""
-    import re
-
-    text = str(exc)
-    from millstream import errors
-    from millstream.ingest.sink import BadRecordError
-
-    for cls in (
-        BadRecordError,
-        errors.WriterFencedError,
-        errors.ShardGapError,
-        errors.SegmentUnavailableError,
-    ):
-        marker = f"{cls.__name__}: "
-        if marker in text:
-            line = text.split(marker, 1)[1].splitlines()[0]
-            fields: dict[str, Any] = {}
-            m = re.search(r"partition (\d+) offset (\d+)", line)
-            if m:
-                fields = {"partition": int(m.group(1)), "offset": int(m.group(2))}
-            return SparkQueryError(cls.__name__, line, **fields)
-    return None
+def exit_codes_help(*, rest_client: bool = False) -> str:
+    """Every exit code of the CLI with its meaning, for the commands' help texts (rendered from
+    :data:`millstream.errors.EXIT_FAMILIES`, which names the code of every error). With
+    ``rest_client``, also how a refused REST call exits (:data:`~millstream.errors.HTTP_EXIT_CODES`)."""
+    codes = "; ".join(f"{code} {name}" for code, name in sorted(EXIT_FAMILIES.items()))
+    text = f"Exit codes: {codes}."
+    if rest_client:
+        by_status = ", ".join(f"{s} exits {c}" for s, c in sorted(HTTP_EXIT_CODES.items()))
+        text += (
+            " A refused call exits as the error the controller names, else by its HTTP status "
+            f"({by_status}); 1 if the controller cannot be reached."
+        )
+    return text
 
 
 @contextmanager
@@ -79,20 +63,20 @@ def handle_errors(output: OutputFormat = OutputFormat.text) -> Iterator[None]:
     try:
         yield
     except MillstreamError as exc:
-        _fail(exc, exit_code(exc), output)
+        _fail(exc, output)
     except Exception as exc:  # a Spark/py4j error wrapping one of ours
-        ours = spark_error_to_millstream(exc)
+        ours = from_spark_failure(exc)
         if ours is None:
             raise
-        _fail(ours, 9, output)
+        _fail(ours, output)  # exits 9: the Spark query failed with one of ours
 
 
-def _fail(exc: MillstreamError, code: int, output: OutputFormat) -> None:
+def _fail(exc: MillstreamError, output: OutputFormat) -> None:
     if output is OutputFormat.json:
         emit_json(exc.to_dict())
     else:
         err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False)
-    raise typer.Exit(code)
+    raise typer.Exit(exit_code(exc))
 
 
 def table_text(

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
-from millstream.errors import MillstreamError
+from millstream.errors import ServiceStartError
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +109,6 @@ def serve_api(group: ServiceGroup, app: Any, *, host: str, port: int, timeout: f
     deadline = time.monotonic() + timeout
     while not server.started:
         if not group.alive("api") or time.monotonic() > deadline:
-            raise MillstreamError(
-                f"the REST API could not listen on {host}:{port} (is the port in use?)",
-                host=host,
-                port=port,
-            )
+            raise ServiceStartError("REST API", host, port)
         time.sleep(0.02)
     return f"http://{host}:{port}"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control import events
-from millstream.control.leases import Lease, LeaseLostError, acquire_or_renew, release
+from millstream.control.leases import Lease, acquire_or_renew, release
 from millstream.control.registry import Registry
 from millstream.control.workers import (
     CONTROLLER_LEASE,
@@ -36,7 +36,7 @@ from millstream.control.workers import (
 from millstream.core.assignment import assign
 from millstream.core.lifecycle import ASSIGNED_STATES, State
 from millstream.datastream import dead_letter_spec
-from millstream.errors import MillstreamError
+from millstream.errors import LeaseLostError, MillstreamError
 
 log = logging.getLogger(__name__)
 

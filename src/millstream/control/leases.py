@@ -35,14 +35,10 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, insert, select
 
 from millstream.clock import Clock
-from millstream.errors import MillstreamError
+from millstream.errors import LeaseLostError
 from millstream.metastore import schema as s
 from millstream.metastore.cas import cas_update
 from millstream.metastore.store import MetadataStore
-
-
-class LeaseLostError(MillstreamError):
-    """This process no longer holds the lease it acted under (fenced). Step down."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,9 +115,9 @@ def check_fence(conn: Connection, name: str, holder: str, token: int, now: float
     cur = read_lease(conn, name, lock=True)
     if cur is None or cur.holder != holder or cur.token != token or cur.expires_at <= now:
         raise LeaseLostError(
-            f"lease {name!r} is no longer held by {holder!r} with token {token} "
-            f"(now: holder {cur.holder if cur else None!r}, token {cur.token if cur else None})",
-            lease=name,
-            holder=holder,
-            token=token,
+            name,
+            holder,
+            token,
+            now_held_by=cur.holder if cur else None,
+            now_token=cur.token if cur else None,
         )

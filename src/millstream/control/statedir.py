@@ -20,17 +20,9 @@ import shutil
 from pathlib import Path
 
 from millstream.clock import SYSTEM_CLOCK, Clock
-from millstream.errors import MillstreamError
+from millstream.errors import StateDirLockedError, StateLockNotHeldError
 
 LOCKS = ".locks"
-
-
-class StateDirLockedError(MillstreamError):
-    """Another writer (thread or process) holds this state directory."""
-
-
-class StateLockNotHeldError(MillstreamError):
-    """A checkpoint read or write without holding the state directory's lock: refused."""
 
 
 class StateDirectory:
@@ -72,9 +64,7 @@ class StateDirectory:
     def lock(self) -> None:
         """Take the lock without waiting; StateDirLockedError if someone else has it."""
         if not self._acquire():
-            raise StateDirLockedError(
-                f"state directory {self.path} is locked by another writer", path=str(self.path)
-            )
+            raise StateDirLockedError(str(self.path))
         self.path.mkdir(parents=True, exist_ok=True)
         self.touch()
 
@@ -86,10 +76,7 @@ class StateDirectory:
 
     def _require_lock(self, what: str) -> None:
         if self._fd is None:
-            raise StateLockNotHeldError(
-                f"refusing to {what} {self.path}: the state directory lock is not held",
-                path=str(self.path),
-            )
+            raise StateLockNotHeldError(what, str(self.path))
 
     def touch(self) -> None:
         if self.path.is_dir():

@@ -32,16 +32,28 @@ from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control.controller import ControlSettings
 from millstream.control.registry import Registry
-from millstream.control.statedir import StateDirCleaner, StateDirectory, StateDirLockedError
+from millstream.control.statedir import StateDirCleaner, StateDirectory
 from millstream.control.workers import heartbeat, read_assignments
 from millstream.core.lifecycle import State
 from millstream.datastream import DatastreamSpec
-from millstream.errors import MillstreamError
+from millstream.errors import (
+    BadRecordError,
+    MillstreamError,
+    StateDirLockedError,
+    from_spark_failure,
+)
 from millstream.ingest.runner import DatastreamRunner
 from millstream.sealing.sealer import Sealer, Thresholds
 from millstream.supervise import Backoff, LoopStatus, SupervisedLoop, Supervisor
 
 log = logging.getLogger(__name__)
+
+
+def _bad_record(exc: Exception) -> bool:
+    """The writer's query failed on a bad record (``bad_records: fail``): restarting cannot
+    help, the datastream goes to ERROR."""
+    ours = from_spark_failure(exc)
+    return ours is not None and issubclass(ours.kind, BadRecordError)
 
 
 @dataclass
@@ -174,7 +186,7 @@ class Worker:
                 w.error = str(exc).splitlines()[0][:2000]
                 w.failed_at = self.clock.now()
                 log.error("writer %s on %s failed: %s", ds, self.id, w.error)
-                if isinstance(exc, MillstreamError) or "BadRecordError" in str(exc):
+                if isinstance(exc, MillstreamError) or _bad_record(exc):
                     self.registry.fail(ds, w.error)
             finally:
                 w.done.set()

@@ -26,7 +26,12 @@ from millstream.datastream import (
     KafkaSource,
     dead_letter_spec,
 )
-from millstream.errors import ShardGapError, StagedFileExpiredError, WriterFencedError
+from millstream.errors import (
+    ShardGapError,
+    StagedFileExpiredError,
+    WriterFencedError,
+    from_spark_failure,
+)
 from millstream.ingest.sources.base import encode_offsets
 from millstream.sealing.sealer import Sealer, Thresholds
 from millstream.supervise import Backoff, SupervisedLoop
@@ -428,7 +433,10 @@ class DatastreamRunner:
             return []
 
 
+#: A query that failed with one of these restarts from the shard uppers.
+RESTARTABLE = (ShardGapError, WriterFencedError, StagedFileExpiredError)
+
+
 def _restartable(error: Exception) -> bool:
-    text = str(error)
-    restartable = (ShardGapError, WriterFencedError, StagedFileExpiredError)
-    return any(cls.__name__ in text for cls in restartable)
+    ours = from_spark_failure(error)
+    return ours is not None and issubclass(ours.kind, RESTARTABLE)

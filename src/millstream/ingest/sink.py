@@ -29,7 +29,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from millstream import faults
 from millstream.config import Settings
 from millstream.datastream import dead_letter_spec
-from millstream.errors import MillstreamError
+from millstream.errors import BadRecordError, InvalidSpecError
 from millstream.ingest.decode import RAW_SCHEMA, Decoded, dead_letter_rows, decode_records
 from millstream.ingest.sources.base import (
     SELF_READ,
@@ -49,19 +49,6 @@ from millstream.table.commit import (
     commit_writes,
     plan_appends,
 )
-
-
-class BadRecordError(MillstreamError):
-    """A record failed to decode and the datastream says ``bad_records: fail``."""
-
-    def __init__(self, table: str, partition: int, offset: int, error: str) -> None:
-        super().__init__(
-            f"bad record in table {table!r} at partition {partition} offset {offset}: {error} "
-            "(bad_records: fail stops here; use bad_records: dead_letter to keep going)",
-            table=table,
-            partition=partition,
-            offset=offset,
-        )
 
 
 @dataclass
@@ -138,9 +125,10 @@ class SegmentSink(DataSourceStreamArrowWriter):
 
     def _source_reader(self) -> PartitionedStreamReader:
         if not self.source_format:
-            raise MillstreamError(
-                "the source sent range markers for the sink to read, but the sink has no "
-                "sourceFormat/sourceOptions: start it with the source's settings"
+            raise InvalidSpecError(
+                "sourceFormat",
+                "is required: the source sent range markers for the sink to read; start the "
+                "sink with the source's settings (sourceFormat, sourceOptions)",
             )
         return reader_for(self.source_format, self.source_options)
 

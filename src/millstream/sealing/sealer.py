@@ -44,7 +44,12 @@ import pyarrow as pa
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.core.merge import compact
-from millstream.errors import CommitStateUnknownError, MillstreamError, SegmentChangedError
+from millstream.errors import (
+    CommitStateUnknownError,
+    InjectedSealFault,
+    MillstreamError,
+    SegmentChangedError,
+)
 from millstream.metastore.manifest import (
     DEFAULT_CLAIM_TTL,
     SealedSegment,
@@ -65,10 +70,6 @@ FAULT_POINTS = ("before_build", "before_upload", "before_swap", "after_swap")
 ROW_GROUP_ROWS = 128 * 1024
 
 
-class InjectedSealFault(MillstreamError):
-    """A fault injected at a named seal point (tests, drills)."""
-
-
 #: The run changed while it was being sealed (rolled back, re-ingested, or re-claimed after
 #: this sealer was presumed dead); the sealed file is discarded and the run left as it is now.
 SealDiscardedError = SegmentChangedError
@@ -87,9 +88,7 @@ class SealFaults:
             self.hook(point, partition)
         if self.remaining.get(point, 0) > 0:
             self.remaining[point] -= 1
-            raise InjectedSealFault(
-                f"fault injected at {point} (partition {partition})", point=point
-            )
+            raise InjectedSealFault(point, partition)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,9 +11,9 @@ from api_support import TestClient, spec_body
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller
-from millstream.errors import SegmentUnavailableError
+from millstream.errors import InjectedSealFault, SegmentUnavailableError
 from millstream.metastore.models import ShardAppend
-from millstream.sealing.sealer import InjectedSealFault, Sealer, SealFaults
+from millstream.sealing.sealer import Sealer, SealFaults
 
 
 def test_debug_info_and_metrics_report_the_sealer_queue_and_segments_in_error(
@@ -80,7 +80,7 @@ def test_debug_info_names_who_is_sealing_a_segment_and_when_the_claim_expires(
     def look(point: str, _partition: int) -> None:
         if point == "before_build":
             seen.extend(api.get("/tables/orders/debugInfo").json()["committing_segments"])
-            raise InjectedSealFault("stop here")
+            raise InjectedSealFault(point, _partition)  # stop here
 
     sealer = Sealer(catalog, "orders", faults=SealFaults(hook=look), clock=clock)
     with pytest.raises(InjectedSealFault):

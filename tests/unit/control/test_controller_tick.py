@@ -14,13 +14,12 @@ from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control import events
 from millstream.control.controller import Controller, ControlSettings
-from millstream.control.leases import LeaseLostError
 from millstream.control.registry import Registry
 from millstream.control.workers import heartbeat, may_commit, read_assignments
 from millstream.core.assignment import ACTIVE, STANDBY
 from millstream.core.lifecycle import Command, State
 from millstream.datastream import DatastreamSpec
-from millstream.errors import NotFoundError
+from millstream.errors import LeaseLostError, NotFoundError
 from millstream.metastore import schema
 
 SETTINGS = ControlSettings(lease_ttl=10.0, worker_ttl=5.0, tick_seconds=1.0)

@@ -7,9 +7,10 @@ import pytest
 
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
-from millstream.control.leases import LeaseLostError, acquire_or_renew, check_fence, release
+from millstream.control.leases import acquire_or_renew, check_fence, release
 from millstream.control.workers import CONTROLLER_LEASE, read_assignments, write_assignments
 from millstream.core.assignment import ACTIVE, STANDBY
+from millstream.errors import LeaseLostError
 
 TTL = 10.0
 LEASE = CONTROLLER_LEASE

@@ -9,13 +9,8 @@ from pathlib import Path
 import pytest
 
 from millstream.clock import ManualClock
-from millstream.control.statedir import (
-    LOCKS,
-    StateDirCleaner,
-    StateDirectory,
-    StateDirLockedError,
-    StateLockNotHeldError,
-)
+from millstream.control.statedir import LOCKS, StateDirCleaner, StateDirectory
+from millstream.errors import StateDirLockedError, StateLockNotHeldError
 
 DELAY = 600.0
 

@@ -363,7 +363,8 @@ def test_a_seal_built_on_an_index_that_went_stale_is_discarded_not_swapped(
 def test_a_failed_swap_leaves_no_delete_vector_file_and_the_retry_writes_it(
     tmp_path: Path,
 ) -> None:
-    from millstream.sealing.sealer import InjectedSealFault, SealFaults
+    from millstream.errors import InjectedSealFault
+    from millstream.sealing.sealer import SealFaults
 
     feed = _setup(tmp_path, "upsert", 7)
     feed.batch(0, 10, keys=list(range(10)))

@@ -12,13 +12,9 @@ import pyarrow as pa
 import pytest
 
 from millstream.catalog import Catalog
+from millstream.errors import InjectedSealFault
 from millstream.metastore.models import SegmentState
-from millstream.sealing.sealer import (
-    FAULT_POINTS,
-    InjectedSealFault,
-    Sealer,
-    SealFaults,
-)
+from millstream.sealing.sealer import FAULT_POINTS, Sealer, SealFaults
 from millstream.spec import TableSpec
 from millstream.table.writer import commit_staged, stage_rows
 from millstream.testing.model import canonical, model_rows

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 
-from millstream.errors import InvalidSpecError, MillstreamError
+from millstream.errors import InvalidSpecError, SourceReadError
 from millstream.ingest.sources.base import RAW_DDL, PartitionedStreamReader
 from millstream.options import Options
 
@@ -59,7 +59,9 @@ def _lines_batch(
     n = len(bounds) - 1
     ends = bounds[1:] - 1
     if len(data) < int(ends[-1]):
-        raise MillstreamError(f"partition {partition}: a source file changed while it was read")
+        raise SourceReadError(
+            "the source files", "a source file changed while it was read", partition=partition
+        )
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(ends - bounds[:-1], out=offsets[1:])
     keep = np.ones(int(ends[-1]), dtype=bool)

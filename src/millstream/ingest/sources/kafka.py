@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 
-from millstream.errors import InvalidSpecError, MillstreamError
+from millstream.errors import InvalidSpecError, SourceReadError
 from millstream.ingest.sources.base import RAW_DDL, PartitionedStreamReader, records_batch
 from millstream.options import Options
 
@@ -93,9 +93,9 @@ class KafkaStreamReader(PartitionedStreamReader):
         md = _consumer(self.conf).list_topics(self.topic, timeout=10)
         t = md.topics.get(self.topic)
         if t is None or t.error is not None or not t.partitions:
-            raise MillstreamError(
-                f"kafka topic {self.topic!r} not found on {self.conf['bootstrap.servers']}"
-                + (f": {t.error}" if t is not None and t.error else ""),
+            raise SourceReadError(
+                f"kafka topic {self.topic!r} on {self.conf['bootstrap.servers']}",
+                "the topic was not found" + (f" ({t.error})" if t is not None and t.error else ""),
                 topic=self.topic,
             )
         return sorted(t.partitions)
@@ -129,10 +129,11 @@ class KafkaStreamReader(PartitionedStreamReader):
                 values: list[bytes | None] = []
                 for m in msgs:
                     if m.error() is not None:
-                        raise MillstreamError(
-                            f"kafka error reading {self.topic}[{partition}]: {m.error()}",
-                            topic=self.topic,
+                        raise SourceReadError(
+                            f"kafka topic {self.topic!r}",
+                            str(m.error()),
                             partition=partition,
+                            topic=self.topic,
                         )
                     o = m.offset()
                     if o < lo or o >= hi:
@@ -155,11 +156,12 @@ class KafkaStreamReader(PartitionedStreamReader):
                     low, high = c.get_watermark_offsets(self._tp(partition), timeout=10)
                     if position >= low and high >= hi:
                         break
-                    raise MillstreamError(
-                        f"kafka {self.topic}[{partition}] made no progress at offset {position} "
-                        f"for {STALL_TIMEOUT_S:.0f}s (watermarks {low}..{high})",
-                        topic=self.topic,
+                    raise SourceReadError(
+                        f"kafka topic {self.topic!r}",
+                        f"no progress at offset {position} for {STALL_TIMEOUT_S:.0f}s "
+                        f"(watermarks {low}..{high})",
                         partition=partition,
+                        topic=self.topic,
                     )
         finally:
             c.unassign()
