@@ -121,6 +121,8 @@ def run(
         summary["restarts"] = stats.restarts
         summary["discarded_checkpoints"] = stats.discarded_checkpoints
         summary["dead_letter_rows"] = catalog.read_table(spec.dead_letter_table).num_rows
+        if stats.sealing is not None:
+            summary["seal_before_exit"] = stats.sealing
         if output is OutputFormat.json:
             emit_json(summary)
         else:
@@ -130,7 +132,27 @@ def run(
                 f"{summary['dead_letter_rows']} rows in {spec.dead_letter_table}",
                 highlight=False,
             )
+            if stats.sealing is not None:
+                console.print(_seal_report(stats.sealing), highlight=False)
         spark.stop()
+
+
+def _seal_report(report: dict[str, Any]) -> str:
+    """One line per outcome of the final seal pass of an ``--available-now`` run."""
+    parts = []
+    if report["sealed"]:
+        parts.append(
+            "sealed "
+            + ", ".join(
+                f"partition {p} ({s['segments']} segments, {s['rows']} rows)"
+                for p, s in sorted(report["sealed"].items())
+            )
+        )
+    for p, why in sorted(report["not_due"].items()):
+        parts.append(f"partition {p} not sealed: {why}")
+    for p, err in sorted(report["failed"].items()):
+        parts.append(f"partition {p} seal failed (the next run retries it): {err}")
+    return "\n".join(parts) if parts else "nothing to seal"
 
 
 @app.command()

@@ -160,6 +160,9 @@ def checkpoint_verdict(checkpoint: Path, boot: Bootstrap) -> str | None:
 class RunStats:
     restarts: int = 0
     discarded_checkpoints: list[str] = field(default_factory=list)
+    #: ``--available-now`` with pauseless sealing: what the final seal pass did per partition
+    #: (:meth:`millstream.sealing.sealer.Sealer.seal_what_is_due`).
+    sealing: dict[str, Any] | None = None
 
 
 class DatastreamRunner:
@@ -344,6 +347,8 @@ class DatastreamRunner:
                     # Only now: start() created the tables, so no pass finds them missing.
                     sealing = self._start_sealing()
                 error = self._await(on_tick, tick_seconds)
+                if error is None and available_now and not self._stopping:
+                    self.stats.sealing = self._seal_before_exit()
                 if error is None or self._stopping:
                     return self.stats
                 if not _restartable(error) or self.stats.restarts >= MAX_RESTARTS:
@@ -358,6 +363,20 @@ class DatastreamRunner:
                 sealing.stop()  # lets a seal in progress finish, then checkpoints the key index
             if owns_lock:
                 self.state_dir.unlock()
+
+    def _seal_before_exit(self) -> dict[str, Any] | None:
+        """An ``--available-now`` run seals what is due before it exits: no background sealer
+        outlives it, so without this its segments stay unsealed until some later run. (With
+        ``pauseless: false`` the sink sealed inline already.)"""
+        if not self.spec.segments.pauseless:
+            return None
+        seg = self.spec.segments
+        sealer = Sealer(
+            self.catalog,
+            self.table_spec.name,
+            thresholds=Thresholds(seg.flush_rows, seg.flush_seconds, seg.flush_bytes),
+        )
+        return sealer.seal_what_is_due()
 
     def _start_sealing(self) -> SupervisedLoop:
         """Start sealing this writer's table on a supervised thread of this process; the

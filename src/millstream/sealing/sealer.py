@@ -37,6 +37,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -225,6 +226,47 @@ class Sealer:
             or sum(e.size_bytes for e in run) >= t.flush_bytes
             or self.clock.now() - min(e.created_at for e in run) >= t.flush_seconds
         )
+
+    def not_due_reason(self, run: list[Entry]) -> str | None:
+        """Why ``run`` is not due for a seal (None if it is): each threshold, and how far off."""
+        if not run or self.due(run):
+            return None
+        t = self.thresholds
+        rows = sum(e.row_count for e in run)
+        size = sum(e.size_bytes for e in run)
+        age = self.clock.now() - min(e.created_at for e in run)
+        return (
+            f"{len(run)} segments below every threshold: {rows} rows of flush_rows "
+            f"{t.flush_rows}, {size} bytes of flush_bytes {t.flush_bytes}, oldest {age:.0f}s "
+            f"of flush_seconds {t.flush_seconds:.0f}"
+        )
+
+    def seal_what_is_due(self) -> dict[str, Any]:
+        """One pass over every partition, reporting each: sealed (segments, rows), not due
+        (why), or failed (the error). What an ``--available-now`` run does before it exits,
+        where no background sealer outlives it."""
+        sealed: dict[str, Any] = {}
+        not_due: dict[str, str] = {}
+        failed: dict[str, str] = {}
+        for p in self.partitions():
+            run = self.pending_run(p)
+            if not run:
+                continue
+            reason = self.not_due_reason(run)
+            if reason is not None:
+                not_due[str(p)] = reason
+                continue
+            try:
+                result = self.seal_partition(p)
+            except Exception as exc:
+                failed[str(p)] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                continue
+            if result is None:
+                not_due[str(p)] = "another sealer holds the run"
+            else:
+                sealed[str(p)] = {"segments": len(result.replaced), "rows": result.rows_out}
+        self.checkpoint(force=True)
+        return {"sealed": sealed, "not_due": not_due, "failed": failed}
 
     def partitions(self) -> list[int]:
         return [sh.partition for sh in self.store.list_shards(self.table)]
