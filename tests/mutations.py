@@ -81,11 +81,7 @@ GUARDS: tuple[Guard, ...] = (
         file=MANIFEST,
         what="replace_run: every claimed entry is live and still at its claimed version",
         old="""\
-            if (
-                cur is None
-                or cur.removed_version is not None
-                or _version(conn, entry_id) != version
-            ):
+            if cur is None or cur.removed_version is not None or cur.row_version != version:
                 raise SegmentChangedError(
                     f"the run being sealed in {table} partition {partition} changed (rolled "
                     "back, re-ingested, or claimed by another sealer after this one's claim "
@@ -112,7 +108,7 @@ GUARDS: tuple[Guard, ...] = (
             update_entry(
                 conn,
                 e.id,
-                _version(conn, e.id),  # MUTATION: removed at whatever version it is now
+                e.row_version,  # MUTATION: removed at whatever version it is now
 """,
         tests=(
             _guard_test(
@@ -164,14 +160,14 @@ GUARDS: tuple[Guard, ...] = (
         update_entry(
             conn,
             old.id,
-            _version(conn, old.id),
+            cur.row_version,  # the version the check saw: a seal since then makes this fail
             {"removed_version": version, "claimed_by": None, "claim_expires_at": None},
         )
 """,
         new="""\
         from sqlalchemy import update  # MUTATION: an update whose rowcount nobody checks
 
-        read = _version(conn, old.id)
+        read = cur.row_version
         conn.execute(
             update(s.entries)
             .where(s.entries.c.id == old.id, s.entries.c.version == read)
@@ -257,9 +253,9 @@ GUARDS: tuple[Guard, ...] = (
                 cur.claim_expires_at is not None and cur.claim_expires_at > at
             ):
                 return None
+            checked[e.id] = cur.row_version
         versions: dict[int, int] = {}
         for e in run:
-            versions[e.id] = update_entry(
 """,
         new="""\
         versions: dict[int, int] = {}
@@ -271,16 +267,37 @@ GUARDS: tuple[Guard, ...] = (
                 cur.claim_expires_at is not None and cur.claim_expires_at > at
             ):
                 return None
-            versions[e.id] = update_entry(
+            checked[e.id] = cur.row_version
 """,
         tests=(_guard_test("test_a_claim_that_finds_one_entry_taken_claims_none_of_the_run"),),
+    ),
+    Guard(
+        name="claim-sets-the-version-it-checked",
+        file=MANIFEST,
+        what="claim_run: the claim's compare-and-set uses the version its check read",
+        old="""\
+            versions[e.id] = update_entry(
+                conn,
+                e.id,
+                checked[e.id],
+""",
+        new="""\
+            versions[e.id] = update_entry(
+                conn,
+                e.id,
+                get_entry(conn, e.id).row_version,  # type: ignore[union-attr]  # MUTATION
+""",
+        tests=(
+            "tests/contract/test_postgres_manifest_races.py::"
+            "test_two_sealers_claiming_the_same_run_at_once_get_it_once_on_postgres",
+        ),
     ),
     Guard(
         name="seal-keeps-files-after-unknown-outcome",
         file="src/millstream/sealing/sealer.py",
         what="Sealer: the uploaded files stay after a CommitStateUnknownError",
         old="""\
-            if not isinstance(exc, CommitStateUnknownError):
+            if not swapping or isinstance(exc, SegmentChangedError | CommitConflictError):
 """,
         new="""\
             if True:  # MUTATION: the uploaded files are deleted after every failure
@@ -320,14 +337,74 @@ GUARDS: tuple[Guard, ...] = (
         file="src/millstream/sealing/reingest.py",
         what="reingest_segment: the rebuilt file stays after a CommitStateUnknownError",
         old="""\
-    except CommitStateUnknownError:
-        raise  # a re-read did not show the swap: the file may yet be referenced; GC decides
-    except BaseException:
+    except (SegmentChangedError, CommitConflictError):
 """,
         new="""\
     except BaseException:  # MUTATION: the file is deleted after an unknown outcome too
 """,
         tests=(_guard_test("test_a_reingestion_whose_commit_did_not_land_keeps_its_file"),),
+    ),
+    Guard(
+        name="seal-keeps-files-after-interrupted-commit",
+        file="src/millstream/sealing/sealer.py",
+        what="Sealer: once the swap may have run, only a proven non-landing deletes the files",
+        old="""\
+            if not swapping or isinstance(exc, SegmentChangedError | CommitConflictError):
+""",
+        new="""\
+            if not isinstance(exc, CommitStateUnknownError):  # MUTATION: the old rule
+""",
+        tests=(
+            _guard_test(
+                "test_an_interrupt_during_a_seals_commit_keeps_the_file_the_swap_may_reference"
+            ),
+        ),
+    ),
+    Guard(
+        name="commit-keeps-files-after-unknown-outcome",
+        file="src/millstream/table/commit.py",
+        what="commit_writes: an unknown outcome is reconciled by re-reading; files stay",
+        old="""\
+    except CommitStateUnknownError:
+        if _persisted(store, changes):
+            # A peer's or this commit's: the ranges are in the manifest. Files stay for GC.
+            return _reconciled(table, dead_letter_table, main, dl, rows)
+        raise
+""",
+        new="",
+        tests=(
+            f"{GUARDS_TEST}::test_a_batch_commit_with_an_unknown_outcome_keeps_its_files_and_"
+            "is_reconciled[sqlite-local-landed]",
+            f"{GUARDS_TEST}::test_a_batch_commit_with_an_unknown_outcome_keeps_its_files_and_"
+            "is_reconciled[sqlite-local-not-landed]",
+        ),
+    ),
+    Guard(
+        name="abort-leaves-files-when-commit-ran",
+        file="src/millstream/ingest/sink.py",
+        what="SegmentSink.abort: deletes staged files only when a write task failed",
+        old="""\
+        if all(isinstance(m, SinkMessage) for m in messages):
+            return
+""",
+        new="",
+        tests=(_guard_test("test_abort_deletes_staged_files_only_when_a_write_task_failed"),),
+    ),
+    Guard(
+        name="rollback-landed-by-epoch",
+        file="src/millstream/metastore/rollback.py",
+        what="rollback: after an unknown outcome, landed = new epoch + segments removed",
+        old="""\
+        if shard is None or shard.epoch < plan.new_epoch:
+""",
+        new="""\
+        if shard is None or shard.epoch < plan.new_epoch or shard.upper != plan.new_upper:
+""",
+        tests=(
+            _guard_test(
+                "test_a_rollback_that_landed_is_reported_landed_even_if_a_writer_committed_since"
+            ),
+        ),
     ),
     Guard(
         name="gc-lists-before-reading-references",

@@ -9,6 +9,7 @@ catch them"; ``tests/mutations.py`` removes them one at a time).
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from millstream.errors import (
 from millstream.ingest.decode import RAW_SCHEMA, dead_letter_rows, decode_records
 from millstream.ingest.runner import make_reader
 from millstream.metastore.manifest import DEFAULT_CLAIM_TTL, claim_run
-from millstream.metastore.models import SegmentState
+from millstream.metastore.models import SegmentState, ShardAppend
 from millstream.metastore.rollback import rollback_partition
 from millstream.sealing import reingest as reingest_module
 from millstream.sealing.reingest import reingest_segment
@@ -134,7 +135,9 @@ class Pipeline:
 
     def entries(self, partition: int = 0) -> list[tuple[int, SegmentState]]:
         return [
-            (e.seq, e.state) for e in self.catalog.manifest(TABLE).entries if e.partition == partition
+            (e.seq, e.state)
+            for e in self.catalog.manifest(TABLE).entries
+            if e.partition == partition
         ]
 
 
@@ -383,3 +386,99 @@ def test_a_rollback_whose_commit_outcome_is_unknown_is_reconciled_by_re_reading(
     assert shard is not None
     assert (shard.upper, shard.epoch) == (plan.new_upper, before.epoch + 1) == (LINES, 1)
     assert [seq for seq, _ in pipe.entries(0)] == [0]
+
+
+def test_an_interrupt_during_a_seals_commit_keeps_the_file_the_swap_may_reference(
+    pipe: Pipeline,
+) -> None:
+    def interrupt_after_landing(landed: bool) -> None:
+        if landed:
+            pipe.catalog.store.on_commit = None
+            raise KeyboardInterrupt  # Ctrl-C in `millstream run --available-now`, say
+
+    faults = _at(
+        "before_swap", lambda: setattr(pipe.catalog.store, "on_commit", interrupt_after_landing)
+    )
+    with pytest.raises(KeyboardInterrupt):
+        Sealer(pipe.catalog, TABLE, faults=faults).seal_partition(0, force=True)
+    assert pipe.entries(0) == [(0, SegmentState.ONLINE)], "the swap landed"
+    pipe.assert_reads_every_row_once()
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["landed", "not-landed"])
+def test_a_batch_commit_with_an_unknown_outcome_keeps_its_files_and_is_reconciled(
+    pipe: Pipeline, landed: bool
+) -> None:
+    write = pipe.staged(0)
+    upper = pipe.catalog.store.get_shard(TABLE, 0)
+    _fail_commit_once(pipe.catalog, landed=landed)
+    if landed:
+        commit = commit_writes(
+            pipe.catalog.store,
+            pipe.catalog.deep,
+            TABLE,
+            [write],
+            dead_letter_table=pipe.dl.name,
+        )
+        assert commit.reconciled, "the re-read found every range persisted"
+        pipe.expected += pipe._rows.pop(id(write.data))
+        pipe.pos[0] = write.ranges[0][1]
+    else:
+        with pytest.raises(CommitStateUnknownError):
+            pipe.commit(write)
+        assert pipe.catalog.store.get_shard(TABLE, 0) == upper
+    for path in write.paths:
+        assert pipe.catalog.deep.exists(path), "an unknown outcome never licenses a delete"
+    pipe.assert_reads_every_row_once()
+
+
+def test_abort_deletes_staged_files_only_when_a_write_task_failed(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    from millstream.ingest.sink import SegmentSink, SinkMessage
+
+    pipe = Pipeline(catalog, tmp_path)
+    write = pipe.staged(0)
+    messages = [
+        SinkMessage(
+            ranges=dict(write.ranges),
+            data_path=write.data.path,
+            data_size=write.data.size_bytes,
+            data_counts=dict(write.data.row_counts),
+            dead_path=write.dead.path,
+            dead_size=write.dead.size_bytes,
+            dead_counts=dict(write.dead.row_counts),
+        )
+    ]
+    options = {
+        **catalog.settings.as_options(),
+        "table": TABLE,
+        "tableSpec": json.dumps(pipe.spec.to_json_dict()),
+    }
+    sink = SegmentSink(options)
+    # Every task succeeded: commit ran and disposed of the files (or kept them after an
+    # unknown outcome, deliberately); abort must not second-guess it.
+    sink.abort(list(messages), 0)
+    assert all(catalog.deep.exists(p) for p in write.paths)
+    # A task failed (its message is missing): the commit never ran, nothing references them.
+    sink.abort([*messages, None], 0)
+    assert not any(catalog.deep.exists(p) for p in write.paths)
+
+
+def test_a_rollback_that_landed_is_reported_landed_even_if_a_writer_committed_since(
+    pipe: Pipeline,
+) -> None:
+    def writer_commits_then_connection_drops(landed: bool) -> None:
+        if landed:
+            pipe.catalog.store.on_commit = None
+            # A writer at the new epoch commits an empty range before the re-read.
+            pipe.catalog.store.compare_and_append(
+                TABLE, [ShardAppend(0, LINES, LINES + 5, 1, None, 0)]
+            )
+            raise OSError("server closed the connection unexpectedly")
+
+    pipe.catalog.store.on_commit = writer_commits_then_connection_drops
+    plan = rollback_partition(pipe.catalog.store, TABLE, 0, 1, dry_run=False)
+    assert plan.new_epoch == 1
+    shard = pipe.catalog.store.get_shard(TABLE, 0)
+    assert shard is not None and (shard.epoch, shard.upper) == (1, LINES + 5)

@@ -82,3 +82,42 @@ def test_a_reingestion_racing_a_seal_claim_leaves_one_live_entry_per_segment_on_
         SegmentState.ONLINE
     ]
     pipe.assert_reads_every_row_once()
+
+
+def test_two_sealers_claiming_the_same_run_at_once_get_it_once_on_postgres(
+    pg_catalog: Catalog, tmp_path: Path
+) -> None:
+    pipe = Pipeline(pg_catalog, tmp_path)
+    for _ in range(2):
+        pipe.batch(0)
+    run = Sealer(pg_catalog, TABLE).pending_run(0)
+    other = Catalog.open(metadata_url=pg_catalog.store.url, deep_store=str(tmp_path / "deep"))
+    me = threading.get_ident()
+    theirs: list[Any] = []
+
+    seen: list[str] = []
+
+    def peer_claims_first(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        """Right after this sealer checked every entry of the run (one statement each) and
+        before its next statement on them, a peer sealer's claim of the same run commits."""
+        if theirs or threading.get_ident() != me or "ms_entries" not in statement:
+            return
+        seen.append(statement)
+        if len(seen) <= len(run):
+            return
+        t = threading.Thread(
+            target=lambda: theirs.append(claim_run(other.store, run, owner="sealer-b"))
+        )
+        t.start()
+        t.join(timeout=60)
+
+    event.listen(pg_catalog.store.engine, "before_cursor_execute", peer_claims_first)
+    try:
+        mine = claim_run(pg_catalog.store, run, owner="sealer-a")
+    finally:
+        event.remove(pg_catalog.store.engine, "before_cursor_execute", peer_claims_first)
+        other.close()
+    assert theirs and theirs[0] is not None, "the peer's claim committed in between"
+    assert mine is None, "the run is claimed once"
+    owners = {e.claimed_by for e in pg_catalog.manifest(TABLE).entries if e.partition == 0}
+    assert owners == {"sealer-b"}

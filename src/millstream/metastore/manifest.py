@@ -81,6 +81,7 @@ def entry_of(r: Any) -> Entry:
         last_error=r["last_error"],
         claimed_by=r["claimed_by"],
         claim_expires_at=r["claim_expires_at"],
+        row_version=r["version"],
     )
 
 
@@ -258,6 +259,8 @@ def reconcile(
     txn: Callable[[Connection], T],
     landed: Callable[[Connection], T | None],
     what: str,
+    *,
+    aftermath: str = "its files are kept for garbage collection",
 ) -> T:
     """Run ``txn`` (retrying lost compare-and-sets); if its COMMIT has an unknown outcome,
     re-read with ``landed`` whether it took effect and return that result. Raises
@@ -273,15 +276,15 @@ def reconcile(
         except Exception as reread:
             raise CommitStateUnknownError(
                 f"{what}: the commit's outcome is unknown and re-reading the manifest failed "
-                f"({reread}); its files are kept for garbage collection",
+                f"({reread}); {aftermath}",
                 operation=what,
             ) from exc
         if found is not None:
             log.warning("%s: the commit's outcome was unknown; re-read: it landed", what)
             return found
         raise CommitStateUnknownError(
-            f"{what}: the commit's outcome was unknown and a re-read shows it did not land; its "
-            "files are kept for garbage collection",
+            f"{what}: the commit's outcome was unknown and a re-read shows it did not land; "
+            f"{aftermath}",
             operation=what,
         ) from exc
 
@@ -310,6 +313,7 @@ def claim_run(
     def _txn(conn: Connection) -> dict[int, int] | None:
         # Every entry's precondition first: returning None after claiming some entries would
         # commit a partial claim that nobody releases until it expires.
+        checked: dict[int, int] = {}
         for e in run:
             cur = get_entry(conn, e.id)
             if cur is None or cur.removed_version is not None:
@@ -318,12 +322,14 @@ def claim_run(
                 cur.claim_expires_at is not None and cur.claim_expires_at > at
             ):
                 return None
+            checked[e.id] = cur.row_version
         versions: dict[int, int] = {}
         for e in run:
+            # The version the check saw: a claim committed since then makes this fail.
             versions[e.id] = update_entry(
                 conn,
                 e.id,
-                _version(conn, e.id),
+                checked[e.id],
                 {
                     "state": SegmentState.COMMITTING.value,
                     "claimed_by": owner,
@@ -345,19 +351,16 @@ def release_run(
     no entry was still ours."""
 
     def _txn(conn: Connection) -> int | None:
-        first = min(claimed)
-        partition = None
-        for entry_id, version in sorted(claimed.items()):
+        ours = []
+        for entry_id, version in claimed.items():
             cur = get_entry(conn, entry_id)
-            if (
-                cur is None
-                or cur.removed_version is not None
-                or _version(conn, entry_id) != version
-            ):
-                continue
-            state = (
-                SegmentState.ERROR if fail_first and entry_id == first else SegmentState.CONSUMING
-            )
+            if cur is not None and cur.removed_version is None and cur.row_version == version:
+                ours.append(cur)
+        ours.sort(key=lambda e: e.seq)  # the run's first segment is the lowest sequence number
+        partition = None
+        for cur in ours:
+            entry_id, version = cur.id, cur.row_version
+            state = SegmentState.ERROR if fail_first and cur is ours[0] else SegmentState.CONSUMING
             update_entry(
                 conn,
                 entry_id,
@@ -420,11 +423,7 @@ def replace_run(
         entries = []
         for entry_id, version in claimed.items():
             cur = get_entry(conn, entry_id)
-            if (
-                cur is None
-                or cur.removed_version is not None
-                or _version(conn, entry_id) != version
-            ):
+            if cur is None or cur.removed_version is not None or cur.row_version != version:
                 raise SegmentChangedError(
                     f"the run being sealed in {table} partition {partition} changed (rolled "
                     "back, re-ingested, or claimed by another sealer after this one's claim "
@@ -522,7 +521,7 @@ def replace_entry(
         update_entry(
             conn,
             old.id,
-            _version(conn, old.id),
+            cur.row_version,  # the version the check saw: a seal since then makes this fail
             {"removed_version": version, "claimed_by": None, "claim_expires_at": None},
         )
         state = SegmentState.ONLINE if cur.state is SegmentState.ONLINE else SegmentState.CONSUMING
@@ -581,7 +580,7 @@ def remove_segments(
         update_entry(
             conn,
             e.id,
-            _version(conn, e.id),
+            cur.row_version,
             {"removed_version": version, "claimed_by": None, "claim_expires_at": None},
         )
     if doomed:
@@ -601,12 +600,6 @@ def remove_segments(
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def _version(conn: Connection, entry_id: int) -> int:
-    row = conn.execute(select(s.entries.c.version).where(s.entries.c.id == entry_id)).first()
-    assert row is not None, entry_id
-    return int(row[0])
 
 
 def _live_entry_with_file(

@@ -62,6 +62,8 @@ class Entry:
     #: The sealer that claimed this entry (state COMMITTING), and until when its claim holds.
     claimed_by: str | None = None
     claim_expires_at: float | None = None
+    #: The row's compare-and-set version when it was read (every change bumps it).
+    row_version: int = 0
 
     @property
     def name(self) -> str:

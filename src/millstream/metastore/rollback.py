@@ -14,7 +14,7 @@ from sqlalchemy import Connection, select
 from millstream.datastream import dead_letter_spec
 from millstream.errors import InvalidSpecError, NotFoundError
 from millstream.metastore import schema as s
-from millstream.metastore.manifest import entry_of, reconcile, remove_segments
+from millstream.metastore.manifest import entry_of, get_entry, reconcile, remove_segments
 from millstream.metastore.models import Entry
 from millstream.metastore.store import MetadataStore
 
@@ -135,16 +135,28 @@ def rollback_partition(
         return plan
 
     def _landed(conn: Connection) -> RollbackPlan | None:
-        """After an unknown outcome: the rollback landed iff the shard is at its new epoch."""
+        """After an unknown outcome: the rollback landed iff the shard reached its new epoch
+        and every segment it removes is removed (a writer may have committed since, so the
+        upper proves nothing)."""
         if not attempted:
             return None
         plan = attempted[-1]
         shard = store._shards(conn, table, [partition]).get(partition)
-        if shard is None or shard.epoch != plan.new_epoch or shard.upper != plan.new_upper:
+        if shard is None or shard.epoch < plan.new_epoch:
             return None
+        for e in plan.removed:
+            cur = get_entry(conn, e.id)
+            if cur is None or cur.removed_version is None:
+                return None
         return plan
 
-    return reconcile(store, _recorded, _landed, f"rollback of {table} partition {partition}")
+    return reconcile(
+        store,
+        _recorded,
+        _landed,
+        f"rollback of {table} partition {partition}",
+        aftermath="nothing was rolled back; look at the shard and retry",
+    )
 
 
 def _rollback_dead_letters(

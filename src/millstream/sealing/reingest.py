@@ -20,9 +20,10 @@ from millstream.core.merge import compact
 from millstream.datastream import DatastreamSpec
 from millstream.errors import (
     AlreadyExistsError,
-    CommitStateUnknownError,
+    CommitConflictError,
     InvalidSpecError,
     NotFoundError,
+    SegmentChangedError,
 )
 from millstream.ingest.decode import decode_records
 from millstream.metastore.manifest import replace_entry
@@ -71,10 +72,11 @@ def reingest_segment(catalog: Catalog, spec: DatastreamSpec, name: str) -> Entry
         return replace_entry(
             catalog.store, entry, file_path=path, row_count=rows.num_rows, size_bytes=size
         )
-    except CommitStateUnknownError:
-        raise  # a re-read did not show the swap: the file may yet be referenced; GC decides
-    except BaseException:
-        catalog.deep.delete(path)  # the swap did not happen: nothing references the file
+    except (SegmentChangedError, CommitConflictError):
+        # The swap refused (precondition) or gave up (lost every compare-and-set): nothing
+        # references the file. On anything else (an unknown outcome a re-read did not resolve,
+        # an interrupt during COMMIT) the swap may have landed: the file stays for GC.
+        catalog.deep.delete(path)
         raise
 
 

@@ -46,9 +46,9 @@ from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.core.merge import compact
 from millstream.errors import (
+    CommitConflictError,
     CommitStateUnknownError,
     InjectedSealFault,
-    MillstreamError,
     SegmentChangedError,
 )
 from millstream.metastore.manifest import (
@@ -262,7 +262,7 @@ class Sealer:
                 failed[str(p)] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 continue
             if result is None:
-                not_due[str(p)] = "another sealer holds the run"
+                not_due[str(p)] = "another sealer holds the run, or it changed meanwhile"
             else:
                 sealed[str(p)] = {"segments": len(result.replaced), "rows": result.rows_out}
         self.checkpoint(force=True)
@@ -326,6 +326,7 @@ class Sealer:
             return None
         path: str | None = None
         dv_path: str | None = None
+        swapping = False  # from here on, the swap may have landed unless proven otherwise
         index: KeyIndex | None = None
         dropped = np.zeros(0, dtype=np.int64)
         try:
@@ -348,6 +349,7 @@ class Sealer:
                     dv_path, pa.table({OFFSET_COL: index.offsets(np.sort(dropped))})
                 )
             self.faults.check("before_swap", partition)
+            swapping = True
             sealed_from = None
             if index is not None:
                 sealed_from = (index.reflects.entries, index.reflects.delete_vectors)
@@ -365,9 +367,11 @@ class Sealer:
                 ),
             )
         except BaseException as exc:
-            if not isinstance(exc, CommitStateUnknownError):
-                # The swap did not happen: nothing references the uploaded files. After an
-                # unknown outcome that a re-read did not resolve, they stay (GC checks).
+            if not swapping or isinstance(exc, SegmentChangedError | CommitConflictError):
+                # The swap never ran, or it refused (precondition) or gave up (lost every
+                # compare-and-set): nothing references the uploaded files. Anything else (an
+                # unknown outcome a re-read did not resolve, an interrupt during COMMIT) may
+                # have landed: the files stay, and only GC, which checks, may delete them.
                 for p in (path, dv_path):
                     if p is not None:
                         self.catalog.deep.delete(p)
@@ -429,7 +433,7 @@ class Sealer:
         self.last_error[partition] = error
         try:
             release_run(self.store, claimed, error=error, fail_first=count >= self.max_failures)
-        except MillstreamError as exc:
+        except Exception as exc:  # the store may be down: the reason this seal failed
             # The claim expires on its own; another sealer (or this one) takes the run then.
             log.warning(
                 "could not release the claim of a failed seal of %s partition %d: %s",
