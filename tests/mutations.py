@@ -203,9 +203,7 @@ GUARDS: tuple[Guard, ...] = (
         file=MANIFEST,
         what="claim_run: a run whose claim expired may be claimed again",
         old="""\
-            if cur.state is SegmentState.COMMITTING and (
-                cur.claim_expires_at is not None and cur.claim_expires_at > at
-            ):
+            if cur.claim_held(at):
                 return None
 """,
         new="""\
@@ -219,15 +217,11 @@ GUARDS: tuple[Guard, ...] = (
         file=MANIFEST,
         what="claim_run: a run another sealer's live claim holds is left alone",
         old="""\
-            if cur.state is SegmentState.COMMITTING and (
-                cur.claim_expires_at is not None and cur.claim_expires_at > at
-            ):
+            if cur.claim_held(at):
                 return None
 """,
         new="""\
-            if cur.state is SegmentState.COMMITTING and (
-                cur.claim_expires_at is not None and cur.claim_expires_at > at
-            ):
+            if cur.claim_held(at):
                 pass  # MUTATION: a live claim is taken over
 """,
         # Sealer.seal_partition leaves a run with a live claim alone before it calls
@@ -249,9 +243,7 @@ GUARDS: tuple[Guard, ...] = (
             cur = get_entry(conn, e.id)
             if cur is None or cur.removed_version is not None:
                 return None
-            if cur.state is SegmentState.COMMITTING and (
-                cur.claim_expires_at is not None and cur.claim_expires_at > at
-            ):
+            if cur.claim_held(at):
                 return None
             checked[e.id] = cur.row_version
         versions: dict[int, int] = {}
@@ -263,9 +255,7 @@ GUARDS: tuple[Guard, ...] = (
             cur = get_entry(conn, e.id)
             if cur is None or cur.removed_version is not None:
                 return None
-            if cur.state is SegmentState.COMMITTING and (
-                cur.claim_expires_at is not None and cur.claim_expires_at > at
-            ):
+            if cur.claim_held(at):
                 return None
             checked[e.id] = cur.row_version
 """,
@@ -441,12 +431,12 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         name="commit-raises-dead-letter-gaps",
         file="src/millstream/table/commit.py",
-        what="commit_writes: a gap in the dead-letter table raises like one in the table",
+        what="BatchCommit.raise_for_gaps: a gap in the dead-letter table raises like one in the table",
         old="""\
-        commit.dead_letter.raise_for_gaps(dl)
+            self.dead_letter.raise_for_gaps(list(self.dead_letter_appends))
 """,
         new="""\
-        pass  # MUTATION: dead-letter gaps are ignored
+            pass  # MUTATION: dead-letter gaps are ignored
 """,
         tests=(_guard_test("test_a_dead_letter_shard_behind_the_tables_is_reported_as_a_gap"),),
     ),

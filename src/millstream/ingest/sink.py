@@ -47,7 +47,6 @@ from millstream.table.commit import (
     StagedFile,
     StagedWrite,
     commit_writes,
-    plan_appends,
 )
 
 
@@ -240,10 +239,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
         if self.seal_inline:
             self._seal_inline()
         faults.hit("after_commit", batchId)
-        main, dl, _ = plan_appends(writes, self.epochs, self.dl_epochs)
-        result.table.raise_for_gaps(main)
-        if result.dead_letter is not None:
-            result.dead_letter.raise_for_gaps(dl)
+        result.raise_for_gaps()
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Delete staged files after a write task failed (some message is missing): the

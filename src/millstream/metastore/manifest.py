@@ -318,9 +318,7 @@ def claim_run(
             cur = get_entry(conn, e.id)
             if cur is None or cur.removed_version is not None:
                 return None
-            if cur.state is SegmentState.COMMITTING and (
-                cur.claim_expires_at is not None and cur.claim_expires_at > at
-            ):
+            if cur.claim_held(at):
                 return None
             checked[e.id] = cur.row_version
         versions: dict[int, int] = {}

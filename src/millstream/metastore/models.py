@@ -65,6 +65,16 @@ class Entry:
     #: The row's compare-and-set version when it was read (every change bumps it).
     row_version: int = 0
 
+    def claim_held(self, now: float) -> bool:
+        """Whether a sealer's claim on this entry still holds at ``now`` (COMMITTING with an
+        expiry in the future). An expired claim, or one without an expiry (schema v3), belongs
+        to a sealer presumed dead: the run may be claimed again."""
+        return (
+            self.state is SegmentState.COMMITTING
+            and self.claim_expires_at is not None
+            and self.claim_expires_at > now
+        )
+
     @property
     def name(self) -> str:
         """Segment name used by the CLI and REST API: ``table__partition__seq``."""

@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection
 
 from millstream.datastream import dead_letter_spec
 from millstream.errors import InvalidSpecError, NotFoundError
-from millstream.metastore import schema as s
-from millstream.metastore.manifest import entry_of, get_entry, reconcile, remove_segments
+from millstream.metastore.manifest import get_entry, live_entries, reconcile, remove_segments
 from millstream.metastore.models import Entry
 from millstream.metastore.store import MetadataStore
 
@@ -58,20 +57,6 @@ class RollbackPlan:
         }
 
 
-def _visible(conn: Connection, table: str, partition: int, version: int) -> list[Entry]:
-    q = (
-        select(s.entries)
-        .where(
-            s.entries.c.table_name == table,
-            s.entries.c.partition == partition,
-            s.entries.c.added_version <= version,
-            s.entries.c.removed_version.is_(None),
-        )
-        .order_by(s.entries.c.seq)
-    )
-    return [entry_of(r) for r in conn.execute(q).mappings()]
-
-
 def rollback_partition(
     store: MetadataStore, table: str, partition: int, from_seq: int, *, dry_run: bool = True
 ) -> RollbackPlan:
@@ -87,7 +72,7 @@ def rollback_partition(
         shard = store._shards(conn, table, [partition]).get(partition)
         if shard is None:
             raise NotFoundError("shard", f"{table}/{partition}")
-        entries = _visible(conn, table, partition, info.manifest_version)
+        entries = live_entries(conn, table, partition)
         doomed = [e for e in entries if e.seq >= from_seq]
         if not doomed or doomed[0].seq != from_seq:
             have = ", ".join(str(e.seq) for e in entries) or "none"
@@ -171,7 +156,7 @@ def _rollback_dead_letters(
     if shard is None:
         return 0
     doomed = [
-        e for e in _visible(conn, dl, partition, info.manifest_version) if e.start >= new_upper
+        e for e in live_entries(conn, dl, partition) if e.start >= new_upper
     ]
     remove_segments(
         conn,

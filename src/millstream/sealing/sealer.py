@@ -71,9 +71,6 @@ FAULT_POINTS = ("before_build", "before_upload", "before_swap", "after_swap")
 ROW_GROUP_ROWS = 128 * 1024
 
 
-#: The run changed while it was being sealed (rolled back, re-ingested, or re-claimed after
-#: this sealer was presumed dead); the sealed file is discarded and the run left as it is now.
-SealDiscardedError = SegmentChangedError
 
 
 @dataclass
@@ -248,8 +245,9 @@ class Sealer:
         sealed: dict[str, Any] = {}
         not_due: dict[str, str] = {}
         failed: dict[str, str] = {}
+        manifest = self.catalog.manifest(self.table)
         for p in self.partitions():
-            run = self.pending_run(p)
+            run = self.pending_run(p, manifest)
             if not run:
                 continue
             reason = self.not_due_reason(run)
@@ -311,12 +309,7 @@ class Sealer:
         if not run or not (force or self.due(run)):
             return None
         now = self.clock.now()
-        if any(
-            e.state is SegmentState.COMMITTING
-            and e.claim_expires_at is not None
-            and e.claim_expires_at > now
-            for e in run
-        ):
+        if any(e.claim_held(now) for e in run):
             return None  # another sealer is building it (its claim has not expired)
         started = time.monotonic()
         claimed = claim_run(

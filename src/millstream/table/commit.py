@@ -26,7 +26,7 @@ catch them"):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.core.frontier import decide
@@ -78,14 +78,22 @@ class BatchCommit:
     table: AppendResult
     dead_letter: AppendResult | None
     rows: int
+    #: what was proposed to each table (:func:`plan_appends`)
+    appends: tuple[ShardAppend, ...] = ()
+    dead_letter_appends: tuple[ShardAppend, ...] = ()
     #: the COMMIT's outcome was unknown and a re-read showed every range persisted
     reconciled: bool = False
-    deleted: frozenset[str] = field(default_factory=frozenset)
 
     @property
     def files_referenced(self) -> frozenset[str]:
         dl = self.dead_letter.files_referenced if self.dead_letter else frozenset()
         return self.table.files_referenced | dl
+
+    def raise_for_gaps(self) -> None:
+        """ShardGapError if a range started above its shard's upper, in either table."""
+        self.table.raise_for_gaps(list(self.appends))
+        if self.dead_letter is not None:
+            self.dead_letter.raise_for_gaps(list(self.dead_letter_appends))
 
 
 def plan_appends(
@@ -171,15 +179,12 @@ def commit_writes(
     except MillstreamError:
         _delete(deep, staged)  # the transaction rolled back: nothing references them
         raise
-    commit = BatchCommit(results[table], results.get(dead_letter_table or ""), rows)
-    unused = staged - commit.files_referenced
-    _delete(deep, unused)
-    commit = BatchCommit(commit.table, commit.dead_letter, rows, deleted=frozenset(unused))
-    if not raise_for_gaps:
-        return commit
-    commit.table.raise_for_gaps(main)
-    if commit.dead_letter is not None:
-        commit.dead_letter.raise_for_gaps(dl)
+    commit = BatchCommit(
+        results[table], results.get(dead_letter_table or ""), rows, tuple(main), tuple(dl)
+    )
+    _delete(deep, staged - commit.files_referenced)
+    if raise_for_gaps:
+        commit.raise_for_gaps()
     return commit
 
 
@@ -215,6 +220,8 @@ def _reconciled(
         _dropped(table, main),
         _dropped(dead_letter_table, dl) if dead_letter_table else None,
         rows,
+        tuple(main),
+        tuple(dl),
         reconciled=True,
     )
 

@@ -72,11 +72,6 @@ def commit_staged(
     what the Spark sink runs), with no dead-letter table: one transaction, and a file the
     manifest ends up not referencing is deleted right away. A range starting above its shard's
     upper is a GAP outcome in the result (the sink raises ShardGapError for it)."""
-    extra = set(staged.row_counts) - set(ranges)
-    if extra:
-        raise InvalidSpecError(
-            "ranges", f"the file holds rows of partitions {sorted(extra)} with no range"
-        )
     return commit_writes(
         store,
         deep,
