@@ -28,31 +28,27 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import multiprocessing as mp
 import os
-import platform
 import shutil
 import sqlite3
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import common
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import sqlalchemy
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-import millstream
 from millstream.catalog import Catalog
 from millstream.core import merge
 from millstream.errors import CommitConflictError
@@ -322,12 +318,6 @@ class CommitRow:
         return self.rows_committed / self.seconds
 
 
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    return float(np.percentile(np.asarray(values), q))
-
-
 WRITER_MODES = {
     "1": (1, False),
     "4 racing": (4, False),  # same partitions and offsets: active-active replicas
@@ -376,9 +366,9 @@ def run_commit_case(
         cas_retries=sum(r.cas_retries for r in results),
         gave_up=sum(r.gave_up for r in results),
         rows_committed=sum(r.rows_committed for r in results),
-        stage_ms_p50=_percentile(stage, 50) * 1000 if workload == "stage" else None,
-        commit_ms_p50=_percentile(commit, 50) * 1000,
-        commit_ms_p95=_percentile(commit, 95) * 1000,
+        stage_ms_p50=common.percentile(stage, 50) * 1000 if workload == "stage" else None,
+        commit_ms_p50=common.percentile(commit, 50) * 1000,
+        commit_ms_p95=common.percentile(commit, 95) * 1000,
         manifest_version=version,
     )
     if row.manifest_version != row.committed:
@@ -408,9 +398,9 @@ class ReadReport:
 
 
 def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
-    t0 = time.perf_counter()
-    out = fn(*args, **kwargs)
-    return (time.perf_counter() - t0) * 1000, out
+    """Milliseconds ``fn(*args, **kwargs)`` took, and its result."""
+    out, seconds = common.timed(fn, *args, **kwargs)
+    return seconds * 1000, out
 
 
 def _last_per_key(ordered: pa.Table, keys: list[str]) -> pa.Table:
@@ -553,14 +543,6 @@ def fdatasync_ms(directory: Path, n: int = 30) -> float:
         os.close(fd)
         path.unlink()
     return statistics.median(lat) * 1000
-
-
-def cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def pg_settings(server: PostgresServer) -> dict[str, str]:
@@ -749,36 +731,35 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=150, highlight=False)
     began = time.perf_counter()
 
-    base = Path(tempfile.mkdtemp(prefix="millstream-bench-", dir=args.workdir))
-    env: dict[str, Any] = {
-        "mode": "quick" if s.quick else "full",
-        "cpu": f"{os.cpu_count()} cores, {cpu_model()}",
-        "python": platform.python_version(),
-        "millstream": millstream.__version__,
-        "pyarrow": pa.__version__,
-        "numpy": np.__version__,
-        "sqlalchemy": sqlalchemy.__version__,
-        "sqlite": sqlite3.sqlite_version,
-        "platform": platform.platform(),
-        "fdatasync_ms_p50": round(fdatasync_ms(base), 2),
-        "loadavg_start": _loadavg(),
-    }
-    if os.getloadavg()[0] > 0.5 * (os.cpu_count() or 1):
-        console.print(
-            f"WARNING: the machine is busy (load average {_loadavg()}) before the benchmark "
-            "starts; the figures below will be lower and noisier than on an idle machine."
-        )
     rows: list[CommitRow] = []
     rep: ReadReport | None = None
-    try:
+    with common.workdir("millstream-bench-", parent=args.workdir) as base:
+        m = common.machine("millstream", "pyarrow", "numpy", "sqlalchemy")
+        env: dict[str, Any] = {
+            "mode": "quick" if s.quick else "full",
+            "cpu": f"{m['cores']} cores, {m['cpu']}",
+            "python": m["python"],
+            "millstream": m["millstream"],
+            "pyarrow": m["pyarrow"],
+            "numpy": m["numpy"],
+            "sqlalchemy": m["sqlalchemy"],
+            "sqlite": sqlite3.sqlite_version,
+            "platform": m["platform"],
+            "fdatasync_ms_p50": round(fdatasync_ms(base), 2),
+            "loadavg_start": common.load_text(),
+        }
+        if common.busy(0.5):
+            console.print(
+                f"WARNING: the machine is busy (load average {common.load_text()}) before the "
+                "benchmark starts; the figures below will be lower and noisier than on an idle "
+                "machine."
+            )
         if args.only != "read":
             rows = run_commit_part(s, base, console, env, use_postgres=not args.no_postgres)
         if args.only != "commit":
             console.print("B. read: writing the table ...")
             rep = run_read_bench(base / "read", s)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-    env["loadavg_end"] = _loadavg()
+    env["loadavg_end"] = common.load_text()
 
     console.print()
     _print_env(console, env)
@@ -792,7 +773,6 @@ def main(argv: list[str] | None = None) -> int:
         ratio = print_read_summary(console, rep, s)
     console.print(f"total bench time {time.perf_counter() - began:.0f} s")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "env": env,
             "commits": [
@@ -801,12 +781,8 @@ def main(argv: list[str] | None = None) -> int:
             ],
             "read": None if rep is None else asdict(rep) | {"ratio": ratio},
         }
-        args.json.write_text(json.dumps(payload, indent=2))
+        common.write_json(args.json, payload)
     return 0
-
-
-def _loadavg() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def _print_env(console: Console, env: dict[str, Any]) -> None:

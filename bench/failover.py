@@ -26,7 +26,7 @@ Cold restart (``replicas: 1``, one worker): SIGKILL the only worker and immediat
 fresh ``millstream worker`` with the same worker id (same state directory); the figure is the
 time from the SIGKILL to that writer's first commit (JVM start, query start, first batch).
 
-The process helpers are the end-to-end tests' (``tests/e2e/e2e_support.py``).
+The process helpers are the end-to-end tests' (``millstream.testing.cluster``).
 """
 
 from __future__ import annotations
@@ -34,20 +34,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
+import common
+from common import log_stamped as log
 
-from e2e_support import (  # noqa: E402
+from millstream.local.tansu import TansuBroker
+from millstream.metastore.store import MetadataStore
+from millstream.testing.cluster import (
     PARTITIONS,
     Api,
     Cluster,
@@ -57,9 +56,6 @@ from e2e_support import (  # noqa: E402
     orders_spec,
     wait_until,
 )
-
-from millstream.metastore.store import MetadataStore  # noqa: E402
-from millstream.testing.servers import TansuBroker  # noqa: E402
 
 TARGET_WARM_S = 5.0
 SEED = 11
@@ -77,10 +73,6 @@ class Round:
     seconds_to_detect: float
     first_outcomes: dict[str, str] = field(default_factory=dict)
     restarts_after_kill: int = 0
-
-
-def log(msg: str) -> None:
-    print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
 
 
 def commit_log(home: Path, worker: str, datastream: str) -> list[dict[str, Any]]:
@@ -220,7 +212,7 @@ def run(args: Any, base: Path) -> dict[str, Any]:
     broker = TansuBroker(base / "tansu").start()
     cluster = Cluster(home=home, metadata_url=url)
     store = MetadataStore(url)
-    load_at_start = [round(x, 1) for x in os.getloadavg()]
+    load_at_start = list(common.load(1))
     producer: SteadyProducer | None = None
     rounds: list[Round] = []
     try:
@@ -275,15 +267,8 @@ def run(args: Any, base: Path) -> dict[str, Any]:
         broker.stop()
     warm = [r.seconds_to_commit for r in rounds if r.kind == "warm"]
     cold = [r.seconds_to_commit for r in rounds if r.kind == "cold"]
-    import pyspark
-
     return {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "pyspark": pyspark.__version__,
-            "platform": platform.platform(),
-        },
+        "machine": common.machine("pyspark"),
         "load_average_at_start": load_at_start,
         "settings": {
             "metadata": url.split(":", 1)[0],
@@ -293,12 +278,14 @@ def run(args: Any, base: Path) -> dict[str, Any]:
             "max_records_per_batch": 5000,
             "spark_master": "local[2]",
         },
-        "load_average_at_end": [round(x, 1) for x in os.getloadavg()],
+        "load_average_at_end": list(common.load(1)),
         "rounds": [asdict(r) for r in rounds],
         "warm_median_s": statistics.median(warm),
         "warm_max_s": max(warm),
         "cold_median_s": statistics.median(cold),
-        "ratio_cold_over_warm": round(statistics.median(cold) / statistics.median(warm), 1),
+        "ratio_cold_over_warm": round(
+            common.ratio(statistics.median(cold), statistics.median(warm)), 1
+        ),
         "target_warm_s": TARGET_WARM_S,
     }
 
@@ -312,16 +299,10 @@ def main() -> None:
     ap.add_argument("--metadata-url", default=None, help="default: SQLite under a temp home")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, store)")
     args = ap.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="millstream-failover-"))
-    log(f"working in {base}; load average {os.getloadavg()}")
-    try:
+    with common.workdir("millstream-failover-", keep=args.keep, say=log) as base:
+        log(f"working in {base}; load average {os.getloadavg()}")
         res = run(args, base)
-    finally:
-        if not args.keep:
-            shutil.rmtree(base, ignore_errors=True)
-    out = REPO / "bench" / "results" / f"failover-{time.strftime('%H%M%S')}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(res, indent=2))
+    out = common.write_json(common.RESULTS / f"failover-{time.strftime('%H%M%S')}.json", res)
     print()
     print(f"{'round':<6} {'killed':<7} {'successor':<10} {'to commit':>10} {'detected':>9}  path")
     for r in res["rounds"]:
@@ -335,13 +316,13 @@ def main() -> None:
     verdict = "meets" if res["warm_max_s"] <= TARGET_WARM_S else "MISSES"
     print(
         f"\nload average {res['load_average_at_start']} at the start, "
-        f"{res['load_average_at_end']} at the end, on {res['machine']['cpus']} CPUs"
+        f"{res['load_average_at_end']} at the end, on {res['machine']['cores']} CPUs"
     )
     print(
         f"warm standby: median {res['warm_median_s']:.2f}s, max {res['warm_max_s']:.2f}s "
         f"({verdict} the {TARGET_WARM_S:.0f}s target); cold restart: median "
         f"{res['cold_median_s']:.2f}s; cold/warm {res['ratio_cold_over_warm']}x "
-        f"(worker TTL {args.worker_ttl}s). Results: {out.relative_to(REPO)}"
+        f"(worker TTL {args.worker_ttl}s). Results: {out.relative_to(common.REPO)}"
     )
 
 

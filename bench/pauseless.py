@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import common
 import numpy as np
 import pyarrow as pa
 
@@ -30,10 +30,8 @@ PARTITIONS = 4
 
 
 def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
+    """The ``q`` quantile (0-1), nearest rank."""
+    return common.percentile(values, q * 100, "nearest")
 
 
 def freshness_run(
@@ -44,11 +42,11 @@ def freshness_run(
 
     from millstream.catalog import Catalog
     from millstream.datastream import DatastreamSpec
-    from millstream.ingest.runner import DatastreamRunner
     from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
-    from millstream.ingest.sources.kafka import close_consumers
+    from millstream.ingest.sources.kafka import CONSUMERS
+    from millstream.local.tansu import TansuBroker
     from millstream.metastore import schema as s
-    from millstream.testing.servers import TansuBroker
+    from millstream.spark.runner import DatastreamRunner
 
     tag = "pauseless" if pauseless else "blocking"
     broker = TansuBroker(root / f"broker-{tag}").start()
@@ -204,7 +202,7 @@ def freshness_run(
     finally:
         if runner is not None:
             runner.stop()
-        close_consumers()
+        CONSUMERS.close()
         broker.stop()
 
 
@@ -327,12 +325,10 @@ def main() -> None:
     seconds = 20 if args.quick else args.seconds
     big = 3_000_000 if args.quick else 10_000_000
     print(
-        f"cores {os.cpu_count()}, load {os.getloadavg()[0]:.2f}, rate {args.rate} rows/s, {seconds:.0f} s per run"
+        f"cores {os.cpu_count()}, load {common.load()[0]:.2f}, rate {args.rate} rows/s, "
+        f"{seconds:.0f} s per run"
     )
-    from millstream.ingest.session import spark_session
-
-    with tempfile.TemporaryDirectory(prefix="ms-pauseless-") as tmp:
-        root = Path(tmp)
+    with common.workdir("ms-pauseless-") as root:
         if "seal" not in args.skip:
             small = seal_time(root, 1_000_000)
             large = seal_time(root, big)
@@ -356,34 +352,39 @@ def main() -> None:
             )
         rows = []
         if "freshness" not in args.skip:
-            from millstream.ingest.session import spark_session
+            from millstream.spark.session import spark_session
 
             spark = spark_session()
-            rows = [
-                freshness_run(
-                    spark, root, pauseless=p, seconds=seconds, rate=args.rate, warmup=args.warmup
-                )
-                for p in (True, False)
-            ]
-            spark.stop()
+            try:
+                rows = [
+                    freshness_run(
+                        spark,
+                        root,
+                        pauseless=p,
+                        seconds=seconds,
+                        rate=args.rate,
+                        warmup=args.warmup,
+                    )
+                    for p in (True, False)
+                ]
+            finally:
+                spark.stop()
     if rows:
         print(
             f"{'mode':<10} {'seals':>5} {'samples':>7} {'during p50':>10} {'during p99':>10} "
             f"{'between p50':>11} {'between p99':>11} {'p99 ratio':>9}"
         )
     for r in rows:
-        ratio = r["during_p99"] / r["between_p99"] if r["between_p99"] else float("nan")
+        ratio = common.ratio(r["during_p99"], r["between_p99"])
         print(
             f"{r['mode']:<10} {r['seals']:>5} {r['samples']:>7} {r['during_p50']:>10.3f} "
             f"{r['during_p99']:>10.3f} {r['between_p50']:>11.3f} {r['between_p99']:>11.3f} {ratio:>9.2f}"
         )
     if args.json:
-        import json
-
-        Path(args.json).write_text(json.dumps(rows))
+        common.write_json(args.json, rows, indent=None)
     if rows:
         print(
-            f"load at end {os.getloadavg()[0]:.2f}; samples: during/between "
+            f"load at end {common.load()[0]:.2f}; samples: during/between "
             + ", ".join(f"{r['mode']} {r['during_n']}/{r['between_n']}" for r in rows)
         )
 
