@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_support import Cluster
+
+from millstream.testing.cluster import Cluster
 
 
 @pytest.fixture

@@ -19,7 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
-from e2e_support import (
+
+from millstream.catalog import Catalog
+from millstream.datastream import DatastreamSpec
+from millstream.local.tansu import TansuBroker
+from millstream.testing.cluster import (
     PARTITIONS,
     Api,
     Cluster,
@@ -32,10 +36,6 @@ from e2e_support import (
     table_vs_source,
     wait_until,
 )
-
-from millstream.catalog import Catalog
-from millstream.datastream import DatastreamSpec
-from millstream.testing.servers import TansuBroker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
 

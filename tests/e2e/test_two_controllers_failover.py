@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_support import Api, Cluster, Service, wait_until
 from sqlalchemy import select
 
 from millstream.clock import SYSTEM_CLOCK
@@ -28,6 +27,7 @@ from millstream.control.workers import CONTROLLER_LEASE, heartbeat
 from millstream.ingest.sources.generator import ORDERS_SCHEMA
 from millstream.metastore import schema as s
 from millstream.metastore.store import MetadataStore
+from millstream.testing.cluster import Api, Cluster, Service, wait_until
 
 pytestmark = [pytest.mark.e2e]
 

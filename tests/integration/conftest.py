@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from ingest_support import PARTITIONS, Topic, orders_config
 
-from millstream.testing.servers import TansuBroker
+from millstream.local.tansu import TansuBroker
 
 #: Records the engine test ingests: several batches of ``max_records_per_batch`` each.
 ENGINE_RECORDS = 50_000

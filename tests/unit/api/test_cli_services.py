@@ -18,7 +18,7 @@ from millstream.catalog import Catalog
 from millstream.cli.app import app as cli
 from millstream.control.leases import read_lease
 from millstream.control.workers import CONTROLLER_LEASE
-from millstream.testing.servers import free_port
+from millstream.local.process import free_port
 
 START = "from millstream.cli.app import main; main()"
 

@@ -1,6 +1,7 @@
-"""Helpers of the end-to-end tests: real ``millstream controller`` and ``millstream worker``
-processes, a producer writing generator orders into the test broker at a steady rate, and a
-REST client that waits for conditions with the services' log tails in its failure messages.
+"""End-to-end clusters of real ``millstream controller`` and ``millstream worker`` processes
+(each started from the ``millstream`` executable next to this interpreter), a producer writing
+generator orders into a Kafka-protocol broker at a steady rate, a REST client of the
+controller's API, and the checks the end-to-end tests and the failover benchmark share.
 
 Every service runs in its own session (process group), so SIGKILL takes the Python driver, its
 JVM and the JVM's Python workers (which PySpark puts in a process group of their own; we find
@@ -24,16 +25,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from confluent_kafka import Producer
 from sqlalchemy import select
 
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
+from millstream.local.process import free_port
 from millstream.metastore import schema as s
 from millstream.metastore.store import MetadataStore
 from millstream.testing.model import Row
 from millstream.testing.oracle import RawRecord, expected_table
-from millstream.testing.servers import free_port
 
 T = TypeVar("T")
 MILLSTREAM_BIN = Path(sys.executable).parent / "millstream"
@@ -252,12 +254,13 @@ def wait_until(
     """Poll ``probe`` until it returns something truthy; return that. On timeout, fail with
     ``what``, the last value or error, and ``diagnostics()`` (the services' log tails)."""
     deadline = time.monotonic() + timeout
-    last: Any = None
+    last: object = None
     while True:
         try:
-            last = probe()
-            if last:
-                return last
+            value = probe()
+            if value:
+                return value
+            last = value
         except (httpx.HTTPError, AssertionError, KeyError, ValueError) as exc:
             last = exc
         if time.monotonic() >= deadline:
@@ -368,8 +371,6 @@ class SteadyProducer:
     def __init__(
         self, bootstrap: str, topic: str, cfg: GeneratorConfig, *, rate: float, rounds_s: float
     ) -> None:
-        from confluent_kafka import Producer
-
         self.topic = topic
         self.cfg = cfg
         self.per_round = max(2, round(rate * rounds_s / cfg.partitions))
