@@ -68,6 +68,8 @@ class Result:
 
 
 MANIFEST = "src/millstream/metastore/manifest.py"
+CLAIMS = "src/millstream/metastore/claims.py"
+SWAPS = "src/millstream/metastore/swaps.py"
 GUARDS_TEST = "tests/contract/test_contract_manifest_guards.py"
 
 
@@ -78,7 +80,7 @@ def _guard_test(name: str) -> str:
 GUARDS: tuple[Guard, ...] = (
     Guard(
         name="seal-swap-rechecks-claim",
-        file=MANIFEST,
+        file=SWAPS,
         what="replace_run: every claimed entry is live and still at its claimed version",
         old="""\
             if cur is None or cur.removed_version is not None or cur.row_version != version:
@@ -118,7 +120,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         name="seal-swap-rechecks-key-index",
-        file=MANIFEST,
+        file=SWAPS,
         what="replace_run: the partition's sealed entries and delete vectors are the ones the "
         "seal's key index reflects",
         old="""\
@@ -140,7 +142,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         name="reingest-swap-refuses-removed-entry",
-        file=MANIFEST,
+        file=SWAPS,
         what="replace_entry: an entry removed meanwhile (sealed, rolled back) is not swapped",
         old="""\
         if cur is None or cur.removed_version is not None:
@@ -154,7 +156,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         name="reingest-swap-compare-and-set",
-        file=MANIFEST,
+        file=SWAPS,
         what="replace_entry: the entry's update is a compare-and-set with a rowcount check",
         old="""\
         update_entry(
@@ -166,6 +168,8 @@ GUARDS: tuple[Guard, ...] = (
 """,
         new="""\
         from sqlalchemy import update  # MUTATION: an update whose rowcount nobody checks
+
+        from millstream.metastore import schema as s
 
         read = cur.row_version
         conn.execute(
@@ -180,7 +184,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         name="reingest-unclaims-entry",
-        file=MANIFEST,
+        file=SWAPS,
         what="replace_entry: a replaced entry that is not sealed becomes CONSUMING, unclaimed",
         old="""\
         state = SegmentState.ONLINE if cur.state is SegmentState.ONLINE else SegmentState.CONSUMING
@@ -200,7 +204,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         name="claim-takes-over-expired-claim",
-        file=MANIFEST,
+        file=CLAIMS,
         what="claim_run: a run whose claim expired may be claimed again",
         old="""\
             if cur.claim_held(at):
@@ -214,7 +218,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         name="claim-respects-live-claim",
-        file=MANIFEST,
+        file=CLAIMS,
         what="claim_run: a run another sealer's live claim holds is left alone",
         old="""\
             if cur.claim_held(at):
@@ -236,7 +240,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         name="claim-all-or-nothing",
-        file=MANIFEST,
+        file=CLAIMS,
         what="claim_run: every entry's precondition is checked before any entry is claimed",
         old="""\
         for e in run:
@@ -263,7 +267,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         name="claim-sets-the-version-it-checked",
-        file=MANIFEST,
+        file=CLAIMS,
         what="claim_run: the claim's compare-and-set uses the version its check read",
         old="""\
             versions[e.id] = update_entry(
@@ -371,7 +375,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         name="abort-leaves-files-when-commit-ran",
-        file="src/millstream/ingest/sink.py",
+        file="src/millstream/spark/sink.py",
         what="SegmentSink.abort: deletes staged files only when a write task failed",
         old="""\
         if all(isinstance(m, SinkMessage) for m in messages):
@@ -398,7 +402,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         name="gc-lists-before-reading-references",
-        file="src/millstream/storage/gc.py",
+        file="src/millstream/table/gc.py",
         what="collect_garbage: files are listed before the references are read",
         old="""\
     files = deep.list_files(table_data_prefix(table))
@@ -442,19 +446,19 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         name="ensure-shards-start-together",
-        file="src/millstream/metastore/store.py",
+        file="src/millstream/metastore/shards.py",
         what="ensure_shards: a missing shard starts at the lowest upper its siblings have",
         old="""\
-                upper = min(existing) if existing else start
+            upper = min(existing) if existing else start
 """,
         new="""\
-                upper = start  # MUTATION: a missing shard starts at the source's position
+            upper = start  # MUTATION: a missing shard starts at the source's position
 """,
         tests=("tests/unit/ingest/test_bootstrap_dead_letter.py",),
     ),
     Guard(
         name="bootstrap-starts-at-lower-upper",
-        file="src/millstream/ingest/runner.py",
+        file="src/millstream/spark/runner.py",
         what="bootstrap: a writer starts at the lower of the table's and dead-letter uppers",
         old="""\
                 p: min(sh.upper, dl[p].upper) if p in dl else sh.upper for p, sh in shards.items()

@@ -20,7 +20,7 @@ from sqlalchemy import event
 from test_contract_manifest_guards import TABLE, Pipeline
 
 from millstream.catalog import Catalog
-from millstream.metastore.manifest import claim_run
+from millstream.metastore.claims import claim_run
 from millstream.metastore.models import SegmentState
 from millstream.sealing.reingest import reingest_segment
 from millstream.sealing.sealer import Sealer

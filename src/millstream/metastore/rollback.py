@@ -13,8 +13,9 @@ from sqlalchemy import Connection
 
 from millstream.datastream import dead_letter_spec
 from millstream.errors import InvalidSpecError, NotFoundError
-from millstream.metastore.manifest import get_entry, live_entries, reconcile, remove_segments
+from millstream.metastore.manifest import reconcile, remove_segments
 from millstream.metastore.models import Entry
+from millstream.metastore.reads import get_entry, live_entries
 from millstream.metastore.store import MetadataStore
 
 
@@ -155,9 +156,7 @@ def _rollback_dead_letters(
     shard = store._shards(conn, dl, [partition]).get(partition)
     if shard is None:
         return 0
-    doomed = [
-        e for e in live_entries(conn, dl, partition) if e.start >= new_upper
-    ]
+    doomed = [e for e in live_entries(conn, dl, partition) if e.start >= new_upper]
     remove_segments(
         conn,
         info,

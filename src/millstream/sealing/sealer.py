@@ -51,15 +51,13 @@ from millstream.errors import (
     InjectedSealFault,
     SegmentChangedError,
 )
-from millstream.metastore.manifest import (
-    DEFAULT_CLAIM_TTL,
-    SealedSegment,
-    claim_run,
-    release_run,
-    replace_run,
-)
-from millstream.metastore.models import Entry, Manifest, SegmentState
-from millstream.sealing.keyindex import CACHE, KeyIndex, Reflects, indexed
+from millstream.metastore.claims import DEFAULT_CLAIM_TTL, claim_run, release_run
+from millstream.metastore.models import Entry, Manifest
+from millstream.metastore.swaps import SealedSegment, replace_run
+from millstream.sealing.indexes import SealerIndexes
+from millstream.sealing.keyindex import IndexCache, KeyIndex
+from millstream.sealing.planning import due, pending_run, shortfall
+from millstream.sealing.thresholds import Thresholds
 from millstream.spec import OFFSET_COL
 from millstream.storage.deepstore import table_data_prefix
 from millstream.table.read import read_entries
@@ -69,8 +67,6 @@ log = logging.getLogger(__name__)
 #: Named fault points, in the order a seal reaches them.
 FAULT_POINTS = ("before_build", "before_upload", "before_swap", "after_swap")
 ROW_GROUP_ROWS = 128 * 1024
-
-
 
 
 @dataclass
@@ -101,13 +97,6 @@ class SealResult:
     rows_deleted: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Thresholds:
-    flush_rows: int = 500_000
-    flush_seconds: float = 300.0
-    flush_bytes: int = 256 * 1024**2
-
-
 class Sealer:
     def __init__(
         self,
@@ -120,6 +109,7 @@ class Sealer:
         max_failures: int = 3,
         checkpoint_seconds: float = 60.0,
         claim_ttl: float = DEFAULT_CLAIM_TTL,
+        index_cache: IndexCache | None = None,
     ) -> None:
         self.catalog = catalog
         self.store = catalog.store
@@ -136,107 +126,64 @@ class Sealer:
         self.last_error: dict[int, str] = {}
         self.durations: list[float] = []
         self._next_try: dict[int, float] = {}
-        #: How often (at most) a partition's key index is checkpointed after a seal.
-        self.checkpoint_seconds = checkpoint_seconds
-        self._where = f"{catalog.settings.metadata_url}|{catalog.settings.deep_store}"
-        self._checkpointed: dict[int, float] = {}
-        self._owner: str | None = None  # set from the manifest when an index is used
-        #: Key indexes this sealer had to rebuild by reading sealed segments.
-        self.index_rebuilds = 0
-        #: Seconds of key-index maintenance (run merges) after each seal.
-        self.index_seconds: list[float] = []
+        #: The key indexes of the table's partitions (lookup, rebuild, checkpoints).
+        self.indexes = SealerIndexes(
+            catalog, table, checkpoint_seconds=checkpoint_seconds, cache=index_cache
+        )
 
     # -- key index -------------------------------------------------------------------------
 
+    @property
+    def checkpoint_seconds(self) -> float:
+        """How often (at most) a partition's key index is checkpointed after a seal."""
+        return self.indexes.checkpoint_seconds
+
+    @checkpoint_seconds.setter
+    def checkpoint_seconds(self, seconds: float) -> None:
+        self.indexes.checkpoint_seconds = seconds
+
+    @property
+    def index_rebuilds(self) -> int:
+        """Key indexes this sealer had to rebuild by reading sealed segments."""
+        return self.indexes.rebuilds
+
+    @property
+    def index_seconds(self) -> list[float]:
+        """Seconds of key-index maintenance (run merges) after each seal."""
+        return self.indexes.seconds
+
+    @property
+    def _where(self) -> str:
+        """The key of this deployment's indexes in :data:`millstream.sealing.keyindex.CACHE`."""
+        return self.indexes.where
+
     def checkpoint_path(self, partition: int) -> Path:
-        return (
-            self.catalog.settings.home / "cache" / "keyindex" / self.table / f"p{partition}.arrow"
-        )
+        return self.indexes.checkpoint_path(partition)
 
     def key_index(self, partition: int, manifest: Manifest) -> KeyIndex | None:
         """The partition's key index as of ``manifest``: the in-memory one if current, else the
         local checkpoint if current, else rebuilt from the sealed segments."""
-        spec = manifest.table.spec
-        if not indexed(spec):
-            return None
-        want = Reflects.of(manifest, partition)
-        # Whose index a checkpoint holds: this deployment's table, created at that time.
-        self._owner = f"{self._where}|{spec.name}|{manifest.table.created_at!r}"
-        index = CACHE.get(self._where, self.table, partition)
-        if index is not None and index.reflects == want and index.spec == spec:
-            return index
-        index = KeyIndex.load(spec, partition, self.checkpoint_path(partition), owner=self._owner)
-        if index is None or index.reflects != want:
-            if not want.entries:  # nothing sealed yet: an empty index, nothing to read
-                index = KeyIndex.build(spec, partition, self.catalog.deep, manifest)
-                CACHE.put(self._where, self.table, index)
-                return index
-            log.info(
-                "rebuilding the key index of %s partition %d from %d sealed segments",
-                self.table,
-                partition,
-                len(want.entries),
-            )
-            index = KeyIndex.build(spec, partition, self.catalog.deep, manifest)
-            self.index_rebuilds += 1
-            self._checkpointed[partition] = 0.0  # checkpoint the rebuilt index
-        CACHE.put(self._where, self.table, index)
-        return index
+        return self.indexes.current(partition, manifest)
 
     def checkpoint(self, *, force: bool = False) -> int:
         """Write the key index checkpoint of every partition due for one (or all, ``force``);
         returns how many were written. A checkpoint only saves a rebuild after a restart."""
-        written = 0
-        for partition in self.partitions():
-            index = CACHE.get(self._where, self.table, partition)
-            last = self._checkpointed.get(partition)
-            if index is None or last is None or self._owner is None:
-                continue  # nothing sealed by this sealer since its last checkpoint
-            if not force and time.monotonic() - last < self.checkpoint_seconds:
-                continue
-            try:
-                index.save(self.checkpoint_path(partition), owner=self._owner)
-            except OSError as exc:
-                log.warning("could not checkpoint the key index of %s: %s", self.table, exc)
-                continue
-            self._checkpointed.pop(partition, None)
-            written += 1
-        return written
+        return self.indexes.checkpoint(self.partitions(), force=force)
 
     # -- planning --------------------------------------------------------------------------
 
     def pending_run(self, partition: int, manifest: Manifest | None = None) -> list[Entry]:
         """The partition's entries not sealed yet, in sequence order."""
-        manifest = manifest or self.catalog.manifest(self.table)
-        return [
-            e
-            for e in manifest.entries
-            if e.partition == partition and e.state is not SegmentState.ONLINE
-        ]
+        return pending_run(manifest or self.catalog.manifest(self.table), partition)
 
     def due(self, run: list[Entry]) -> bool:
-        if not run:
-            return False
-        t = self.thresholds
-        return (
-            sum(e.row_count for e in run) >= t.flush_rows
-            or sum(e.size_bytes for e in run) >= t.flush_bytes
-            or self.clock.now() - min(e.created_at for e in run) >= t.flush_seconds
-        )
+        return due(run, self.thresholds, self.clock)
 
     def not_due_reason(self, run: list[Entry]) -> str | None:
         """Why ``run`` is not due for a seal (None if it is): each threshold, and how far off."""
         if not run or self.due(run):
             return None
-        t = self.thresholds
-        rows = sum(e.row_count for e in run)
-        size = sum(e.size_bytes for e in run)
-        age = self.clock.now() - min(e.created_at for e in run)
-        return (
-            f"{len(run)} segments below every threshold: {rows} rows of flush_rows "
-            f"{t.flush_rows}, {size} bytes of flush_bytes {t.flush_bytes}, oldest {age:.0f}s "
-            f"of flush_seconds {t.flush_seconds:.0f}"
-        )
+        return shortfall(run, self.thresholds, self.clock)
 
     def seal_what_is_due(self) -> dict[str, Any]:
         """One pass over every partition, reporting each: sealed (segments, rows), not due
@@ -312,9 +259,7 @@ class Sealer:
         if any(e.claim_held(now) for e in run):
             return None  # another sealer is building it (its claim has not expired)
         started = time.monotonic()
-        claimed = claim_run(
-            self.store, run, owner=self.claim_owner, ttl=self.claim_ttl, now=now
-        )
+        claimed = claim_run(self.store, run, owner=self.claim_owner, ttl=self.claim_ttl, now=now)
         if claimed is None:
             return None
         path: str | None = None
@@ -369,7 +314,7 @@ class Sealer:
                     if p is not None:
                         self.catalog.deep.delete(p)
             if isinstance(exc, SegmentChangedError | CommitStateUnknownError):
-                CACHE.drop(self._where, self.table, partition)
+                self.indexes.forget(partition)
             self._release(
                 partition,
                 claimed,
@@ -377,13 +322,7 @@ class Sealer:
             )
             raise
         if index is not None:
-            reflects = Reflects(
-                tuple(sorted((*index.reflects.entries, sealed.id))),
-                tuple(sorted(index.reflects.delete_vectors + (() if dv_id is None else (dv_id,)))),
-            )
-            index = index.updated(dropped, sealed_rows, reflects)
-            CACHE.put(self._where, self.table, index)
-            self._checkpointed.setdefault(partition, time.monotonic())
+            index = self.indexes.sealed(partition, index, dropped, sealed_rows, sealed.id, dv_id)
         self.failures.pop(partition, None)
         self.last_error.pop(partition, None)
         seconds = time.monotonic() - started
@@ -401,9 +340,7 @@ class Sealer:
         if index is not None:
             # Index maintenance (merging its sorted runs) is off the seal's critical path: the
             # seal is swapped and visible already.
-            t0 = time.monotonic()
-            CACHE.put(self._where, self.table, index.compacted())
-            self.index_seconds.append(time.monotonic() - t0)
+            self.indexes.compact(index)
         self.checkpoint()
         try:
             self.faults.check("after_swap", partition)

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
-from millstream.metastore.manifest import DEFAULT_CLAIM_TTL
+from millstream.metastore.claims import DEFAULT_CLAIM_TTL
 from millstream.metastore.models import SegmentState
 from millstream.sealing.sealer import Sealer
 from millstream.spec import TableSpec

@@ -1,0 +1,50 @@
+"""Reading the stored assignments (datastream -> placement), and the commit gate a standby
+writer consults: below the control plane, so the writers' Spark adapters can ask it without
+importing the control package. The controller writes assignments
+(:func:`millstream.control.workers.write_assignments`)."""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection, select
+
+from millstream.core.assignment import Placement
+from millstream.metastore import schema as s
+from millstream.metastore.store import MetadataStore
+
+
+def read_assignments(store: MetadataStore) -> dict[str, Placement]:
+    with store.read() as conn:
+        return assignments_in(conn)
+
+
+def assignments_in(conn: Connection) -> dict[str, Placement]:
+    """The assignments as seen by ``conn``'s transaction; the active first in a placement."""
+    out: dict[str, Placement] = {}
+    rows = conn.execute(select(s.assignments).order_by(s.assignments.c.datastream)).mappings()
+    for r in rows:
+        out.setdefault(r["datastream"], []).append((r["worker_id"], r["role"]))
+    for placement in out.values():
+        placement.sort(key=lambda p: (p[1] != "active", p[0]))
+    return out
+
+
+def may_commit(
+    store: MetadataStore, datastream: str, worker_id: str, *, worker_ttl: float, now: float
+) -> bool:
+    """Whether a standby-mode writer on ``worker_id`` may commit: it is the active, or the
+    active's worker has stopped heartbeating (its lease lapsed). A writer no longer assigned
+    anywhere may not commit."""
+    with store.read() as conn:
+        placement = assignments_in(conn).get(datastream, [])
+        roles = dict(placement)
+        if worker_id not in roles:
+            return False
+        if roles[worker_id] == "active":
+            return True
+        active = next((w for w, r in placement if r == "active"), None)
+        if active is None:
+            return True
+        row = conn.execute(select(s.workers).where(s.workers.c.id == active)).mappings().first()
+        return row is None or (
+            row["status"] == "STOPPED" or row["heartbeat_at"] + worker_ttl <= now
+        )

@@ -1,0 +1,106 @@
+"""Seal claims: a sealer claims a run of entries (CONSUMING|ERROR -> COMMITTING, with an owner
+and an expiry) before it builds, and puts the run back if its seal fails. Each is one
+transaction of compare-and-sets (the operations table is in :mod:`millstream.metastore.manifest`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Connection
+
+from millstream.metastore.manifest import update_entry
+from millstream.metastore.models import Entry, SegmentState
+from millstream.metastore.reads import get_entry
+
+if TYPE_CHECKING:
+    from millstream.metastore.store import MetadataStore
+
+#: How long a seal claim holds before another sealer may take the run over (seconds).
+DEFAULT_CLAIM_TTL = 600.0
+
+
+def claim_run(
+    store: MetadataStore,
+    run: Sequence[Entry],
+    *,
+    owner: str,
+    ttl: float = DEFAULT_CLAIM_TTL,
+    now: float | None = None,
+) -> dict[int, int] | None:
+    """Claim ``run`` for a seal: every entry CONSUMING|ERROR -> COMMITTING, owned by ``owner``
+    until ``now + ttl``. Returns ``{entry id: version after the claim}``, or None when another
+    sealer's claim on any entry is still live or an entry is gone (removed or re-ingested).
+
+    Precondition per entry: live, and CONSUMING or ERROR, or COMMITTING whose claim expired (its
+    sealer is presumed dead; if it comes back, its swap finds the version moved and is
+    discarded). A claim without an expiry (schema v3) counts as expired."""
+
+    at = store.clock.now() if now is None else now
+
+    def _txn(conn: Connection) -> dict[int, int] | None:
+        # Every entry's precondition first: returning None after claiming some entries would
+        # commit a partial claim that nobody releases until it expires.
+        checked: dict[int, int] = {}
+        for e in run:
+            cur = get_entry(conn, e.id)
+            if cur is None or cur.removed_version is not None:
+                return None
+            if cur.claim_held(at):
+                return None
+            checked[e.id] = cur.row_version
+        versions: dict[int, int] = {}
+        for e in run:
+            # The version the check saw: a claim committed since then makes this fail.
+            versions[e.id] = update_entry(
+                conn,
+                e.id,
+                checked[e.id],
+                {
+                    "state": SegmentState.COMMITTING.value,
+                    "claimed_by": owner,
+                    "claim_expires_at": at + ttl,
+                },
+            )
+        return versions
+
+    claimed, _ = store.retrying(_txn)
+    return claimed  # type: ignore[no-any-return]
+
+
+def release_run(
+    store: MetadataStore, claimed: Mapping[int, int], *, error: str, fail_first: bool
+) -> int | None:
+    """Put a run whose seal failed back: CONSUMING with ``error`` (the first entry ERROR when
+    ``fail_first``), claim cleared. Only entries still at their claimed version are touched (a
+    re-ingested or taken-over entry is someone else's now). Returns the partition, or None if
+    no entry was still ours."""
+
+    def _txn(conn: Connection) -> int | None:
+        ours = []
+        for entry_id, version in claimed.items():
+            cur = get_entry(conn, entry_id)
+            if cur is not None and cur.removed_version is None and cur.row_version == version:
+                ours.append(cur)
+        ours.sort(key=lambda e: e.seq)  # the run's first segment is the lowest sequence number
+        partition = None
+        for cur in ours:
+            entry_id, version = cur.id, cur.row_version
+            state = SegmentState.ERROR if fail_first and cur is ours[0] else SegmentState.CONSUMING
+            update_entry(
+                conn,
+                entry_id,
+                version,
+                {
+                    "state": state.value,
+                    "last_error": error,
+                    "claimed_by": None,
+                    "claim_expires_at": None,
+                },
+            )
+            partition = cur.partition
+        return partition
+
+    released, _ = store.retrying(_txn)
+    return released  # type: ignore[no-any-return]

@@ -1,0 +1,163 @@
+"""Connections and transactions of the metadata store: the SQLAlchemy engine, read and write
+transactions, the retry of lost compare-and-sets, and the schema migration.
+
+Embedded default: a SQLite file in WAL mode. Multi-host: PostgreSQL by URL. Write transactions
+on SQLite take the write lock up front (``BEGIN IMMEDIATE``) so two processes never deadlock
+upgrading a read lock; on PostgreSQL every row change is a compare-and-set on ``version`` and a
+lost race is retried from a fresh read.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, Engine, create_engine, event, insert
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+
+from millstream.errors import CommitConflictError, CommitStateUnknownError, MetadataSchemaError
+from millstream.metastore import schema as s
+
+if TYPE_CHECKING:
+    from millstream.metastore.store import MetadataStore
+
+MAX_CAS_RETRIES = 50
+
+
+def sqlite_url(home: str | Path) -> str:
+    return f"sqlite:///{Path(home).resolve() / 'metadata.db'}"
+
+
+def make_engine(url: str, *, is_sqlite: bool) -> Engine:
+    if not is_sqlite:
+        return create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=4)
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    # A pool keeps connections (and the WAL) open: with NullPool every transaction paid a
+    # connect plus a WAL checkpoint on close (15 ms vs 5.6 ms per commit, measured).
+    engine = create_engine(url, pool_size=4, max_overflow=8, connect_args={"timeout": 60})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy, not the driver, issue BEGIN (the documented pysqlite recipe).
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA busy_timeout=60000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = "IMMEDIATE" if conn.get_execution_options().get("ms_write") else "DEFERRED"
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine
+
+
+@contextmanager
+def read_transaction(store: MetadataStore) -> Iterator[Connection]:
+    """A read-only transaction over one consistent snapshot."""
+    with store.engine.connect() as conn:
+        if not store.is_sqlite:
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            yield conn
+
+
+@contextmanager
+def write_transaction(store: MetadataStore) -> Iterator[Connection]:
+    """A write transaction. A failure inside COMMIT becomes CommitStateUnknownError; the
+    store's ``on_commit`` fault point runs right before and right after the COMMIT."""
+    with store.engine.connect() as conn:
+        conn = conn.execution_options(ms_write=True)
+        txn = conn.begin()
+        try:
+            yield conn
+        except BaseException:
+            txn.rollback()
+            raise
+        try:
+            if store.on_commit is not None:
+                store.on_commit(False)
+            txn.commit()
+            if store.on_commit is not None:
+                store.on_commit(True)
+        except CommitStateUnknownError:
+            raise
+        except (OperationalError, DBAPIError) as exc:
+            if is_retryable(exc):
+                raise CommitConflictError(
+                    f"transaction aborted by a concurrent one: {exc}"
+                ) from exc
+            raise CommitStateUnknownError(
+                f"the metadata store failed during COMMIT ({exc}); the outcome is unknown: "
+                "re-read shard uppers before doing anything else"
+            ) from exc
+        except Exception as exc:  # an injected fault (on_commit)
+            if txn.is_active:
+                txn.rollback()
+            raise CommitStateUnknownError(
+                f"COMMIT failed ({exc}); the outcome is unknown: re-read before doing anything else"
+            ) from exc
+
+
+def retrying(store: MetadataStore, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run ``fn(conn, ...)`` in a write transaction of ``store``, retrying lost
+    compare-and-sets (each one counted in ``store.conflicts``). Returns (result, retries)."""
+    for attempt in range(MAX_CAS_RETRIES):
+        try:
+            with store.write() as conn:
+                return fn(conn, *args, **kwargs), attempt
+        except CommitConflictError:
+            store._count_conflict()
+        except (OperationalError, IntegrityError) as exc:
+            if not (is_retryable(exc) or isinstance(exc, IntegrityError)):
+                raise
+            store._count_conflict()
+        time.sleep(random.uniform(0, 0.002 * (attempt + 1)))
+    raise CommitConflictError(f"gave up after {MAX_CAS_RETRIES} lost compare-and-sets")
+
+
+def migrate(store: MetadataStore) -> None:
+    """Create or upgrade the schema to :data:`schema.LATEST_SCHEMA_VERSION` (racing processes
+    that do the same at once are tolerated)."""
+    for _ in range(5):
+        try:
+            with store.write() as conn:
+                current = s.current_schema_version(conn)
+                if current > s.LATEST_SCHEMA_VERSION:
+                    raise MetadataSchemaError(
+                        f"metadata schema version {current} is newer than this Millstream "
+                        f"understands ({s.LATEST_SCHEMA_VERSION}); upgrade Millstream",
+                        found=current,
+                    )
+                for v in range(current + 1, s.LATEST_SCHEMA_VERSION + 1):
+                    s.MIGRATIONS[v](conn)
+                if current == 0:
+                    conn.execute(insert(s.meta).values(key="schema_version", value="0"))
+                if current < s.LATEST_SCHEMA_VERSION:
+                    conn.execute(
+                        s.meta.update()
+                        .where(s.meta.c.key == "schema_version")
+                        .values(value=str(s.LATEST_SCHEMA_VERSION))
+                    )
+            return
+        except (IntegrityError, OperationalError, DBAPIError, CommitConflictError):
+            # Another process is creating the schema at the same moment; look again.
+            time.sleep(0.05)
+    raise MetadataSchemaError("could not create or migrate the metadata schema")
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """A deadlock, serialization failure or busy database: the transaction may simply be
+    run again."""
+    text = str(exc).lower()
+    return any(
+        m in text
+        for m in ("deadlock detected", "could not serialize", "database is locked", "busy")
+    )

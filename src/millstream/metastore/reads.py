@@ -1,0 +1,168 @@
+"""Reading the manifest: entry and delete-vector rows as models, a partition's live entries, a
+table's manifest at a version or a point in time, and the files a table references."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, and_, func, or_, select
+
+from millstream.errors import InvalidSpecError
+from millstream.metastore import schema as s
+from millstream.metastore.models import DeleteVector, Entry, Manifest, SegmentState, TableInfo
+
+# -- rows ----------------------------------------------------------------------------------
+
+
+def entry_of(r: Any) -> Entry:
+    return Entry(
+        id=r["id"],
+        table=r["table_name"],
+        partition=r["partition"],
+        seq=r["seq"],
+        file_path=r["file_path"],
+        start=r["start_offset"],
+        end=r["end_offset"],
+        state=SegmentState(r["state"]),
+        row_count=r["row_count"],
+        size_bytes=r["size_bytes"],
+        added_version=r["added_version"],
+        removed_version=r["removed_version"],
+        writer_id=r["writer_id"],
+        batch_id=r["batch_id"],
+        created_at=r["created_at"],
+        last_error=r["last_error"],
+        claimed_by=r["claimed_by"],
+        claim_expires_at=r["claim_expires_at"],
+        row_version=r["version"],
+    )
+
+
+def delete_vector_of(r: Any) -> DeleteVector:
+    return DeleteVector(
+        id=r["id"],
+        table=r["table_name"],
+        partition=r["partition"],
+        source_seq=r["source_seq"],
+        file_path=r["file_path"],
+        row_count=r["row_count"],
+        added_version=r["added_version"],
+        removed_version=r["removed_version"],
+    )
+
+
+# -- the live state of a partition ---------------------------------------------------------
+
+
+def get_entry(conn: Connection, entry_id: int) -> Entry | None:
+    row = conn.execute(select(s.entries).where(s.entries.c.id == entry_id)).mappings().first()
+    return None if row is None else entry_of(row)
+
+
+def live_entries(conn: Connection, table: str, partition: int) -> list[Entry]:
+    """The partition's entries not removed in any version, by sequence number."""
+    e = s.entries
+    q = (
+        select(e)
+        .where(e.c.table_name == table, e.c.partition == partition, e.c.removed_version.is_(None))
+        .order_by(e.c.seq)
+    )
+    return [entry_of(r) for r in conn.execute(q).mappings()]
+
+
+def live_delete_vectors(conn: Connection, table: str, partition: int) -> list[DeleteVector]:
+    dv = s.delete_vectors
+    q = (
+        select(dv)
+        .where(
+            dv.c.table_name == table, dv.c.partition == partition, dv.c.removed_version.is_(None)
+        )
+        .order_by(dv.c.id)
+    )
+    return [delete_vector_of(r) for r in conn.execute(q).mappings()]
+
+
+def sealed_state(conn: Connection, table: str, partition: int) -> tuple[tuple[int, ...], ...]:
+    """(ids of the partition's live sealed entries, ids of its live delete vectors): what a key
+    index must reflect for a seal built on it to be swapped in."""
+    sealed = tuple(
+        sorted(e.id for e in live_entries(conn, table, partition) if e.state is SegmentState.ONLINE)
+    )
+    vectors = tuple(sorted(d.id for d in live_delete_vectors(conn, table, partition)))
+    return sealed, vectors
+
+
+def live_entry_with_file(
+    conn: Connection, table: str, partition: int, file_path: str
+) -> Entry | None:
+    return next((e for e in live_entries(conn, table, partition) if e.file_path == file_path), None)
+
+
+# -- a table's manifest --------------------------------------------------------------------
+
+
+def manifest_at(conn: Connection, info: TableInfo, version: int) -> Manifest:
+    """The table's entries and delete vectors visible at manifest ``version``."""
+    table = info.name
+    q = (
+        select(s.entries)
+        .where(
+            s.entries.c.table_name == table,
+            s.entries.c.added_version <= version,
+            or_(s.entries.c.removed_version.is_(None), s.entries.c.removed_version > version),
+        )
+        .order_by(s.entries.c.partition, s.entries.c.seq)
+    )
+    entries = tuple(entry_of(r) for r in conn.execute(q).mappings())
+    dv = s.delete_vectors
+    q = (
+        select(dv)
+        .where(
+            dv.c.table_name == table,
+            dv.c.added_version <= version,
+            or_(dv.c.removed_version.is_(None), dv.c.removed_version > version),
+        )
+        .order_by(dv.c.partition, dv.c.source_seq, dv.c.id)
+    )
+    dvs = tuple(delete_vector_of(r) for r in conn.execute(q).mappings())
+    return Manifest(info, version, entries, dvs)
+
+
+def resolve_version(conn: Connection, info: TableInfo, as_of: int | float | datetime | None) -> int:
+    """The manifest version ``as_of`` names: the current one (None), a version number (int),
+    or the last version committed at or before a point in time (datetime or epoch seconds)."""
+    if as_of is None:
+        return info.manifest_version
+    if isinstance(as_of, bool):
+        raise InvalidSpecError("as_of", "must be a version number or a point in time")
+    if isinstance(as_of, int):
+        if not 0 <= as_of <= info.manifest_version:
+            raise InvalidSpecError(
+                "as_of",
+                f"table {info.name!r} has versions 0..{info.manifest_version}, not {as_of}",
+            )
+        return as_of
+    ts = as_of.timestamp() if isinstance(as_of, datetime) else float(as_of)
+    row = conn.execute(
+        select(func.max(s.table_versions.c.manifest_version)).where(
+            and_(
+                s.table_versions.c.table_name == info.name,
+                s.table_versions.c.committed_at <= ts,
+            )
+        )
+    ).first()
+    if row is None or row[0] is None:
+        raise InvalidSpecError("as_of", f"table {info.name!r} did not exist at {as_of}")
+    return int(row[0])
+
+
+def referenced_files(conn: Connection, table: str) -> set[str]:
+    """Every data file any entry or delete vector of ``table`` references (removed ones
+    included: time travel may still read them)."""
+    q = select(s.entries.c.file_path).where(
+        s.entries.c.table_name == table, s.entries.c.file_path.is_not(None)
+    )
+    files = {r[0] for r in conn.execute(q)}
+    q = select(s.delete_vectors.c.file_path).where(s.delete_vectors.c.table_name == table)
+    return files | {r[0] for r in conn.execute(q)}

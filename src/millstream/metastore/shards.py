@@ -1,0 +1,61 @@
+"""Shard rows of the metadata store: reading a table's shards and bootstrapping missing ones
+(a table's together with its dead-letter table's)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Connection, insert, select
+
+from millstream.metastore import schema as s
+from millstream.metastore.models import Shard
+from millstream.metastore.tables import find_table
+
+if TYPE_CHECKING:
+    from millstream.metastore.store import MetadataStore
+
+
+def shards_of(conn: Connection, table: str, partitions: Sequence[int] | None) -> dict[int, Shard]:
+    """``table``'s shards by partition: those of ``partitions``, or all of them (None)."""
+    q = select(s.shards).where(s.shards.c.table_name == table)
+    if partitions is not None:
+        q = q.where(s.shards.c.partition.in_(list(partitions)))
+    return {
+        r.partition: Shard(table, r.partition, r.upper, r.epoch, r.next_seq, r.version)
+        for r in conn.execute(q)
+    }
+
+
+def ensure_shards(
+    store: MetadataStore, table: str, starts: dict[int, int], *, together_with: Sequence[str]
+) -> dict[int, Shard]:
+    """Create the missing shards of ``table`` and of the ``together_with`` tables in ONE
+    transaction (see :meth:`MetadataStore.ensure_shards`); returns ``table``'s requested
+    shards as they now are."""
+    names = [table, *together_with]
+
+    def _txn(conn: Connection) -> dict[int, Shard]:
+        have = {}
+        for name in names:
+            find_table(conn, name)
+            have[name] = shards_of(conn, name, list(starts))
+        for p, start in sorted(starts.items()):
+            existing = [have[name][p].upper for name in names if p in have[name]]
+            upper = min(existing) if existing else start
+            for name in names:
+                if p not in have[name]:
+                    conn.execute(
+                        insert(s.shards).values(
+                            table_name=name,
+                            partition=p,
+                            upper=upper,
+                            epoch=0,
+                            next_seq=0,
+                            version=1,
+                        )
+                    )
+        return shards_of(conn, table, list(starts))
+
+    shards, _ = store.retrying(_txn)
+    return shards  # type: ignore[no-any-return]

@@ -1,0 +1,203 @@
+"""Swapping a new file in for existing entries: a seal's sealed segment for its claimed run
+(:func:`replace_run`), and a re-ingested file for one segment (:func:`replace_entry`). Each is
+one transaction of compare-and-sets whose unknown outcome is reconciled by re-reading (the
+operations table is in :mod:`millstream.metastore.manifest`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Connection
+
+from millstream.errors import SegmentChangedError
+from millstream.metastore.manifest import (
+    insert_delete_vector,
+    insert_entry,
+    publish_version,
+    reconcile,
+    update_entry,
+)
+from millstream.metastore.models import Entry, SegmentState
+from millstream.metastore.reads import (
+    get_entry,
+    live_delete_vectors,
+    live_entry_with_file,
+    sealed_state,
+)
+
+if TYPE_CHECKING:
+    from millstream.metastore.store import MetadataStore
+
+
+# -- seal swap ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SealedSegment:
+    """What a seal uploaded: the sealed file and, if it superseded older rows, their vector."""
+
+    file_path: str
+    row_count: int
+    size_bytes: int
+    #: (sealed entry ids, delete vector ids) the seal's key index reflects, or None (no index)
+    reflects: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    delete_vector: tuple[str, int] | None = None  # (path, rows)
+
+
+def replace_run(
+    store: MetadataStore,
+    table: str,
+    partition: int,
+    claimed: Mapping[int, int],
+    sealed: SealedSegment,
+) -> tuple[Entry, int | None]:
+    """Swap a sealed segment in for the claimed run, in one transaction: the run's entries are
+    removed, one ONLINE entry covering ``[run start, run end)`` with the run's first sequence
+    number is added, with its delete vector. Returns (the new entry, the vector's id or None).
+
+    Preconditions: every claimed entry is live and still at its claimed version; with a key
+    index, the partition's live sealed entries and delete vectors are the ones it reflects.
+    Either failing raises :class:`SegmentChangedError` (the seal is discarded)."""
+    where = f"seal of {table} partition {partition}"
+
+    def _txn(conn: Connection) -> tuple[Entry, int | None]:
+        info = store.table_row(conn, table)
+        if sealed.reflects is not None and sealed_state(conn, table, partition) != sealed.reflects:
+            raise SegmentChangedError(
+                f"the sealed segments of {table} partition {partition} changed while this seal "
+                "was built (rolled back, re-ingested or sealed elsewhere); the seal is "
+                "discarded and retried with a current key index",
+                table=table,
+                partition=partition,
+            )
+        entries = []
+        for entry_id, version in claimed.items():
+            cur = get_entry(conn, entry_id)
+            if cur is None or cur.removed_version is not None or cur.row_version != version:
+                raise SegmentChangedError(
+                    f"the run being sealed in {table} partition {partition} changed (rolled "
+                    "back, re-ingested, or claimed by another sealer after this one's claim "
+                    "expired); the seal is discarded",
+                    table=table,
+                    partition=partition,
+                )
+            entries.append(cur)
+        entries.sort(key=lambda e: e.seq)
+        new_version = info.manifest_version + 1
+        now = store.clock.now()
+        for e in entries:
+            update_entry(
+                conn,
+                e.id,
+                claimed[e.id],
+                {"removed_version": new_version, "claimed_by": None, "claim_expires_at": None},
+            )
+        new_id = insert_entry(
+            conn,
+            table=table,
+            partition=partition,
+            seq=entries[0].seq,
+            file_path=sealed.file_path,
+            start=entries[0].start,
+            end=entries[-1].end,
+            state=SegmentState.ONLINE,
+            row_count=sealed.row_count,
+            size_bytes=sealed.size_bytes,
+            added_version=new_version,
+            now=now,
+            writer_id="sealer",
+        )
+        dv_id = None
+        if sealed.delete_vector is not None:
+            dv_id = insert_delete_vector(
+                conn,
+                table=table,
+                partition=partition,
+                source_seq=entries[0].seq,
+                file_path=sealed.delete_vector[0],
+                row_count=sealed.delete_vector[1],
+                added_version=new_version,
+            )
+        publish_version(conn, info, "seal", now)
+        new = get_entry(conn, new_id)
+        assert new is not None
+        return new, dv_id
+
+    def _landed(conn: Connection) -> tuple[Entry, int | None] | None:
+        new = live_entry_with_file(conn, table, partition, sealed.file_path)
+        if new is None:
+            return None
+        dv_id = None
+        if sealed.delete_vector is not None:
+            dv_id = next(
+                (
+                    d.id
+                    for d in live_delete_vectors(conn, table, partition)
+                    if d.file_path == sealed.delete_vector[0]
+                ),
+                None,
+            )
+        return new, dv_id
+
+    return reconcile(store, _txn, _landed, where)
+
+
+# -- re-ingestion ------------------------------------------------------------------------------
+
+
+def replace_entry(
+    store: MetadataStore, old: Entry, *, file_path: str, row_count: int, size_bytes: int
+) -> Entry:
+    """Swap a rebuilt file in for segment ``old`` (same partition, sequence number and offset
+    range). A sealed segment stays ONLINE; any other becomes CONSUMING with no claim: if a
+    sealer held ``old``, its swap now finds the run changed and is discarded, and the next seal
+    takes the fresh entry (copying COMMITTING would leave it claimed by nobody, forever).
+
+    Precondition: ``old`` is live and unchanged since this transaction read it (compare-and-set
+    with a rowcount check); else :class:`SegmentChangedError`."""
+    where = f"re-ingestion of segment {old.name}"
+
+    def _txn(conn: Connection) -> Entry:
+        info = store.table_row(conn, old.table)
+        cur = get_entry(conn, old.id)
+        if cur is None or cur.removed_version is not None:
+            raise SegmentChangedError(
+                f"segment {old.name} changed while it was re-ingested (sealed or rolled back); "
+                "nothing was swapped",
+                segment=old.name,
+            )
+        version = info.manifest_version + 1
+        now = store.clock.now()
+        update_entry(
+            conn,
+            old.id,
+            cur.row_version,  # the version the check saw: a seal since then makes this fail
+            {"removed_version": version, "claimed_by": None, "claim_expires_at": None},
+        )
+        state = SegmentState.ONLINE if cur.state is SegmentState.ONLINE else SegmentState.CONSUMING
+        new_id = insert_entry(
+            conn,
+            table=old.table,
+            partition=old.partition,
+            seq=old.seq,
+            file_path=file_path,
+            start=old.start,
+            end=old.end,
+            state=state,
+            row_count=row_count,
+            size_bytes=size_bytes,
+            added_version=version,
+            now=now,
+            writer_id="reingest",
+        )
+        publish_version(conn, info, "reingest", now)
+        new = get_entry(conn, new_id)
+        assert new is not None
+        return new
+
+    def _landed(conn: Connection) -> Entry | None:
+        return live_entry_with_file(conn, old.table, old.partition, file_path)
+
+    return reconcile(store, _txn, _landed, where)
