@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING
 import pytest
 from hypothesis import settings
 
-from millstream.testing.servers import MotoS3Server, PostgresServer, TansuBroker
+from millstream.local.tansu import TansuBroker
+from millstream.spark.session import spark_session
+from millstream.testing.servers import MotoS3Server, PostgresServer
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -46,19 +48,14 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBrok
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master(os.environ.get("MILLSTREAM_TEST_SPARK_MASTER", "local[2]"))
-        .appName("millstream-tests")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("spark-warehouse")))
-        .getOrCreate()
+    session = spark_session(
+        master=os.environ.get("MILLSTREAM_TEST_SPARK_MASTER", "local[2]"),
+        app_name="millstream-tests",
+        log_level="WARN",
+        config={
+            "spark.default.parallelism": "2",
+            "spark.sql.warehouse.dir": str(tmp_path_factory.mktemp("spark-warehouse")),
+        },
     )
     try:
         yield session

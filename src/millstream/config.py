@@ -55,7 +55,7 @@ class Settings(BaseModel):
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> Settings:
-        """From data source options (pass :class:`millstream.options.Options`: Spark lower-cases keys)."""
+        """From data source options (pass :class:`millstream.spark.options.Options`: Spark lower-cases keys)."""
         return cls.load(
             home=options.get("home"),
             metadata_url=options.get("metadataUrl"),

@@ -12,7 +12,7 @@ from millstream.catalog import Catalog
 from millstream.metastore.rollback import rollback_partition
 from millstream.sealing.keyindex import CACHE
 from millstream.sealing.sealer import Sealer
-from millstream.storage.gc import collect_garbage
+from millstream.table.gc import collect_garbage
 from millstream.table.writer import commit_staged, stage_rows
 from millstream.testing.model import canonical, model_rows
 
@@ -32,7 +32,7 @@ def _rows(lo: int, keys: list[int], value: str) -> list[dict[str, Any]]:
 
 
 def test_delete_vectors_on_every_backend(catalog: Catalog) -> None:
-    CACHE._indexes.clear()
+    CACHE.clear()
     spec = catalog.create_table(SPEC).spec
     sealer = Sealer(catalog, "kv")
     history: list[dict[str, Any]] = []

@@ -13,7 +13,7 @@ from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.errors import TableNotFoundError
 from millstream.storage.deepstore import table_data_prefix
-from millstream.storage.gc import collect_garbage
+from millstream.table.gc import collect_garbage
 
 GRACE = 600.0
 

@@ -27,16 +27,16 @@ from millstream.errors import (
     StagedFileExpiredError,
 )
 from millstream.ingest.decode import RAW_SCHEMA, dead_letter_rows, decode_records
-from millstream.ingest.runner import make_reader
-from millstream.metastore.manifest import DEFAULT_CLAIM_TTL, claim_run
+from millstream.ingest.sources import spec_reader
+from millstream.metastore.claims import DEFAULT_CLAIM_TTL, claim_run
 from millstream.metastore.models import SegmentState, ShardAppend
 from millstream.metastore.rollback import rollback_partition
 from millstream.sealing import reingest as reingest_module
 from millstream.sealing.reingest import reingest_segment
 from millstream.sealing.sealer import Sealer, SealFaults
 from millstream.storage.deepstore import table_data_prefix
-from millstream.storage.gc import MAX_STAGED_AGE_SECONDS, collect_garbage
 from millstream.table.commit import StagedWrite, commit_writes
+from millstream.table.gc import MAX_STAGED_AGE_SECONDS, collect_garbage
 from millstream.table.writer import stage_rows
 
 TABLE = "events"
@@ -91,7 +91,7 @@ class Pipeline:
         have = sum(len(f.read_text().splitlines()) for f in d.iterdir()) if d.exists() else 0
         if have < hi:
             self.write(partition, hi - have)
-        raw = pa.Table.from_batches(list(make_reader(self.ds).read_range(partition, lo, hi)))
+        raw = pa.Table.from_batches(list(spec_reader(self.ds.source).read_range(partition, lo, hi)))
         raw = raw.select(["partition", "offset", "key", "value"])
         k = raw.num_rows
         raw = raw.append_column("range_lo", pa.array([lo] * k, pa.int64()))
@@ -435,7 +435,8 @@ def test_a_batch_commit_with_an_unknown_outcome_keeps_its_files_and_is_reconcile
 def test_abort_deletes_staged_files_only_when_a_write_task_failed(
     catalog: Catalog, tmp_path: Path
 ) -> None:
-    from millstream.ingest.sink import SegmentSink, SinkMessage
+    from millstream.spark.options import SinkOptions
+    from millstream.spark.sink import SegmentSink, SinkMessage
 
     pipe = Pipeline(catalog, tmp_path)
     write = pipe.staged(0)
@@ -455,7 +456,7 @@ def test_abort_deletes_staged_files_only_when_a_write_task_failed(
         "table": TABLE,
         "tableSpec": json.dumps(pipe.spec.to_json_dict()),
     }
-    sink = SegmentSink(options)
+    sink = SegmentSink(SinkOptions.from_options(options))
     # Every task succeeded: commit ran and disposed of the files (or kept them after an
     # unknown outcome, deliberately); abort must not second-guess it.
     sink.abort(list(messages), 0)

@@ -60,8 +60,8 @@ from millstream.core.frontier import Outcome, decide
 from millstream.datastream import dead_letter_spec
 from millstream.ingest.decode import dead_letter_rows
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
-from millstream.storage.gc import collect_garbage
 from millstream.table.commit import BatchCommit, StagedFile, StagedWrite, commit_writes
+from millstream.table.gc import collect_garbage
 from millstream.table.read import read_manifest
 from millstream.table.writer import stage_rows
 from millstream.testing.model import canonical, model_rows

@@ -12,7 +12,7 @@ from ingest_support import orders_spec, produce_exact, run_cli, shard_uppers, wr
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.storage.deepstore import table_data_prefix
-from millstream.storage.gc import collect_garbage
+from millstream.table.gc import collect_garbage
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -31,9 +31,9 @@ from ingest_support import (
 
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
-from millstream.ingest.runner import DatastreamRunner
+from millstream.spark.runner import DatastreamRunner
 from millstream.storage.deepstore import table_data_prefix
-from millstream.storage.gc import collect_garbage
+from millstream.table.gc import collect_garbage
 from millstream.testing.oracle import RawRecord, expected_table
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]

@@ -25,12 +25,12 @@ from ingest_support import assert_same_rows, shard_uppers
 
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
-from millstream.ingest.runner import DatastreamRunner
+from millstream.local.tansu import TansuBroker
 from millstream.metastore.models import SegmentState
 from millstream.sealing.sealer import Sealer
+from millstream.spark.runner import DatastreamRunner
 from millstream.table.read import read_manifest
 from millstream.testing.oracle import RawRecord, expected_table
-from millstream.testing.servers import TansuBroker
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -22,7 +22,7 @@ from ingest_support import (
 
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
-from millstream.ingest.runner import DatastreamRunner
+from millstream.spark.runner import DatastreamRunner
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

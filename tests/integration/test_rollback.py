@@ -10,10 +10,10 @@ import pytest
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.errors import NotFoundError, WriterFencedError
-from millstream.ingest.runner import DatastreamRunner
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
 from millstream.metastore.models import ShardAppend
 from millstream.metastore.rollback import rollback_partition
+from millstream.spark.runner import DatastreamRunner
 from millstream.testing.model import canonical
 from millstream.testing.oracle import expected_table
 

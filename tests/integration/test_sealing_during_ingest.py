@@ -11,9 +11,9 @@ import pytest
 
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
-from millstream.ingest.runner import DatastreamRunner
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
 from millstream.metastore.models import SegmentState
+from millstream.spark.runner import DatastreamRunner
 from millstream.testing.model import canonical
 from millstream.testing.oracle import expected_table
 

@@ -20,7 +20,7 @@ from ingest_support import assert_table_matches_source, orders_spec, shard_upper
 
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
-from millstream.ingest.runner import SIDECAR, Bootstrap, DatastreamRunner, checkpoint_verdict
+from millstream.spark.runner import SIDECAR, Bootstrap, DatastreamRunner, checkpoint_verdict
 
 PER_RUN = 1_000  # records per partition produced before each run
 

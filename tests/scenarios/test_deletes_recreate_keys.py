@@ -34,7 +34,7 @@ import pytest
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.ingest.decode import RAW_SCHEMA, decode_records
-from millstream.ingest.runner import make_reader
+from millstream.ingest.sources import spec_reader
 from millstream.sealing.reingest import reingest_segment
 from millstream.sealing.sealer import Sealer
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
@@ -233,7 +233,7 @@ def test_reingesting_a_sealed_delete_keeps_the_value_it_took_from_a_row_no_longe
         cat.create_table(table)
         sealer = Sealer(cat, "t")
         for offset in range(3):
-            batches = list(make_reader(spec).read_range(0, offset, offset + 1))
+            batches = list(spec_reader(spec.source).read_range(0, offset, offset + 1))
             raw = pa.Table.from_batches(batches).select(["partition", "offset", "key", "value"])
             raw = raw.append_column("range_lo", pa.array([offset], pa.int64()))
             raw = raw.append_column("range_hi", pa.array([offset + 1], pa.int64()))

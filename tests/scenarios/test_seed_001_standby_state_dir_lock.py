@@ -41,13 +41,13 @@ from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller, ControlSettings
 from millstream.control.registry import Registry
-from millstream.control.statedir import StateDirCleaner, StateDirectory
 from millstream.control.worker import Worker
 from millstream.control.workers import heartbeat, list_workers, read_assignments
 from millstream.core.assignment import ACTIVE, STANDBY
 from millstream.datastream import DatastreamSpec
 from millstream.errors import StateDirLockedError, StateLockNotHeldError
-from millstream.ingest.runner import DatastreamRunner
+from millstream.spark.runner import DatastreamRunner
+from millstream.storage.statedir import StateDirCleaner, StateDirectory
 from millstream.testing.model import canonical
 from millstream.testing.oracle import RawRecord, expected_table
 

@@ -74,7 +74,7 @@ def _commit(cat: Catalog, spec: TableSpec, lo: int, rows: list[tuple[str, Any, b
 
 
 def _race(tmp_path: Path, mode: str, second_sealer: type[Sealer]) -> tuple[dict[str, Any], Any]:
-    CACHE._indexes.clear()
+    CACHE.clear()
     cat = Catalog.open(home=tmp_path)
     spec = TableSpec.parse(
         {

@@ -13,10 +13,11 @@ import pytest
 from millstream.catalog import Catalog
 from millstream.errors import MillstreamError
 from millstream.ingest.decode import decode_records
-from millstream.ingest.sink import SegmentSink
 from millstream.ingest.sources import files
-from millstream.ingest.sources.base import markers_batch
-from millstream.ingest.sources.files import FilesStreamReader
+from millstream.ingest.sources.files import FilesConfig, FilesReader
+from millstream.spark.options import SinkOptions
+from millstream.spark.sink import SegmentSink
+from millstream.spark.sources import markers_batch
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
 
 SCHEMA = {"id": "long", "name": "string", "at": "timestamp"}
@@ -64,7 +65,7 @@ def source_dir(tmp_path: Path) -> Path:
     return tmp_path / "src"
 
 
-def _read(reader: FilesStreamReader, lo: int, hi: int) -> list[tuple[int, bytes | None]]:
+def _read(reader: FilesReader, lo: int, hi: int) -> list[tuple[int, bytes | None]]:
     out: list[tuple[int, bytes | None]] = []
     for b in reader.read_range(0, lo, hi):
         assert b.schema.names == ["partition", "offset", "key", "value"]
@@ -76,7 +77,7 @@ def _read(reader: FilesStreamReader, lo: int, hi: int) -> list[tuple[int, bytes 
 
 def test_files_source_offsets_are_line_numbers_across_files(source_dir: Path) -> None:
     lines = [line for f in sorted((source_dir / "0").iterdir()) for line in _lines_of(f)]
-    reader = FilesStreamReader({"path": str(source_dir)})
+    reader = FilesReader(FilesConfig(str(source_dir)))
 
     assert reader.latest_offsets() == {0: len(lines)}
     assert _read(reader, 0, len(lines)) == list(enumerate(lines))
@@ -88,7 +89,7 @@ def test_files_source_offsets_are_line_numbers_across_files(source_dir: Path) ->
 
 
 def test_files_source_sees_a_file_grow(source_dir: Path) -> None:
-    reader = FilesStreamReader({"path": str(source_dir)})
+    reader = FilesReader(FilesConfig(str(source_dir)))
     before = reader.latest_offsets()[0]
     with (source_dir / "0" / "c.json").open("ab") as f:
         f.write(b"\n" + _value(-3) + b"\n")
@@ -176,9 +177,9 @@ def _sink(cat: Catalog, spec: TableSpec, source_dir: Path | None) -> SegmentSink
         "tableSpec": json.dumps(spec.to_json_dict()),
     }
     if source_dir is not None:
-        options["sourceFormat"] = "millstream_files"
-        options["sourceOptions"] = json.dumps({"path": str(source_dir)})
-    return SegmentSink(options)
+        options["sourceKind"] = "files"
+        options["sourceConfig"] = json.dumps({"path": str(source_dir)})
+    return SegmentSink(SinkOptions.from_options(options))
 
 
 def test_a_write_task_reads_exactly_its_marked_ranges(cat: Catalog, tmp_path: Path) -> None:

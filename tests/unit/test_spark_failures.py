@@ -21,7 +21,7 @@ from millstream.errors import (
     exit_code,
     from_spark_failure,
 )
-from millstream.ingest.runner import _restartable
+from millstream.spark.runner import _restartable
 
 
 def spark_failure(*lines: str) -> Exception:
@@ -33,7 +33,7 @@ def spark_failure(*lines: str) -> Exception:
                 "[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: "
                 "Job aborted due to stage failure",
                 "Traceback (most recent call last):",
-                '  File "/site-packages/millstream/ingest/sink.py", line 201, in write',
+                '  File "/site-packages/millstream/spark/sink.py", line 201, in write',
                 *lines,
                 "\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException",
             ]

@@ -25,6 +25,7 @@ from millstream.api.models import (
 from millstream.control.registry import DatastreamRecord
 from millstream.control.workers import list_workers, read_assignments
 from millstream.datastream import DatastreamSpec, FilesSource, KafkaSource
+from millstream.ingest.sources import spec_reader
 from millstream.metastore import schema as s
 from millstream.metastore.models import SegmentState
 from millstream.metastore.store import MetadataStore
@@ -50,14 +51,12 @@ def describe_source(spec: DatastreamSpec) -> str:
 def upstream_offsets(specs: Iterable[DatastreamSpec], timeout: float) -> dict[str, Upstream]:
     """Latest offsets of each datastream's source, asked concurrently. A source that fails or
     does not answer within ``timeout`` seconds (a broker that is down) gets an error instead."""
-    from millstream.ingest.runner import make_reader
-
     answers: dict[str, Upstream] = {}
     threads: dict[str, threading.Thread] = {}
 
     def ask(spec: DatastreamSpec) -> None:
         try:
-            offsets = make_reader(spec).latest_offsets()
+            offsets = spec_reader(spec.source).latest_offsets()
             answers[spec.name] = Upstream({int(p): int(o) for p, o in offsets.items()})
         except Exception as exc:  # any source failure is reported, never raised
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -8,13 +8,14 @@ from typing import Any
 
 from rich.table import Table
 
-from millstream.ingest.runner import DatastreamRunner, make_reader
+from millstream.ingest.sources import spec_reader
+from millstream.spark.runner import DatastreamRunner
 
 
 class ProgressView:
     def __init__(self, runner: DatastreamRunner) -> None:
         self.runner = runner
-        self.reader = make_reader(runner.spec)
+        self.reader = spec_reader(runner.spec.source)
         self.started = time.time()
         self.latest: dict[int, int] = {}
         self._latest_at = 0.0

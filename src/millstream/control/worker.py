@@ -32,7 +32,6 @@ from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control.controller import ControlSettings
 from millstream.control.registry import Registry
-from millstream.control.statedir import StateDirCleaner, StateDirectory
 from millstream.control.workers import heartbeat, read_assignments
 from millstream.core.lifecycle import State
 from millstream.datastream import DatastreamSpec
@@ -42,8 +41,11 @@ from millstream.errors import (
     StateDirLockedError,
     from_spark_failure,
 )
-from millstream.ingest.runner import DatastreamRunner
-from millstream.sealing.sealer import Sealer, Thresholds
+from millstream.sealing.sealer import Sealer
+from millstream.sealing.thresholds import Thresholds
+from millstream.spark.options import CommitGate
+from millstream.spark.runner import DatastreamRunner
+from millstream.storage.statedir import StateDirCleaner, StateDirectory
 from millstream.supervise import Backoff, LoopStatus, SupervisedLoop, Supervisor
 
 log = logging.getLogger(__name__)
@@ -164,11 +166,9 @@ class Worker:
             log.info("writer %s waits for its state directory: %s", ds, exc)
             return
         w.locked = True
-        gate = {
-            "gateDatastream": ds,
-            "gateWorker": self.id,
-            "gateWorkerTtl": str(self.settings.worker_ttl),
-        }
+        gate = CommitGate(
+            ds, self.id, rec.spec.table_spec().name, worker_ttl=self.settings.worker_ttl
+        )
         runner = DatastreamRunner(
             rec.spec,
             self.catalog,
@@ -272,7 +272,7 @@ class Worker:
             sealer = Sealer(
                 self.catalog,
                 spec.table_name,
-                thresholds=Thresholds(seg.flush_rows, seg.flush_seconds, seg.flush_bytes),
+                thresholds=Thresholds.of(seg),
                 clock=self.clock,
             )
             self.sealers[ds] = sealer

@@ -1,4 +1,5 @@
-"""Worker membership (register, heartbeat) and the stored assignments."""
+"""Worker membership (register, heartbeat) and writing the stored assignments (reading them,
+and the standby commit gate, live in :mod:`millstream.metastore.assignments`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from millstream.clock import Clock
 from millstream.control.leases import check_fence
 from millstream.core.assignment import Placement
 from millstream.metastore import schema as s
+from millstream.metastore.assignments import assignments_in, may_commit, read_assignments
 from millstream.metastore.cas import cas_update
 from millstream.metastore.store import MetadataStore
 
@@ -99,21 +101,6 @@ def list_workers(store: MetadataStore) -> list[WorkerInfo]:
         ]
 
 
-def read_assignments(store: MetadataStore) -> dict[str, Placement]:
-    with store.read() as conn:
-        return _assignments(conn)
-
-
-def _assignments(conn: Connection) -> dict[str, Placement]:
-    out: dict[str, Placement] = {}
-    rows = conn.execute(select(s.assignments).order_by(s.assignments.c.datastream)).mappings()
-    for r in rows:
-        out.setdefault(r["datastream"], []).append((r["worker_id"], r["role"]))
-    for placement in out.values():
-        placement.sort(key=lambda p: (p[1] != "active", p[0]))
-    return out
-
-
 def write_assignments(
     store: MetadataStore, target: dict[str, Placement], *, holder: str, token: int, clock: Clock
 ) -> bool:
@@ -123,7 +110,7 @@ def write_assignments(
     def _txn(conn: Connection) -> bool:
         check_fence(conn, CONTROLLER_LEASE, holder, token, clock.now())
         # A datastream with no live worker has an empty placement, which is stored as no rows.
-        if _assignments(conn) == {k: v for k, v in target.items() if v}:
+        if assignments_in(conn) == {k: v for k, v in target.items() if v}:
             return False
         conn.execute(delete(s.assignments))
         for name, placement in target.items():
@@ -139,21 +126,12 @@ def write_assignments(
     return bool(changed)
 
 
-def may_commit(
-    store: MetadataStore, datastream: str, worker_id: str, *, worker_ttl: float, now: float
-) -> bool:
-    """Whether a standby-mode writer on ``worker_id`` may commit: it is the active, or the
-    active's worker has stopped heartbeating (its lease lapsed). A writer no longer assigned
-    anywhere may not commit."""
-    with store.read() as conn:
-        placement = _assignments(conn).get(datastream, [])
-        roles = dict(placement)
-        if worker_id not in roles:
-            return False
-        if roles[worker_id] == "active":
-            return True
-        active = next((w for w, r in placement if r == "active"), None)
-        if active is None:
-            return True
-        row = conn.execute(select(s.workers).where(s.workers.c.id == active)).mappings().first()
-        return row is None or not _worker(row).alive(now, worker_ttl)
+__all__ = [
+    "CONTROLLER_LEASE",
+    "WorkerInfo",
+    "heartbeat",
+    "list_workers",
+    "may_commit",
+    "read_assignments",
+    "write_assignments",
+]

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from millstream.core.merge import lacks_comparison_value, missing_comparison_error
+from millstream.datastream import dead_letter_spec
 from millstream.spec import (
     ARROW_TYPES,
     OFFSET_COL,
@@ -322,8 +323,6 @@ def _tombstones(
 def dead_letter_rows(dead: list[tuple[int, int, bytes | None, bytes | None, str]]) -> pa.Table:
     """Dead-letter rows with system columns (row identity = the record's partition/offset)."""
     now = datetime.now(UTC)
-    from millstream.datastream import dead_letter_spec
-
     schema = dead_letter_spec("x").arrow_schema(system_columns=True)
     return pa.Table.from_pylist(
         [

@@ -517,5 +517,13 @@ class IndexCache:
         with self._lock:
             self._indexes.pop((where, table, partition), None)
 
+    def clear(self) -> None:
+        """Forget every index (as a process restart would): the next seal loads the
+        partition's checkpoint or rebuilds the index."""
+        with self._lock:
+            self._indexes.clear()
 
+
+#: The cache of this process; a :class:`~millstream.sealing.sealer.Sealer` uses it unless it
+#: is given its own.
 CACHE = IndexCache()

@@ -9,6 +9,7 @@ compacted the same way again). Bad records in the range are already in the dead-
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,9 +26,10 @@ from millstream.errors import (
     NotFoundError,
     SegmentChangedError,
 )
-from millstream.ingest.decode import decode_records
-from millstream.metastore.manifest import replace_entry
+from millstream.ingest.decode import RAW_SCHEMA, decode_records
+from millstream.ingest.sources import spec_reader
 from millstream.metastore.models import Entry, SegmentState
+from millstream.metastore.swaps import replace_entry
 from millstream.sealing.keyindex import comparison_floor_below
 from millstream.storage.deepstore import table_data_prefix
 
@@ -52,11 +54,9 @@ def find_segment(catalog: Catalog, name: str) -> Entry:
 
 def reingest_segment(catalog: Catalog, spec: DatastreamSpec, name: str) -> Entry:
     """Re-read the segment's range from ``spec``'s source and swap the rebuilt file in."""
-    from millstream.ingest.runner import make_reader  # pyspark-backed readers, loaded lazily
-
     entry = find_segment(catalog, name)
     table_spec = catalog.table(entry.table).spec
-    reader = make_reader(spec)
+    reader = spec_reader(spec.source)
     batches = list(reader.read_range(entry.partition, entry.start, entry.end))
     raw = _raw_table(batches)
     rows = decode_records(table_spec, raw).rows
@@ -81,8 +81,6 @@ def reingest_segment(catalog: Catalog, spec: DatastreamSpec, name: str) -> Entry
 
 
 def _raw_table(batches: list[pa.RecordBatch]) -> pa.Table:
-    from millstream.ingest.decode import RAW_SCHEMA
-
     n = sum(b.num_rows for b in batches)
     if not batches or n == 0:
         return RAW_SCHEMA.empty_table()
@@ -141,8 +139,6 @@ class ReingestJobs:
             self.jobs[job.id] = job
 
         def _run() -> None:
-            import time
-
             try:
                 e = reingest_segment(catalog, spec, segment)
                 job.result = {"segment": e.name, "rows": e.row_count, "file": e.file_path}

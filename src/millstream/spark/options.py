@@ -1,12 +1,34 @@
-"""Spark hands data sources their options with lower-cased keys; look them up either way."""
+"""The typed options between the runner, the stream source and the sink.
+
+Spark hands a data source nothing but string options, with lower-cased keys. Every option
+Millstream passes is a field of one of the frozen dataclasses here, written by ``to_options``
+and read back by ``from_options``; no other module reads or writes a Millstream option key.
+
+* :class:`SourceOptions`: which source (kind + config), where to start, the batch budget.
+* :class:`SinkOptions`: the table, the epochs the writer was started at, what to do with bad
+  records, the source the sink reads ranges of, inline sealing.
+* :class:`CommitGate`: in both when a worker runs a writer as one replica of several: a
+  standby commits (and plans past the shard uppers) only when the active is gone.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from millstream.config import Settings
+from millstream.errors import InvalidSpecError
+from millstream.ingest.sources import PartitionReader, reader_for
+from millstream.ingest.sources.base import decode_offsets, encode_offsets
+from millstream.sealing.thresholds import Thresholds
+from millstream.spec import TableSpec
 
 
 class Options(dict[str, str]):
+    """Options looked up case-insensitively (Spark lower-cases the keys it hands over)."""
+
     def __init__(self, raw: Mapping[Any, Any] | None = None) -> None:
         super().__init__({str(k).lower(): str(v) for k, v in dict(raw or {}).items()})
 
@@ -18,3 +40,195 @@ class Options(dict[str, str]):
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and super().__contains__(key.lower())
+
+
+def _json(options: Options, key: str, default: Any) -> Any:
+    raw = options.get(key)
+    if raw in (None, ""):
+        return default
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise InvalidSpecError(key, f"is not valid JSON: {raw[:80]!r}") from None
+
+
+def _int(options: Options, key: str, default: int) -> int:
+    raw = options.get(key)
+    try:
+        return default if raw in (None, "") else int(raw)
+    except ValueError:
+        raise InvalidSpecError(key, f"{raw!r} is not an integer") from None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitGate:
+    """A writer that is one replica of several (standby mode): it may commit only while it is
+    the active or the active's worker has stopped heartbeating. ``table`` is the writer's
+    table, whose shard uppers a standby's source follows."""
+
+    datastream: str
+    worker: str
+    table: str
+    worker_ttl: float = 6.0
+
+    def to_options(self) -> dict[str, str]:
+        return {
+            "gateDatastream": self.datastream,
+            "gateWorker": self.worker,
+            "gateTable": self.table,
+            "gateWorkerTtl": repr(self.worker_ttl),
+        }
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> CommitGate | None:
+        o = Options(options)
+        if not o.get("gateDatastream"):
+            return None
+        if not o.get("gateWorker") or not o.get("gateTable"):
+            raise InvalidSpecError("gateWorker", "a commit gate names its worker and table")
+        return cls(
+            o["gateDatastream"],
+            o["gateWorker"],
+            o["gateTable"],
+            float(o.get("gateWorkerTtl") or 6.0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """The stream source: ``kind`` and ``config`` (see :mod:`millstream.ingest.sources`),
+    ``start_offsets`` (the shard uppers), ``starting_offsets`` (earliest|latest, for a
+    partition with no start), ``max_records_per_batch``, ``tasks`` (Spark tasks per batch),
+    ``ranges_only`` (send range markers only; the sink reads the records itself)."""
+
+    kind: str
+    config: dict[str, Any]
+    max_records_per_batch: int = 100_000
+    starting_offsets: str = "earliest"
+    start_offsets: dict[int, int] = field(default_factory=dict)
+    tasks: int = 2
+    ranges_only: bool = False
+    gate: CommitGate | None = None
+    #: where the gate's metadata store is (with a gate only)
+    settings: Settings | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_records_per_batch < 1:
+            raise InvalidSpecError("max_records_per_batch", "must be at least 1")
+        if self.starting_offsets not in ("earliest", "latest"):
+            raise InvalidSpecError(
+                "startingOffsets", f"{self.starting_offsets!r} is not earliest or latest"
+            )
+        if self.gate is not None and self.settings is None:
+            raise InvalidSpecError("metadataUrl", "a source with a commit gate needs settings")
+
+    def reader(self) -> PartitionReader:
+        return reader_for(self.kind, self.config, start_offsets=self.start_offsets)
+
+    def to_options(self) -> dict[str, str]:
+        out = {
+            "sourceKind": self.kind,
+            "sourceConfig": json.dumps(self.config),
+            "maxRecordsPerBatch": str(self.max_records_per_batch),
+            "startingOffsets": self.starting_offsets,
+            "startOffsets": json.dumps(encode_offsets(self.start_offsets)),
+            "tasks": str(self.tasks),
+            "rangesOnly": str(self.ranges_only).lower(),
+        }
+        if self.gate is not None:
+            assert self.settings is not None
+            out.update(self.gate.to_options(), **self.settings.as_options())
+        return out
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> SourceOptions:
+        o = Options(options)
+        if not o.get("sourceKind"):
+            raise InvalidSpecError("sourceKind", "name the source kind (kafka, files, generator)")
+        gate = CommitGate.from_options(o)
+        return cls(
+            kind=o["sourceKind"],
+            config=_json(o, "sourceConfig", {}),
+            max_records_per_batch=_int(o, "maxRecordsPerBatch", 100_000),
+            starting_offsets=o.get("startingOffsets", "earliest"),
+            start_offsets=decode_offsets(_json(o, "startOffsets", {})),
+            tasks=_int(o, "tasks", 2),
+            ranges_only=o.get("rangesOnly", "false").lower() == "true",
+            gate=gate,
+            settings=Settings.from_options(o) if gate is not None else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SinkOptions:
+    """The segment sink: where (``settings``, ``table_spec``), as which writer (``writer_id``,
+    the shard ``epochs`` it was started at), ``bad_records`` (dead_letter|fail),
+    ``stats_file`` (a JSON-lines commit log), the source whose ranges it reads itself
+    (``source_kind`` / ``source_config``), ``seal_inline`` (``pauseless: false``: seal what
+    is due after every commit) and the standby ``gate``."""
+
+    settings: Settings
+    table_spec: TableSpec
+    writer_id: str
+    epochs: dict[int, int] = field(default_factory=dict)
+    dead_letter_epochs: dict[int, int] = field(default_factory=dict)
+    bad_records: str = "dead_letter"
+    stats_file: str | None = None
+    source_kind: str | None = None
+    source_config: dict[str, Any] | None = None
+    seal_inline: Thresholds | None = None
+    gate: CommitGate | None = None
+
+    def __post_init__(self) -> None:
+        if self.bad_records not in ("dead_letter", "fail"):
+            raise InvalidSpecError("badRecords", f"{self.bad_records!r} is not dead_letter or fail")
+
+    def source_reader(self) -> PartitionReader:
+        if self.source_kind is None:
+            raise InvalidSpecError(
+                "sourceKind",
+                "is required: the source sent range markers for the sink to read; start the "
+                "sink with the source's kind and config",
+            )
+        return reader_for(self.source_kind, self.source_config or {})
+
+    def to_options(self) -> dict[str, str]:
+        out = {
+            **self.settings.as_options(),
+            "table": self.table_spec.name,
+            "tableSpec": json.dumps(self.table_spec.to_json_dict()),
+            "writerId": self.writer_id,
+            "epochs": json.dumps(encode_offsets(self.epochs)),
+            "deadLetterEpochs": json.dumps(encode_offsets(self.dead_letter_epochs)),
+            "badRecords": self.bad_records,
+        }
+        if self.stats_file:
+            out["statsFile"] = self.stats_file
+        if self.source_kind is not None:
+            out["sourceKind"] = self.source_kind
+            out["sourceConfig"] = json.dumps(self.source_config or {})
+        if self.seal_inline is not None:
+            out["sealInline"] = json.dumps(asdict(self.seal_inline))
+        if self.gate is not None:
+            out.update(self.gate.to_options())
+        return out
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> SinkOptions:
+        o = Options(options)
+        if not o.get("tableSpec"):
+            raise InvalidSpecError("tableSpec", "the sink needs the table's spec (JSON)")
+        seal = _json(o, "sealInline", None)
+        return cls(
+            settings=Settings.from_options(o),
+            table_spec=TableSpec.parse(_json(o, "tableSpec", {})),
+            writer_id=o.get("writerId") or "writer",
+            epochs=decode_offsets(_json(o, "epochs", {})),
+            dead_letter_epochs=decode_offsets(_json(o, "deadLetterEpochs", {})),
+            bad_records=o.get("badRecords", "dead_letter"),
+            stats_file=o.get("statsFile") or None,
+            source_kind=o.get("sourceKind") or None,
+            source_config=_json(o, "sourceConfig", None),
+            seal_inline=Thresholds(**seal) if seal is not None else None,
+            gate=CommitGate.from_options(o),
+        )

@@ -17,23 +17,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyspark.errors import StreamingQueryException
+
 from millstream.catalog import Catalog
-from millstream.control.statedir import StateDirectory
-from millstream.datastream import (
-    DatastreamSpec,
-    FilesSource,
-    GeneratorSource,
-    KafkaSource,
-    dead_letter_spec,
-)
+from millstream.datastream import DatastreamSpec, dead_letter_spec
 from millstream.errors import (
     ShardGapError,
     StagedFileExpiredError,
     WriterFencedError,
     from_spark_failure,
 )
-from millstream.ingest.sources.base import encode_offsets
-from millstream.sealing.sealer import Sealer, Thresholds
+from millstream.ingest.sources import config_for, spec_reader
+from millstream.sealing.sealer import Sealer
+from millstream.sealing.thresholds import Thresholds
+from millstream.spark.options import CommitGate, SinkOptions, SourceOptions
+from millstream.spark.sources import FORMAT as SOURCE_FORMAT
+from millstream.spark.table_source import register
+from millstream.storage.statedir import StateDirectory
 from millstream.supervise import Backoff, SupervisedLoop
 
 log = logging.getLogger(__name__)
@@ -47,50 +47,6 @@ class Bootstrap:
     uppers: dict[int, int]
     epochs: dict[int, int]
     dead_letter_epochs: dict[int, int]
-
-
-def source_options(spec: DatastreamSpec) -> tuple[str, dict[str, str]]:
-    """The Spark format name and options of the datastream's source."""
-    src = spec.source
-    opts: dict[str, str] = {
-        "maxRecordsPerBatch": str(spec.max_records_per_batch),
-        "startingOffsets": src.starting_offsets,
-    }
-    if isinstance(src, KafkaSource):
-        opts.update(
-            bootstrap_servers=src.bootstrap_servers,
-            topic=src.topic,
-            clientOptions=json.dumps(src.options),
-        )
-        return "millstream_kafka", opts
-    if isinstance(src, FilesSource):
-        opts["path"] = src.path
-        return "millstream_files", opts
-    assert isinstance(src, GeneratorSource)
-    opts.update(
-        {
-            k: str(v)
-            for k, v in src.model_dump().items()
-            if k not in ("kind", "format", "key_field", "starting_offsets") and v is not None
-        }
-    )
-    return "millstream_generator", opts
-
-
-def make_reader(spec: DatastreamSpec) -> Any:
-    """A driver-side source reader, for latest offsets (lag) without running a query."""
-    fmt, opts = source_options(spec)
-    if fmt == "millstream_kafka":
-        from millstream.ingest.sources.kafka import KafkaStreamReader
-
-        return KafkaStreamReader(opts)
-    if fmt == "millstream_files":
-        from millstream.ingest.sources.files import FilesStreamReader
-
-        return FilesStreamReader(opts)
-    from millstream.ingest.sources.generator import GeneratorStreamReader
-
-    return GeneratorStreamReader(opts)
 
 
 def _read_offsets_file(path: Path) -> dict[int, int] | None:
@@ -176,7 +132,7 @@ class DatastreamRunner:
         *,
         writer_id: str | None = None,
         state_dir: StateDirectory | None = None,
-        commit_gate: dict[str, str] | None = None,
+        commit_gate: CommitGate | None = None,
         background_sealing: bool = False,
     ) -> None:
         self.spec = spec
@@ -190,8 +146,8 @@ class DatastreamRunner:
         self.stats_file = self.state_dir.path / "commits.jsonl"
         self.table_spec = spec.table_spec()
         self.stats = RunStats()
-        #: Sink options that make a standby commit only when the active is gone (workers).
-        self.commit_gate = commit_gate or {}
+        #: Makes a standby commit only when the active is gone (a worker's standby mode).
+        self.commit_gate = commit_gate
         #: Seal on a thread of this process while the query runs (``millstream run``; a worker
         #: seals on its own thread instead). Ignored with ``pauseless: false``.
         self.background_sealing = background_sealing and spec.segments.pauseless
@@ -220,7 +176,7 @@ class DatastreamRunner:
         shard is behind (created late by an older version, or left behind by a gap), its bad
         records are read again; the table's part of that range is a harmless replay (DROP)."""
         table, dl_table = self.table_spec.name, dead_letter_spec(self.table_spec.name).name
-        reader = make_reader(self.spec)
+        reader = spec_reader(self.spec.source)
         latest = reader.latest_offsets()
         fresh = (
             reader.earliest_offsets() if self.spec.source.starting_offsets == "earliest" else latest
@@ -265,8 +221,6 @@ class DatastreamRunner:
     # -- query -----------------------------------------------------------------------------
 
     def start(self, *, available_now: bool) -> Any:
-        from millstream.table.spark_source import register
-
         # The Python sink is looked up through the JVM thread's active session; a runner may
         # start its query from any Python thread (a worker runs several writers).
         self.spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(
@@ -276,44 +230,40 @@ class DatastreamRunner:
         self.ensure_tables()
         boot = self.bootstrap()
         self.prepare_checkpoint(boot)
-        fmt, src_opts = source_options(self.spec)
-        src_opts["startOffsets"] = json.dumps(encode_offsets(boot.uppers))
-        src_opts["tasks"] = str(max(1, int(self.spark.sparkContext.defaultParallelism)))
+        kind, config = config_for(self.spec.source)
+        settings = self.catalog.settings
         # The sink reads each planned range itself; the source sends only the range markers.
-        reader_opts = {k: v for k, v in src_opts.items() if k != "startOffsets"}
-        src_opts["rangesOnly"] = "true"
-        if self.commit_gate:
-            # The standby's source follows the shard uppers while it may not commit.
-            src_opts.update(self.catalog.settings.as_options())
-            src_opts.update(self.commit_gate, gateTable=self.table_spec.name)
-        sink_opts = {
-            **self.catalog.settings.as_options(),
-            "table": self.table_spec.name,
-            "tableSpec": json.dumps(self.table_spec.to_json_dict()),
-            "epochs": json.dumps(encode_offsets(boot.epochs)),
-            "deadLetterEpochs": json.dumps(encode_offsets(boot.dead_letter_epochs)),
-            "writerId": self.writer_id,
-            "badRecords": self.spec.bad_records,
-            "statsFile": str(self.stats_file),
-            "sourceFormat": fmt,
-            "sourceOptions": json.dumps(reader_opts),
-            **self.commit_gate,
-        }
-        if not self.spec.segments.pauseless:
-            seg = self.spec.segments
-            sink_opts["sealInline"] = json.dumps(
-                {
-                    "flush_rows": seg.flush_rows,
-                    "flush_seconds": seg.flush_seconds,
-                    "flush_bytes": seg.flush_bytes,
-                }
-            )
+        # While it may not commit, a standby's source follows the shard uppers.
+        source = SourceOptions(
+            kind,
+            config,
+            max_records_per_batch=self.spec.max_records_per_batch,
+            starting_offsets=self.spec.source.starting_offsets,
+            start_offsets=boot.uppers,
+            tasks=max(1, int(self.spark.sparkContext.defaultParallelism)),
+            ranges_only=True,
+            gate=self.commit_gate,
+            settings=settings if self.commit_gate is not None else None,
+        )
+        sink = SinkOptions(
+            settings=settings,
+            table_spec=self.table_spec,
+            writer_id=self.writer_id,
+            epochs=boot.epochs,
+            dead_letter_epochs=boot.dead_letter_epochs,
+            bad_records=self.spec.bad_records,
+            stats_file=str(self.stats_file),
+            source_kind=kind,
+            source_config=config,
+            seal_inline=None if self.spec.segments.pauseless else Thresholds.of(self.spec.segments),
+            gate=self.commit_gate,
+        )
         writer = (
-            self.spark.readStream.format(fmt)
-            .options(**src_opts)
+            self.spark.readStream.format(SOURCE_FORMAT)
+            .options(**source.to_options())
             .load()
             .writeStream.format("millstream")
-            .options(**sink_opts)
+            .options(**sink.to_options())
             .option("checkpointLocation", str(self.checkpoint))
             .queryName(f"millstream-{self.spec.name}-{self.writer_id}")
         )
@@ -374,7 +324,7 @@ class DatastreamRunner:
         sealer = Sealer(
             self.catalog,
             self.table_spec.name,
-            thresholds=Thresholds(seg.flush_rows, seg.flush_seconds, seg.flush_bytes),
+            thresholds=Thresholds.of(seg),
         )
         try:
             return sealer.seal_what_is_due()
@@ -391,7 +341,7 @@ class DatastreamRunner:
         sealer = Sealer(
             self.catalog,
             self.table_spec.name,
-            thresholds=Thresholds(seg.flush_rows, seg.flush_seconds, seg.flush_bytes),
+            thresholds=Thresholds.of(seg),
         )
         self.sealer = sealer
         self.sealing = SupervisedLoop(
@@ -426,8 +376,6 @@ class DatastreamRunner:
     def _await(
         self, on_tick: Callable[[DatastreamRunner], None] | None, tick: float
     ) -> Exception | None:
-        from pyspark.errors import StreamingQueryException
-
         try:
             while not self.query.awaitTermination(tick):
                 if on_tick is not None:

@@ -1,24 +1,31 @@
-"""The one SparkSession a Millstream process uses, configured for streaming ingestion."""
+"""The one SparkSession builder: every Millstream process (and the test suite) gets its session
+here, configured for streaming ingestion."""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
+
+from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[2]"
 
 
 def spark_session(
-    *, master: str | None = None, app_name: str = "millstream", log_level: str = "ERROR"
+    *,
+    master: str | None = None,
+    app_name: str = "millstream",
+    log_level: str = "ERROR",
+    config: Mapping[str, str] | None = None,
 ) -> Any:
     """Create (or get) the SparkSession. Master: argument, else ``MILLSTREAM_SPARK_MASTER``,
-    else ``local[2]``. Workers run this interpreter (``PYSPARK_PYTHON``)."""
+    else ``local[2]``. Workers run this interpreter (``PYSPARK_PYTHON``). ``config`` adds or
+    overrides Spark settings (the tests pin a warehouse directory)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
     builder = (
         SparkSession.builder.master(
             master or os.environ.get("MILLSTREAM_SPARK_MASTER") or DEFAULT_MASTER
@@ -32,6 +39,8 @@ def spark_session(
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
     )
+    for key, value in (config or {}).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     return spark

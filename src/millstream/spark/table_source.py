@@ -2,7 +2,7 @@
 
 Register it once per SparkSession::
 
-    from millstream.table.spark_source import register
+    from millstream.spark.table_source import register
     register(spark)
     spark.read.format("millstream").load("orders")                    # current rows
     spark.read.format("millstream").option("asOf", 12).load("orders")  # manifest version 12
@@ -28,9 +28,12 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from millstream.catalog import Catalog
 from millstream.config import Settings
 from millstream.errors import InvalidSpecError
-from millstream.options import Options
+from millstream.spark.options import Options, SinkOptions
+from millstream.spark.sink import SegmentSink
+from millstream.spark.sources import StreamSource
 from millstream.spec import TableSpec
 
 SPARK_TYPES = {
@@ -77,8 +80,6 @@ class MillstreamDataSource(DataSource):
         return "millstream"
 
     def schema(self) -> str:
-        from millstream.catalog import Catalog
-
         opts = _options(self.options)
         with Catalog.open(settings=Settings.from_options(opts)) as cat:
             return spark_ddl(cat.table(_table_name(opts)).spec)
@@ -87,9 +88,7 @@ class MillstreamDataSource(DataSource):
         return MillstreamReader(_options(self.options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        from millstream.ingest.sink import SegmentSink
-
-        return SegmentSink(_options(self.options))
+        return SegmentSink(SinkOptions.from_options(self.options))
 
 
 class MillstreamReader(DataSourceReader):
@@ -98,8 +97,6 @@ class MillstreamReader(DataSourceReader):
         self.table = _table_name(options)
 
     def partitions(self) -> list[InputPartition]:
-        from millstream.catalog import Catalog
-
         as_of = self.options.get("asOf")
         with Catalog.open(settings=Settings.from_options(self.options)) as cat:
             if as_of is not None:
@@ -113,8 +110,6 @@ class MillstreamReader(DataSourceReader):
         return [_Snapshot(self.table, version)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        from millstream.catalog import Catalog
-
         assert isinstance(partition, _Snapshot)
         with Catalog.open(settings=Settings.from_options(self.options)) as cat:
             table = cat.read_table(partition.table, as_of=partition.version)
@@ -123,12 +118,8 @@ class MillstreamReader(DataSourceReader):
 
 def register(spark: SparkSession) -> None:
     """Register the ``millstream`` data source (batch reads, streaming sink) and the stream
-    sources ``millstream_kafka``, ``millstream_files``, ``millstream_generator`` (idempotent)."""
-    from millstream.ingest.sources.files import FilesDataSource
-    from millstream.ingest.sources.generator import GeneratorDataSource
-    from millstream.ingest.sources.kafka import KafkaDataSource
-
-    for ds in (MillstreamDataSource, KafkaDataSource, FilesDataSource, GeneratorDataSource):
+    source ``millstream_source`` (idempotent)."""
+    for ds in (MillstreamDataSource, StreamSource):
         spark.dataSource.register(ds)
 
 
@@ -145,8 +136,6 @@ def read_dataframe(
     reader = spark.read.format("millstream").options(**settings.as_options())
     if as_of is not None:
         if not isinstance(as_of, int):
-            from millstream.catalog import Catalog
-
             with Catalog.open(settings=settings) as cat:
                 as_of = cat.manifest(table, as_of=as_of).version
         reader = reader.option("asOf", str(as_of))

@@ -3,7 +3,7 @@
 Paths recorded in the manifest are *relative* to the deep store root, so a deployment can move
 its root without rewriting metadata. A data file is written once under a unique name; it is
 "staged" until a manifest entry references it, and garbage once nothing does (see
-:mod:`millstream.storage.gc`). Both backends go through ``pyarrow.fs``.
+:mod:`millstream.table.gc`). Both backends go through ``pyarrow.fs``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
   idle longer than ``state_cleanup_delay``.
 
 Local state is a cache: even a correct checkpoint is trusted only if it agrees with the shards
-(:func:`millstream.ingest.runner.checkpoint_verdict`).
+(:func:`millstream.spark.runner.checkpoint_verdict`).
 """
 
 from __future__ import annotations

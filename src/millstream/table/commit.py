@@ -39,7 +39,7 @@ from millstream.errors import (
 from millstream.metastore.models import AppendResult, ShardAppend, ShardResult
 from millstream.metastore.store import MetadataStore
 from millstream.storage.deepstore import DeepStore
-from millstream.storage.gc import MAX_STAGED_AGE_SECONDS
+from millstream.table.gc import MAX_STAGED_AGE_SECONDS
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,9 +15,9 @@ from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller
 from millstream.control.registry import Registry
-from millstream.control.statedir import StateDirectory
 from millstream.control.worker import Worker, _Writer
-from millstream.ingest.runner import DatastreamRunner
+from millstream.spark.runner import DatastreamRunner
+from millstream.storage.statedir import StateDirectory
 
 WORKER = "w1"
 ERRORS_ORDERS = 'millstream_background_errors_total{loop="sealer",table="orders",worker="w1"} 1.0'

@@ -16,7 +16,7 @@ from millstream.control.controller import Controller
 from millstream.datastream import DatastreamSpec
 from millstream.errors import SegmentUnavailableError
 from millstream.ingest.decode import RAW_SCHEMA, decode_records
-from millstream.ingest.runner import make_reader
+from millstream.ingest.sources import spec_reader
 from millstream.sealing.reingest import ReingestJob
 from millstream.sealing.sealer import Sealer
 from millstream.table.writer import commit_staged, stage_rows
@@ -38,7 +38,7 @@ def _write_source(source_dir: Path) -> list[tuple[int, int, bytes | None, bytes 
 
 def _ingest(catalog: Catalog, spec: DatastreamSpec, partition: int, lo: int, hi: int) -> None:
     """What the sink does for one batch of one partition (no Spark needed here)."""
-    batches = list(make_reader(spec).read_range(partition, lo, hi))
+    batches = list(spec_reader(spec.source).read_range(partition, lo, hi))
     raw = pa.Table.from_batches(batches).select(["partition", "offset", "key", "value"])
     n = raw.num_rows
     raw = raw.append_column("range_lo", pa.array([lo] * n, pa.int64()))

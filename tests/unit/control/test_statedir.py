@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from millstream.clock import ManualClock
-from millstream.control.statedir import LOCKS, StateDirCleaner, StateDirectory
 from millstream.errors import StateDirLockedError, StateLockNotHeldError
+from millstream.storage.statedir import LOCKS, StateDirCleaner, StateDirectory
 
 DELAY = 600.0
 

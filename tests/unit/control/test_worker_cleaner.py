@@ -9,8 +9,8 @@ from pathlib import Path
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import ControlSettings
-from millstream.control.statedir import StateDirectory
 from millstream.control.worker import Worker
+from millstream.storage.statedir import StateDirectory
 
 
 def test_worker_tick_cleans_idle_unlocked_state_dirs_and_keeps_held_ones(tmp_path: Path) -> None:

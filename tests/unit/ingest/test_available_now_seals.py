@@ -15,8 +15,8 @@ import pytest
 
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
-from millstream.ingest.runner import DatastreamRunner
 from millstream.metastore.models import SegmentState
+from millstream.spark.runner import DatastreamRunner
 from millstream.table.writer import commit_staged, stage_rows
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec, dead_letter_spec
-from millstream.ingest.runner import DatastreamRunner
+from millstream.spark.runner import DatastreamRunner
 
 TABLE = "events"
 DL = dead_letter_spec(TABLE).name

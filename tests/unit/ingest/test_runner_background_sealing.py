@@ -17,9 +17,9 @@ import pytest
 
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
-from millstream.ingest import runner as runner_module
-from millstream.ingest.runner import DatastreamRunner
-from millstream.sealing.sealer import Thresholds
+from millstream.sealing.thresholds import Thresholds
+from millstream.spark import runner as runner_module
+from millstream.spark.runner import DatastreamRunner
 from millstream.supervise import Backoff
 
 #: Bound for something that must happen; never used to order anything.

@@ -139,7 +139,7 @@ def _row(
 
 
 def _setup(tmp_path: Path, engine: str, seed: int, *, affine: bool = True) -> Feed:
-    CACHE._indexes.clear()
+    CACHE.clear()
     cat = Catalog.open(home=tmp_path)
     spec = TableSpec.parse({"name": "t", "schema": SCHEMA, **ENGINES[engine]})
     cat.create_table(spec)
@@ -218,7 +218,7 @@ def test_random_ingest_and_seals_read_equal_to_the_model_with_and_without_delete
             else:
                 assert result.rows_deleted == 0, context  # and there is no key index
         if rnd.random() < 0.15:
-            CACHE._indexes.clear()  # a restart: the next seal loads the checkpoint
+            CACHE.clear()  # a restart: the next seal loads the checkpoint
             sealer = Sealer(feed.cat, "t", checkpoint_seconds=0.0)
         assert feed.read() == feed.model(), context
         assert feed.read(use_delete_vectors=False) == feed.model(), context
@@ -314,14 +314,14 @@ def test_the_key_index_is_loaded_from_its_checkpoint_after_a_restart_and_rebuilt
     assert a.seal_partition(0, force=True) is not None
     assert a.checkpoint_path(0).exists()
     # Restart: a fresh process has no index in memory and loads the checkpoint.
-    CACHE._indexes.clear()
+    CACHE.clear()
     b = Sealer(feed.cat, "t", checkpoint_seconds=3600.0)
     feed.batch(0, 10, keys=[0, 1])
     assert b.seal_partition(0, force=True) is not None
     assert b.index_rebuilds == 0
     # b did not checkpoint (interval not reached): after another restart the checkpoint is
     # one seal behind, so it is not trusted and the index is rebuilt from the segments.
-    CACHE._indexes.clear()
+    CACHE.clear()
     c = Sealer(feed.cat, "t")
     feed.batch(0, 10, keys=[0, 1, 2])
     result = c.seal_partition(0, force=True)
@@ -406,7 +406,7 @@ def test_a_checkpoint_of_an_earlier_table_with_the_same_ids_is_not_trusted(
     s2 = Sealer(second.cat, "t", checkpoint_seconds=0.0)
     assert s2.seal_partition(0, force=True) is not None
     checkpoint.write_bytes(saved)  # the old checkpoint, reflecting the same ids
-    CACHE._indexes.clear()
+    CACHE.clear()
     second.batch(0, 10, keys=list(range(10, 20)))
     s3 = Sealer(second.cat, "t")
     result = s3.seal_partition(0, force=True)

@@ -180,7 +180,7 @@ def test_segments_of_a_partition_never_swap_out_of_order_when_a_build_is_delayed
 
 def test_sealing_is_due_by_rows_bytes_or_age_and_not_before(tmp_path: Path) -> None:
     from millstream.clock import ManualClock
-    from millstream.sealing.sealer import Thresholds
+    from millstream.sealing.thresholds import Thresholds
 
     feed = _setup(tmp_path, "append")
     feed.batch(0, 10)

@@ -1,31 +1,37 @@
 """The ``files`` source: a directory with one subdirectory per partition (named by its number)
 holding JSON-lines files read in name order. Offset = line number across the partition.
 
-Reading is vectorized: a file's line starts are found once with numpy (and cached per process,
-keyed by path, size and modification time), and a range of lines becomes one Arrow binary
-array built straight from the file's bytes, without a Python object per line.
+Reading is vectorized: a file's line starts are found once with numpy (and kept in a
+:class:`LineIndexCache`, keyed by path, size and modification time), and a range of lines
+becomes one Arrow binary array built straight from the file's bytes, without a Python object
+per line.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 
 from millstream.errors import InvalidSpecError, SourceReadError
-from millstream.ingest.sources.base import RAW_DDL, PartitionedStreamReader
-from millstream.options import Options
+from millstream.ingest.sources.base import PartitionReader
 
 CHUNK = 32768
-_INDEX_CACHE = 512  # files whose line index a process keeps
 
-#: (path, size, mtime_ns) -> line bounds: line i is bytes [bounds[i], bounds[i + 1] - 1), the
-#: last one ending at the file's end when it has no trailing newline.
-_INDEXES: OrderedDict[tuple[str, int, int], np.ndarray] = OrderedDict()
+
+@dataclass(frozen=True, slots=True)
+class FilesConfig:
+    path: str
+
+    def __post_init__(self) -> None:
+        if not self.path or not Path(self.path).is_dir():
+            raise InvalidSpecError("source.path", f"{self.path!r} is not a directory")
 
 
 def _line_index(data: np.ndarray) -> np.ndarray:
@@ -37,18 +43,42 @@ def _line_index(data: np.ndarray) -> np.ndarray:
     return np.concatenate(([0], ends)).astype(np.int64)
 
 
-def _index(path: Path) -> np.ndarray:
-    st = path.stat()
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    idx = _INDEXES.get(key)
-    if idx is None:
+class LineIndexCache:
+    """Line bounds of recently read files: ``(path, size, mtime_ns)`` -> bounds, where line i
+    is bytes ``[bounds[i], bounds[i + 1] - 1)`` (the last one ending at the file's end when it
+    has no trailing newline). Least recently used first out; safe to share between threads."""
+
+    def __init__(self, capacity: int = 512) -> None:
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._bounds: OrderedDict[tuple[str, int, int], np.ndarray] = OrderedDict()
+
+    def bounds(self, path: Path) -> np.ndarray:
+        st = path.stat()
+        key = (str(path), st.st_size, st.st_mtime_ns)
+        with self._lock:
+            idx = self._bounds.get(key)
+            if idx is not None:
+                self._bounds.move_to_end(key)
+                return idx
         idx = _line_index(np.frombuffer(path.read_bytes(), dtype=np.uint8))
-        _INDEXES[key] = idx
-        while len(_INDEXES) > _INDEX_CACHE:
-            _INDEXES.popitem(last=False)
-    else:
-        _INDEXES.move_to_end(key)
-    return idx
+        with self._lock:
+            self._bounds[key] = idx
+            while len(self._bounds) > self.capacity:
+                self._bounds.popitem(last=False)
+        return idx
+
+    def clear(self) -> None:
+        with self._lock:
+            self._bounds.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._bounds)
+
+
+#: The cache of this process; a reader uses it unless it is given its own.
+LINE_INDEXES = LineIndexCache()
 
 
 def _lines_batch(
@@ -86,12 +116,35 @@ def _lines_batch(
     )
 
 
-class FilesStreamReader(PartitionedStreamReader):
-    def __init__(self, options: dict[str, str]) -> None:
-        super().__init__(options)
-        self.root = Path(options.get("path", ""))
-        if not options.get("path") or not self.root.is_dir():
-            raise InvalidSpecError("source.path", f"{str(self.root)!r} is not a directory")
+class FilesReader(PartitionReader):
+    kind = "files"
+    Config = FilesConfig
+
+    def __init__(
+        self,
+        config: FilesConfig,
+        *,
+        start_offsets: dict[int, int] | None = None,
+        line_indexes: LineIndexCache | None = None,
+    ) -> None:
+        super().__init__(config, start_offsets=start_offsets)
+        self.root = Path(config.path)
+        self.line_indexes = line_indexes
+
+    @classmethod
+    def config_from_spec(cls, fields: dict[str, Any]) -> FilesConfig:
+        return FilesConfig(fields["path"])
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A reader shipped to another process uses that process's cache.
+        return {**self.__dict__, "line_indexes": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def _index(self, f: Path) -> np.ndarray:
+        cache = self.line_indexes if self.line_indexes is not None else LINE_INDEXES
+        return cache.bounds(f)
 
     def _files(self, partition: int) -> list[Path]:
         d = self.root / str(partition)
@@ -101,9 +154,8 @@ class FilesStreamReader(PartitionedStreamReader):
             else []
         )
 
-    @staticmethod
-    def _count(f: Path) -> int:
-        return len(_index(f)) - 1
+    def _count(self, f: Path) -> int:
+        return len(self._index(f)) - 1
 
     def list_partitions(self) -> list[int]:
         return sorted(int(d.name) for d in self.root.iterdir() if d.is_dir() and d.name.isdigit())
@@ -119,7 +171,7 @@ class FilesStreamReader(PartitionedStreamReader):
         for f in self._files(partition):
             if base >= hi:
                 break
-            idx = _index(f)
+            idx = self._index(f)
             n = len(idx) - 1
             if base + n > lo:
                 start, stop = max(lo - base, 0), min(hi - base, n)
@@ -131,15 +183,3 @@ class FilesStreamReader(PartitionedStreamReader):
                         data = np.frombuffer(fh.read(last - first), dtype=np.uint8)
                         yield _lines_batch(partition, base + i, data, idx[i : j + 1] - first)
             base += n
-
-
-class FilesDataSource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return "millstream_files"
-
-    def schema(self) -> str:
-        return RAW_DDL
-
-    def streamReader(self, schema: object) -> DataSourceStreamReader:
-        return FilesStreamReader(Options(self.options))

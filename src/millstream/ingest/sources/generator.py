@@ -13,12 +13,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 
-from millstream.ingest.sources.base import PartitionedStreamReader, records_batch
-from millstream.options import Options
+from millstream.ingest.sources.base import PartitionReader, records_batch
 
 BLOCK = 1024
 BASE_TIME = datetime(2026, 1, 1, tzinfo=UTC)
@@ -42,18 +41,10 @@ class GeneratorConfig:
     delete_fraction: float = 0.02
     duplicate_fraction: float = 0.02
     malformed_fraction: float = 0.0
-
-    @classmethod
-    def from_options(cls, o: dict[str, str]) -> GeneratorConfig:
-        return cls(
-            seed=int(o.get("seed", 0)),
-            partitions=int(o.get("partitions", 4)),
-            key_cardinality=int(o.get("key_cardinality", 10_000)),
-            update_fraction=float(o.get("update_fraction", 0.3)),
-            delete_fraction=float(o.get("delete_fraction", 0.02)),
-            duplicate_fraction=float(o.get("duplicate_fraction", 0.02)),
-            malformed_fraction=float(o.get("malformed_fraction", 0.0)),
-        )
+    #: rows/s over all partitions (0 = unthrottled)
+    rate: float = 0.0
+    #: rows over all partitions; None = unbounded (1,000,000 when ``rate`` is 0)
+    total: int | None = None
 
 
 def _block(cfg: GeneratorConfig, partition: int, block: int) -> list[tuple[bytes, bytes | None]]:
@@ -118,19 +109,29 @@ def partition_total(total: int | None, partitions: int, partition: int) -> int |
     return total // partitions + (1 if partition < total % partitions else 0)
 
 
-class GeneratorStreamReader(PartitionedStreamReader):
-    """Options: the generator config, ``rate`` (rows/s over all partitions, 0 = unthrottled),
-    ``total`` (rows over all partitions; unbounded if absent)."""
+class GeneratorReader(PartitionReader):
+    """Reads :func:`generate`'s records. With a ``rate``, the latest offsets grow with the time
+    since the reader was created, counted from ``start_offsets``; ``total`` caps them."""
 
-    def __init__(self, options: dict[str, str]) -> None:
-        super().__init__(options)
-        self.cfg = GeneratorConfig.from_options(options)
-        self.rate = float(options.get("rate", 0))
-        total = options.get("total")
-        self.total = int(total) if total not in (None, "", "None") else None
+    kind = "generator"
+    Config = GeneratorConfig
+
+    def __init__(
+        self, config: GeneratorConfig, *, start_offsets: dict[int, int] | None = None
+    ) -> None:
+        super().__init__(config, start_offsets=start_offsets)
+        self.cfg: GeneratorConfig = config
+        self.rate = config.rate
+        self.total = config.total
         if self.rate <= 0 and self.total is None:
             self.total = 1_000_000
         self.t0 = time.time()
+
+    @classmethod
+    def config_from_spec(cls, fields: dict[str, Any]) -> GeneratorConfig:
+        return GeneratorConfig(
+            **{k: fields[k] for k in GeneratorConfig.__dataclass_fields__ if k in fields}
+        )
 
     def list_partitions(self) -> list[int]:
         return list(range(self.cfg.partitions))
@@ -157,17 +158,3 @@ class GeneratorStreamReader(PartitionedStreamReader):
         yield records_batch(
             partition, [r[0] for r in recs], [r[1] for r in recs], [r[2] for r in recs]
         )
-
-
-class GeneratorDataSource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return "millstream_generator"
-
-    def schema(self) -> str:
-        from millstream.ingest.sources.base import RAW_DDL
-
-        return RAW_DDL
-
-    def streamReader(self, schema: object) -> DataSourceStreamReader:
-        return GeneratorStreamReader(Options(self.options))

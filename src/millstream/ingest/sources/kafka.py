@@ -1,96 +1,143 @@
 """The ``kafka`` source: any Kafka-protocol broker through confluent-kafka.
 
-Each Spark task ``assign()``s and ``seek()``s one partition range and reads exactly
-``[lo, hi)``; latest offsets come from the broker's high watermarks. Client options
-(``kafka.<name>`` options, e.g. ``kafka.security.protocol``) are passed through.
+A read ``assign()``s and ``seek()``s one partition range and reads exactly ``[lo, hi)``;
+latest offsets come from the broker's high watermarks. ``client_options`` are passed to the
+client as they are (``security.protocol``, ``sasl.*`` ...).
+
+Consumers are expensive to create (a connection and a metadata round trip), so a process keeps
+them in a :class:`ConsumerPool`. The pool lends each consumer to one caller at a time: a worker
+process runs several writers on threads, and two threads must never ``assign()`` the same
+consumer.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader
+from confluent_kafka import Consumer, TopicPartition
 
 from millstream.errors import InvalidSpecError, SourceReadError
-from millstream.ingest.sources.base import RAW_DDL, PartitionedStreamReader, records_batch
-from millstream.options import Options
+from millstream.ingest.sources.base import PartitionReader, records_batch
 
 CONSUME_BATCH = 10_000
 STALL_TIMEOUT_S = 60.0
-_CONSUMERS: dict[str, Any] = {}  # per worker process, keyed by client config
 
 
-def client_config(options: dict[str, str]) -> dict[str, Any]:
-    servers = options.get("bootstrap_servers") or options.get("bootstrap.servers")
-    if not servers:
-        raise InvalidSpecError("source.bootstrap_servers", "is required for a kafka source")
-    conf: dict[str, Any] = {"bootstrap.servers": servers}
-    conf.update(json.loads(options.get("clientOptions") or "{}"))
-    for k, v in options.items():
-        if k.startswith("kafka."):
-            conf[k.removeprefix("kafka.")] = v
-    return conf
+@dataclass(frozen=True, slots=True)
+class KafkaConfig:
+    bootstrap_servers: str
+    topic: str
+    client_options: dict[str, str] = field(default_factory=dict)
 
-
-def _consumer(conf: dict[str, Any]) -> Any:
-    from confluent_kafka import Consumer
-
-    full = {
-        "group.id": "millstream-reader",
-        "enable.auto.commit": False,
-        "enable.partition.eof": False,
-        "auto.offset.reset": "earliest",
-        "session.timeout.ms": 6000,
-        # A range is read only below the high watermark, so its records exist: a fetch never
-        # needs to wait for data. With librdkafka's default (500 ms) a broker that holds a
-        # fetch until the wait is up (Tansu does) added ~0.5 s per partition range read.
-        "fetch.wait.max.ms": 10,
-        "log.connection.close": False,
-        **conf,
-    }
-    key = json.dumps(full, sort_keys=True)
-    if key not in _CONSUMERS:
-        _CONSUMERS[key] = Consumer(full)
-    return _CONSUMERS[key]
-
-
-def _drop_consumer(consumer: Any) -> None:
-    for key, c in list(_CONSUMERS.items()):
-        if c is consumer:
-            del _CONSUMERS[key]
-            consumer.close()
-
-
-def close_consumers() -> None:
-    """Close this process's cached consumers (before stopping a broker they talk to)."""
-    while _CONSUMERS:
-        _, consumer = _CONSUMERS.popitem()
-        consumer.close()
-
-
-class KafkaStreamReader(PartitionedStreamReader):
-    def __init__(self, options: dict[str, str]) -> None:
-        super().__init__(options)
-        self.topic = options.get("topic") or ""
+    def __post_init__(self) -> None:
+        if not self.bootstrap_servers:
+            raise InvalidSpecError("source.bootstrap_servers", "is required for a kafka source")
         if not self.topic:
             raise InvalidSpecError("source.topic", "is required for a kafka source")
-        self.conf = client_config(options)
 
-    def _tp(self, partition: int, offset: int | None = None) -> Any:
-        from confluent_kafka import TopicPartition
+    def client_config(self) -> dict[str, Any]:
+        return {
+            "group.id": "millstream-reader",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+            # A range is read only below the high watermark, so its records exist: a fetch
+            # never needs to wait for data. With librdkafka's default (500 ms) a broker that
+            # holds a fetch until the wait is up (Tansu does) added ~0.5 s per range read.
+            "fetch.wait.max.ms": 10,
+            "log.connection.close": False,
+            "bootstrap.servers": self.bootstrap_servers,
+            **self.client_options,
+        }
 
-        return (
-            TopicPartition(self.topic, partition)
-            if offset is None
-            else TopicPartition(self.topic, partition, offset)
+
+class ConsumerPool:
+    """Idle consumers per client config; :meth:`lease` lends one to a single caller."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: dict[str, list[Any]] = {}
+
+    @contextmanager
+    def lease(self, conf: dict[str, Any]) -> Iterator[Any]:
+        """A consumer for ``conf``, exclusively the caller's until the block ends. A consumer
+        whose use raised is closed, not returned: it may be stuck retrying a broker that is
+        down."""
+        key = json.dumps(conf, sort_keys=True)
+        with self._lock:
+            idle = self._idle.get(key)
+            consumer = idle.pop() if idle else None
+        if consumer is None:
+            consumer = Consumer(conf)
+        try:
+            yield consumer
+        except BaseException:
+            consumer.close()
+            raise
+        with self._lock:
+            self._idle.setdefault(key, []).append(consumer)
+
+    def close(self) -> None:
+        """Close the idle consumers (before stopping a broker they talk to)."""
+        with self._lock:
+            consumers = [c for idle in self._idle.values() for c in idle]
+            self._idle.clear()
+        for c in consumers:
+            c.close()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(idle) for idle in self._idle.values())
+
+
+#: The pool of this process; a reader uses it unless it is given its own.
+CONSUMERS = ConsumerPool()
+
+
+class KafkaReader(PartitionReader):
+    kind = "kafka"
+    Config = KafkaConfig
+
+    def __init__(
+        self,
+        config: KafkaConfig,
+        *,
+        start_offsets: dict[int, int] | None = None,
+        consumers: ConsumerPool | None = None,
+    ) -> None:
+        super().__init__(config, start_offsets=start_offsets)
+        self.config: KafkaConfig = config
+        self.topic = config.topic
+        self.conf = config.client_config()
+        self.consumers = consumers
+
+    @classmethod
+    def config_from_spec(cls, fields: dict[str, Any]) -> KafkaConfig:
+        return KafkaConfig(
+            fields["bootstrap_servers"], fields["topic"], dict(fields.get("options") or {})
         )
 
-    def list_partitions(self) -> list[int]:
-        md = _consumer(self.conf).list_topics(self.topic, timeout=10)
+    def __getstate__(self) -> dict[str, Any]:
+        # A pool holds live clients: a reader shipped to another process uses that one's.
+        return {**self.__dict__, "consumers": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    @property
+    def _pool(self) -> ConsumerPool:
+        return self.consumers if self.consumers is not None else CONSUMERS
+
+    def _list_partitions(self, c: Any) -> list[int]:
+        md = c.list_topics(self.topic, timeout=10)
         t = md.topics.get(self.topic)
         if t is None or t.error is not None or not t.partitions:
             raise SourceReadError(
@@ -100,15 +147,16 @@ class KafkaStreamReader(PartitionedStreamReader):
             )
         return sorted(t.partitions)
 
+    def list_partitions(self) -> list[int]:
+        with self._pool.lease(self.conf) as c:
+            return self._list_partitions(c)
+
     def _watermarks(self) -> dict[int, tuple[int, int]]:
-        c = _consumer(self.conf)
-        try:
+        with self._pool.lease(self.conf) as c:
             return {
-                p: c.get_watermark_offsets(self._tp(p), timeout=10) for p in self.list_partitions()
+                p: c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)
+                for p in self._list_partitions(c)
             }
-        except Exception:
-            _drop_consumer(c)  # do not keep a client retrying a broker that is down
-            raise
 
     def earliest_offsets(self) -> dict[int, int]:
         return {p: lo for p, (lo, _) in self._watermarks().items()}
@@ -117,63 +165,55 @@ class KafkaStreamReader(PartitionedStreamReader):
         return {p: hi for p, (_, hi) in self._watermarks().items()}
 
     def read_range(self, partition: int, lo: int, hi: int) -> Iterator[pa.RecordBatch]:
-        c = _consumer(self.conf)
-        c.assign([self._tp(partition, lo)])
-        try:
-            last_progress = time.monotonic()
-            position = lo
-            while position < hi:
-                msgs = c.consume(num_messages=min(CONSUME_BATCH, hi - position), timeout=0.5)
-                offsets: list[int] = []
-                keys: list[bytes | None] = []
-                values: list[bytes | None] = []
-                for m in msgs:
-                    if m.error() is not None:
-                        raise SourceReadError(
-                            f"kafka topic {self.topic!r}",
-                            str(m.error()),
-                            partition=partition,
-                            topic=self.topic,
-                        )
-                    o = m.offset()
-                    if o < lo or o >= hi:
-                        position = max(position, o + 1)
-                        continue
-                    offsets.append(o)
-                    keys.append(m.key())
-                    values.append(m.value())
-                if offsets:
-                    position = offsets[-1] + 1
-                    last_progress = time.monotonic()
-                    yield records_batch(partition, offsets, keys, values)
-                elif msgs:
-                    last_progress = time.monotonic()
-                elif c.position([self._tp(partition)])[0].offset >= hi:
-                    break  # the rest of the range is control records (transaction markers)
-                elif time.monotonic() - last_progress > STALL_TIMEOUT_S:
-                    # Offsets below the high watermark that never arrive (compacted, or
-                    # transaction markers at the end): the range holds no more records.
-                    low, high = c.get_watermark_offsets(self._tp(partition), timeout=10)
-                    if position >= low and high >= hi:
-                        break
+        with self._pool.lease(self.conf) as c:
+            c.assign([TopicPartition(self.topic, partition, lo)])
+            try:
+                yield from self._consume(c, partition, lo, hi)
+            finally:
+                c.unassign()
+
+    def _consume(self, c: Any, partition: int, lo: int, hi: int) -> Iterator[pa.RecordBatch]:
+        tp = TopicPartition(self.topic, partition)
+        last_progress = time.monotonic()
+        position = lo
+        while position < hi:
+            msgs = c.consume(num_messages=min(CONSUME_BATCH, hi - position), timeout=0.5)
+            offsets: list[int] = []
+            keys: list[bytes | None] = []
+            values: list[bytes | None] = []
+            for m in msgs:
+                if m.error() is not None:
                     raise SourceReadError(
                         f"kafka topic {self.topic!r}",
-                        f"no progress at offset {position} for {STALL_TIMEOUT_S:.0f}s "
-                        f"(watermarks {low}..{high})",
+                        str(m.error()),
                         partition=partition,
                         topic=self.topic,
                     )
-        finally:
-            c.unassign()
-
-
-class KafkaDataSource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return "millstream_kafka"
-
-    def schema(self) -> str:
-        return RAW_DDL
-
-    def streamReader(self, schema: object) -> DataSourceStreamReader:
-        return KafkaStreamReader(Options(self.options))
+                o = m.offset()
+                if o < lo or o >= hi:
+                    position = max(position, o + 1)
+                    continue
+                offsets.append(o)
+                keys.append(m.key())
+                values.append(m.value())
+            if offsets:
+                position = offsets[-1] + 1
+                last_progress = time.monotonic()
+                yield records_batch(partition, offsets, keys, values)
+            elif msgs:
+                last_progress = time.monotonic()
+            elif c.position([tp])[0].offset >= hi:
+                break  # the rest of the range is control records (transaction markers)
+            elif time.monotonic() - last_progress > STALL_TIMEOUT_S:
+                # Offsets below the high watermark that never arrive (compacted, or
+                # transaction markers at the end): the range holds no more records.
+                low, high = c.get_watermark_offsets(tp, timeout=10)
+                if position >= low and high >= hi:
+                    break
+                raise SourceReadError(
+                    f"kafka topic {self.topic!r}",
+                    f"no progress at offset {position} for {STALL_TIMEOUT_S:.0f}s "
+                    f"(watermarks {low}..{high})",
+                    partition=partition,
+                    topic=self.topic,
+                )

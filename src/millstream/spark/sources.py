@@ -1,0 +1,216 @@
+"""The stream source ``millstream_source``: any :mod:`millstream.ingest.sources` reader behind
+Spark's Python Data Source API (options: :class:`millstream.spark.options.SourceOptions`).
+
+Offsets are ``{partition: offset}`` (JSON keys are strings). Admission control comes from
+``ReadMaxRows(max_records_per_batch)``; ``SupportsTriggerAvailableNow`` pins the target so
+``trigger(availableNow=True)`` still runs in bounded batches. Every planned range
+``[lo, hi)`` of a partition yields one *marker* row besides its records, so the sink learns
+every range, even one with no records (offsets need not be contiguous), and the frontier
+always advances over the whole range.
+
+With ``ranges_only`` the reader yields the markers alone, each flagged with :data:`SELF_READ`
+as its value, and the sink reads every range itself through the same reader. Record data then
+never passes through the JVM: a marker is one small row per range, while records would be
+turned from Arrow into JVM rows and back into Arrow, in a second Python worker per task.
+Ranges are fixed by the batch's offsets, so a replayed batch re-reads exactly the same records.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from millstream.ingest.decode import RAW_SCHEMA
+from millstream.ingest.sources.base import (
+    PartitionReader,
+    decode_offsets,
+    encode_offsets,
+    raw_columns,
+    split_budget,
+)
+from millstream.spark.options import SourceOptions
+
+#: The Spark format name of the stream source.
+FORMAT = "millstream_source"
+
+RAW_DDL = (
+    "partition int, offset bigint, key binary, value binary, "
+    "range_lo bigint, range_hi bigint, is_marker boolean"
+)
+
+#: The value of a marker whose range the sink must read itself (``ranges_only`` sources).
+SELF_READ = b"millstream:read-range"
+
+
+class RangeTask(InputPartition):
+    """One Spark task: ranges ``(partition, lo, hi)`` of one or more stream partitions."""
+
+    def __init__(self, ranges: list[tuple[int, int, int]]) -> None:
+        super().__init__(ranges)
+        self.ranges = ranges
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans offset ranges of a :class:`PartitionReader` and reads them in Spark tasks."""
+
+    def __init__(self, options: SourceOptions, source: PartitionReader | None = None) -> None:
+        self.opts = options
+        self.source = source if source is not None else options.reader()
+        self._target: dict[int, int] | None = None
+        self._gate_store: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The gate's metadata store holds connections; a task never needs it.
+        return {**self.__dict__, "_gate_store": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def _fill_new_partitions(self, start: dict[int, int], latest: dict[int, int]) -> dict[int, int]:
+        missing = [p for p in latest if p not in start]
+        if not missing:
+            return start
+        fresh = (
+            self.source.earliest_offsets() if self.opts.starting_offsets == "earliest" else latest
+        )
+        return {**start, **{p: fresh.get(p, 0) for p in missing}}
+
+    def initialOffset(self) -> dict[str, int]:
+        latest = self.source.latest_offsets()
+        return encode_offsets(self._fill_new_partitions(dict(self.opts.start_offsets), latest))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.opts.max_records_per_batch)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self.source.latest_offsets()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+        begin = decode_offsets(start)
+        latest = self._target if self._target is not None else self.source.latest_offsets()
+        begin = self._fill_new_partitions(begin, latest)
+        latest = {p: max(latest.get(p, o), o) for p, o in begin.items()}
+        if isinstance(limit, ReadAllAvailable):
+            return encode_offsets(self._follow_shards(begin, latest))
+        budget = (
+            limit.max_rows if isinstance(limit, ReadMaxRows) else self.opts.max_records_per_batch
+        )
+        return encode_offsets(self._follow_shards(begin, split_budget(begin, latest, budget)))
+
+    def _follow_shards(self, begin: dict[int, int], end: dict[int, int]) -> dict[int, int]:
+        """A warm standby (a source with a commit gate) that may not commit plans no further
+        than what the active has committed. So it stays warm but never runs ahead of the shard
+        upper, and the first batch it plans once the active is gone starts at the upper and
+        commits directly: no gap, no restart."""
+        gate = self.opts.gate
+        if gate is None:
+            return end
+        # lazy: only a gated (standby) source needs the metadata store; importing SQLAlchemy
+        # in every query's source process would slow every query start by ~0.3 s.
+        from millstream.metastore.assignments import may_commit
+        from millstream.metastore.store import MetadataStore
+
+        if self._gate_store is None:
+            assert self.opts.settings is not None
+            self._gate_store = MetadataStore(self.opts.settings.metadata_url)
+        store = self._gate_store
+        if may_commit(
+            store, gate.datastream, gate.worker, worker_ttl=gate.worker_ttl, now=time.time()
+        ):
+            return end
+        uppers = {sh.partition: sh.upper for sh in store.list_shards(gate.table)}
+        return {p: max(begin.get(p, e), min(e, uppers.get(p, e))) for p, e in end.items()}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        begin, stop = decode_offsets(start), decode_offsets(end)
+        ranges = [
+            (p, begin.get(p, hi), hi) for p, hi in sorted(stop.items()) if hi > begin.get(p, hi)
+        ]
+        n = max(1, min(self.opts.tasks, len(ranges)))
+        buckets: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
+        load = [0] * n
+        for r in sorted(ranges, key=lambda r: r[2] - r[1], reverse=True):
+            i = load.index(min(load))
+            buckets[i].append(r)
+            load[i] += r[2] - r[1]
+        return [RangeTask(sorted(b)) for b in buckets if b]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangeTask)
+        if self.opts.ranges_only:
+            yield markers_batch(partition.ranges)
+            return
+        for p, lo, hi in partition.ranges:
+            for batch in self.source.read_range(p, lo, hi):
+                n = batch.num_rows
+                if n:
+                    yield pa.RecordBatch.from_arrays(
+                        [
+                            *raw_columns(batch),
+                            pa.array(np.full(n, lo, dtype=np.int64)),
+                            pa.array(np.full(n, hi, dtype=np.int64)),
+                            pa.array(np.zeros(n, dtype=bool)),
+                        ],
+                        schema=RAW_SCHEMA,
+                    )
+            yield marker_batch(p, lo, hi)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass
+
+
+class StreamSource(DataSource):
+    """``spark.readStream.format("millstream_source").options(**SourceOptions(...).to_options())``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        return RAW_DDL
+
+    def streamReader(self, schema: object) -> DataSourceStreamReader:
+        return StreamReader(SourceOptions.from_options(self.options))
+
+
+def marker_batch(partition: int, lo: int, hi: int) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([partition], pa.int32()),
+            pa.array([hi], pa.int64()),
+            pa.array([None], pa.binary()),
+            pa.array([None], pa.binary()),
+            pa.array([lo], pa.int64()),
+            pa.array([hi], pa.int64()),
+            pa.array([True], pa.bool_()),
+        ],
+        schema=RAW_SCHEMA,
+    )
+
+
+def markers_batch(ranges: list[tuple[int, int, int]]) -> pa.RecordBatch:
+    """Marker rows for ``ranges`` whose records the sink reads itself (:data:`SELF_READ`)."""
+    n = len(ranges)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([p for p, _, _ in ranges], pa.int32()),
+            pa.array([hi for _, _, hi in ranges], pa.int64()),
+            pa.nulls(n, pa.binary()),
+            pa.array([SELF_READ] * n, pa.binary()),
+            pa.array([lo for _, lo, _ in ranges], pa.int64()),
+            pa.array([hi for _, _, hi in ranges], pa.int64()),
+            pa.array([True] * n, pa.bool_()),
+        ],
+        schema=RAW_SCHEMA,
+    )
