@@ -57,6 +57,7 @@ system-deps:
 lint: venv
 	$(VENV)/bin/ruff check src tests $(wildcard bench)
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 test: venv system-deps lint
 	$(VPY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)

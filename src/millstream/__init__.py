@@ -7,6 +7,7 @@ importing SQLAlchemy and pydantic there for nothing cost about 0.45 s per query 
 
 from __future__ import annotations
 
+import importlib
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,8 +31,6 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'millstream' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
@@ -53,6 +52,7 @@ def read_table(
       ``millstream`` data source (registered on the session if needed).
     """
     if isinstance(table_or_spark, str):
+        # lazy: `import millstream` stays light (see the module docstring)
         from millstream.catalog import Catalog
 
         name = table_or_spark
@@ -60,7 +60,8 @@ def read_table(
             return catalog.read_table(name, as_of=as_of)
         with Catalog.open(home=home) as cat:
             return cat.read_table(name, as_of=as_of)
-    from millstream.table.spark_source import read_dataframe
+    # lazy: `import millstream` stays light (see the module docstring)
+    from millstream.spark.table_source import read_dataframe
 
     if table is None:
         raise TypeError("read_table(spark, table): the table name is missing")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -44,6 +45,7 @@ OutputOpt = Annotated[OutputFormat, typer.Option("--output", "-o", help="text or
 
 
 def _catalog(home: Path | None) -> Any:
+    # lazy: only the command that runs needs it; keeps `millstream --help` fast
     from millstream.catalog import Catalog
 
     return Catalog.open(home=home)
@@ -63,14 +65,16 @@ def run(
     master: Annotated[str | None, typer.Option(help="Spark master (default local[2]).")] = None,
 ) -> None:
     """Ingest one datastream without any service. Ctrl-C stops cleanly."""
+    # lazy: only the command that runs needs it; keeps `millstream --help` fast
     from millstream.datastream import DatastreamSpec
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     with handle_errors(output):
         spec = DatastreamSpec.from_file(file)
+        # lazy: only the command that runs needs it; keeps `millstream --help` fast
         from millstream.cli.progress import ProgressView
-        from millstream.ingest.runner import DatastreamRunner
-        from millstream.ingest.session import spark_session
+        from millstream.spark.runner import DatastreamRunner
+        from millstream.spark.session import spark_session
 
         catalog = _catalog(home)
         spark = spark_session(master=master)
@@ -97,8 +101,6 @@ def run(
                 last = [0.0]
 
                 def tick_plain(r: DatastreamRunner) -> None:
-                    import time
-
                     nonlocal view
                     view = view or ProgressView(r)
                     if output is OutputFormat.text and time.time() - last[0] > 5:
@@ -165,8 +167,9 @@ def query(
 ) -> None:
     """Run Spark SQL over every Millstream table."""
     with handle_errors(output):
-        from millstream.ingest.session import spark_session
-        from millstream.table.spark_source import read_dataframe
+        # lazy: only the command that runs needs it; keeps `millstream --help` fast
+        from millstream.spark.session import spark_session
+        from millstream.spark.table_source import read_dataframe
 
         catalog = _catalog(home)
         spark = spark_session(master=master)
@@ -192,6 +195,7 @@ def demo(
     output: OutputOpt = OutputFormat.text,
 ) -> None:
     """Embedded broker + generator + ingestion + live status + a final check against the model."""
+    # lazy: only the command that runs needs it; keeps `millstream --help` fast
     from millstream.cli.demo import run_demo
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

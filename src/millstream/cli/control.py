@@ -92,6 +92,7 @@ def controller(
     output: OutputOpt = OutputFormat.text,
 ) -> None:
     """Run a controller (leader election, lifecycle, assignment) and serve the REST API."""
+    # lazy: only the command that runs needs it; keeps `millstream --help` fast
     from millstream.api import create_app
     from millstream.api.routes.cluster import public_url
     from millstream.catalog import Catalog
@@ -144,10 +145,11 @@ def worker(
 
     It learns the metadata store and deep store from the controller (GET /settings); a
     PostgreSQL password comes from PGPASSWORD or ~/.pgpass, never from the controller."""
+    # lazy: only the command that runs needs it; keeps `millstream --help` fast
     from millstream.catalog import Catalog
     from millstream.control.controller import ControlSettings
     from millstream.control.worker import Worker
-    from millstream.ingest.session import spark_session
+    from millstream.spark.session import spark_session
 
     _logging()
     with handle_errors(output):
@@ -192,13 +194,14 @@ def up(
 
     The broker is Tansu (Kafka protocol) with its files under HOME/broker. Prints the API URL
     and the broker's bootstrap address; Ctrl-C or SIGTERM stops everything."""
+    # lazy: the API, the catalog, Spark and the broker load only when `millstream up` runs
     from millstream.api import create_app
     from millstream.catalog import Catalog
     from millstream.config import Settings
     from millstream.control.controller import Controller
     from millstream.control.worker import Worker
-    from millstream.ingest.session import spark_session
-    from millstream.testing.servers import TansuBroker
+    from millstream.local.tansu import TansuBroker
+    from millstream.spark.session import spark_session
 
     _logging()
     with handle_errors(output):

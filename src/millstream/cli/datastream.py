@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -296,8 +297,6 @@ def reingest(
 ) -> None:
     """Rebuild a segment whose file is lost or corrupt by re-reading its offset range from the
     source (a job on the controller; 409 if one already runs for that segment)."""
-    import time
-
     with handle_errors(output), ControllerClient(controller, token=token) as client:
         job = client.post(f"/segments/{segment(segment_name)}/reingest")
         while wait and job["state"] == "RUNNING":

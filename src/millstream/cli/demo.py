@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import threading
 import time
@@ -28,6 +29,7 @@ PROBES = 12
 
 
 def _spec(bootstrap: str, seed: int) -> dict[str, Any]:
+    # lazy: only the command that runs needs it; keeps `millstream --help` fast
     from millstream.ingest.sources.generator import ORDERS_SCHEMA
 
     return {
@@ -47,6 +49,7 @@ def _spec(bootstrap: str, seed: int) -> dict[str, Any]:
 
 def produce(bootstrap: str, records: int, seed: int) -> list[RawRecord]:
     """Produce the generator stream; returns what the broker acknowledged, with offsets."""
+    # lazy: only the command that runs needs it; keeps `millstream --help` fast
     from confluent_kafka import Producer
 
     from millstream.ingest.sources.generator import GeneratorConfig, generate
@@ -90,24 +93,24 @@ def produce(bootstrap: str, records: int, seed: int) -> list[RawRecord]:
 
 
 def run_demo(*, home: Path | None, records: int, seed: int, output: OutputFormat) -> bool:
+    # lazy: Kafka, Spark and the broker load only when `millstream demo` runs
     from confluent_kafka import Producer
 
     from millstream.catalog import Catalog
     from millstream.cli.progress import ProgressView
     from millstream.datastream import DatastreamSpec
-    from millstream.ingest.runner import DatastreamRunner
-    from millstream.ingest.session import spark_session
+    from millstream.ingest.sources.kafka import CONSUMERS
+    from millstream.local.tansu import TansuBroker
+    from millstream.spark.runner import DatastreamRunner
+    from millstream.spark.session import spark_session
     from millstream.testing.model import canonical
     from millstream.testing.oracle import expected_table
-    from millstream.testing.servers import TansuBroker
 
     text = output is OutputFormat.text
     say = console.print if text else (lambda *a, **k: None)
     home = (home or Path(".millstream")).resolve()
     demo_home = home / "demo"
     if demo_home.exists():
-        import shutil
-
         shutil.rmtree(demo_home)
     demo_home.mkdir(parents=True)
     broker = TansuBroker(demo_home / "broker")
@@ -237,9 +240,7 @@ def run_demo(*, home: Path | None, records: int, seed: int, output: OutputFormat
             runner.stop()
         if spark is not None:
             spark.stop()
-        from millstream.ingest.sources.kafka import close_consumers
-
-        close_consumers()
+        CONSUMERS.close()
         broker.stop()
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from millstream.errors import (
     EXIT_FAMILIES,
@@ -82,8 +83,6 @@ def _fail(exc: MillstreamError, output: OutputFormat) -> None:
 def table_text(
     rows: list[dict[str, Any]], title: str | None = None, limit: int | None = None
 ) -> None:
-    from rich.table import Table
-
     t = Table(title=title, show_lines=False)
     cols = list(rows[0]) if rows else []
     for c in cols:

@@ -96,6 +96,7 @@ class ServiceGroup:
 
 def serve_api(group: ServiceGroup, app: Any, *, host: str, port: int, timeout: float = 30) -> str:
     """Serve ``app`` with uvicorn in a thread of ``group``; returns its URL once it listens."""
+    # lazy: only the command that runs needs it; keeps `millstream --help` fast
     import uvicorn
 
     server = uvicorn.Server(

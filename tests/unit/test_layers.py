@@ -1,0 +1,119 @@
+"""The layering (docs/design.md, "Layers") is enforced, and nothing dodges it with a lazy import.
+
+* The import-linter contract in pyproject.toml holds for the code as it is, and breaks when an
+  upward import is added (a copy of the package with one probe module proves the contract is
+  live, not vacuous).
+* No ``import`` runs inside a function body in ``src/`` except in the modules that keep start-up
+  fast (the CLI, the package ``__init__``, the stream source that Spark starts per query), and
+  there each block of such imports carries a ``# lazy:`` comment saying why.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SRC = REPO / "src" / "millstream"
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+#: Modules where function-level imports are allowed (each block with a ``# lazy:`` comment).
+LAZY_IMPORT_MODULES = {
+    "__init__.py": "PEP 562 lazy attributes: Spark starts a Python process per query",
+    "cli/*": "the CLI imports Spark, SQLAlchemy and FastAPI only for the commands that use them",
+    "spark/sources.py": "the query's source process loads SQLAlchemy only for a gated standby",
+}
+
+
+def _lint_imports(config: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(config), "--no-cache", "--no-logo"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=config.parent,
+        timeout=120,
+    )
+
+
+def test_the_layering_contract_holds() -> None:
+    result = _lint_imports(REPO / "pyproject.toml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Millstream layers KEPT" in result.stdout
+
+
+def test_an_upward_import_breaks_the_contract(tmp_path: Path) -> None:
+    """The storage layer may not reach up into the control plane: added on purpose, it fails."""
+    shutil.copytree(SRC, tmp_path / "src" / "millstream")
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    probe = tmp_path / "src" / "millstream" / "storage" / "probe.py"
+    probe.write_text("from millstream.control import worker\n")
+    result = _lint_imports(tmp_path / "pyproject.toml", pythonpath=tmp_path / "src")
+    assert result.returncode != 0, result.stdout
+    assert "millstream.storage is not allowed to import millstream.control" in result.stdout
+    assert "millstream.storage.probe -> millstream.control.worker" in result.stdout
+
+
+def _allowed(rel: str) -> bool:
+    return any(
+        rel == pattern or (pattern.endswith("/*") and rel.startswith(pattern[:-1]))
+        for pattern in LAZY_IMPORT_MODULES
+    )
+
+
+def _function_level_imports(path: Path) -> list[tuple[int, bool]]:
+    """(line, has a ``# lazy:`` comment) of every import inside a function body: a comment
+    counts for a block of consecutive imports when it sits on a line just above the block."""
+    lines = path.read_text().splitlines()
+    tree = ast.parse("\n".join(lines))
+    found: list[tuple[int, bool]] = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            line = node.lineno
+            # Walk up over the block's earlier imports and comments to the block's comment.
+            i = line - 2
+            commented = False
+            while i >= 0:
+                text = lines[i].strip()
+                if not text:  # a blank line between import groups (isort) ends no block
+                    i -= 1
+                    continue
+                if text.startswith("#"):
+                    if "lazy:" in text:
+                        commented = True
+                        break
+                elif not (
+                    text.startswith(("import ", "from "))
+                    or text.startswith(")")
+                    or text.endswith(",")
+                    or text.endswith("(")
+                ):
+                    break
+                i -= 1
+            found.append((line, commented))
+    return found
+
+
+def test_no_import_inside_a_function_except_the_documented_lazy_ones() -> None:
+    offenders = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        for line, commented in _function_level_imports(path):
+            if not _allowed(rel):
+                offenders.append(f"src/millstream/{rel}:{line}: import inside a function")
+            elif not commented:
+                offenders.append(
+                    f"src/millstream/{rel}:{line}: lazy import without a '# lazy: why' comment"
+                )
+    assert not offenders, "\n".join(offenders)
