@@ -566,6 +566,48 @@ GUARDS: tuple[Guard, ...] = (
             "tests/scenarios/test_deletes_recreate_keys.py",
         ),
     ),
+    Guard(
+        name="expiry-deletes-only-rows-no-kept-version-sees",
+        file="src/millstream/metastore/expiry.py",
+        what="expire_versions: deletes only entries removed at or before the new floor",
+        old="""\
+                    e.c.table_name == table,
+                    e.c.removed_version.is_not(None),
+                    e.c.removed_version <= floor,
+""",
+        new="""\
+                    e.c.table_name == table,
+""",
+        tests=(
+            "tests/contract/test_contract_retention.py::test_gc_after_expiry_deletes_exactly_"
+            "the_files_no_kept_version_references[sqlite-local]",
+        ),
+    ),
+    Guard(
+        name="expiry-keeps-min-versions",
+        file="src/millstream/metastore/expiry.py",
+        what="expiry_floor: the newest min_versions versions are kept however old",
+        old="    return max(0, min(int(at_window_start), current - min_versions + 1))\n",
+        new="    return max(0, int(at_window_start))\n",
+        tests=(
+            "tests/contract/test_contract_retention.py::test_min_versions_keeps_history_however_"
+            "old[sqlite-local]",
+        ),
+    ),
+    Guard(
+        name="expired-version-read-refused",
+        file="src/millstream/metastore/reads.py",
+        what="resolve_version: a version below the oldest kept one raises VersionExpiredError",
+        old="""\
+        if as_of < oldest:
+            raise VersionExpiredError(info.name, as_of, oldest)
+""",
+        new="",
+        tests=(
+            "tests/contract/test_contract_retention.py::test_expiry_keeps_the_window_and_min_"
+            "versions_and_refuses_reads_below_it[sqlite-local]",
+        ),
+    ),
 )
 
 

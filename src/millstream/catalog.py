@@ -10,6 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 from millstream.config import Settings
+from millstream.errors import SegmentUnavailableError, VersionExpiredError
 from millstream.metastore.models import Manifest, TableInfo
 from millstream.metastore.store import MetadataStore
 from millstream.spec import TableSpec
@@ -66,12 +67,22 @@ class Catalog:
     def read_table(
         self, name: str, *, as_of: AsOf = None, include_system_columns: bool = False
     ) -> pa.Table:
-        """The current rows of ``name`` (or as of a version / point in time), as Arrow."""
-        return read_manifest(
-            self.deep,
-            self.manifest(name, as_of=as_of),
-            include_system_columns=include_system_columns,
-        )
+        """The current rows of ``name`` (or as of a version / point in time), as Arrow.
+
+        A version that expires while it is read (retention) raises
+        :class:`~millstream.errors.VersionExpiredError`, never a partial result."""
+        manifest = self.manifest(name, as_of=as_of)
+        try:
+            return read_manifest(
+                self.deep, manifest, include_system_columns=include_system_columns
+            )
+        except SegmentUnavailableError:
+            # A file of this version is gone: garbage collection after an expiry, or a lost
+            # file. Only the first is the reader's business to be told about.
+            oldest = self.store.oldest_kept_version(name)
+            if manifest.version < oldest:
+                raise VersionExpiredError(name, manifest.version, oldest) from None
+            raise
 
     def close(self) -> None:
         self.store.dispose()

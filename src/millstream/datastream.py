@@ -18,6 +18,7 @@ from millstream.spec import (
     ColumnType,
     MergeMode,
     PartialStrategy,
+    Retention,
     TableSpec,
     _first_error,
     parse_duration,
@@ -96,6 +97,7 @@ class TableSection(_Frozen):
     dedup_ttl: str | None = None
     time_column: str | None = None
     partial: dict[str, PartialStrategy] = Field(default_factory=dict)
+    retention: Retention | None = None
 
 
 class SegmentsSection(_Frozen):

@@ -60,6 +60,26 @@ class TableNotFoundError(NotFoundError):
         super().__init__("table", name)
 
 
+class VersionExpiredError(MillstreamError):
+    """A manifest version (or a point in time) older than the table's retention keeps: its
+    manifest rows were expired and its files may be gone.
+
+    Read a newer version (the error names the oldest kept one), or keep more history
+    (``retention.time`` / ``retention.min_versions`` in the table spec). A read whose version
+    expires while it runs gets this error instead of a partial result.
+    """
+
+    def __init__(self, table: str, version: int | str, oldest: int) -> None:
+        super().__init__(
+            f"version {version} of table {table!r} has expired; the oldest kept is {oldest}",
+            table=table,
+            version=str(version),
+            oldest=oldest,
+        )
+        self.table = table
+        self.oldest = oldest
+
+
 class AlreadyExistsError(MillstreamError):
     """Creating an object whose name is taken (with a different definition).
 
@@ -399,6 +419,7 @@ class SparkQueryError(MillstreamError):
 HTTP_STATUS: dict[type[MillstreamError], int] = {
     InvalidSpecError: 422,
     NotFoundError: 404,
+    VersionExpiredError: 410,
     AlreadyExistsError: 409,
     InvalidTransitionError: 409,
     CommitConflictError: 409,
@@ -429,6 +450,7 @@ HTTP_STATUS: dict[type[MillstreamError], int] = {
 EXIT_CODES: dict[type[MillstreamError], int] = {
     InvalidSpecError: 2,
     NotFoundError: 3,
+    VersionExpiredError: 3,
     AlreadyExistsError: 4,
     InvalidTransitionError: 4,
     CommitConflictError: 5,
@@ -475,7 +497,7 @@ EXIT_FAMILIES: dict[int, str] = {
 }
 
 #: A remote error whose name is not in the tree exits by its HTTP status.
-HTTP_EXIT_CODES: dict[int, int] = {401: 2, 404: 3, 409: 4, 413: 2, 422: 2, 503: 6}
+HTTP_EXIT_CODES: dict[int, int] = {401: 2, 404: 3, 409: 4, 410: 3, 413: 2, 422: 2, 503: 6}
 
 
 def _subclasses(cls: type[MillstreamError]) -> list[type[MillstreamError]]:

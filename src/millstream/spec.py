@@ -67,6 +67,34 @@ def validate_table_name(name: str, *, field: str = "table.name") -> str:
     return name
 
 
+class Retention(BaseModel):
+    """How much history a table keeps for time travel. A manifest version expires when it
+    stopped being current more than ``time`` ago AND at least ``min_versions`` newer versions
+    exist; expiry removes its manifest rows and makes the files only it used collectable.
+    Unlike the rest of a table's spec, retention may change: re-creating the table (or its
+    datastream) with another retention updates it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    time: str = Field(default="24h", description="Time travel window, like 30m, 24h or 7d.")
+    min_versions: int = Field(default=10, ge=1, description="Versions always kept.")
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, v: str) -> str:
+        d = parse_duration(v, field="table.retention.time")
+        assert d is not None
+        if d.total_seconds() <= 0:
+            raise InvalidSpecError("table.retention.time", "must be positive")
+        return v
+
+    @property
+    def seconds(self) -> float:
+        d = parse_duration(self.time, field="table.retention.time")
+        assert d is not None
+        return d.total_seconds()
+
+
 class TableSpec(BaseModel):
     """What a table is. Frozen: a table's definition never changes under a running writer."""
 
@@ -94,6 +122,9 @@ class TableSpec(BaseModel):
     partial: dict[str, PartialStrategy] = Field(
         default_factory=dict,
         description="partial only: column -> strategy; unlisted columns use ignore_null.",
+    )
+    retention: Retention = Field(
+        default_factory=Retention, description="History kept for time travel (may change)."
     )
 
     @field_validator("name")
@@ -159,6 +190,10 @@ class TableSpec(BaseModel):
     @property
     def ttl(self) -> timedelta | None:
         return parse_duration(self.dedup_ttl, field="table.dedup_ttl")
+
+    def same_table(self, other: TableSpec) -> bool:
+        """The same table definition, retention aside (the one part that may change)."""
+        return self.model_copy(update={"retention": other.retention}) == other
 
     def strategy(self, column: str) -> PartialStrategy:
         return self.partial.get(column, "ignore_null")

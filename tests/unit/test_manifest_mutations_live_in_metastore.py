@@ -26,7 +26,8 @@ MUTATING_MODULES = {
     "metastore/swaps.py": "swap a seal's or a re-ingestion's file in",
     "metastore/append.py": "compare-and-append (a writer's commit)",
     "metastore/shards.py": "bootstrap missing shards",
-    "metastore/tables.py": "create a table",
+    "metastore/tables.py": "create a table, change its retention",
+    "metastore/expiry.py": "expire versions retention no longer keeps",
     "metastore/rollback.py": "roll a partition back (through remove_segments)",
 }
 #: The mutations ``manifest.py`` offers other code inside a transaction: calling one is

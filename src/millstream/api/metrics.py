@@ -81,6 +81,26 @@ class MillstreamCollector:
                 "(last error, failures in a row, last success) is in /tables/{t}/debugInfo.",
                 labels=["loop", "table", "worker"],
             ),
+            CounterMetricFamily(
+                "millstream_maintenance_files_removed",
+                "Unreferenced data files a worker's maintenance deleted (after expiry).",
+                labels=["table", "worker"],
+            ),
+            CounterMetricFamily(
+                "millstream_maintenance_bytes_removed",
+                "Bytes of the data files a worker's maintenance deleted.",
+                labels=["table", "worker"],
+            ),
+            CounterMetricFamily(
+                "millstream_maintenance_versions_expired",
+                "Manifest versions a worker's maintenance expired (retention).",
+                labels=["table", "worker"],
+            ),
+            GaugeMetricFamily(
+                "millstream_maintenance_last_run_timestamp_seconds",
+                "When a worker last maintained the table (expiry + GC).",
+                labels=["table", "worker"],
+            ),
         )
 
     def collect(self) -> Iterator[Any]:
@@ -98,6 +118,10 @@ class MillstreamCollector:
             seal_s,
             pauseless,
             background_errors,
+            files_removed,
+            bytes_removed,
+            versions_expired,
+            last_maintained,
         ) = self._families()
         records = ctx.registry.list()
         live = [r for r in records if r.state not in _NO_TABLE]
@@ -143,6 +167,12 @@ class MillstreamCollector:
                 background_errors.add_metric(
                     [str(loop["loop"]), str(loop.get("table") or ""), w.id], int(loop["errors"])
                 )
+            for table, m in (w.info.get("maintenance") or {}).items():
+                files_removed.add_metric([table, w.id], int(m["files_removed"]))
+                bytes_removed.add_metric([table, w.id], int(m["bytes_removed"]))
+                versions_expired.add_metric([table, w.id], int(m["versions_expired"]))
+                if m.get("last_run_at") is not None:
+                    last_maintained.add_metric([table, w.id], float(m["last_run_at"]))
         yield from (
             delay,
             lag,
@@ -155,6 +185,10 @@ class MillstreamCollector:
             seal_s,
             pauseless,
             background_errors,
+            files_removed,
+            bytes_removed,
+            versions_expired,
+            last_maintained,
         )
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.live import Live
 
-from millstream.cli import control, datastream
+from millstream.cli import control, datastream, table
 from millstream.cli.output import (
     OutputFormat,
     console,
@@ -207,6 +207,7 @@ def demo(
 
 control.register(app)
 app.add_typer(datastream.app, name="datastream")
+app.add_typer(table.app, name="table")
 app.command("segments", epilog=datastream.EXIT_CODES_HELP)(datastream.segments)
 app.command("rollback", epilog=datastream.EXIT_CODES_HELP)(datastream.rollback)
 app.command("reingest", epilog=datastream.EXIT_CODES_HELP)(datastream.reingest)

@@ -37,6 +37,7 @@ from millstream.core.assignment import assign
 from millstream.core.lifecycle import ASSIGNED_STATES, State
 from millstream.datastream import dead_letter_spec
 from millstream.errors import LeaseLostError, MillstreamError
+from millstream.table.gc import DEFAULT_GRACE_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,11 @@ class ControlSettings:
     tick_seconds: float = 0.5
     #: A worker deletes state directories nobody holds that were idle longer than this.
     state_cleanup_delay: float = 600.0
+    #: Seconds between two maintenance runs (expiry + GC) of a table, +-20% jitter.
+    maintenance_interval: float = 600.0
+    #: GC deletes unreferenced files only once they are older than this (a writer's staged
+    #: files are unreferenced until its commit, which refuses files older than half of it).
+    gc_grace_seconds: float = DEFAULT_GRACE_SECONDS
 
 
 class Controller:

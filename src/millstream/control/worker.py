@@ -31,10 +31,11 @@ from typing import Any
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control.controller import ControlSettings
+from millstream.control.maintenance import Maintainer
 from millstream.control.registry import Registry
 from millstream.control.workers import heartbeat, read_assignments
 from millstream.core.lifecycle import State
-from millstream.datastream import DatastreamSpec
+from millstream.datastream import DatastreamSpec, dead_letter_spec
 from millstream.errors import (
     BadRecordError,
     MillstreamError,
@@ -102,6 +103,13 @@ class Worker:
         self.seal_backoff = Backoff(base=5.0, cap=300.0)
         #: One supervisor per datastream's table sealing pass, inside the one sealing thread.
         self.seal_supervisors: dict[str, Supervisor] = {}
+        #: Expiry and GC of the tables this worker writes actively (on the sealing thread).
+        self.maintainer = Maintainer(
+            catalog,
+            interval=self.settings.maintenance_interval,
+            grace_seconds=self.settings.gc_grace_seconds,
+            clock=clock,
+        )
         self.seal_loop = SupervisedLoop(
             "sealer", self.seal, interval=self.settings.tick_seconds * 2, clock=clock
         )
@@ -239,6 +247,7 @@ class Worker:
                 "writers": writers,
                 "commit_conflicts": self.catalog.store.conflicts,
                 "sealing": self.sealing_status(),
+                "maintenance": self.maintainer.status(),
                 "loops": [s.to_dict() for s in self.loop_statuses()],
                 "lost_races": lost_races,
             },
@@ -264,6 +273,13 @@ class Worker:
                 self.seal_supervisors[ds] = supervisor
             if supervisor.due():
                 supervisor.attempt(self._seal_table, ds, spec)
+        self.maintainer.run_due(
+            {
+                ds: [w.runner.spec.table_name, dead_letter_spec(w.runner.spec.table_name).name]
+                for ds, w in list(self.writers.items())
+                if w.role == "active" and w.running and w.runner is not None
+            }
+        )
 
     def _seal_table(self, ds: str, spec: DatastreamSpec) -> None:
         sealer = self.sealers.get(ds)
@@ -297,6 +313,7 @@ class Worker:
         return [
             self.seal_loop.status(),
             *(s.status(alive=alive) for _, s in sorted(self.seal_supervisors.items())),
+            *self.maintainer.loop_statuses(alive=alive),
         ]
 
     # -- loop ------------------------------------------------------------------------------

@@ -24,6 +24,11 @@ roll back              the segments to remove are live; the shard unchanged sinc
                        (:func:`remove_segments`, planned by :mod:`.rollback`)
 publish a version      the table row unchanged since read (every change above ends here,
                        :func:`publish_version`)
+expire versions        the table row unchanged since read; only rows removed at or before
+                       the new floor are deleted, each delete's row count checked
+                       (:mod:`.expiry`)
+change retention       the table row unchanged since read; the rest of the spec equal
+                       (:mod:`.tables`)
 =====================  ==============================================================
 
 A lost compare-and-set raises :class:`CommitConflictError` and the store retries the whole

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, or_, select
 
-from millstream.errors import InvalidSpecError
+from millstream.errors import InvalidSpecError, VersionExpiredError
 from millstream.metastore import schema as s
 from millstream.metastore.models import DeleteVector, Entry, Manifest, SegmentState, TableInfo
 
@@ -136,12 +136,15 @@ def resolve_version(conn: Connection, info: TableInfo, as_of: int | float | date
         return info.manifest_version
     if isinstance(as_of, bool):
         raise InvalidSpecError("as_of", "must be a version number or a point in time")
+    oldest = oldest_kept_version(conn, info.name)
     if isinstance(as_of, int):
         if not 0 <= as_of <= info.manifest_version:
             raise InvalidSpecError(
                 "as_of",
                 f"table {info.name!r} has versions 0..{info.manifest_version}, not {as_of}",
             )
+        if as_of < oldest:
+            raise VersionExpiredError(info.name, as_of, oldest)
         return as_of
     ts = as_of.timestamp() if isinstance(as_of, datetime) else float(as_of)
     row = conn.execute(
@@ -153,8 +156,20 @@ def resolve_version(conn: Connection, info: TableInfo, as_of: int | float | date
         )
     ).first()
     if row is None or row[0] is None:
+        if oldest > 0:  # the versions current at that time expired
+            raise VersionExpiredError(info.name, f"as of {as_of}", oldest)
         raise InvalidSpecError("as_of", f"table {info.name!r} did not exist at {as_of}")
     return int(row[0])
+
+
+def oldest_kept_version(conn: Connection, table: str) -> int:
+    """The oldest manifest version ``table`` keeps (0 until retention expired any)."""
+    v = conn.execute(
+        select(func.min(s.table_versions.c.manifest_version)).where(
+            s.table_versions.c.table_name == table
+        )
+    ).scalar()
+    return int(v or 0)
 
 
 def referenced_files(conn: Connection, table: str) -> set[str]:

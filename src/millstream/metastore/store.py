@@ -185,6 +185,11 @@ class MetadataStore:
             assert info is not None
             return reads.manifest_at(conn, info, reads.resolve_version(conn, info, as_of))
 
+    def oldest_kept_version(self, table: str) -> int:
+        """The oldest manifest version ``table`` keeps (retention expires older ones)."""
+        with self.read() as conn:
+            return reads.oldest_kept_version(conn, table)
+
     def referenced_files(self, table: str) -> set[str]:
         """Every data file any entry or delete vector of ``table`` references (removed ones
         included: time travel may still read them)."""

@@ -8,6 +8,7 @@ from sqlalchemy import Connection, insert, select
 
 from millstream.errors import AlreadyExistsError, TableNotFoundError
 from millstream.metastore import schema as s
+from millstream.metastore.cas import cas_update
 from millstream.metastore.models import TableInfo
 from millstream.spec import TableSpec, validate_table_name
 
@@ -22,9 +23,20 @@ def create_table(store: MetadataStore, spec: TableSpec, *, exist_ok: bool) -> Ta
     def _create(conn: Connection) -> TableInfo:
         existing = find_table(conn, spec.name, missing_ok=True)
         if existing is not None:
-            if exist_ok and existing.spec == spec:
+            if not (exist_ok and existing.spec.same_table(spec)):
+                raise AlreadyExistsError("table", spec.name)
+            if existing.spec.retention == spec.retention:
                 return existing
-            raise AlreadyExistsError("table", spec.name)
+            # Retention is the one part of a table's spec that may change (compare-and-set on
+            # the table row, so a concurrent commit retries on the new row).
+            row_version = cas_update(
+                conn,
+                s.tables,
+                {"name": spec.name},
+                existing.version,
+                {"spec": spec.to_json_dict()},
+            )
+            return TableInfo(spec, existing.manifest_version, existing.created_at, row_version)
         now = store.clock.now()
         conn.execute(
             insert(s.tables).values(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.metastore.store import MetadataStore
-from millstream.storage.deepstore import DeepStore, table_data_prefix
+from millstream.storage.deepstore import DeepStore, StoredFile, table_data_prefix
 
 DEFAULT_GRACE_SECONDS = 3600.0
 #: A commit refuses staged files older than this (``millstream.table.commit``), so garbage
@@ -21,11 +21,29 @@ def collect_garbage(
     clock: Clock = SYSTEM_CLOCK,
     dry_run: bool = False,
 ) -> list[str]:
+    return [
+        f.path
+        for f in collect_garbage_files(
+            store, deep, table, grace_seconds=grace_seconds, clock=clock, dry_run=dry_run
+        )
+    ]
+
+
+def collect_garbage_files(
+    store: MetadataStore,
+    deep: DeepStore,
+    table: str,
+    *,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    clock: Clock = SYSTEM_CLOCK,
+    dry_run: bool = False,
+) -> list[StoredFile]:
     """Delete staged files of ``table`` that no entry references and that are older than the
     grace period. A file a writer has staged but not yet committed is unreferenced, too, so the
     grace period must exceed :data:`MAX_STAGED_AGE_SECONDS`, the oldest staged file a commit
     accepts (a shorter one is for tests that know no writer is running). Returns the paths
-    removed (or that would be, with ``dry_run``).
+    removed (or that would be, with ``dry_run``); :func:`collect_garbage_files` returns them
+    with their sizes.
     """
     store.get_table(table)  # raises TableNotFoundError
     # List files before reading references: a file committed in between is then referenced.
@@ -33,11 +51,11 @@ def collect_garbage(
     referenced = store.referenced_files(table)
     cutoff = clock.now() - grace_seconds
     doomed = [
-        f.path
+        f
         for f in files
         if f.path not in referenced and f.mtime is not None and f.mtime.timestamp() < cutoff
     ]
     if not dry_run:
-        for path in doomed:
-            deep.delete(path)
+        for f in doomed:
+            deep.delete(f.path)
     return doomed

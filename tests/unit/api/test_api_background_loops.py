@@ -91,3 +91,36 @@ def test_a_failing_sealing_pass_backs_off_its_table_only_and_is_shown_in_metrics
     assert recovered["last_success_at"] == clock.now() and recovered["next_attempt_at"] is None
     # A counter: recovering does not reset it.
     assert ERRORS_ORDERS in api.get("/metrics").text
+
+
+def test_a_workers_table_maintenance_runs_on_its_sealing_thread_and_is_in_the_metrics(
+    api: TestClient,
+    controller: Controller,
+    catalog: Catalog,
+    clock: ManualClock,
+    source_dir: Path,
+    tmp_path: Path,
+    running: threading.Event,
+) -> None:
+    assert api.post("/datastreams", json=spec_body("payments", source_dir)).status_code == 201
+    controller.tick()
+    worker = Worker(catalog, None, worker_id=WORKER, clock=clock, state_root=tmp_path / "state")
+    add_running_writer(worker, catalog, "payments", tmp_path / "state", running)
+
+    worker.seal()  # the first sight schedules maintenance one jittered interval later
+    clock.advance(worker.settings.maintenance_interval * 1.2 + 1)
+    worker.seal()
+    worker._heartbeat()
+
+    text = api.get("/metrics").text
+    for table in ("payments", "payments__dead_letter"):
+        labels = f'{{table="{table}",worker="w1"}}'
+        assert f"millstream_maintenance_versions_expired_total{labels} 0.0" in text
+        assert f"millstream_maintenance_files_removed_total{labels} 0.0" in text
+        assert (
+            f"millstream_maintenance_last_run_timestamp_seconds{labels} {clock.now():.9e}" in text
+        )
+    assert (
+        'millstream_background_errors_total{loop="maintainer",table="payments",worker="w1"} 0.0'
+        in text
+    )

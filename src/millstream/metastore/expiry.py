@@ -1,0 +1,189 @@
+"""Expiring old manifest versions (the table's ``retention``): the history a table keeps is
+bounded by its retention window, not by its age.
+
+A version ``v`` is kept while it is one of the newest ``retention.min_versions`` or was still
+current at some moment inside the window ``[now - retention.time, now]``. So the oldest kept
+version (the *floor*) is the lower of:
+
+* the version that was current at the window's start (time travel to any instant inside the
+  window resolves to it or a newer one), and
+* ``current - min_versions + 1``.
+
+Expiring removes, in one transaction, the version rows below the floor and every entry and
+delete vector that no kept version can see (removed at or before the floor: a row is visible
+in versions ``added_version <= v < removed_version``). Their files are then referenced by
+nothing and garbage collection may delete them after its grace period. Reads below the floor
+raise :class:`~millstream.errors.VersionExpiredError`.
+
+The transaction is a compare-and-set on the table row (a concurrent commit or a second expiry
+makes it retry from a fresh read) and every delete checks its row count; rows to delete are
+removed rows, which nothing changes again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Connection, delete, func, select
+
+from millstream.errors import CommitConflictError
+from millstream.metastore import schema as s
+from millstream.metastore.cas import cas_update
+from millstream.metastore.reads import oldest_kept_version
+from millstream.metastore.tables import find_table
+
+if TYPE_CHECKING:
+    from millstream.metastore.store import MetadataStore
+
+
+@dataclass(frozen=True, slots=True)
+class Expiry:
+    """What an expiry removed (or would remove, in a dry run)."""
+
+    table: str
+    #: the oldest version kept before and after
+    floor_before: int
+    floor: int
+    versions: int = 0
+    entries: int = 0
+    delete_vectors: int = 0
+    #: files that only expired rows referenced (garbage collection may now delete them)
+    released_files: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "table": self.table,
+            "floor_before": self.floor_before,
+            "floor": self.floor,
+            "versions": self.versions,
+            "entries": self.entries,
+            "delete_vectors": self.delete_vectors,
+            "released_files": len(self.released_files),
+        }
+
+
+def expiry_floor(
+    conn: Connection, table: str, current: int, *, now: float, seconds: float, min_versions: int
+) -> int:
+    """The oldest version to keep under a retention of ``seconds`` and ``min_versions``."""
+    at_window_start = conn.execute(
+        select(func.max(s.table_versions.c.manifest_version)).where(
+            s.table_versions.c.table_name == table,
+            s.table_versions.c.committed_at <= now - seconds,
+        )
+    ).scalar()
+    if at_window_start is None:
+        return oldest_kept_version(conn, table)  # every kept version is inside the window
+    return max(0, min(int(at_window_start), current - min_versions + 1))
+
+
+def _delete_counted(conn: Connection, stmt: object, expected: int, what: str) -> None:
+    n = conn.execute(stmt).rowcount  # type: ignore[call-overload]
+    if n != expected:
+        raise CommitConflictError(
+            f"expiry deleted {n} {what} rows, expected {expected}; refresh and retry",
+            table=what,
+            expected=expected,
+        )
+
+
+def expire_versions(
+    store: MetadataStore, table: str, *, now: float, dry_run: bool = False
+) -> Expiry:
+    """Expire the versions of ``table`` its retention no longer keeps (see the module doc)."""
+
+    def _txn(conn: Connection) -> Expiry:
+        info = find_table(conn, table, for_update=True)
+        assert info is not None
+        retention = info.spec.retention
+        before = oldest_kept_version(conn, table)
+        floor = expiry_floor(
+            conn,
+            table,
+            info.manifest_version,
+            now=now,
+            seconds=retention.seconds,
+            min_versions=retention.min_versions,
+        )
+        if floor <= before:
+            return Expiry(table, before, before)
+        e, dv, tv = s.entries, s.delete_vectors, s.table_versions
+        gone_e = [
+            (r[0], r[1])
+            for r in conn.execute(
+                select(e.c.id, e.c.file_path).where(
+                    e.c.table_name == table,
+                    e.c.removed_version.is_not(None),
+                    e.c.removed_version <= floor,
+                )
+            )
+        ]
+        gone_dv = [
+            (r[0], r[1])
+            for r in conn.execute(
+                select(dv.c.id, dv.c.file_path).where(
+                    dv.c.table_name == table,
+                    dv.c.removed_version.is_not(None),
+                    dv.c.removed_version <= floor,
+                )
+            )
+        ]
+        n_versions = conn.execute(
+            select(func.count()).where(tv.c.table_name == table, tv.c.manifest_version < floor)
+        ).scalar_one()
+        gone_ids = {i for i, _ in gone_e}
+        gone_dv_ids = {i for i, _ in gone_dv}
+        remaining = {
+            r[1]
+            for r in conn.execute(
+                select(e.c.id, e.c.file_path).where(
+                    e.c.table_name == table, e.c.file_path.is_not(None)
+                )
+            )
+            if r[0] not in gone_ids
+        } | {
+            r[1]
+            for r in conn.execute(select(dv.c.id, dv.c.file_path).where(dv.c.table_name == table))
+            if r[0] not in gone_dv_ids
+        }
+        released = tuple(
+            sorted(({p for _, p in gone_e if p} | {p for _, p in gone_dv}) - remaining)
+        )
+        result = Expiry(
+            table,
+            before,
+            floor,
+            versions=int(n_versions),
+            entries=len(gone_e),
+            delete_vectors=len(gone_dv),
+            released_files=released,
+        )
+        if dry_run:
+            return result
+        # The table row is the lock: a commit or another expiry in between makes this retry.
+        cas_update(conn, s.tables, {"name": table}, info.version, {})
+        if gone_e:
+            _delete_counted(
+                conn,
+                delete(e).where(e.c.id.in_(gone_ids), e.c.removed_version <= floor),
+                len(gone_ids),
+                "ms_entries",
+            )
+        if gone_dv:
+            _delete_counted(
+                conn,
+                delete(dv).where(dv.c.id.in_(gone_dv_ids), dv.c.removed_version <= floor),
+                len(gone_dv_ids),
+                "ms_delete_vectors",
+            )
+        _delete_counted(
+            conn,
+            delete(tv).where(tv.c.table_name == table, tv.c.manifest_version < floor),
+            int(n_versions),
+            "ms_table_versions",
+        )
+        return result
+
+    result, _ = store.retrying(_txn)
+    return result  # type: ignore[no-any-return]

@@ -1,0 +1,75 @@
+"""Table maintenance: expire the history retention no longer keeps, then collect the files
+nothing references any more. What ``millstream table maintain`` runs (and, on a schedule, the
+controller's leader)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from millstream.clock import SYSTEM_CLOCK, Clock
+from millstream.metastore.expiry import Expiry, expire_versions
+from millstream.metastore.store import MetadataStore
+from millstream.storage.deepstore import DeepStore
+from millstream.table.gc import DEFAULT_GRACE_SECONDS, collect_garbage_files
+
+
+@dataclass(frozen=True, slots=True)
+class Maintenance:
+    """One table's maintenance: the expiry, then the files removed (or, in a dry run, those
+    that would be: already collectable ones; files the expiry would release become
+    collectable only after it ran and after the grace period)."""
+
+    table: str
+    dry_run: bool
+    expiry: Expiry
+    files_removed: tuple[str, ...]
+    bytes_removed: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "table": self.table,
+            "dry_run": self.dry_run,
+            "expired": self.expiry.to_dict(),
+            "files_removed": len(self.files_removed),
+            "bytes_removed": self.bytes_removed,
+        }
+
+    def describe(self) -> str:
+        e = self.expiry
+        verb = "would expire" if self.dry_run else "expired"
+        gone = "would remove" if self.dry_run else "removed"
+        history = (
+            f"{verb} versions {e.floor_before}..{e.floor - 1} ({e.versions} versions, "
+            f"{e.entries} entries, {e.delete_vectors} delete vectors; "
+            f"{len(e.released_files)} files released)"
+            if e.floor > e.floor_before
+            else f"nothing to expire (oldest kept version {e.floor})"
+        )
+        return (
+            f"{self.table}: {history}; {gone} {len(self.files_removed)} unreferenced files "
+            f"({self.bytes_removed} bytes)"
+        )
+
+
+def maintain(
+    store: MetadataStore,
+    deep: DeepStore,
+    table: str,
+    *,
+    dry_run: bool = False,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    clock: Clock = SYSTEM_CLOCK,
+) -> Maintenance:
+    """Expire ``table``'s old versions, then delete the files no kept version references and
+    that are older than the grace period (see :func:`millstream.table.gc.collect_garbage`)."""
+    expiry = expire_versions(store, table, now=clock.now(), dry_run=dry_run)
+    removed = collect_garbage_files(
+        store, deep, table, grace_seconds=grace_seconds, clock=clock, dry_run=dry_run
+    )
+    return Maintenance(
+        table,
+        dry_run,
+        expiry,
+        tuple(f.path for f in removed),
+        sum(f.size for f in removed),
+    )

@@ -1,0 +1,153 @@
+"""Retention: expiring old manifest versions and collecting the files only they used, on every
+backend (SQLite/PostgreSQL x local/S3).
+
+Versions are committed at controlled times (the store's ManualClock); file ages for garbage
+collection come from the deep store, so GC is given a clock past every file's mtime.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from contract_support import EVENTS, TABLE, commit, data_files, expected_rows, table_rows
+
+from millstream.catalog import Catalog
+from millstream.clock import ManualClock
+from millstream.errors import AlreadyExistsError, VersionExpiredError
+from millstream.metastore.expiry import expire_versions
+from millstream.sealing.sealer import Sealer
+from millstream.table.maintain import maintain
+
+HOUR = 3600.0
+T0 = 1_800_000_000.0
+
+
+def _table(catalog: Catalog, *, window: str = "1h", min_versions: int = 2) -> None:
+    catalog.store.clock = ManualClock(T0)
+    catalog.create_table({**EVENTS, "retention": {"time": window, "min_versions": min_versions}})
+
+
+def _at(catalog: Catalog, t: float) -> None:
+    clock = catalog.store.clock
+    assert isinstance(clock, ManualClock)
+    clock.advance(t - clock.now())
+
+
+def _after_every_file(catalog: Catalog) -> ManualClock:
+    """A clock later than every file's mtime (GC judges age by the deep store's clock)."""
+    newest = max(f.mtime.timestamp() for f in catalog.deep.list_files(f"tables/{TABLE}") if f.mtime)
+    return ManualClock(max(newest, time.time()) + 10)
+
+
+def test_expiry_keeps_the_window_and_min_versions_and_refuses_reads_below_it(
+    catalog: Catalog,
+) -> None:
+    _table(catalog, window="1h", min_versions=2)
+    spec = catalog.table(TABLE).spec
+    batches = [{0: (0, 10)}, {0: (10, 20)}, {1: (0, 5)}, {0: (20, 30)}]
+    for i, ranges in enumerate(batches):
+        _at(catalog, T0 + (i + 1) * HOUR)  # versions 1..4 at T0+1h .. T0+4h
+        commit(catalog, ranges)
+
+    # At T0+4.5h the window starts at T0+3.5h, when version 3 was current: 3 and 4 stay,
+    # and min_versions (2) keeps no more than that.
+    expiry = expire_versions(catalog.store, TABLE, now=T0 + 4.5 * HOUR)
+    assert (expiry.floor_before, expiry.floor, expiry.versions) == (0, 3, 3)
+    assert catalog.store.oldest_kept_version(TABLE) == 3
+
+    assert table_rows(catalog, as_of=3) == expected_rows(spec, batches[:3])
+    assert table_rows(catalog) == expected_rows(spec, batches)
+    with pytest.raises(VersionExpiredError, match=r"version 2 .* the oldest kept is 3"):
+        catalog.read_table(TABLE, as_of=2)
+    with pytest.raises(VersionExpiredError):
+        catalog.read_table(TABLE, as_of=T0 + 2.5 * HOUR)  # a time when version 2 was current
+    # Inside the window, time travel still works.
+    assert table_rows(catalog, as_of=T0 + 3.5 * HOUR) == expected_rows(spec, batches[:3])
+
+    # Nothing more is due: the second run changes nothing.
+    again = expire_versions(catalog.store, TABLE, now=T0 + 4.5 * HOUR)
+    assert (again.floor_before, again.floor, again.versions) == (3, 3, 0)
+
+
+def test_min_versions_keeps_history_however_old(catalog: Catalog) -> None:
+    _table(catalog, window="1h", min_versions=3)
+    for i in range(5):
+        _at(catalog, T0 + (i + 1) * 60)
+        commit(catalog, {0: (i * 10, i * 10 + 10)})
+    expiry = expire_versions(catalog.store, TABLE, now=T0 + 100 * HOUR)
+    assert expiry.floor == 3  # versions 3, 4, 5 kept
+    assert catalog.store.oldest_kept_version(TABLE) == 3
+
+
+def test_a_dry_run_expires_nothing(catalog: Catalog) -> None:
+    _table(catalog, window="1h", min_versions=1)
+    spec = catalog.table(TABLE).spec
+    batches = [{0: (i * 10, i * 10 + 10)} for i in range(3)]
+    for i, ranges in enumerate(batches):
+        _at(catalog, T0 + (i + 1) * HOUR)
+        commit(catalog, ranges)
+    dry = expire_versions(catalog.store, TABLE, now=T0 + 10 * HOUR, dry_run=True)
+    assert dry.floor == 3 and dry.versions == 3
+    assert catalog.store.oldest_kept_version(TABLE) == 0
+    assert table_rows(catalog, as_of=1) == expected_rows(spec, batches[:1])
+
+
+def test_gc_after_expiry_deletes_exactly_the_files_no_kept_version_references(
+    catalog: Catalog,
+) -> None:
+    _table(catalog, window="1h", min_versions=1)
+    spec = catalog.table(TABLE).spec
+    batches = [{0: (0, 10)}, {0: (10, 20)}, {0: (20, 30)}]
+    for i, ranges in enumerate(batches):
+        _at(catalog, T0 + (i + 1) * 60)
+        commit(catalog, ranges)
+    consuming_files = data_files(catalog)
+    # The seal replaces the three consuming segments with one sealed file (version 4).
+    _at(catalog, T0 + 5 * 60)
+    Sealer(catalog, TABLE, clock=ManualClock(T0 + 5 * 60)).seal_partition(0, force=True)
+    sealed = {e.file_path for e in catalog.manifest(TABLE).entries}
+    assert len(sealed) == 1 and not sealed & consuming_files
+
+    # Inside the window nothing expires, and GC removes nothing time travel may still read.
+    report = maintain(
+        catalog.store, catalog.deep, TABLE, grace_seconds=0, clock=_after_every_file(catalog)
+    )
+    assert report.expiry.versions == 0 and report.files_removed == ()
+    assert table_rows(catalog, as_of=3) == expected_rows(spec, batches)
+
+    # Past the window: versions 0..3 expire and exactly the consuming files go.
+    _at(catalog, T0 + 3 * HOUR)
+    expiry = expire_versions(catalog.store, TABLE, now=T0 + 3 * HOUR)
+    assert expiry.floor == 4 and set(expiry.released_files) == consuming_files
+    report = maintain(
+        catalog.store, catalog.deep, TABLE, grace_seconds=0, clock=_after_every_file(catalog)
+    )
+    assert set(report.files_removed) == consuming_files
+    assert report.bytes_removed > 0
+    assert data_files(catalog) == sealed
+    assert table_rows(catalog) == expected_rows(spec, batches)
+    with pytest.raises(VersionExpiredError):
+        catalog.read_table(TABLE, as_of=3)
+
+
+def test_a_read_of_a_version_that_expired_under_it_says_so(catalog: Catalog) -> None:
+    _table(catalog, window="1h", min_versions=1)
+    for i in range(2):
+        _at(catalog, T0 + (i + 1) * 60)
+        commit(catalog, {0: (i * 10, i * 10 + 10)})
+    Sealer(catalog, TABLE, clock=ManualClock(T0 + 180)).seal_partition(0, force=True)
+    pinned = catalog.manifest(TABLE, as_of=2)  # a reader planned version 2 ...
+    expire_versions(catalog.store, TABLE, now=T0 + 10 * HOUR)  # ... which then expired
+    maintain(catalog.store, catalog.deep, TABLE, grace_seconds=0, clock=_after_every_file(catalog))
+    with pytest.raises(VersionExpiredError):
+        catalog.read_table(TABLE, as_of=pinned.version)
+
+
+def test_retention_may_change_but_the_schema_may_not(catalog: Catalog) -> None:
+    _table(catalog, window="1h", min_versions=2)
+    info = catalog.create_table({**EVENTS, "retention": {"time": "7d", "min_versions": 5}})
+    assert info.spec.retention.time == "7d"
+    assert catalog.table(TABLE).spec.retention.min_versions == 5
+    with pytest.raises(AlreadyExistsError):
+        catalog.create_table({**EVENTS, "schema": {"id": "long"}})
