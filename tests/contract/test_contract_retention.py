@@ -14,7 +14,7 @@ from contract_support import EVENTS, TABLE, commit, data_files, expected_rows, t
 
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
-from millstream.errors import AlreadyExistsError, VersionExpiredError
+from millstream.errors import AlreadyExistsError, CommitStateUnknownError, VersionExpiredError
 from millstream.metastore.expiry import expire_versions
 from millstream.sealing.sealer import Sealer
 from millstream.table.maintain import maintain
@@ -151,3 +151,40 @@ def test_retention_may_change_but_the_schema_may_not(catalog: Catalog) -> None:
     assert catalog.table(TABLE).spec.retention.min_versions == 5
     with pytest.raises(AlreadyExistsError):
         catalog.create_table({**EVENTS, "schema": {"id": "long"}})
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["landed", "not-landed"])
+def test_an_expiry_whose_commit_outcome_is_unknown_loses_nothing_and_converges(
+    catalog: Catalog, landed: bool
+) -> None:
+    """A failure during the expiry's COMMIT (the connection dropped: did it land?) surfaces as
+    CommitStateUnknownError and deletes no file; the next run (a worker's next turn) finishes
+    the job, and every kept version still reads whole."""
+    _table(catalog, window="1h", min_versions=1)
+    spec = catalog.table(TABLE).spec
+    batches = [{0: (i * 10, i * 10 + 10)} for i in range(3)]
+    for i, ranges in enumerate(batches):
+        _at(catalog, T0 + (i + 1) * 60)
+        commit(catalog, ranges)
+    Sealer(catalog, TABLE, clock=ManualClock(T0 + 240)).seal_partition(0, force=True)
+    files = data_files(catalog)
+
+    def drop_connection(at_landing: bool) -> None:
+        if at_landing == landed:
+            catalog.store.on_commit = None
+            raise ConnectionError("connection reset during COMMIT")
+
+    # Ten hours on: the three consuming versions are past the window; so is every file's mtime.
+    later = ManualClock(T0 + 10 * HOUR)
+    assert later.now() > _after_every_file(catalog).now()
+    catalog.store.on_commit = drop_connection
+    with pytest.raises(CommitStateUnknownError):
+        maintain(catalog.store, catalog.deep, TABLE, grace_seconds=0, clock=later)
+    assert data_files(catalog) == files  # GC did not run on an unknown outcome
+    assert table_rows(catalog) == expected_rows(spec, batches)
+
+    report = maintain(catalog.store, catalog.deep, TABLE, grace_seconds=0, clock=later)
+    assert catalog.store.oldest_kept_version(TABLE) == 4
+    assert report.expiry.floor == 4
+    assert data_files(catalog) == {e.file_path for e in catalog.manifest(TABLE).entries}
+    assert table_rows(catalog) == expected_rows(spec, batches)
