@@ -569,15 +569,9 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         name="expiry-deletes-only-rows-no-kept-version-sees",
         file="src/millstream/metastore/expiry.py",
-        what="expire_versions: deletes only entries removed at or before the new floor",
-        old="""\
-                    e.c.table_name == table,
-                    e.c.removed_version.is_not(None),
-                    e.c.removed_version <= floor,
-""",
-        new="""\
-                    e.c.table_name == table,
-""",
+        what="expire_versions: deletes only rows removed at or before the new floor",
+        old="    return removed_version is not None and removed_version <= floor\n",
+        new="    return True\n",
         tests=(
             "tests/contract/test_contract_retention.py::test_gc_after_expiry_deletes_exactly_"
             "the_files_no_kept_version_references[sqlite-local]",

@@ -17,7 +17,9 @@ from rich.live import Live
 
 from millstream.cli import control, datastream, table
 from millstream.cli.output import (
+    HomeOpt,
     OutputFormat,
+    OutputOpt,
     console,
     emit_json,
     err_console,
@@ -34,14 +36,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-
-HomeOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--home", envvar="MILLSTREAM_HOME", help="Millstream home (default ./.millstream)."
-    ),
-]
-OutputOpt = Annotated[OutputFormat, typer.Option("--output", "-o", help="text or json.")]
 
 
 def _catalog(home: Path | None) -> Any:

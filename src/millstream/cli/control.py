@@ -4,22 +4,22 @@ Ctrl-C or SIGTERM (exit 0). A service that dies on its own stops the others and 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from millstream.cli.client import DEFAULT_CONTROLLER, ControllerClient
-from millstream.cli.output import OutputFormat, console, emit_json, err_console, handle_errors
+from millstream.cli.output import (
+    HomeOpt,
+    OutputFormat,
+    OutputOpt,
+    console,
+    emit_json,
+    err_console,
+    handle_errors,
+)
 from millstream.cli.services import ServiceGroup, serve_api
 
-HomeOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--home", envvar="MILLSTREAM_HOME", help="Millstream home (default ./.millstream)."
-    ),
-]
-OutputOpt = Annotated[OutputFormat, typer.Option("--output", "-o", help="text or json.")]
 PortOpt = Annotated[int, typer.Option("--port", help="Port of the REST API.")]
 HostOpt = Annotated[str, typer.Option("--host", help="Interface of the REST API.")]
 MasterOpt = Annotated[str | None, typer.Option(help="Spark master (default local[2]).")]

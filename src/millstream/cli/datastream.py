@@ -13,6 +13,7 @@ import yaml
 from millstream.cli.client import DEFAULT_CONTROLLER, ControllerClient, segment
 from millstream.cli.output import (
     OutputFormat,
+    OutputOpt,
     console,
     emit_json,
     exit_codes_help,
@@ -45,7 +46,6 @@ TokenOpt = Annotated[
         show_default=False,
     ),
 ]
-OutputOpt = Annotated[OutputFormat, typer.Option("--output", "-o", help="text or json.")]
 NameArg = Annotated[str, typer.Argument(help="Datastream name.", show_default=False)]
 
 

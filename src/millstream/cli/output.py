@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import date, datetime
 from enum import StrEnum
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -29,6 +30,16 @@ console = Console()
 class OutputFormat(StrEnum):
     text = "text"
     json = "json"
+
+
+#: The options every command that opens a deployment or prints results shares.
+HomeOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--home", envvar="MILLSTREAM_HOME", help="Millstream home (default ./.millstream)."
+    ),
+]
+OutputOpt = Annotated[OutputFormat, typer.Option("--output", "-o", help="text or json.")]
 
 
 def _default(o: Any) -> Any:

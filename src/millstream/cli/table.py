@@ -3,13 +3,14 @@ deep store (``--home`` or the ``MILLSTREAM_*`` environment), no service needed."
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from millstream.cli.output import (
+    HomeOpt,
     OutputFormat,
+    OutputOpt,
     console,
     emit_json,
     exit_codes_help,
@@ -28,14 +29,6 @@ app = typer.Typer(
     epilog=exit_codes_help(),
     no_args_is_help=True,
 )
-
-HomeOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--home", envvar="MILLSTREAM_HOME", help="Millstream home (default ./.millstream)."
-    ),
-]
-OutputOpt = Annotated[OutputFormat, typer.Option("--output", "-o", help="text or json.")]
 
 
 @app.command("maintain", epilog=exit_codes_help())

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Connection, delete, func, select
+from sqlalchemy import Connection, Table, delete, func, select
 
 from millstream.errors import CommitConflictError
 from millstream.metastore import schema as s
@@ -78,6 +78,19 @@ def expiry_floor(
     return max(0, min(int(at_window_start), current - min_versions + 1))
 
 
+def _rows(conn: Connection, t: Table, table: str) -> list[tuple[int, str | None, int | None]]:
+    """(id, file path, removed version) of every row of ``t`` (entries or delete vectors) of
+    ``table``."""
+    q = select(t.c.id, t.c.file_path, t.c.removed_version).where(t.c.table_name == table)
+    return [(int(r[0]), r[1], r[2]) for r in conn.execute(q)]
+
+
+def _expired(removed_version: int | None, floor: int) -> bool:
+    """Visible in no kept version: removed at or before the floor (a row is visible in
+    versions ``added_version <= v < removed_version``)."""
+    return removed_version is not None and removed_version <= floor
+
+
 def _delete_counted(conn: Connection, stmt: object, expected: int, what: str) -> None:
     n = conn.execute(stmt).rowcount  # type: ignore[call-overload]
     if n != expected:
@@ -109,71 +122,51 @@ def expire_versions(
         if floor <= before:
             return Expiry(table, before, before)
         e, dv, tv = s.entries, s.delete_vectors, s.table_versions
-        gone_e = [
-            (r[0], r[1])
-            for r in conn.execute(
-                select(e.c.id, e.c.file_path).where(
-                    e.c.table_name == table,
-                    e.c.removed_version.is_not(None),
-                    e.c.removed_version <= floor,
-                )
-            )
-        ]
-        gone_dv = [
-            (r[0], r[1])
-            for r in conn.execute(
-                select(dv.c.id, dv.c.file_path).where(
-                    dv.c.table_name == table,
-                    dv.c.removed_version.is_not(None),
-                    dv.c.removed_version <= floor,
-                )
-            )
-        ]
+        entry_rows, vector_rows = _rows(conn, e, table), _rows(conn, dv, table)
+        gone_ids = {i for i, _, removed in entry_rows if _expired(removed, floor)}
+        gone_dv_ids = {i for i, _, removed in vector_rows if _expired(removed, floor)}
+        remaining = {p for i, p, _ in entry_rows if i not in gone_ids} | {
+            p for i, p, _ in vector_rows if i not in gone_dv_ids
+        }
+        gone_files = {p for i, p, _ in entry_rows if i in gone_ids} | {
+            p for i, p, _ in vector_rows if i in gone_dv_ids
+        }
+        released = tuple(sorted(p for p in gone_files if p is not None and p not in remaining))
         n_versions = conn.execute(
             select(func.count()).where(tv.c.table_name == table, tv.c.manifest_version < floor)
         ).scalar_one()
-        gone_ids = {i for i, _ in gone_e}
-        gone_dv_ids = {i for i, _ in gone_dv}
-        remaining = {
-            r[1]
-            for r in conn.execute(
-                select(e.c.id, e.c.file_path).where(
-                    e.c.table_name == table, e.c.file_path.is_not(None)
-                )
-            )
-            if r[0] not in gone_ids
-        } | {
-            r[1]
-            for r in conn.execute(select(dv.c.id, dv.c.file_path).where(dv.c.table_name == table))
-            if r[0] not in gone_dv_ids
-        }
-        released = tuple(
-            sorted(({p for _, p in gone_e if p} | {p for _, p in gone_dv}) - remaining)
-        )
         result = Expiry(
             table,
             before,
             floor,
             versions=int(n_versions),
-            entries=len(gone_e),
-            delete_vectors=len(gone_dv),
+            entries=len(gone_ids),
+            delete_vectors=len(gone_dv_ids),
             released_files=released,
         )
         if dry_run:
             return result
         # The table row is the lock: a commit or another expiry in between makes this retry.
         cas_update(conn, s.tables, {"name": table}, info.version, {})
-        if gone_e:
+        if gone_ids:
             _delete_counted(
                 conn,
-                delete(e).where(e.c.id.in_(gone_ids), e.c.removed_version <= floor),
+                delete(e).where(
+                    e.c.table_name == table,
+                    e.c.removed_version.is_not(None),
+                    e.c.removed_version <= floor,
+                ),
                 len(gone_ids),
                 "ms_entries",
             )
-        if gone_dv:
+        if gone_dv_ids:
             _delete_counted(
                 conn,
-                delete(dv).where(dv.c.id.in_(gone_dv_ids), dv.c.removed_version <= floor),
+                delete(dv).where(
+                    dv.c.table_name == table,
+                    dv.c.removed_version.is_not(None),
+                    dv.c.removed_version <= floor,
+                ),
                 len(gone_dv_ids),
                 "ms_delete_vectors",
             )
