@@ -26,6 +26,7 @@ LAZY_IMPORT_MODULES = {
     "__init__.py": "PEP 562 lazy attributes: Spark starts a Python process per query",
     "cli/*": "the CLI imports Spark, SQLAlchemy and FastAPI only for the commands that use them",
     "spark/sources.py": "the query's source process loads SQLAlchemy only for a gated standby",
+    "spark/sink.py": "the sealer (and pandas) load only where the sink seals inline",
 }
 
 

@@ -27,13 +27,11 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
 from millstream import faults
-from millstream.catalog import Catalog
 from millstream.datastream import dead_letter_spec
 from millstream.errors import BadRecordError
 from millstream.ingest.decode import RAW_SCHEMA, Decoded, dead_letter_rows, decode_records
 from millstream.metastore.assignments import may_commit
 from millstream.metastore.store import MetadataStore
-from millstream.sealing.sealer import Sealer
 from millstream.spark.options import SinkOptions
 from millstream.spark.sources import SELF_READ
 from millstream.storage.deepstore import DeepStore
@@ -274,6 +272,11 @@ class SegmentSink(DataSourceStreamArrowWriter):
             deep.delete(p)
 
     def _seal_inline(self) -> None:
+        # lazy: only `pauseless: false` seals in the sink; the sealer imports pandas (~1.5 s),
+        # which every write task's and commit's Python worker would otherwise pay at start.
+        from millstream.catalog import Catalog
+        from millstream.sealing.sealer import Sealer
+
         catalog = Catalog(self.settings, self._store(), self._deep())
         # A fresh sealer per commit, possibly in a fresh process: checkpoint the key index
         # after every seal so the next one loads it instead of rebuilding it.
