@@ -148,28 +148,17 @@ def expire_versions(
             return result
         # The table row is the lock: a commit or another expiry in between makes this retry.
         cas_update(conn, s.tables, {"name": table}, info.version, {})
-        if gone_ids:
-            _delete_counted(
-                conn,
-                delete(e).where(
-                    e.c.table_name == table,
-                    e.c.removed_version.is_not(None),
-                    e.c.removed_version <= floor,
-                ),
-                len(gone_ids),
-                "ms_entries",
-            )
-        if gone_dv_ids:
-            _delete_counted(
-                conn,
-                delete(dv).where(
-                    dv.c.table_name == table,
-                    dv.c.removed_version.is_not(None),
-                    dv.c.removed_version <= floor,
-                ),
-                len(gone_dv_ids),
-                "ms_delete_vectors",
-            )
+        for t, ids in ((e, gone_ids), (dv, gone_dv_ids)):
+            if ids:
+                removed = t.c.removed_version
+                _delete_counted(
+                    conn,
+                    delete(t).where(
+                        t.c.table_name == table, removed.is_not(None), removed <= floor
+                    ),
+                    len(ids),
+                    t.name,
+                )
         _delete_counted(
             conn,
             delete(tv).where(tv.c.table_name == table, tv.c.manifest_version < floor),
