@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Connection, Table, delete, func, select
+from sqlalchemy import Connection, Delete, Table, delete, func, select
 
 from millstream.errors import CommitConflictError
 from millstream.metastore import schema as s
@@ -64,9 +64,17 @@ class Expiry:
 
 
 def expiry_floor(
-    conn: Connection, table: str, current: int, *, now: float, seconds: float, min_versions: int
+    conn: Connection,
+    table: str,
+    current: int,
+    oldest: int,
+    *,
+    now: float,
+    seconds: float,
+    min_versions: int,
 ) -> int:
-    """The oldest version to keep under a retention of ``seconds`` and ``min_versions``."""
+    """The oldest version to keep under a retention of ``seconds`` and ``min_versions``;
+    ``oldest`` is the oldest version kept now (the floor never moves back)."""
     at_window_start = conn.execute(
         select(func.max(s.table_versions.c.manifest_version)).where(
             s.table_versions.c.table_name == table,
@@ -74,7 +82,7 @@ def expiry_floor(
         )
     ).scalar()
     if at_window_start is None:
-        return oldest_kept_version(conn, table)  # every kept version is inside the window
+        return oldest  # every kept version is inside the window
     return max(0, min(int(at_window_start), current - min_versions + 1))
 
 
@@ -91,8 +99,8 @@ def _expired(removed_version: int | None, floor: int) -> bool:
     return removed_version is not None and removed_version <= floor
 
 
-def _delete_counted(conn: Connection, stmt: object, expected: int, what: str) -> None:
-    n = conn.execute(stmt).rowcount  # type: ignore[call-overload]
+def _delete_counted(conn: Connection, stmt: Delete, expected: int, what: str) -> None:
+    n = conn.execute(stmt).rowcount
     if n != expected:
         raise CommitConflictError(
             f"expiry deleted {n} {what} rows, expected {expected}; refresh and retry",
@@ -115,6 +123,7 @@ def expire_versions(
             conn,
             table,
             info.manifest_version,
+            before,
             now=now,
             seconds=retention.seconds,
             min_versions=retention.min_versions,

@@ -74,9 +74,6 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # The gate's metadata store holds connections; a task never needs it.
         return {**self.__dict__, "_gate_store": None}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
     def _fill_new_partitions(self, start: dict[int, int], latest: dict[int, int]) -> dict[int, int]:
         missing = [p for p in latest if p not in start]
         if not missing:

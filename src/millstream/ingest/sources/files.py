@@ -139,9 +139,6 @@ class FilesReader(PartitionReader):
         # A reader shipped to another process uses that process's cache.
         return {**self.__dict__, "line_indexes": None}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
     def _index(self, f: Path) -> np.ndarray:
         cache = self.line_indexes if self.line_indexes is not None else LINE_INDEXES
         return cache.bounds(f)

@@ -129,9 +129,6 @@ class KafkaReader(PartitionReader):
         # A pool holds live clients: a reader shipped to another process uses that one's.
         return {**self.__dict__, "consumers": None}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
     @property
     def _pool(self) -> ConsumerPool:
         return self.consumers if self.consumers is not None else CONSUMERS
