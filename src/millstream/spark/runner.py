@@ -28,6 +28,7 @@ from millstream.errors import (
     from_spark_failure,
 )
 from millstream.ingest.sources import config_for, spec_reader
+from millstream.metastore.store import MetadataStore
 from millstream.sealing.sealer import Sealer
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.options import CommitGate, SinkOptions, SourceOptions
@@ -47,6 +48,32 @@ class Bootstrap:
     uppers: dict[int, int]
     epochs: dict[int, int]
     dead_letter_epochs: dict[int, int]
+
+
+def bootstrap(spec: DatastreamSpec, store: MetadataStore) -> Bootstrap:
+    """The shards' uppers and epochs, where a writer of ``spec`` starts. Every source partition
+    gets a shard first (at the position a fresh start would use), so a local checkpoint is
+    always compared with an authoritative upper, never trusted for a partition the store knows
+    nothing about.
+
+    The table's and the dead-letter table's shards are created in one transaction, and the
+    writer starts each partition at the LOWER of the two uppers: where the dead-letter shard is
+    behind (created late by an older version, or left behind by a gap), its bad records are
+    read again; the table's part of that range is a harmless replay (DROP)."""
+    table_spec = spec.table_spec()
+    table, dl_table = table_spec.name, dead_letter_spec(table_spec.name).name
+    reader = spec_reader(spec.source)
+    latest = reader.latest_offsets()
+    fresh = reader.earliest_offsets() if spec.source.starting_offsets == "earliest" else latest
+    starts = {p: fresh.get(p, 0) for p in latest}
+    store.ensure_shards(table, starts, together_with=[dl_table])
+    shards = {s.partition: s for s in store.list_shards(table)}
+    dl = {s.partition: s for s in store.list_shards(dl_table)}
+    return Bootstrap(
+        uppers={p: min(sh.upper, dl[p].upper) if p in dl else sh.upper for p, sh in shards.items()},
+        epochs={p: sh.epoch for p, sh in shards.items()},
+        dead_letter_epochs={p: sh.epoch for p, sh in dl.items()},
+    )
 
 
 def _read_offsets_file(path: Path) -> dict[int, int] | None:
@@ -167,32 +194,7 @@ class DatastreamRunner:
         self.catalog.create_table(dead_letter_spec(self.table_spec.name))
 
     def bootstrap(self) -> Bootstrap:
-        """The shards' uppers and epochs. Every source partition gets a shard first (at the
-        position a fresh start would use), so a local checkpoint is always compared with an
-        authoritative upper, never trusted for a partition the store knows nothing about.
-
-        The table's and the dead-letter table's shards are created in one transaction, and
-        the writer starts each partition at the LOWER of the two uppers: where the dead-letter
-        shard is behind (created late by an older version, or left behind by a gap), its bad
-        records are read again; the table's part of that range is a harmless replay (DROP)."""
-        table, dl_table = self.table_spec.name, dead_letter_spec(self.table_spec.name).name
-        reader = spec_reader(self.spec.source)
-        latest = reader.latest_offsets()
-        fresh = (
-            reader.earliest_offsets() if self.spec.source.starting_offsets == "earliest" else latest
-        )
-        starts = {p: fresh.get(p, 0) for p in latest}
-        store = self.catalog.store
-        store.ensure_shards(table, starts, together_with=[dl_table])
-        shards = {s.partition: s for s in store.list_shards(table)}
-        dl = {s.partition: s for s in store.list_shards(dl_table)}
-        return Bootstrap(
-            uppers={
-                p: min(sh.upper, dl[p].upper) if p in dl else sh.upper for p, sh in shards.items()
-            },
-            epochs={p: sh.epoch for p, sh in shards.items()},
-            dead_letter_epochs={p: sh.epoch for p, sh in dl.items()},
-        )
+        return bootstrap(self.spec, self.catalog.store)
 
     @property
     def checkpoint(self) -> Path:
