@@ -7,6 +7,7 @@ partition-affine (``order_id % partitions == partition``), like Kafka's key part
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import time
@@ -47,7 +48,12 @@ class GeneratorConfig:
     total: int | None = None
 
 
-def _block(cfg: GeneratorConfig, partition: int, block: int) -> list[tuple[bytes, bytes | None]]:
+@functools.lru_cache(maxsize=64)
+def _block(
+    cfg: GeneratorConfig, partition: int, block: int
+) -> tuple[tuple[bytes, bytes | None], ...]:
+    """The records of one block of ``BLOCK`` offsets (cached: small ranges, replays and
+    re-ingestion read the same blocks again)."""
     rnd = random.Random(f"{cfg.seed}/{partition}/{block}")
     per_part = max(1, cfg.key_cardinality // cfg.partitions)
     out: list[tuple[bytes, bytes | None]] = []
@@ -88,7 +94,7 @@ def _block(cfg: GeneratorConfig, partition: int, block: int) -> list[tuple[bytes
             "is_deleted": deleting,
         }
         out.append((key, json.dumps(value, separators=(",", ":")).encode()))
-    return out
+    return tuple(out)
 
 
 def generate(
@@ -96,11 +102,10 @@ def generate(
 ) -> Iterator[tuple[int, bytes, bytes | None]]:
     """(offset, key, value) of ``partition`` for offsets in ``[lo, hi)``."""
     for block in range(lo // BLOCK, (hi + BLOCK - 1) // BLOCK if hi > lo else lo // BLOCK):
-        recs = _block(cfg, partition, block)
-        for i, (key, value) in enumerate(recs):
-            offset = block * BLOCK + i
-            if lo <= offset < hi:
-                yield offset, key, value
+        first = block * BLOCK
+        start, stop = max(lo, first) - first, min(hi, first + BLOCK) - first
+        for i, (key, value) in enumerate(_block(cfg, partition, block)[start:stop], start):
+            yield first + i, key, value
 
 
 def partition_total(total: int | None, partitions: int, partition: int) -> int | None:
