@@ -244,6 +244,52 @@ def test_a_sealer_whose_expired_claim_was_taken_over_cannot_swap_its_stale_seal_
     pipe.assert_reads_every_row_once()
 
 
+def test_a_sealer_stalled_past_its_claim_swaps_nothing_even_if_nobody_took_the_run_over(
+    pipe: Pipeline,
+) -> None:
+    """Found by the commit-path campaign: a sealer frozen between upload and swap for longer
+    than GC's grace period, with no other sealer taking its run over, swapped in a sealed file
+    GC had already deleted. Its claim had expired long before; the swap now refuses that."""
+    clock = ManualClock(time.time())
+
+    def stall_and_collect() -> None:
+        clock.advance(DEFAULT_CLAIM_TTL + 3600 + 1)  # stalled past its claim and GC's grace
+        collect_garbage(pipe.catalog.store, pipe.catalog.deep, TABLE, clock=clock)
+
+    stalled = Sealer(pipe.catalog, TABLE, clock=clock, faults=_at("before_swap", stall_and_collect))
+    with pytest.raises(SegmentChangedError, match="expired before the swap"):
+        stalled.seal_partition(0, force=True)
+    assert all(state is SegmentState.CONSUMING for _, state in pipe.entries(0))
+    pipe.assert_reads_every_row_once()
+    assert Sealer(pipe.catalog, TABLE, clock=clock).seal_partition(0, force=True) is not None
+    pipe.assert_reads_every_row_once()
+
+
+def test_a_reingestion_refuses_a_rebuilt_file_older_than_gc_could_have_deleted(
+    pipe: Pipeline,
+) -> None:
+    segment = f"{TABLE}__0__1"
+    before = {e.id: e.file_path for e in pipe.catalog.manifest(TABLE).entries}
+    files = {f.path for f in pipe.catalog.deep.list_files(table_data_prefix(TABLE))}
+    slow = ManualClock(time.time())
+    original_write = pipe.catalog.deep.write_parquet
+
+    def stalled_write(path: str, table: pa.Table, **kw: Any) -> int:
+        size = original_write(path, table, **kw)
+        slow.advance(MAX_STAGED_AGE_SECONDS + 1)  # the controller stalled after writing
+        return size
+
+    pipe.catalog.deep.write_parquet = stalled_write  # type: ignore[method-assign]
+    try:
+        with pytest.raises(StagedFileExpiredError):
+            reingest_segment(pipe.catalog, pipe.ds, segment, clock=slow)
+    finally:
+        pipe.catalog.deep.write_parquet = original_write  # type: ignore[method-assign]
+    assert {e.id: e.file_path for e in pipe.catalog.manifest(TABLE).entries} == before
+    assert {f.path for f in pipe.catalog.deep.list_files(table_data_prefix(TABLE))} == files
+    pipe.assert_reads_every_row_once()
+
+
 def test_a_live_claim_is_left_alone(pipe: Pipeline) -> None:
     other = Sealer(pipe.catalog, TABLE)
     held: list[object] = []

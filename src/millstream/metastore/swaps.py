@@ -52,14 +52,22 @@ def replace_run(
     partition: int,
     claimed: Mapping[int, int],
     sealed: SealedSegment,
+    *,
+    at: float | None = None,
 ) -> tuple[Entry, int | None]:
     """Swap a sealed segment in for the claimed run, in one transaction: the run's entries are
     removed, one ONLINE entry covering ``[run start, run end)`` with the run's first sequence
     number is added, with its delete vector. Returns (the new entry, the vector's id or None).
 
-    Preconditions: every claimed entry is live and still at its claimed version; with a key
-    index, the partition's live sealed entries and delete vectors are the ones it reflects.
-    Either failing raises :class:`SegmentChangedError` (the seal is discarded)."""
+    Preconditions: every claimed entry is live and still at its claimed version; with ``at``
+    (now, on the sealer's clock), its claim has not expired; with a key index, the partition's live
+    sealed entries and delete vectors are the ones it reflects. Any failing raises
+    :class:`SegmentChangedError` (the seal is discarded).
+
+    Why an expired claim is refused even when nobody took the run over: the sealed file was
+    uploaded after the claim was taken, and garbage collection deletes unreferenced files
+    older than its grace period (1 h, longer than any claim). A sealer stalled past its claim
+    (a GC pause, SIGSTOP) could otherwise swap in a file GC has already deleted."""
     where = f"seal of {table} partition {partition}"
 
     def _txn(conn: Connection) -> tuple[Entry, int | None]:
@@ -80,6 +88,14 @@ def replace_run(
                     f"the run being sealed in {table} partition {partition} changed (rolled "
                     "back, re-ingested, or claimed by another sealer after this one's claim "
                     "expired); the seal is discarded",
+                    table=table,
+                    partition=partition,
+                )
+            if at is not None and not cur.claim_held(at):
+                raise SegmentChangedError(
+                    f"the claim on the run being sealed in {table} partition {partition} "
+                    "expired before the swap (the sealer stalled); its uploaded files may "
+                    "already be collected, so the seal is discarded and retried",
                     table=table,
                     partition=partition,
                 )

@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from millstream.catalog import Catalog
+from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.core.merge import compact
 from millstream.datastream import DatastreamSpec
 from millstream.errors import (
@@ -25,6 +26,7 @@ from millstream.errors import (
     InvalidSpecError,
     NotFoundError,
     SegmentChangedError,
+    StagedFileExpiredError,
 )
 from millstream.ingest.decode import RAW_SCHEMA, decode_records
 from millstream.ingest.sources import spec_reader
@@ -32,6 +34,7 @@ from millstream.metastore.models import Entry, SegmentState
 from millstream.metastore.swaps import replace_entry
 from millstream.sealing.keyindex import comparison_floor_below
 from millstream.storage.deepstore import table_data_prefix
+from millstream.table.gc import MAX_STAGED_AGE_SECONDS
 
 
 def parse_segment_name(name: str) -> tuple[str, int, int]:
@@ -52,9 +55,22 @@ def find_segment(catalog: Catalog, name: str) -> Entry:
     raise NotFoundError("segment", name)
 
 
-def reingest_segment(catalog: Catalog, spec: DatastreamSpec, name: str) -> Entry:
-    """Re-read the segment's range from ``spec``'s source and swap the rebuilt file in."""
+def reingest_segment(
+    catalog: Catalog,
+    spec: DatastreamSpec,
+    name: str,
+    *,
+    max_staged_age: float = MAX_STAGED_AGE_SECONDS,
+    clock: Clock = SYSTEM_CLOCK,
+) -> Entry:
+    """Re-read the segment's range from ``spec``'s source and swap the rebuilt file in.
+
+    Like a writer's commit, the swap refuses a rebuilt file written more than
+    ``max_staged_age`` ago (:class:`StagedFileExpiredError`; the file is deleted and nothing
+    changes): until the swap lands nothing references it, and garbage collection deletes
+    unreferenced files older than its grace period (twice that age)."""
     entry = find_segment(catalog, name)
+    written_at = clock.now()  # before writing: the file is never older than this
     table_spec = catalog.table(entry.table).spec
     reader = spec_reader(spec.source)
     batches = list(reader.read_range(entry.partition, entry.start, entry.end))
@@ -68,6 +84,10 @@ def reingest_segment(catalog: Catalog, spec: DatastreamSpec, name: str) -> Entry
         rows = compact(table_spec, rows, floor=floor)
     path = f"{table_data_prefix(entry.table)}/reingest-p{entry.partition}-s{entry.seq}-{uuid.uuid4().hex}.parquet"
     size = catalog.deep.write_parquet(path, rows)
+    age = clock.now() - written_at
+    if age > max_staged_age:
+        catalog.deep.delete(path)
+        raise StagedFileExpiredError(path, age, max_staged_age)
     try:
         return replace_entry(
             catalog.store, entry, file_path=path, row_count=rows.num_rows, size_bytes=size
