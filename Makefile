@@ -23,7 +23,7 @@ uv_install = $(UV) pip install --python $(VPY) --offline --quiet $(1) 2>/dev/nul
 
 export MILLSTREAM_TEST_SPARK_MASTER ?= local[2]
 
-.PHONY: venv system-deps test lint lock demo clean distclean
+.PHONY: venv system-deps test lint lock demo chaos clean distclean
 
 venv: $(STAMP)
 
@@ -68,6 +68,13 @@ lock: | $(UV)
 
 demo: venv
 	$(VENV)/bin/millstream demo
+
+# A longer fault campaign than CI's: make chaos SEED=123 MINUTES=30 [LAYER=commit|process|both]
+SEED    ?=
+MINUTES ?= 30
+LAYER   ?= both
+chaos: venv system-deps
+	$(VENV)/bin/millstream chaos --minutes $(MINUTES) --layer $(LAYER) $(if $(SEED),--seed $(SEED))
 
 clean:
 	rm -rf build dist .millstream .mypy_cache .ruff_cache .pytest_cache .hypothesis src/*.egg-info

@@ -71,6 +71,7 @@ MANIFEST = "src/millstream/metastore/manifest.py"
 CLAIMS = "src/millstream/metastore/claims.py"
 SWAPS = "src/millstream/metastore/swaps.py"
 GUARDS_TEST = "tests/contract/test_contract_manifest_guards.py"
+COMMIT_CAMPAIGN = "tests/fault/test_commit_path_campaign.py"
 
 
 def _guard_test(name: str) -> str:
@@ -461,10 +462,10 @@ GUARDS: tuple[Guard, ...] = (
         file="src/millstream/spark/runner.py",
         what="bootstrap: a writer starts at the lower of the table's and dead-letter uppers",
         old="""\
-                p: min(sh.upper, dl[p].upper) if p in dl else sh.upper for p, sh in shards.items()
+        uppers={p: min(sh.upper, dl[p].upper) if p in dl else sh.upper for p, sh in shards.items()},
 """,
         new="""\
-                p: sh.upper for p, sh in shards.items()  # MUTATION: the table's upper only
+        uppers={p: sh.upper for p, sh in shards.items()},  # MUTATION: the table's upper only
 """,
         tests=(
             "tests/unit/ingest/test_bootstrap_dead_letter.py::"
@@ -587,6 +588,84 @@ GUARDS: tuple[Guard, ...] = (
             "tests/contract/test_contract_retention.py::test_min_versions_keeps_history_however_"
             "old[sqlite-local]",
         ),
+    ),
+    Guard(
+        name="seal-swap-refuses-expired-claim",
+        file=SWAPS,
+        what="replace_run: a seal whose claim expired before its swap is discarded (GC may "
+        "have deleted its upload)",
+        old="""\
+            if at is not None and not cur.claim_held(at):
+""",
+        new="""\
+            if False:  # MUTATION: an expired claim still swaps
+""",
+        tests=(
+            _guard_test(
+                "test_a_sealer_stalled_past_its_claim_swaps_nothing_even_if_nobody_took_the_"
+                "run_over"
+            ),
+        ),
+    ),
+    Guard(
+        name="reingest-refuses-old-file",
+        file="src/millstream/sealing/reingest.py",
+        what="reingest_segment: a rebuilt file older than the staged-file limit is not swapped in",
+        old="""\
+    if age > max_staged_age:
+""",
+        new="""\
+    if False:  # MUTATION: however old the rebuilt file
+""",
+        tests=(
+            _guard_test(
+                "test_a_reingestion_refuses_a_rebuilt_file_older_than_gc_could_have_deleted"
+            ),
+        ),
+    ),
+    # The commit-path campaign, alone, catches these three (issue: "the campaign proves it can
+    # fail"); each also has its own scenario or unit test above or in its module.
+    Guard(
+        name="campaign-frontier-drops-below-upper",
+        file="src/millstream/core/frontier.py",
+        what="decide: a batch entirely below the upper is dropped (caught by the campaign)",
+        old="""\
+        return Decision(Outcome.DROP, upper, upper, upper, empty=lo == hi)
+""",
+        new="""\
+        return Decision(Outcome.COMMIT, lo, hi, upper, empty=lo == hi)  # MUTATION
+""",
+        tests=(COMMIT_CAMPAIGN,),
+    ),
+    Guard(
+        name="campaign-lifecycle-completes-conditionally",
+        file="src/millstream/control/registry.py",
+        what="Registry.complete applies only if the state is still the expected one",
+        old="""\
+            if rec is None or rec.state is not expected:
+                return False
+""",
+        new="""\
+            if rec is None:  # MUTATION: a late completion applies to whatever state it finds
+                return False
+""",
+        tests=(COMMIT_CAMPAIGN,),
+    ),
+    Guard(
+        name="campaign-sealer-claims-in-order",
+        file="src/millstream/sealing/sealer.py",
+        what="seal_partition leaves a run alone while a segment of it is claimed (in order)",
+        old="""\
+        if any(e.claim_held(now) for e in run):
+            return None  # another sealer is building it (its claim has not expired)
+""",
+        new="""\
+        while run and run[0].claim_held(now):  # MUTATION: seal the newer, unclaimed segments
+            run = run[1:]
+        if not run:
+            return None
+""",
+        tests=(COMMIT_CAMPAIGN,),
     ),
     Guard(
         name="expired-version-read-refused",

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.live import Live
 
-from millstream.cli import control, datastream, table
+from millstream.cli import chaos, control, datastream, table
 from millstream.cli.output import (
     HomeOpt,
     OutputFormat,
@@ -205,6 +205,7 @@ app.add_typer(table.app, name="table")
 app.command("segments", epilog=datastream.EXIT_CODES_HELP)(datastream.segments)
 app.command("rollback", epilog=datastream.EXIT_CODES_HELP)(datastream.rollback)
 app.command("reingest", epilog=datastream.EXIT_CODES_HELP)(datastream.reingest)
+app.command("chaos", epilog=chaos.EPILOG)(chaos.chaos)
 
 
 def main() -> None:

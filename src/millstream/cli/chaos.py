@@ -1,0 +1,116 @@
+"""``millstream chaos``: run the fault campaigns (:mod:`millstream.testing.chaos`) on this
+machine, with servers of their own, and print the seed, every schedule, every fault with its
+time, every anomaly and the line ``N faults in M schedules, K anomalies``. Exits 1 when a
+checker found an anomaly; re-running with the printed ``--seed`` draws the same schedules."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import secrets
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from millstream.cli.output import console, exit_codes_help
+
+
+class Layer(enum.StrEnum):
+    commit = "commit"
+    process = "process"
+    both = "both"
+
+
+class Backend(enum.StrEnum):
+    postgresql = "postgresql"
+    sqlite = "sqlite"
+
+
+@contextlib.contextmanager
+def _metadata_url(backend: Backend, url: str | None, workdir: Path) -> Iterator[str]:
+    """The metadata store the commit-path campaign runs on: ``url``, a PostgreSQL server of
+    its own (stopped at the end), or a SQLite file."""
+    if url is not None:
+        yield url
+        return
+    if backend is Backend.sqlite:
+        yield f"sqlite:///{workdir / 'metadata.db'}"
+        return
+    # lazy: the servers (psycopg) are for this command only; keeps `millstream --help` fast
+    from millstream.testing.servers import PostgresServer
+
+    with PostgresServer(workdir / "postgres") as server:
+        yield server.create_database("chaos")
+
+
+def chaos(
+    seed: Annotated[
+        int | None, typer.Option(help="Seed of the campaign (default: a random one, printed).")
+    ] = None,
+    minutes: Annotated[
+        float, typer.Option(help="How long to run (both layers: split between them).", min=0.1)
+    ] = 5.0,
+    layer: Annotated[Layer, typer.Option(help="Which campaign to run.")] = Layer.both,
+    backend: Annotated[
+        Backend, typer.Option(help="The commit-path campaign's metadata store.")
+    ] = Backend.postgresql,
+    metadata_url: Annotated[
+        str | None,
+        typer.Option(help="Run the commit-path campaign on this store instead of its own."),
+    ] = None,
+    schedules: Annotated[
+        int | None,
+        typer.Option(help="Commit-path schedules to run (default: as many as fit).", min=1),
+    ] = None,
+    parallel: Annotated[int, typer.Option(help="Commit-path schedules run at once.", min=1)] = 4,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(help="Where servers, tables and logs go (default: a temporary directory)."),
+    ] = None,
+    quiet: Annotated[
+        bool, typer.Option(help="Print schedules and anomalies, not each fault.")
+    ] = False,
+) -> None:
+    """Run seeded, randomized fault campaigns against the production code paths and report
+    every anomaly the checkers find."""
+    # lazy: the campaigns import Spark's Python side and the whole stack; `--help` stays fast
+    from millstream.config import Settings
+    from millstream.testing.chaos.commitpath import run_commit_campaign
+    from millstream.testing.chaos.log import CampaignLog
+
+    seed = seed if seed is not None else secrets.randbits(32)
+    root = workdir or Path(tempfile.mkdtemp(prefix="millstream-chaos-"))
+    root.mkdir(parents=True, exist_ok=True)
+    console.print(f"chaos: seed {seed}, {minutes:g} minutes, layer {layer}, workdir {root}")
+    logs: list[CampaignLog] = []
+    share = minutes / 2 if layer is Layer.both else minutes
+
+    def out(line: str) -> None:
+        console.print(line, markup=False, highlight=False)
+
+    if layer in (Layer.commit, Layer.both):
+        with _metadata_url(backend, metadata_url, root) as url:
+            settings = Settings.load(home=root / "commit-home", metadata_url=url)
+            logs.append(
+                run_commit_campaign(
+                    settings,
+                    seed=seed,
+                    schedules=schedules,
+                    minutes=None if schedules is not None else share,
+                    parallel=parallel,
+                    log=CampaignLog("commit-path", seed, out=out, verbose=not quiet),
+                )
+            )
+    faults = sum(len(log.faults) for log in logs)
+    count = sum(log.schedules for log in logs)
+    anomalies = sum(len(log.anomalies) for log in logs)
+    out(f"{faults} faults in {count} schedules, {anomalies} anomalies")
+    if anomalies:
+        out(f"re-run: millstream chaos --seed {seed} --layer {layer} --minutes {minutes:g}")
+        raise typer.Exit(1)
+
+
+EPILOG = exit_codes_help()

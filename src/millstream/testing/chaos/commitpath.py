@@ -1,0 +1,863 @@
+"""The commit-path campaign: the production code that changes a table, run by several threads at
+once against one metadata store, with crashes, freezes and failed commits between and inside
+their steps. No Spark JVM: hundreds of schedules a minute.
+
+One schedule is one fresh datastream (a generator source with updates, deletes, duplicates and
+bad records; an append, upsert, dedup or partial table; 1-3 partitions; a short retention) and
+these actors, each a thread with its own metadata-store engine (as separate processes have),
+drawing its steps from ``Random(f"{seed}/{schedule}/{actor}")``:
+
+* **writers** (1-3, replicas of one pipeline, active-active): bootstrap from the shards
+  (:func:`millstream.spark.runner.bootstrap`), plan micro-batches with the stream source
+  (:class:`millstream.spark.sources.StreamReader`), stage them with the segment sink's
+  ``write`` and commit them with its ``commit`` (:class:`millstream.spark.sink.SegmentSink`):
+  the code a Spark task and the Spark driver run, called directly. Faults: crash after staging
+  (the files stay behind), crash after committing (the batch is replayed, as Spark replays a
+  batch missing from its commit log), a freeze between staging and committing (sometimes past
+  the staged-file age limit), and a COMMIT that fails before or after it lands (an unknown
+  outcome).
+* **sealers** (1-2, as a worker per replica has): :meth:`millstream.sealing.sealer.Sealer.
+  seal_partition` with injected failures at its named fault points and freezes at them
+  (sometimes past the claim's expiry, so another sealer takes the run over and the frozen
+  one's swap must be refused); each with its own key-index cache.
+* an **operator**: rollbacks of a recent segment (:func:`millstream.metastore.rollback.
+  rollback_partition`) and re-ingests of a live segment from the source
+  (:func:`millstream.sealing.reingest.reingest_segment`) while everything else runs.
+* a **maintainer**: expiry (:func:`millstream.metastore.expiry.expire_versions`) and garbage
+  collection (:func:`millstream.table.gc.collect_garbage`) with a grace period twice the
+  staged-file age limit, as in production.
+* a **reader**: reads the current version and an older one while the maintainer expires and
+  collects.
+* the **lifecycle**: an operator thread sending pause/resume/stop commands and two controller
+  threads applying the asynchronous completions (:class:`millstream.control.registry.Registry`)
+  from a state they read a moment earlier (Brooklin #974).
+
+The checker, after every schedule (an anomaly names the check and what differed):
+
+* **frontier**: a clean writer then reaches the source's end in both tables within a bound
+  (nothing wedged);
+* **claims**: a clean sealer seals every partition once the claims have expired, and no entry
+  stays COMMITTING;
+* **model**: the table equals the sequential model of every record of the source, and the
+  dead-letter table holds exactly the bad records, once each;
+* **snapshots**: every reader's read of the current version equalled the model of the source
+  below that version's ends; an older version read whole or failed with VersionExpiredError;
+* **history**: every version retention keeps reads without a missing file, before and after a
+  final garbage collection, which leaves no unreferenced file behind;
+* **lifecycle**: the datastream ends in the state its last applied command implies;
+* **errors**: no actor raised anything but the errors its step may legitimately raise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from millstream.catalog import Catalog
+from millstream.clock import ManualClock
+from millstream.config import Settings
+from millstream.control.registry import Registry
+from millstream.core.lifecycle import Command, State
+from millstream.datastream import DatastreamSpec, dead_letter_spec
+from millstream.errors import (
+    CommitConflictError,
+    CommitStateUnknownError,
+    InjectedSealFault,
+    InvalidTransitionError,
+    NotFoundError,
+    SegmentChangedError,
+    SegmentUnavailableError,
+    ShardGapError,
+    StagedFileExpiredError,
+    VersionExpiredError,
+    WriterFencedError,
+)
+from millstream.ingest.sources import config_for
+from millstream.ingest.sources.generator import GeneratorConfig, generate
+from millstream.metastore.expiry import expire_versions
+from millstream.metastore.models import Manifest, SegmentState
+from millstream.metastore.rollback import rollback_partition
+from millstream.sealing.keyindex import IndexCache
+from millstream.sealing.reingest import reingest_segment
+from millstream.sealing.sealer import FAULT_POINTS, Sealer, SealFaults
+from millstream.sealing.thresholds import Thresholds
+from millstream.spark.options import SinkOptions, SourceOptions
+from millstream.spark.runner import bootstrap
+from millstream.spark.sink import SegmentSink, SinkMessage, StoreRegistry
+from millstream.spark.sources import StreamReader
+from millstream.table.gc import collect_garbage
+from millstream.table.read import read_manifest
+from millstream.testing.chaos.log import CampaignLog
+from millstream.testing.model import Row, canonical
+from millstream.testing.oracle import RawRecord, expected_table
+
+#: How long a sealer's claim holds; a frozen sealer is taken over after this.
+CLAIM_TTL = 0.6
+#: The seal fault points at which the sealer holds its claim (a freeze there keeps the run
+#: claimed while writers commit behind it).
+CLAIMED_POINTS = ("before_build", "before_upload", "before_swap")
+#: The oldest staged file a commit accepts, and garbage collection's grace period (twice that,
+#: as in production: 1800 s and 3600 s).
+MAX_STAGED_AGE = 0.8
+GC_GRACE = 2 * MAX_STAGED_AGE
+#: Bounds of the checker's recovery steps.
+DRAIN_SECONDS = 60.0
+ACTOR_JOIN_SECONDS = 60.0
+
+MODES: dict[str, dict[str, Any]] = {
+    "append": {"mode": "append"},
+    "upsert": {
+        "primary_key": ["order_id"],
+        "mode": "upsert",
+        "comparison_column": "updated_at",
+        "delete_column": "is_deleted",
+    },
+    "upsert-latest": {"primary_key": ["order_id"], "mode": "upsert", "delete_column": "is_deleted"},
+    "dedup": {"primary_key": ["order_id"], "mode": "dedup", "delete_column": "is_deleted"},
+    "partial": {
+        "primary_key": ["order_id"],
+        "mode": "partial",
+        "delete_column": "is_deleted",
+        "partial": {"amount": "sum", "customer": "append", "updated_at": "max"},
+    },
+}
+ORDERS = {
+    "order_id": "long",
+    "customer": "string",
+    "amount": "double",
+    "status": "string",
+    "updated_at": "timestamp",
+    "is_deleted": "boolean",
+}
+
+#: What each actor's steps may raise without it being an anomaly, and why.
+WRITER_RESTARTS = (
+    ShardGapError,  # a peer or a rollback moved the upper: restart from it
+    WriterFencedError,  # a rollback bumped the epoch
+    StagedFileExpiredError,  # frozen too long between staging and committing
+    CommitStateUnknownError,  # an injected COMMIT failure a re-read could not resolve
+    CommitConflictError,  # lost every compare-and-set to peers
+)
+SEALER_EXPECTED = (
+    InjectedSealFault,
+    SegmentChangedError,  # a peer, a rollback or a re-ingest changed the run
+    CommitConflictError,
+    CommitStateUnknownError,
+)
+OPERATOR_EXPECTED = (
+    NotFoundError,
+    SegmentChangedError,
+    CommitConflictError,
+    StagedFileExpiredError,
+)
+
+
+class InjectedCommitFailure(RuntimeError):
+    """A COMMIT made to fail by the campaign (before or after it reached the database)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One schedule's setup, drawn from the seed."""
+
+    index: int
+    mode: str
+    partitions: int
+    total: int
+    source_seed: int
+    key_cardinality: int
+    writers: int
+    sealers: int
+    operator: bool
+    maintainer: bool
+    reader: bool
+    lifecycle: bool
+    steps: int
+    retention: str
+    min_versions: int
+
+    @classmethod
+    def draw(cls, seed: int, index: int) -> Plan:
+        rng = random.Random(f"{seed}/{index}/plan")
+        partitions = rng.randint(1, 3)
+        return cls(
+            index=index,
+            mode=rng.choice(sorted(MODES)),
+            partitions=partitions,
+            total=partitions * rng.randint(30, 120),
+            source_seed=rng.randrange(2**31),
+            key_cardinality=rng.choice([6, 20, 80]),
+            writers=rng.randint(1, 3),
+            sealers=rng.randint(1, 2),
+            operator=rng.random() < 0.6,
+            maintainer=rng.random() < 0.7,
+            reader=rng.random() < 0.5,
+            lifecycle=rng.random() < 0.5,
+            steps=rng.randint(4, 12),
+            retention=rng.choice(["1s", "2s", "1h"]),
+            min_versions=rng.choice([1, 2, 5]),
+        )
+
+    def describe(self) -> str:
+        extras = [
+            n
+            for n, on in (
+                ("operator", self.operator),
+                ("maintainer", self.maintainer),
+                ("reader", self.reader),
+                ("lifecycle", self.lifecycle),
+            )
+            if on
+        ]
+        return (
+            f"{self.mode}, {self.partitions} partitions, {self.total} records "
+            f"(keys {self.key_cardinality}), {self.writers} writers, {self.sealers} sealers"
+            f"{', ' + ', '.join(extras) if extras else ''}; {self.steps} steps each; "
+            f"retention {self.retention}/{self.min_versions}"
+        )
+
+
+@dataclass
+class Schedule:
+    """One running schedule: its tables, source, log and the actors' shared state."""
+
+    plan: Plan
+    settings: Settings
+    log: CampaignLog
+    name: str = ""
+    spec: DatastreamSpec | None = None
+    config: GeneratorConfig | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    #: set once every writer finished its steps (sealers, readers and maintenance run until)
+    writers_done: threading.Event = field(default_factory=threading.Event)
+    #: frozen actors wait on this; set when the schedule ends (they then resume at once)
+    thaw: threading.Event = field(default_factory=threading.Event)
+    lifecycle_log: list[tuple[int, Command, State]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    records: list[RawRecord] = field(default_factory=list)
+
+    @property
+    def ds(self) -> DatastreamSpec:
+        assert self.spec is not None
+        return self.spec
+
+    @property
+    def table(self) -> str:
+        return self.ds.table_spec().name
+
+    @property
+    def dead_table(self) -> str:
+        return dead_letter_spec(self.table).name
+
+    def fault(self, kind: str, target: str, detail: str = "") -> None:
+        self.log.fault(self.plan.index, kind, target, detail)
+
+    def anomaly(self, check: str, detail: str) -> None:
+        self.log.anomaly(self.plan.index, check, f"{self.name}: {detail}")
+
+    def catalog(self) -> Catalog:
+        """A catalog with its own metadata-store engine, as another process has."""
+        return Catalog.open(settings=self.settings)
+
+    def freeze(self, seconds: float) -> None:
+        """A SIGSTOP'd process: nothing happens for ``seconds`` (or until the schedule is
+        given up on)."""
+        self.thaw.wait(seconds)
+
+
+def _source(plan: Plan) -> tuple[dict[str, Any], GeneratorConfig]:
+    cfg = GeneratorConfig(
+        seed=plan.source_seed,
+        partitions=plan.partitions,
+        total=plan.total,
+        key_cardinality=plan.key_cardinality,
+        update_fraction=0.3,
+        delete_fraction=0.08,
+        duplicate_fraction=0.05,
+        malformed_fraction=0.04,
+    )
+    return {"kind": "generator", **asdict(cfg)}, cfg
+
+
+def _records(cfg: GeneratorConfig, ends: dict[int, int] | None = None) -> list[RawRecord]:
+    assert cfg.total is not None
+    out: list[RawRecord] = []
+    for p in range(cfg.partitions):
+        n = cfg.total // cfg.partitions + (1 if p < cfg.total % cfg.partitions else 0)
+        hi = n if ends is None else min(n, ends.get(p, 0))
+        out.extend((p, o, k, v) for o, k, v in generate(cfg, p, 0, hi))
+    return out
+
+
+# -- actors --------------------------------------------------------------------------------
+
+
+def _writer(sch: Schedule, name: str, rng: random.Random, *, clean: bool = False) -> None:
+    """A replica of the pipeline: micro-batches through the stream source and the segment
+    sink, restarting from the shards whenever a commit says so (as the runner does)."""
+    catalog = sch.catalog()
+    stores = StoreRegistry()
+    kind, config = config_for(sch.ds.source)
+    steps = 0
+    limit = 10_000 if clean else sch.plan.steps
+    try:
+        while steps < limit and not sch.stop.is_set():
+            boot = bootstrap(sch.ds, catalog.store)
+            source = SourceOptions(
+                kind,
+                config,
+                max_records_per_batch=rng.choice([4, 11, 30, 90]),
+                start_offsets=boot.uppers,
+                tasks=rng.choice([1, 2]),
+                ranges_only=True,
+            )
+            sink = SinkOptions(
+                settings=sch.settings,
+                table_spec=sch.ds.table_spec(),
+                writer_id=name,
+                epochs=boot.epochs,
+                dead_letter_epochs=boot.dead_letter_epochs,
+                source_kind=kind,
+                source_config=config,
+            )
+            reader = StreamReader(source)
+            start: dict[str, Any] = reader.initialOffset()
+            batch_id = 0
+            while steps < limit and not sch.stop.is_set():
+                steps += 1
+                end = reader.latestOffset(start, reader.getDefaultReadLimit())
+                if end == start:
+                    if clean:
+                        return  # caught up with the source
+                    time.sleep(0.01)
+                    continue
+                restart = _micro_batch(sch, name, rng, stores, reader, sink, start, end, batch_id)
+                if restart:
+                    break
+                if not clean:
+                    time.sleep(rng.uniform(0, 0.04))  # the trigger interval, compressed
+                start = end
+                batch_id += 1
+    finally:
+        stores.close()
+        catalog.close()
+
+
+def _micro_batch(
+    sch: Schedule,
+    name: str,
+    rng: random.Random,
+    stores: StoreRegistry,
+    reader: StreamReader,
+    sink: SinkOptions,
+    start: dict[str, Any],
+    end: dict[str, Any],
+    batch_id: int,
+) -> bool:
+    """One micro-batch: plan, write every task, commit. Returns whether the writer restarts."""
+    clean = name.startswith("drain")
+    roll = 1.0 if clean else rng.random()
+
+    def write() -> list[SinkMessage]:
+        return [
+            SegmentSink(sink, stores).write(reader.read(task))
+            for task in reader.partitions(start, end)
+        ]
+
+    messages = write()
+    if roll < 0.08:
+        sch.fault("crash", name, f"after staging batch {batch_id}, before its commit")
+        return True
+    if roll < 0.16:
+        seconds = rng.uniform(0, 2 * MAX_STAGED_AGE)
+        sch.fault("freeze", name, f"{seconds:.2f}s between staging and committing")
+        sch.freeze(seconds)
+    store = stores.get(sch.settings.metadata_url)
+    if 0.16 <= roll < 0.24:
+        after = rng.random() < 0.5
+        sch.fault("commit-failure", name, f"COMMIT of batch {batch_id} fails {_when(after)}")
+        store.on_commit = _fail_once(after)
+    try:
+        SegmentSink(sink, stores).commit(list(messages), batch_id)
+    except WRITER_RESTARTS:
+        return True
+    finally:
+        store.on_commit = None
+    if 0.24 <= roll < 0.32:
+        sch.fault("crash", name, f"after committing batch {batch_id}; it is replayed")
+        with contextlib.suppress(*WRITER_RESTARTS):
+            SegmentSink(sink, stores).commit(list(write()), batch_id)  # replayed: a DROP
+        return True
+    return False
+
+
+def _when(after: bool) -> str:
+    return "after it landed" if after else "before it landed"
+
+
+def _fail_once(after: bool) -> Callable[[bool], None]:
+    fired = threading.Event()
+
+    def hook(committed: bool) -> None:
+        if committed == after and not fired.is_set():
+            fired.set()
+            raise InjectedCommitFailure(f"injected COMMIT failure ({_when(after)})")
+
+    return hook
+
+
+def _sealer(sch: Schedule, name: str, rng: random.Random) -> None:
+    catalog = sch.catalog()
+    frozen: dict[str, float] = {}
+
+    def hook(point: str, partition: int) -> None:
+        seconds = frozen.pop(point, None)
+        if seconds is not None:
+            sch.freeze(seconds)
+
+    faults = SealFaults(hook=hook)
+    sealer = Sealer(
+        catalog,
+        sch.table,
+        thresholds=Thresholds(flush_rows=rng.choice([10, 40, 150]), flush_seconds=0.3),
+        claim_ttl=CLAIM_TTL,
+        faults=faults,
+        checkpoint_seconds=rng.choice([0.0, 60.0]),
+        index_cache=IndexCache(),
+        max_failures=2,
+    )
+    try:
+        # Seal while the writers commit: a frozen sealer's run then grows behind its claim.
+        while not sch.writers_done.is_set() and not sch.stop.is_set():
+            partition = rng.randrange(sch.plan.partitions)
+            roll = rng.random()
+            if roll < 0.06:
+                point = rng.choice(FAULT_POINTS)
+                faults.remaining[point] = 1
+                sch.fault("seal-failure", name, f"at {point}, partition {partition}")
+            elif roll < 0.16:
+                point = rng.choice(CLAIMED_POINTS)
+                frozen[point] = rng.uniform(0.05, 2.5 * CLAIM_TTL)
+                sch.fault("freeze", name, f"{frozen[point]:.2f}s at {point}, partition {partition}")
+            with contextlib.suppress(*SEALER_EXPECTED):
+                sealer.seal_partition(partition, force=rng.random() < 0.3)
+            faults.remaining.clear()
+            frozen.clear()
+            time.sleep(rng.uniform(0.01, 0.06))
+    finally:
+        catalog.close()
+
+
+def _operator(sch: Schedule, name: str, rng: random.Random) -> None:
+    catalog = sch.catalog()
+    try:
+        for _ in range(max(1, sch.plan.steps // 3)):
+            if sch.stop.is_set():
+                return
+            time.sleep(rng.uniform(0.02, 0.2))
+            live = catalog.manifest(sch.table).entries
+            if not live:
+                continue
+            entry = rng.choice(live[-4:])
+            if rng.random() < 0.5:
+                sch.fault("rollback", name, f"partition {entry.partition} from seq {entry.seq}")
+                with contextlib.suppress(*OPERATOR_EXPECTED):
+                    rollback_partition(
+                        catalog.store, sch.table, entry.partition, entry.seq, dry_run=False
+                    )
+            else:
+                sch.fault("reingest", name, entry.name)
+                with contextlib.suppress(*OPERATOR_EXPECTED):
+                    reingest_segment(catalog, sch.ds, entry.name, max_staged_age=MAX_STAGED_AGE)
+    finally:
+        catalog.close()
+
+
+def _maintainer(sch: Schedule, name: str, rng: random.Random) -> None:
+    catalog = sch.catalog()
+    try:
+        while not sch.writers_done.is_set() and not sch.stop.is_set():
+            time.sleep(rng.uniform(0.05, 0.3))
+            for t in (sch.table, sch.dead_table):
+                expire_versions(catalog.store, t, now=time.time())
+                collect_garbage(catalog.store, catalog.deep, t, grace_seconds=GC_GRACE)
+    finally:
+        catalog.close()
+
+
+def _reader(sch: Schedule, name: str, rng: random.Random) -> None:
+    catalog = sch.catalog()
+    try:
+        while not sch.writers_done.is_set() and not sch.stop.is_set():
+            time.sleep(rng.uniform(0.02, 0.15))
+            manifest = catalog.manifest(sch.table)
+            try:
+                got = read_manifest(catalog.deep, manifest).to_pylist()
+            except SegmentUnavailableError as exc:
+                if manifest.version >= catalog.store.oldest_kept_version(sch.table):
+                    sch.anomaly("snapshots", f"the current version lost a file: {exc}")
+                continue
+            want = _model_below(sch, manifest)
+            if _norm(got) != _norm(want):
+                sch.anomaly(
+                    "snapshots",
+                    f"version {manifest.version} read {len(got)} rows, its model "
+                    f"{len(want)} (ends {_ends(manifest)})",
+                )
+            old = manifest.version - rng.randint(1, 6)
+            if old >= 1:
+                with contextlib.suppress(VersionExpiredError, NotFoundError):
+                    catalog.read_table(sch.table, as_of=old)
+    finally:
+        catalog.close()
+
+
+def _ends(manifest: Manifest) -> dict[int, int]:
+    ends: dict[int, int] = {}
+    for e in manifest.entries:
+        ends[e.partition] = max(ends.get(e.partition, 0), e.end)
+    return ends
+
+
+def _model_below(sch: Schedule, manifest: Manifest) -> list[Row]:
+    assert sch.config is not None
+    rows, _ = expected_table(sch.ds.table_spec(), _records(sch.config, _ends(manifest)))
+    return rows
+
+
+def _lifecycle_operator(sch: Schedule, name: str, rng: random.Random) -> None:
+    catalog = sch.catalog()
+    registry = Registry(catalog.store)
+    try:
+        for _ in range(sch.plan.steps):
+            if sch.stop.is_set():
+                return
+            time.sleep(rng.uniform(0, 0.04))
+            command = rng.choice([Command.PAUSE, Command.RESUME, Command.STOP, Command.RESUME])
+            try:
+                rec = registry.command(sch.name, command)
+            except InvalidTransitionError:
+                continue
+            sch.fault("command", name, command.value)
+            with sch.lock:
+                sch.lifecycle_log.append((rec.version, command, rec.state))
+    finally:
+        catalog.close()
+
+
+def _lifecycle_controller(sch: Schedule, name: str, rng: random.Random) -> None:
+    catalog = sch.catalog()
+    registry = Registry(catalog.store)
+    try:
+        for _ in range(sch.plan.steps * 2):
+            if sch.stop.is_set():
+                return
+            _complete(registry, sch.name, rng.uniform(0, 0.03))
+    finally:
+        catalog.close()
+
+
+#: The asynchronous completions a controller applies, by the state it last read.
+COMPLETIONS = {State.INITIALIZING: State.READY, State.STOPPING: State.STOPPED}
+
+
+def _complete(registry: Registry, name: str, delay: float) -> None:
+    """Read the state, wait (a slow controller), then apply its completion conditionally."""
+    seen = registry.get(name).state
+    time.sleep(delay)
+    to = COMPLETIONS.get(seen)
+    if to is not None:
+        registry.complete(name, expected=seen, to=to)
+
+
+ACTORS: dict[str, Callable[[Schedule, str, random.Random], None]] = {
+    "writer": _writer,
+    "sealer": _sealer,
+    "operator": _operator,
+    "maintainer": _maintainer,
+    "reader": _reader,
+    "lifecycle-operator": _lifecycle_operator,
+    "lifecycle-controller": _lifecycle_controller,
+}
+
+
+# -- a schedule ----------------------------------------------------------------------------
+
+
+def run_schedule(plan: Plan, settings: Settings, log: CampaignLog, *, seed: int) -> None:
+    """Set up, run and check one schedule; anomalies go to ``log``."""
+    sch = Schedule(plan, settings, log, name=f"chaos-{seed % 10_000}-{plan.index}")
+    source, sch.config = _source(plan)
+    table_section: dict[str, Any] = {
+        "name": f"c{uuid.uuid4().hex[:10]}",
+        **MODES[plan.mode],
+        "retention": {"time": plan.retention, "min_versions": plan.min_versions},
+    }
+    sch.spec = DatastreamSpec.parse(
+        {"name": sch.name, "source": source, "table": table_section, "schema": ORDERS}
+    )
+    log.schedule(plan.index, f"{sch.table}: {plan.describe()}")
+    setup = sch.catalog()
+    try:
+        setup.create_table(sch.ds.table_spec())
+        setup.create_table(dead_letter_spec(sch.table))
+        if plan.lifecycle:
+            Registry(setup.store).create(sch.ds)
+        actors = _actors(plan)
+        threads = [
+            threading.Thread(
+                target=_guarded,
+                args=(sch, actor, ACTORS[kind], random.Random(f"{seed}/{plan.index}/{actor}")),
+                name=f"{sch.name}-{actor}",
+                daemon=True,
+            )
+            for kind, actor in actors
+        ]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + ACTOR_JOIN_SECONDS
+        for (kind, _), t in zip(actors, threads, strict=True):
+            if kind == "writer":
+                t.join(max(0.0, deadline - time.monotonic()))
+        sch.writers_done.set()
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        sch.stop.set()
+        sch.thaw.set()
+        stuck = [t.name for t in threads if t.is_alive()]
+        if stuck:
+            sch.anomaly("errors", f"actors still running after {ACTOR_JOIN_SECONDS:.0f}s: {stuck}")
+            return
+        _check(sch, setup)
+    except Exception as exc:  # the checker itself failed: that is an anomaly too
+        sch.anomaly("errors", f"the schedule failed: {_one_line(exc)}\n{traceback.format_exc()}")
+    finally:
+        sch.stop.set()
+        sch.thaw.set()
+        setup.close()
+
+
+def _actors(plan: Plan) -> list[tuple[str, str]]:
+    out = [("writer", f"writer-{i}") for i in range(plan.writers)]
+    out += [("sealer", f"sealer-{i}") for i in range(plan.sealers)]
+    if plan.operator:
+        out.append(("operator", "operator"))
+    if plan.maintainer:
+        out.append(("maintainer", "maintainer"))
+    if plan.reader:
+        out.append(("reader", "reader"))
+    if plan.lifecycle:
+        out.append(("lifecycle-operator", "lifecycle-operator"))
+        out += [("lifecycle-controller", f"controller-{i}") for i in range(2)]
+    return out
+
+
+def _guarded(
+    sch: Schedule,
+    actor: str,
+    fn: Callable[[Schedule, str, random.Random], None],
+    rng: random.Random,
+) -> None:
+    try:
+        fn(sch, actor, rng)
+    except Exception as exc:
+        sch.anomaly("errors", f"{actor} raised {_one_line(exc)}\n{traceback.format_exc(limit=-6)}")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0][:300] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"
+
+
+def _check(sch: Schedule, cat: Catalog) -> None:
+    """The checker (see the module doc), after the actors stopped or froze."""
+    assert sch.config is not None
+    # frontier: a clean writer reaches the source's end.
+    started = time.monotonic()
+    while time.monotonic() - started < DRAIN_SECONDS:
+        _writer(_unstopped(sch), "drain", random.Random(0), clean=True)
+        if _reached(sch, cat):
+            break
+    else:
+        sch.anomaly("frontier", f"the shards did not reach the source's end in {DRAIN_SECONDS}s")
+        return
+    # claims: once claims expired, a clean sealer seals every partition.
+    time.sleep(CLAIM_TTL)
+    sealer = Sealer(cat, sch.table, claim_ttl=CLAIM_TTL, index_cache=IndexCache())
+    for p in range(sch.plan.partitions):
+        try:
+            sealer.seal_partition(p, force=True)
+        except Exception as exc:
+            sch.anomaly("claims", f"a clean seal of partition {p} failed: {_one_line(exc)}")
+    stuck = [e.name for e in cat.manifest(sch.table).entries if e.state is not SegmentState.ONLINE]
+    if stuck:
+        sch.anomaly("claims", f"entries not sealed after a clean seal: {stuck}")
+    # model
+    spec = sch.ds.table_spec()
+    records = _records(sch.config)
+    want, bad = expected_table(spec, records)
+    got = cat.read_table(sch.table).to_pylist()
+    if _norm(got) != _norm(want):
+        sch.anomaly("model", _diff(got, want))
+    raw_of = {(p, o): v for p, o, _, v in records}
+    dead = sorted(
+        (r["partition"], r["offset"], r["raw"]) for r in cat.read_table(sch.dead_table).to_pylist()
+    )
+    dead_want = sorted((p, o, raw_of[(p, o)]) for p, o in bad)
+    if dead != dead_want:
+        sch.anomaly(
+            "model",
+            f"dead letters: {len(dead)} rows for {len(dead_want)} bad records "
+            f"(first differing {next((a for a, b in zip(dead, dead_want, strict=False) if a != b), None)})",
+        )
+    # lifecycle
+    if sch.plan.lifecycle:
+        _check_lifecycle(sch, cat)
+    _check_files(sch, cat, final=False)
+    _check_files(sch, cat, final=True)
+
+
+def _unstopped(sch: Schedule) -> Schedule:
+    """The schedule as seen by the checker's own writer: not stopped."""
+    clone = Schedule(sch.plan, sch.settings, sch.log, name=sch.name, spec=sch.spec)
+    clone.config = sch.config
+    return clone
+
+
+def _reached(sch: Schedule, cat: Catalog) -> bool:
+    assert sch.config is not None and sch.config.total is not None
+    n, extra = divmod(sch.config.total, sch.plan.partitions)
+    want = {p: n + (1 if p < extra else 0) for p in range(sch.plan.partitions)}
+    for t in (sch.table, sch.dead_table):
+        got = {sh.partition: sh.upper for sh in cat.store.list_shards(t)}
+        if got != want:
+            return False
+    return True
+
+
+def _norm(rows: list[Row]) -> list[Any]:
+    """Rows as comparable values; doubles to 9 significant digits (a partial table's sums
+    depend on the order the merge adds them in)."""
+    return canonical([{k: _value(v) for k, v in r.items()} for r in rows])
+
+
+def _value(v: Any) -> Any:
+    if isinstance(v, float):
+        return float(f"{v:.9g}")
+    if isinstance(v, datetime):
+        return v.astimezone(UTC)  # one tzinfo, so the canonical order does not depend on it
+    return v
+
+
+def _diff(got: list[Row], want: list[Row]) -> str:
+    g, w = _norm(got), _norm(want)
+    extra = [r for r in g if r not in w][:2]
+    missing = [r for r in w if r not in g][:2]
+    return (
+        f"table has {len(got)} rows, the model {len(want)}: unexpected {extra}, missing {missing}"
+    )
+
+
+def _check_lifecycle(sch: Schedule, cat: Catalog) -> None:
+    registry = Registry(cat.store)
+    for _ in range(3):
+        _complete(registry, sch.name, 0.0)
+    final = registry.get(sch.name).state
+    with sch.lock:
+        applied = sorted(sch.lifecycle_log, key=lambda x: x[0])
+    if not applied:
+        want = State.READY
+    else:
+        _, command, _ = applied[-1]
+        want = {
+            Command.PAUSE: State.PAUSED,
+            Command.RESUME: State.READY,
+            Command.STOP: State.STOPPED,
+        }[command]
+    if final is not want:
+        sch.anomaly(
+            "lifecycle",
+            f"ends {final.value}, the last applied command "
+            f"({applied[-1][1].value if applied else 'none'}) implies {want.value}",
+        )
+
+
+def _check_files(sch: Schedule, cat: Catalog, *, final: bool) -> None:
+    """history: every kept version reads; with ``final``, after a garbage collection with no
+    grace period, which leaves only referenced files."""
+    for t in (sch.table, sch.dead_table):
+        if final:
+            collect_garbage(cat.store, cat.deep, t, grace_seconds=0, clock=ManualClock(start=4e9))
+        current = cat.store.get_table(t).manifest_version
+        for v in range(cat.store.oldest_kept_version(t), current + 1):
+            try:
+                cat.read_table(t, as_of=v)
+            except Exception as exc:
+                sch.anomaly("history", f"{t} version {v} (kept) does not read: {_one_line(exc)}")
+                break
+        if final:
+            files = {f.path for f in cat.deep.list_files(f"tables/{t}")}
+            orphans = files - cat.store.referenced_files(t)
+            if orphans:
+                sch.anomaly("history", f"{t}: unreferenced files left: {sorted(orphans)[:3]}")
+
+
+# -- a campaign ----------------------------------------------------------------------------
+
+
+def run_commit_campaign(
+    settings: Settings,
+    *,
+    seed: int,
+    schedules: int | None = None,
+    minutes: float | None = None,
+    parallel: int = 2,
+    stop_after: int | None = None,
+    log: CampaignLog | None = None,
+) -> CampaignLog:
+    """Run ``schedules`` schedules (or as many as fit in ``minutes``), ``parallel`` at a time,
+    against the metadata store and deep store of ``settings``; start no new schedule once
+    ``stop_after`` anomalies were found. Returns the log (faults, anomalies); nothing raises
+    for an anomaly."""
+    if schedules is None and minutes is None:
+        raise ValueError("give schedules or minutes")
+    log = log or CampaignLog("commit-path", seed)
+    log.begin(
+        f"{schedules if schedules is not None else 'as many'} schedules"
+        f"{f' in {minutes} minutes' if minutes is not None else ''}, {parallel} at a time, "
+        f"metadata {settings.metadata_url.split('@')[-1]}"
+    )
+    deadline = None if minutes is None else time.monotonic() + minutes * 60
+
+    def indexes() -> Iterator[int]:
+        i = 0
+        while (
+            (schedules is None or i < schedules)
+            and (deadline is None or time.monotonic() < deadline)
+            and (stop_after is None or len(log.anomalies) < stop_after)
+        ):
+            yield i
+            i += 1
+
+    with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="schedule") as pool:
+        running: set[Any] = set()
+        for i in indexes():
+            while len(running) >= parallel:
+                done = {f for f in running if f.done()}
+                if not done:
+                    time.sleep(0.01)
+                running -= done
+            running.add(pool.submit(run_schedule, Plan.draw(seed, i), settings, log, seed=seed))
+        for f in running:
+            f.result()
+    log.finish()
+    return log
