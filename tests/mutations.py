@@ -424,13 +424,29 @@ GUARDS: tuple[Guard, ...] = (
         file="src/millstream/table/commit.py",
         what="commit_writes: a file staged longer ago than GC's grace allows is refused",
         old="""\
-            raise StagedFileExpiredError(sorted(w.paths)[0], now - w.staged_at, max_staged_age)
+                raise StagedFileExpiredError(sorted(w.paths)[0], now - w.staged_at, max_staged_age)
 """,
         new="""\
-            pass  # MUTATION: an expired staged file is committed
+                pass  # MUTATION: an expired staged file is committed
 """,
         tests=(
             _guard_test("test_a_commit_refuses_a_staged_file_older_than_gc_could_have_deleted"),
+        ),
+    ),
+    Guard(
+        name="commit-checks-age-inside-transaction",
+        file="src/millstream/table/commit.py",
+        what="commit_writes: the staged-file age is checked right before COMMIT, not up front",
+        old="""\
+            changes, writer_id=writer_id, batch_id=batch_id, precondition=young_enough
+        )""",
+        new="""\
+            changes, writer_id=writer_id, batch_id=batch_id, precondition=young_enough()
+        )  # MUTATION: checked once, up front""",
+        tests=(
+            _guard_test(
+                "test_a_commit_that_waits_inside_its_transaction_past_the_limit_is_refused"
+            ),
         ),
     ),
     Guard(

@@ -28,6 +28,7 @@ from millstream.errors import (
 )
 from millstream.ingest.decode import RAW_SCHEMA, dead_letter_rows, decode_records
 from millstream.ingest.sources import spec_reader
+from millstream.metastore import append as append_module
 from millstream.metastore.claims import DEFAULT_CLAIM_TTL, claim_run
 from millstream.metastore.models import SegmentState, ShardAppend
 from millstream.metastore.rollback import rollback_partition
@@ -347,6 +348,31 @@ def test_a_commit_refuses_a_staged_file_older_than_gc_could_have_deleted(pipe: P
     assert pipe.catalog.store.get_shard(TABLE, 0) == upper, "nothing was committed"
     pipe.assert_reads_every_row_once()
     pipe.batch(0)  # the writer restarts from the upper and stages the range again
+    pipe.assert_reads_every_row_once()
+
+
+def test_a_commit_that_waits_inside_its_transaction_past_the_limit_is_refused(
+    pipe: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the commit-path campaign: a commit passed an up-front age check, then waited
+    on locks while GC deleted its (still unreferenced) file, and landed referencing it. The
+    age is now checked inside the transaction, right before COMMIT."""
+    write = pipe.staged(0)
+    assert write.staged_at is not None
+    clock = ManualClock(write.staged_at + 1)  # young when the commit starts
+    waiting = append_module.append_txn
+
+    def wait_on_locks(*args: Any, **kwargs: Any) -> Any:
+        clock.advance(MAX_STAGED_AGE_SECONDS)  # ...but it waits that long for its locks
+        return waiting(*args, **kwargs)
+
+    monkeypatch.setattr(append_module, "append_txn", wait_on_locks)
+    upper = pipe.catalog.store.get_shard(TABLE, 0)
+    with pytest.raises(StagedFileExpiredError):
+        pipe.commit(write, clock=clock)
+    assert pipe.catalog.store.get_shard(TABLE, 0) == upper, "nothing was committed"
+    assert not any(pipe.catalog.deep.exists(path) for path in write.paths)
+    monkeypatch.undo()
     pipe.assert_reads_every_row_once()
 
 

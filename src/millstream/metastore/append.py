@@ -4,7 +4,7 @@ version) in one transaction, for one table or for a table and its dead-letter ta
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, insert
@@ -52,6 +52,7 @@ def commit_batch(
     *,
     writer_id: str | None,
     batch_id: int | None,
+    precondition: Callable[[], None] | None = None,
 ) -> dict[str, AppendResult]:
     """Several tables' batches in one transaction (see :meth:`MetadataStore.commit_batch`)."""
     for appends in changes.values():
@@ -59,10 +60,13 @@ def commit_batch(
             raise InvalidSpecError("appends", "lists a partition twice")
 
     def _txn(conn: Connection) -> dict[str, AppendResult]:
-        return {
+        results = {
             t: append_txn(conn, store, t, sorted(a, key=lambda x: x.partition), writer_id, batch_id)
             for t, a in sorted(changes.items())
         }
+        if precondition is not None:
+            precondition()  # last, with every lock held: right before COMMIT
+        return results
 
     results, retries = store.retrying(_txn)
     return {

@@ -167,10 +167,15 @@ class MetadataStore:
         *,
         writer_id: str | None = None,
         batch_id: int | None = None,
+        precondition: Callable[[], None] | None = None,
     ) -> dict[str, AppendResult]:
         """compare_and_append on several tables (a table and its dead-letter table) in ONE
-        transaction: either every table's decision is recorded or none is."""
-        return append.commit_batch(self, changes, writer_id=writer_id, batch_id=batch_id)
+        transaction: either every table's decision is recorded or none is. ``precondition``
+        runs inside the transaction right before COMMIT (every lock held); if it raises,
+        nothing is committed."""
+        return append.commit_batch(
+            self, changes, writer_id=writer_id, batch_id=batch_id, precondition=precondition
+        )
 
     # -- manifests -------------------------------------------------------------------------
 

@@ -14,6 +14,9 @@ catch them"):
   its grace period, and a staged file is unreferenced until its commit lands. A commit refuses
   files staged more than :data:`MAX_STAGED_AGE_SECONDS` ago (half the default grace period), so
   it can never reference a file GC has deleted or is about to (:class:`StagedFileExpiredError`).
+  The age is checked inside the commit's transaction, right before COMMIT: a commit that
+  waited on locks is judged by when it lands (the commit-path campaign found a commit that
+  passed an up-front check, waited, and referenced a file GC had deleted meanwhile).
 * **An unknown outcome keeps the files.** If COMMIT fails with an unknown outcome, the shards
   are re-read: if every range is persisted the batch is done (by this writer or a peer);
   otherwise :class:`CommitStateUnknownError` is raised and no staged file is deleted, since
@@ -161,16 +164,23 @@ def commit_writes(
     ``raise_for_gaps`` is false: the caller reads the GAP outcomes from the result)."""
     main, dl, rows = plan_appends(writes, epochs or {}, dead_letter_epochs or {})
     staged = set().union(*(w.paths for w in writes)) if writes else set()
-    now = clock.now()
-    for w in writes:
-        if w.staged_at is not None and w.paths and now - w.staged_at > max_staged_age:
-            # Nothing committed; GC (which checks references) removes the files.
-            raise StagedFileExpiredError(sorted(w.paths)[0], now - w.staged_at, max_staged_age)
+
+    def young_enough() -> None:
+        # Checked inside the transaction with every lock held, right before COMMIT: a commit
+        # that waited on locks is judged by when it lands, not when it started.
+        now = clock.now()
+        for w in writes:
+            if w.staged_at is not None and w.paths and now - w.staged_at > max_staged_age:
+                # Nothing committed; the files are deleted below (nothing references them).
+                raise StagedFileExpiredError(sorted(w.paths)[0], now - w.staged_at, max_staged_age)
+
     changes: dict[str, Sequence[ShardAppend]] = {table: main}
     if dead_letter_table is not None:
         changes[dead_letter_table] = dl
     try:
-        results = store.commit_batch(changes, writer_id=writer_id, batch_id=batch_id)
+        results = store.commit_batch(
+            changes, writer_id=writer_id, batch_id=batch_id, precondition=young_enough
+        )
     except CommitStateUnknownError:
         if _persisted(store, changes):
             # A peer's or this commit's: the ranges are in the manifest. Files stay for GC.
