@@ -82,13 +82,21 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         name="seal-swap-rechecks-claim",
         file=SWAPS,
-        what="replace_run: every claimed entry is live and still at its claimed version",
+        what="replace_run: every claimed entry is live, at its claimed version, and claimed",
         old="""\
             if cur is None or cur.removed_version is not None or cur.row_version != version:
                 raise SegmentChangedError(
                     f"the run being sealed in {table} partition {partition} changed (rolled "
                     "back, re-ingested, or claimed by another sealer after this one's claim "
                     "expired); the seal is discarded",
+                    table=table,
+                    partition=partition,
+                )
+            if at is not None and not cur.claim_held(at):
+                raise SegmentChangedError(
+                    f"the claim on the run being sealed in {table} partition {partition} "
+                    "expired before the swap (the sealer stalled); its uploaded files may "
+                    "already be collected, so the seal is discarded and retried",
                     table=table,
                     partition=partition,
                 )
