@@ -245,6 +245,22 @@ def test_a_sealer_whose_expired_claim_was_taken_over_cannot_swap_its_stale_seal_
     pipe.assert_reads_every_row_once()
 
 
+def test_a_sealer_whose_run_a_successor_claimed_but_not_yet_sealed_swaps_nothing(
+    pipe: Pipeline,
+) -> None:
+    later = time.time() + DEFAULT_CLAIM_TTL + 60
+
+    def successor_claims() -> None:
+        run = [e for e in pipe.catalog.manifest(TABLE).entries if e.partition == 0]
+        assert claim_run(pipe.catalog.store, run, owner="successor", now=later) is not None
+
+    slow = Sealer(pipe.catalog, TABLE, faults=_at("before_swap", successor_claims))
+    with pytest.raises(SegmentChangedError):
+        slow.seal_partition(0, force=True)
+    assert all(state is SegmentState.COMMITTING for _, state in pipe.entries(0))
+    pipe.assert_reads_every_row_once()
+
+
 def test_a_sealer_stalled_past_its_claim_swaps_nothing_even_if_nobody_took_the_run_over(
     pipe: Pipeline,
 ) -> None:

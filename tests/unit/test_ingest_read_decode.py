@@ -3,6 +3,7 @@ task that reads its ranges itself (the source sends only range markers)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,8 @@ import pyarrow as pa
 import pytest
 
 from millstream.catalog import Catalog
-from millstream.errors import MillstreamError
+from millstream.datastream import dead_letter_spec
+from millstream.errors import MillstreamError, StagedFileExpiredError
 from millstream.ingest.decode import decode_records
 from millstream.ingest.sources import files
 from millstream.ingest.sources.files import FilesConfig, FilesReader
@@ -210,3 +212,30 @@ def test_a_sink_without_the_source_settings_refuses_range_markers(
 ) -> None:
     with pytest.raises(MillstreamError, match="range markers"):
         _sink(cat, _spec(), None).write(iter([markers_batch([(0, 0, 10)])]))
+
+
+def test_the_sink_refuses_files_staged_longer_ago_than_its_max_staged_age(
+    cat: Catalog, tmp_path: Path
+) -> None:
+    """A deployment whose GC runs with a shorter grace period lowers the limit with it (the
+    commit-path campaign runs GC with a 1.6 s grace, so its sinks accept 0.8 s)."""
+    d = tmp_path / "src"
+    (d / "0").mkdir(parents=True)
+    (d / "0" / "a.json").write_bytes(b"".join(_value(i) + b"\n" for i in range(5)))
+    spec = _spec()
+    cat.create_table(spec)
+    cat.create_table(dead_letter_spec(spec.name))
+    options = SinkOptions.from_options(
+        {**_sink(cat, spec, d).opts.to_options(), "maxStagedAge": "0.5"}
+    )
+    assert options.max_staged_age == 0.5
+    assert SinkOptions.from_options(options.to_options()) == options
+    sink = SegmentSink(options)
+    msg = sink.write(iter([markers_batch([(0, 0, 5)])]))
+    assert msg.staged_at is not None
+    stale = dataclasses.replace(msg, staged_at=msg.staged_at - 1.0)
+    with pytest.raises(StagedFileExpiredError):
+        SegmentSink(options).commit([stale], 0)
+    assert cat.store.list_shards(spec.name) == [], "nothing was committed"
+    SegmentSink(options).commit([SegmentSink(options).write(iter([markers_batch([(0, 0, 5)])]))], 0)
+    assert cat.read_table(spec.name).num_rows == 5

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection
 
+from millstream.clock import Clock
 from millstream.errors import SegmentChangedError
 from millstream.metastore.manifest import (
     insert_delete_vector,
@@ -53,14 +54,14 @@ def replace_run(
     claimed: Mapping[int, int],
     sealed: SealedSegment,
     *,
-    at: float | None = None,
+    claim_clock: Clock | None = None,
 ) -> tuple[Entry, int | None]:
     """Swap a sealed segment in for the claimed run, in one transaction: the run's entries are
     removed, one ONLINE entry covering ``[run start, run end)`` with the run's first sequence
     number is added, with its delete vector. Returns (the new entry, the vector's id or None).
 
-    Preconditions: every claimed entry is live and still at its claimed version; with ``at``
-    (now, on the sealer's clock), its claim has not expired; with a key index, the partition's live
+    Preconditions: every claimed entry is live and still at its claimed version; with
+    ``claim_clock`` (the sealer's), its claim has not expired when the transaction ends; with a key index, the partition's live
     sealed entries and delete vectors are the ones it reflects. Any failing raises
     :class:`SegmentChangedError` (the seal is discarded).
 
@@ -88,14 +89,6 @@ def replace_run(
                     f"the run being sealed in {table} partition {partition} changed (rolled "
                     "back, re-ingested, or claimed by another sealer after this one's claim "
                     "expired); the seal is discarded",
-                    table=table,
-                    partition=partition,
-                )
-            if at is not None and not cur.claim_held(at):
-                raise SegmentChangedError(
-                    f"the claim on the run being sealed in {table} partition {partition} "
-                    "expired before the swap (the sealer stalled); its uploaded files may "
-                    "already be collected, so the seal is discarded and retried",
                     table=table,
                     partition=partition,
                 )
@@ -139,6 +132,15 @@ def replace_run(
         publish_version(conn, info, "seal", now)
         new = get_entry(conn, new_id)
         assert new is not None
+        # Last, right before COMMIT: a swap that waited on locks is judged by when it lands.
+        if claim_clock is not None and not all(e.claim_held(claim_clock.now()) for e in entries):
+            raise SegmentChangedError(
+                f"the claim on the run being sealed in {table} partition {partition} expired "
+                "before the swap landed (the sealer stalled); its uploaded files may already "
+                "be collected, so the seal is discarded and retried",
+                table=table,
+                partition=partition,
+            )
         return new, dv_id
 
     def _landed(conn: Connection) -> tuple[Entry, int | None] | None:

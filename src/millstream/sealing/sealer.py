@@ -303,7 +303,7 @@ class Sealer:
                     reflects=sealed_from,
                     delete_vector=None if dv_path is None else (dv_path, len(dropped)),
                 ),
-                at=self.clock.now(),
+                claim_clock=self.clock,
             )
         except BaseException as exc:
             if not swapping or isinstance(exc, SegmentChangedError | CommitConflictError):

@@ -24,6 +24,7 @@ from millstream.ingest.sources import PartitionReader, reader_for
 from millstream.ingest.sources.base import decode_offsets, encode_offsets
 from millstream.sealing.thresholds import Thresholds
 from millstream.spec import TableSpec
+from millstream.table.gc import MAX_STAGED_AGE_SECONDS
 
 
 class Options(dict[str, str]):
@@ -178,8 +179,12 @@ class SinkOptions:
     source_config: dict[str, Any] | None = None
     seal_inline: Thresholds | None = None
     gate: CommitGate | None = None
+    #: the oldest staged file a commit accepts; keep it at most half of GC's grace period
+    max_staged_age: float = MAX_STAGED_AGE_SECONDS
 
     def __post_init__(self) -> None:
+        if self.max_staged_age <= 0:
+            raise InvalidSpecError("maxStagedAge", "must be positive")
         if self.bad_records not in ("dead_letter", "fail"):
             raise InvalidSpecError("badRecords", f"{self.bad_records!r} is not dead_letter or fail")
 
@@ -211,6 +216,8 @@ class SinkOptions:
             out["sealInline"] = json.dumps(asdict(self.seal_inline))
         if self.gate is not None:
             out.update(self.gate.to_options())
+        if self.max_staged_age != MAX_STAGED_AGE_SECONDS:
+            out["maxStagedAge"] = repr(self.max_staged_age)
         return out
 
     @classmethod
@@ -231,4 +238,5 @@ class SinkOptions:
             source_config=_json(o, "sourceConfig", None),
             seal_inline=Thresholds(**seal) if seal is not None else None,
             gate=CommitGate.from_options(o),
+            max_staged_age=float(o.get("maxStagedAge") or MAX_STAGED_AGE_SECONDS),
         )

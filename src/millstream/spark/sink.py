@@ -236,6 +236,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
             dead_letter_epochs=self.dl_epochs,
             writer_id=self.writer_id,
             batch_id=batchId,
+            max_staged_age=self.opts.max_staged_age,
             raise_for_gaps=False,
         )
         self._record(batchId, result)

@@ -328,6 +328,7 @@ def _writer(sch: Schedule, name: str, rng: random.Random, *, clean: bool = False
                 dead_letter_epochs=boot.dead_letter_epochs,
                 source_kind=kind,
                 source_config=config,
+                max_staged_age=MAX_STAGED_AGE,  # scaled with GC's grace, as in production
             )
             reader = StreamReader(source)
             start: dict[str, Any] = reader.initialOffset()
@@ -692,7 +693,8 @@ def _check(sch: Schedule, cat: Catalog) -> None:
         return
     # claims: once claims expired, a clean sealer seals every partition.
     time.sleep(CLAIM_TTL)
-    sealer = Sealer(cat, sch.table, claim_ttl=CLAIM_TTL, index_cache=IndexCache())
+    # Its own claims last long: nothing else runs now, and a loaded machine builds slowly.
+    sealer = Sealer(cat, sch.table, claim_ttl=60.0, index_cache=IndexCache())
     for p in range(sch.plan.partitions):
         try:
             sealer.seal_partition(p, force=True)
