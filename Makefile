@@ -69,10 +69,10 @@ lock: | $(UV)
 demo: venv
 	$(VENV)/bin/millstream demo
 
-# A longer fault campaign than CI's: make chaos SEED=123 MINUTES=30 [LAYER=commit|process|both]
+# A longer fault campaign than CI's: make chaos SEED=123 MINUTES=30 [LAYER=commit]
 SEED    ?=
 MINUTES ?= 30
-LAYER   ?= both
+LAYER   ?= commit
 chaos: venv system-deps
 	$(VENV)/bin/millstream chaos --minutes $(MINUTES) --layer $(LAYER) $(if $(SEED),--seed $(SEED))
 

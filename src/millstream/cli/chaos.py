@@ -20,8 +20,6 @@ from millstream.cli.output import console, exit_codes_help
 
 class Layer(enum.StrEnum):
     commit = "commit"
-    process = "process"
-    both = "both"
 
 
 class Backend(enum.StrEnum):
@@ -50,10 +48,8 @@ def chaos(
     seed: Annotated[
         int | None, typer.Option(help="Seed of the campaign (default: a random one, printed).")
     ] = None,
-    minutes: Annotated[
-        float, typer.Option(help="How long to run (both layers: split between them).", min=0.1)
-    ] = 5.0,
-    layer: Annotated[Layer, typer.Option(help="Which campaign to run.")] = Layer.both,
+    minutes: Annotated[float, typer.Option(help="How long to run.", min=0.1)] = 5.0,
+    layer: Annotated[Layer, typer.Option(help="Which campaign to run.")] = Layer.commit,
     backend: Annotated[
         Backend, typer.Option(help="The commit-path campaign's metadata store.")
     ] = Backend.postgresql,
@@ -86,12 +82,12 @@ def chaos(
     root.mkdir(parents=True, exist_ok=True)
     console.print(f"chaos: seed {seed}, {minutes:g} minutes, layer {layer}, workdir {root}")
     logs: list[CampaignLog] = []
-    share = minutes / 2 if layer is Layer.both else minutes
+    share = minutes
 
     def out(line: str) -> None:
         console.print(line, markup=False, highlight=False)
 
-    if layer in (Layer.commit, Layer.both):
+    if layer is Layer.commit:
         with _metadata_url(backend, metadata_url, root) as url:
             settings = Settings.load(home=root / "commit-home", metadata_url=url)
             logs.append(

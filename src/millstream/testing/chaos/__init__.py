@@ -4,10 +4,7 @@
   planning, the segment sink's write and commit), the sealer, rollback, re-ingest, expiry and
   garbage collection at once against one metadata store, with crashes between steps and
   injected commit failures. Hundreds of schedules a minute; no Spark JVM.
-* :mod:`.process`: a real cluster (broker, controller, workers with their own JVMs) and a
-  producer, with process kills and freezes, operator storms through the REST API and cut
-  connections while records flow.
 
-Both print through :class:`.log.CampaignLog`: the seed, each schedule, each fault with its
-time, each anomaly, and a final line ``N faults in M schedules, K anomalies``.
+Campaigns print through :class:`.log.CampaignLog`: the seed, each schedule, each fault with
+its time, each anomaly, and a final line ``N faults in M schedules, K anomalies``.
 """
