@@ -82,7 +82,7 @@ from millstream.errors import (
     WriterFencedError,
 )
 from millstream.ingest.sources import config_for
-from millstream.ingest.sources.generator import GeneratorConfig, generate
+from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
 from millstream.metastore.expiry import expire_versions
 from millstream.metastore.models import Manifest, SegmentState
 from millstream.metastore.rollback import rollback_partition
@@ -130,15 +130,6 @@ MODES: dict[str, dict[str, Any]] = {
         "partial": {"amount": "sum", "customer": "append", "updated_at": "max"},
     },
 }
-ORDERS = {
-    "order_id": "long",
-    "customer": "string",
-    "amount": "double",
-    "status": "string",
-    "updated_at": "timestamp",
-    "is_deleted": "boolean",
-}
-
 #: What each actor's steps may raise without it being an anomaly, and why.
 WRITER_RESTARTS = (
     ShardGapError,  # a peer or a rollback moved the upper: restart from it
@@ -604,7 +595,7 @@ def run_schedule(plan: Plan, settings: Settings, log: CampaignLog, *, seed: int)
         "retention": {"time": plan.retention, "min_versions": plan.min_versions},
     }
     sch.spec = DatastreamSpec.parse(
-        {"name": sch.name, "source": source, "table": table_section, "schema": ORDERS}
+        {"name": sch.name, "source": source, "table": table_section, "schema": dict(ORDERS_SCHEMA)}
     )
     log.schedule(plan.index, f"{sch.table}: {plan.describe()}")
     setup = sch.catalog()
