@@ -56,6 +56,7 @@ system-deps:
 
 lint: venv
 	$(VENV)/bin/ruff check src tests $(wildcard bench)
+	$(VENV)/bin/ruff format --check src tests $(wildcard bench)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 
@@ -69,12 +70,14 @@ lock: | $(UV)
 demo: venv
 	$(VENV)/bin/millstream demo
 
-# A longer fault campaign than CI's: make chaos SEED=123 MINUTES=30 [LAYER=commit]
+# A longer fault campaign than CI's: make chaos SEED=123 MINUTES=30 [LAYER=all|commit|process]
+# [BACKEND=postgresql|sqlite]
 SEED    ?=
 MINUTES ?= 30
-LAYER   ?= commit
+LAYER   ?= all
+BACKEND ?= postgresql
 chaos: venv system-deps
-	$(VENV)/bin/millstream chaos --minutes $(MINUTES) --layer $(LAYER) $(if $(SEED),--seed $(SEED))
+	$(VENV)/bin/millstream chaos --minutes $(MINUTES) --layer $(LAYER) --backend $(BACKEND) $(if $(SEED),--seed $(SEED))
 
 clean:
 	rm -rf build dist .millstream .mypy_cache .ruff_cache .pytest_cache .hypothesis src/*.egg-info

@@ -73,9 +73,7 @@ class Catalog:
         :class:`~millstream.errors.VersionExpiredError`, never a partial result."""
         manifest = self.manifest(name, as_of=as_of)
         try:
-            return read_manifest(
-                self.deep, manifest, include_system_columns=include_system_columns
-            )
+            return read_manifest(self.deep, manifest, include_system_columns=include_system_columns)
         except SegmentUnavailableError:
             # A file of this version is gone: garbage collection after an expiry, or a lost
             # file. Only the first is the reader's business to be told about.

@@ -43,9 +43,7 @@ def test_a_reingestion_racing_a_seal_claim_leaves_one_live_entry_per_segment_on_
         pipe.batch(0)
     target = next(e for e in pg_catalog.manifest(TABLE).entries if e.seq == 1)
     # The sealer is another process: its own engine and connections.
-    sealer_side = Catalog.open(
-        metadata_url=pg_catalog.store.url, deep_store=str(tmp_path / "deep")
-    )
+    sealer_side = Catalog.open(metadata_url=pg_catalog.store.url, deep_store=str(tmp_path / "deep"))
     me = threading.get_ident()
     claimed: list[Any] = []
 

@@ -85,9 +85,7 @@ def test_debug_info_names_who_is_sealing_a_segment_and_when_the_claim_expires(
     sealer = Sealer(catalog, "orders", faults=SealFaults(hook=look), clock=clock)
     with pytest.raises(InjectedSealFault):
         sealer.seal_partition(0, force=True)
-    assert [(s["segment"], s["claimed_by"]) for s in seen] == [
-        ("orders__0__0", sealer.claim_owner)
-    ]
+    assert [(s["segment"], s["claimed_by"]) for s in seen] == [("orders__0__0", sealer.claim_owner)]
     expires_in = seen[0]["claim_expires_in_s"]
     assert isinstance(expires_in, float) and 0 < expires_in <= sealer.claim_ttl
     assert api.get("/tables/orders/debugInfo").json()["committing_segments"] == []
