@@ -22,6 +22,8 @@ import threading
 import uuid
 from dataclasses import dataclass
 
+from sqlalchemy.exc import InterfaceError, OperationalError
+
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control import events
@@ -139,7 +141,9 @@ class Controller:
         while not self._stop.is_set():
             try:
                 self.tick()
-            except MillstreamError as exc:
+            except (MillstreamError, OperationalError, InterfaceError) as exc:
+                # A tick is idempotent: one the metadata store failed (a dropped connection, a
+                # store briefly unreachable) runs again next time instead of ending the process.
                 log.warning("controller %s tick failed: %s", self.id, exc)
             self._stop.wait(self.settings.tick_seconds)
         if self.lease is not None:

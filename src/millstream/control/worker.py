@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import InterfaceError, OperationalError
+
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control.controller import ControlSettings
@@ -42,7 +44,8 @@ from millstream.errors import (
     StateDirLockedError,
     from_spark_failure,
 )
-from millstream.sealing.sealer import Sealer
+from millstream.faults import seal_faults
+from millstream.sealing.sealer import Sealer, SealFaults
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.options import CommitGate
 from millstream.spark.runner import DatastreamRunner
@@ -290,6 +293,7 @@ class Worker:
                 spec.table_name,
                 thresholds=Thresholds.of(seg),
                 clock=self.clock,
+                faults=SealFaults(seal_faults()),  # MILLSTREAM_SEAL_FAULTS: drills and tests
             )
             self.sealers[ds] = sealer
         sealer.seal_due()
@@ -324,7 +328,9 @@ class Worker:
         while not self._stop.is_set():
             try:
                 self.tick()
-            except MillstreamError as exc:
+            except (MillstreamError, OperationalError, InterfaceError) as exc:
+                # A tick is idempotent: one the metadata store failed (a dropped connection, a
+                # store briefly unreachable) runs again next time instead of ending the process.
                 log.warning("worker %s tick failed: %s", self.id, exc)
             self._stop.wait(self.settings.tick_seconds)
         self.seal_loop.stop()  # lets a seal in progress finish first

@@ -295,6 +295,11 @@ class DatastreamRunner:
         try:
             while not self._stopping:
                 self.start(available_now=available_now)
+                if self._stopping:
+                    # stop() came while start() was starting this query: it stopped the one
+                    # before (or none), and this one would run on with nobody to stop it.
+                    self.query.stop()
+                    return self.stats
                 if self.background_sealing and sealing is None:
                     # Only now: start() created the tables, so no pass finds them missing.
                     sealing = self._start_sealing()

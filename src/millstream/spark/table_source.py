@@ -14,6 +14,7 @@ version is pinned when the query is planned, so every task reads the same snapsh
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -116,11 +117,18 @@ class MillstreamReader(DataSourceReader):
         yield from table.to_batches(max_chunksize=65536)
 
 
+#: Spark's registration checks "registered already?" and then "does the name resolve?": a
+#: second thread registering the same name in between makes the first fail with
+#: DATA_SOURCE_ALREADY_EXISTS (a worker starts its writers on threads of their own).
+_REGISTER_LOCK = threading.Lock()
+
+
 def register(spark: SparkSession) -> None:
     """Register the ``millstream`` data source (batch reads, streaming sink) and the stream
-    source ``millstream_source`` (idempotent)."""
-    for ds in (MillstreamDataSource, StreamSource):
-        spark.dataSource.register(ds)
+    source ``millstream_source`` (idempotent; one thread at a time)."""
+    with _REGISTER_LOCK:
+        for ds in (MillstreamDataSource, StreamSource):
+            spark.dataSource.register(ds)
 
 
 def read_dataframe(
