@@ -687,6 +687,21 @@ GUARDS: tuple[Guard, ...] = (
         tests=(COMMIT_CAMPAIGN,),
     ),
     Guard(
+        name="controller-tick-survives-store-outage",
+        file="src/millstream/control/controller.py",
+        what="Controller.run_forever: a tick the metadata store failed runs again next time",
+        old="""\
+            except (MillstreamError, OperationalError, InterfaceError) as exc:
+""",
+        new="""\
+            except MillstreamError as exc:  # MUTATION: a dropped connection ends the loop
+""",
+        tests=(
+            "tests/unit/api/test_api_store_outage.py::test_the_controller_loop_outlives_a_store_"
+            "outage_and_goes_on_once_it_is_back",
+        ),
+    ),
+    Guard(
         name="expired-version-read-refused",
         file="src/millstream/metastore/reads.py",
         what="resolve_version: a version below the oldest kept one raises VersionExpiredError",

@@ -218,6 +218,15 @@ class MetadataSchemaError(MillstreamError):
     """
 
 
+class MetadataStoreUnavailableError(MillstreamError):
+    """The metadata store did not answer: a connection was refused, reset or timed out.
+
+    The failing transaction did not reach its COMMIT (one cut during COMMIT raises
+    CommitStateUnknownError instead), so a one-transaction request such as a lifecycle command
+    changed nothing. Retry once the store is reachable; services retry on their own.
+    """
+
+
 class UnauthorizedError(MillstreamError):
     """A mutating REST call without the bearer token the controller was started with.
 
@@ -430,6 +439,7 @@ HTTP_STATUS: dict[type[MillstreamError], int] = {
     CommitStateUnknownError: 503,
     SegmentUnavailableError: 503,
     MetadataSchemaError: 500,
+    MetadataStoreUnavailableError: 503,
     PreconditionFailedError: 409,
     UnauthorizedError: 401,
     RequestTooLargeError: 413,
@@ -461,6 +471,7 @@ EXIT_CODES: dict[type[MillstreamError], int] = {
     CommitStateUnknownError: 6,
     SegmentUnavailableError: 7,
     MetadataSchemaError: 8,
+    MetadataStoreUnavailableError: 12,
     PreconditionFailedError: 4,
     UnauthorizedError: 2,
     RequestTooLargeError: 2,
@@ -493,6 +504,7 @@ EXIT_FAMILIES: dict[int, str] = {
     9: "the Spark query failed with one of these errors",
     10: "bad record",
     11: "source unreadable",
+    12: "metadata store unreachable",
     130: "interrupted",
 }
 

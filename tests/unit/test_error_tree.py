@@ -163,12 +163,12 @@ def readme_exit_codes_paragraph() -> str:
 def test_the_check_finds_a_missing_code_an_extra_code_and_a_wrong_meaning() -> None:
     good = exit_codes_help()
     missing = good.replace("; 7 segment unavailable", "")
-    extra = good.replace("130 interrupted", "130 interrupted; 12 tired")
+    extra = good.replace("130 interrupted", "130 interrupted; 13 tired")
     wrong = good.replace("3 not found", "3 already exists")
 
     assert exit_code_list_problems(good) == []
     assert exit_code_list_problems(missing) == ["7 (segment unavailable) is missing"]
-    assert exit_code_list_problems(extra) == ["12 is not an exit code"]
+    assert exit_code_list_problems(extra) == ["13 is not an exit code"]
     assert exit_code_list_problems(wrong) == ["3 should say 'not found', says 'already exists'"]
 
 

@@ -10,9 +10,16 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from millstream.errors import InvalidSpecError, MillstreamError, http_status
+from millstream.errors import (
+    InvalidSpecError,
+    MetadataStoreUnavailableError,
+    MillstreamError,
+    http_status,
+)
+from millstream.metastore.engine import first_line, unreachable
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +68,21 @@ def install_error_handlers(app: FastAPI) -> None:
         body = {"error": "HTTPError", "message": str(exc.detail), "status": exc.status_code}
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
+    async def on_store_error(_: Request, exc: Exception) -> JSONResponse:
+        # A metadata store that did not answer is the store's outage, not the request's
+        # fault nor a bug: 503 with the driver's reason, one log line, no traceback. Any
+        # other database error (a bad statement, a constraint) stays a 500 with its traceback.
+        assert isinstance(exc, (OperationalError, InterfaceError))
+        if not unreachable(exc):
+            raise exc
+        return error_response(
+            MetadataStoreUnavailableError(
+                f"the metadata store did not answer ({first_line(exc)}); retry once it is reachable"
+            )
+        )
+
     app.add_exception_handler(MillstreamError, on_millstream_error)
+    app.add_exception_handler(OperationalError, on_store_error)
+    app.add_exception_handler(InterfaceError, on_store_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

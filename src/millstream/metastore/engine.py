@@ -17,9 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, create_engine, event, insert
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
-from millstream.errors import CommitConflictError, CommitStateUnknownError, MetadataSchemaError
+from millstream.errors import (
+    CommitConflictError,
+    CommitStateUnknownError,
+    MetadataSchemaError,
+    MetadataStoreUnavailableError,
+)
 from millstream.metastore import schema as s
 
 if TYPE_CHECKING:
@@ -126,6 +131,7 @@ def retrying(store: MetadataStore, fn: Any, *args: Any, **kwargs: Any) -> Any:
 def migrate(store: MetadataStore) -> None:
     """Create or upgrade the schema to :data:`schema.LATEST_SCHEMA_VERSION` (racing processes
     that do the same at once are tolerated)."""
+    last: Exception | None = None
     for _ in range(5):
         try:
             with store.write() as conn:
@@ -147,10 +153,44 @@ def migrate(store: MetadataStore) -> None:
                         .values(value=str(s.LATEST_SCHEMA_VERSION))
                     )
             return
-        except (IntegrityError, OperationalError, DBAPIError, CommitConflictError):
+        except (IntegrityError, OperationalError, DBAPIError, CommitConflictError) as exc:
             # Another process is creating the schema at the same moment; look again.
+            last = exc
             time.sleep(0.05)
-    raise MetadataSchemaError("could not create or migrate the metadata schema")
+    if isinstance(last, DBAPIError) and unreachable(last):
+        raise MetadataStoreUnavailableError(
+            f"could not reach the metadata store to check its schema: {first_line(last)}"
+        ) from last
+    raise MetadataSchemaError("could not create or migrate the metadata schema") from last
+
+
+def first_line(exc: BaseException) -> str:
+    """The driver's own message of ``exc`` (its first line, without SQLAlchemy's SQL echo)."""
+    orig = getattr(exc, "orig", None) or exc
+    return (str(orig).strip().splitlines() or [type(orig).__name__])[0][:300]
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the metadata store could not be reached (a connection refused,
+    reset, closed or timed out), as opposed to a conflict, a lock or a bad statement."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    if not isinstance(exc, (OperationalError, InterfaceError)) or is_retryable(exc):
+        return False
+    text = str(getattr(exc, "orig", None) or exc).lower()
+    return any(
+        marker in text
+        for marker in (
+            "connection",
+            "could not connect",
+            "server closed",
+            "terminating",
+            "timeout",
+            "timed out",
+            "consuming input failed",
+            "unable to open database",
+        )
+    )
 
 
 def is_retryable(exc: BaseException) -> bool:
