@@ -73,6 +73,15 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def _state(pid: int) -> str:
+    """A process's state letter (``T``: stopped), or '' if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().decode(errors="replace").rsplit(")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
 def _pgid(pid: int) -> int | None:
     try:
         return os.getpgid(pid)
@@ -91,6 +100,7 @@ class Service:
     url: str = ""  # a controller's REST API
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
+    _frozen: set[int] = field(default_factory=set, init=False, repr=False)
 
     def start(self) -> Service:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,6 +126,35 @@ class Service:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int, *, also: Iterable[int] = ()) -> set[int]:
+        """Send ``sig`` to the service's process group and every descendant (and their own
+        process groups), as :meth:`kill` does, without waiting, and to the PIDs ``also``.
+        Returns the PIDs signalled (pass them as ``also`` to reach the same ones again)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return set(also)
+        pids = {self.proc.pid, *descendants(self.proc.pid), *also}
+        groups = {g for g in (_pgid(p) for p in pids) if g is not None}
+        groups.discard(os.getpgid(0))  # never our own group
+        for g in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(g, sig)
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, sig)
+        return pids
+
+    def freeze(self) -> None:
+        """SIGSTOP the whole service (the driver, its JVM, the JVM's Python workers)."""
+        self._frozen = self.signal(signal.SIGSTOP)
+
+    def thaw(self) -> list[int]:
+        """SIGCONT every process :meth:`freeze` stopped and every descendant; returns the PIDs
+        of the service that are still stopped afterwards (none, normally)."""
+        pids = self.signal(signal.SIGCONT, also=self._frozen)
+        self._frozen = set()
+        time.sleep(0.2)
+        return [p for p in sorted(pids) if _state(p) == "T"]
 
     def kill(self) -> float:
         """SIGKILL the service's process group and every descendant (by PID and by their
@@ -178,6 +217,8 @@ class Cluster:
     home: Path
     metadata_url: str
     services: dict[str, Service] = field(default_factory=dict)
+    #: Extra environment of every service (an S3 deep store, its endpoint and credentials).
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def logs(self) -> Path:
@@ -201,13 +242,22 @@ class Cluster:
             name,
             args,
             self.logs / f"{name}.log",
-            service_env(self.home, self.metadata_url),
+            service_env(self.home, self.metadata_url, **self.env),
             url=f"http://127.0.0.1:{port}",
         )
         self.services[name] = svc.start()
         return svc
 
-    def worker(self, worker_id: str, controller_url: str, *, master: str = "local[2]") -> Service:
+    def worker(
+        self,
+        worker_id: str,
+        controller_url: str,
+        *,
+        master: str = "local[2]",
+        env: dict[str, str] | None = None,
+    ) -> Service:
+        """Start worker ``worker_id`` (again: same log file, appended); ``env`` is added to
+        its environment (``MILLSTREAM_SEAL_FAULTS`` ...)."""
         args = [
             str(MILLSTREAM_BIN),
             "worker",
@@ -222,7 +272,7 @@ class Cluster:
             worker_id,
             args,
             self.logs / f"{worker_id}.log",
-            service_env(self.home, self.metadata_url),
+            service_env(self.home, self.metadata_url, **{**self.env, **(env or {})}),
         )
         self.services[worker_id] = svc.start()
         return svc
