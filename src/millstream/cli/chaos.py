@@ -1,5 +1,6 @@
 """``millstream chaos``: run the fault campaigns (:mod:`millstream.testing.chaos`) on this
-machine, with servers of their own, and print the seed, every schedule, every fault with its
+machine, with servers of their own (PostgreSQL, moto's S3 server and a Tansu broker, each on
+127.0.0.1 and stopped at the end), and print the seed, every schedule, every fault with its
 time, every anomaly and the line ``N faults in M schedules, K anomalies``. Exits 1 when a
 checker found an anomaly; re-running with the printed ``--seed`` draws the same schedules."""
 
@@ -20,6 +21,8 @@ from millstream.cli.output import console, exit_codes_help
 
 class Layer(enum.StrEnum):
     commit = "commit"
+    process = "process"
+    all = "all"
 
 
 class Backend(enum.StrEnum):
@@ -49,9 +52,21 @@ def chaos(
         int | None, typer.Option(help="Seed of the campaign (default: a random one, printed).")
     ] = None,
     minutes: Annotated[float, typer.Option(help="How long to run.", min=0.1)] = 5.0,
-    layer: Annotated[Layer, typer.Option(help="Which campaign to run.")] = Layer.commit,
+    layer: Annotated[
+        Layer,
+        typer.Option(
+            help="Which campaign: commit (the commit path, threads, no JVM), process (a real "
+            "cluster: controller, two workers, broker), or all (a quarter of the minutes on "
+            "commit, the rest on process)."
+        ),
+    ] = Layer.all,
     backend: Annotated[
-        Backend, typer.Option(help="The commit-path campaign's metadata store.")
+        Backend,
+        typer.Option(
+            help="Metadata and deep store: postgresql (PostgreSQL, and S3 (moto) for the "
+            "process campaign, with connections cut and stalled) or sqlite (a SQLite file, "
+            "local files)."
+        ),
     ] = Backend.postgresql,
     metadata_url: Annotated[
         str | None,
@@ -59,8 +74,14 @@ def chaos(
     ] = None,
     schedules: Annotated[
         int | None,
-        typer.Option(help="Commit-path schedules to run (default: as many as fit).", min=1),
+        typer.Option(help="Schedules to run per layer (default: as many as fit).", min=1),
     ] = None,
+    min_faults: Annotated[
+        int,
+        typer.Option(
+            help="The process campaign runs on until it injected this many faults.", min=0
+        ),
+    ] = 0,
     parallel: Annotated[int, typer.Option(help="Commit-path schedules run at once.", min=1)] = 4,
     workdir: Annotated[
         Path | None,
@@ -82,12 +103,12 @@ def chaos(
     root.mkdir(parents=True, exist_ok=True)
     console.print(f"chaos: seed {seed}, {minutes:g} minutes, layer {layer}, workdir {root}")
     logs: list[CampaignLog] = []
-    share = minutes
+    share = minutes / 4 if layer is Layer.all else minutes
 
     def out(line: str) -> None:
         console.print(line, markup=False, highlight=False)
 
-    if layer is Layer.commit:
+    if layer in (Layer.commit, Layer.all):
         with _metadata_url(backend, metadata_url, root) as url:
             settings = Settings.load(home=root / "commit-home", metadata_url=url)
             logs.append(
@@ -100,6 +121,20 @@ def chaos(
                     log=CampaignLog("commit-path", seed, out=out, verbose=not quiet),
                 )
             )
+    if layer in (Layer.process, Layer.all):
+        from millstream.testing.chaos.process import LAYER, run_process_campaign
+
+        logs.append(
+            run_process_campaign(
+                seed=seed,
+                log=CampaignLog(LAYER, seed, out=out, verbose=not quiet),
+                metadata="postgresql" if backend is Backend.postgresql else "sqlite",
+                minutes=minutes - share if layer is Layer.all else minutes,
+                min_faults=min_faults,
+                max_schedules=schedules,
+                home=root / "process",
+            )
+        )
     faults = sum(len(log.faults) for log in logs)
     count = sum(log.schedules for log in logs)
     anomalies = sum(len(log.anomalies) for log in logs)
