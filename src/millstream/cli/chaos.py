@@ -9,7 +9,10 @@ from __future__ import annotations
 import contextlib
 import enum
 import secrets
+import signal
+import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
@@ -45,6 +48,20 @@ def _metadata_url(backend: Backend, url: str | None, workdir: Path) -> Iterator[
 
     with PostgresServer(workdir / "postgres") as server:
         yield server.create_database("chaos")
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM (a CI timeout, ``kill``) unwinds like Ctrl-C while the campaigns run, so every
+    server and service they started is stopped by its PID on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def chaos(
@@ -106,35 +123,37 @@ def chaos(
     share = minutes / 4 if layer is Layer.all else minutes
 
     def out(line: str) -> None:
-        console.print(line, markup=False, highlight=False)
+        # soft_wrap: a line is one line, however long (logs and pipes are read by grep)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
-    if layer in (Layer.commit, Layer.all):
-        with _metadata_url(backend, metadata_url, root) as url:
-            settings = Settings.load(home=root / "commit-home", metadata_url=url)
+    with _sigterm_unwinds():
+        if layer in (Layer.commit, Layer.all):
+            with _metadata_url(backend, metadata_url, root) as url:
+                settings = Settings.load(home=root / "commit-home", metadata_url=url)
+                logs.append(
+                    run_commit_campaign(
+                        settings,
+                        seed=seed,
+                        schedules=schedules,
+                        minutes=None if schedules is not None else share,
+                        parallel=parallel,
+                        log=CampaignLog("commit-path", seed, out=out, verbose=not quiet),
+                    )
+                )
+        if layer in (Layer.process, Layer.all):
+            from millstream.testing.chaos.process import LAYER, run_process_campaign
+
             logs.append(
-                run_commit_campaign(
-                    settings,
+                run_process_campaign(
                     seed=seed,
-                    schedules=schedules,
-                    minutes=None if schedules is not None else share,
-                    parallel=parallel,
-                    log=CampaignLog("commit-path", seed, out=out, verbose=not quiet),
+                    log=CampaignLog(LAYER, seed, out=out, verbose=not quiet),
+                    metadata="postgresql" if backend is Backend.postgresql else "sqlite",
+                    minutes=minutes - share if layer is Layer.all else minutes,
+                    min_faults=min_faults,
+                    max_schedules=schedules,
+                    home=root / "process",
                 )
             )
-    if layer in (Layer.process, Layer.all):
-        from millstream.testing.chaos.process import LAYER, run_process_campaign
-
-        logs.append(
-            run_process_campaign(
-                seed=seed,
-                log=CampaignLog(LAYER, seed, out=out, verbose=not quiet),
-                metadata="postgresql" if backend is Backend.postgresql else "sqlite",
-                minutes=minutes - share if layer is Layer.all else minutes,
-                min_faults=min_faults,
-                max_schedules=schedules,
-                home=root / "process",
-            )
-        )
     faults = sum(len(log.faults) for log in logs)
     count = sum(log.schedules for log in logs)
     anomalies = sum(len(log.anomalies) for log in logs)
