@@ -702,6 +702,41 @@ GUARDS: tuple[Guard, ...] = (
         ),
     ),
     Guard(
+        name="read-drops-rows-outside-entries",
+        file="src/millstream/table/read.py",
+        what="read_entries keeps a file's rows only inside its entries' ranges (the shortcut "
+        "that skips the filter checks every partition's offsets first)",
+        old="""\
+        if bounds is None or span["min"] < bounds[0] or span["max"] >= bounds[1]:
+            return False
+""",
+        new="""\
+        if bounds is None:  # MUTATION: rows outside the entry's range pass the shortcut
+            return False
+""",
+        tests=(
+            "tests/scenarios/test_seed_004_lagging_writer_below_upper.py::test_seed_004_"
+            "materialize_36860_batch_straddling_upper_is_trimmed_to_upper",
+        ),
+    ),
+    Guard(
+        name="upsert-last-position-wins",
+        file="src/millstream/core/merge.py",
+        what="the hash path of an upsert read keeps each key's row at the highest position",
+        old="""\
+        .aggregate([(POS, "max")])
+        .column(f"{POS}_max")
+""",
+        new="""\
+        .aggregate([(POS, "min")])  # MUTATION: the first row of a key wins
+        .column(f"{POS}_min")
+""",
+        tests=(
+            "tests/unit/core/test_merge_engines_property.py::test_upsert_orders_by_partition_"
+            "then_offset_and_sorts_its_rows_by_key_at_any_offset",
+        ),
+    ),
+    Guard(
         name="expired-version-read-refused",
         file="src/millstream/metastore/reads.py",
         what="resolve_version: a version below the oldest kept one raises VersionExpiredError",

@@ -51,6 +51,10 @@ def resolve(spec: TableSpec, rows: pa.Table) -> pa.Table:
     ``rows`` has the table's columns plus the system columns. The result has the same schema
     (tombstone column all false), ordered by the order key.
     """
+    if spec.mode == "upsert" and spec.comparison_column is None:
+        fast = _upsert_by_position(spec, rows)
+        if fast is not None:
+            return fast
     ordered = _in_order(spec, rows)
     if EFF in ordered.column_names:
         ordered = ordered.drop_columns([EFF])
@@ -64,6 +68,52 @@ def resolve(spec: TableSpec, rows: pa.Table) -> pa.Table:
         out = _partial(spec, ordered)
     out = out.sort_by([(IDX, "ascending")])
     return out.drop_columns([IDX, DEL])
+
+
+#: Bits of the int64 :func:`_upsert_by_position` packs a row's position and index into.
+PACK_BITS = 62
+POS = "__ms_pos"
+
+
+def _upsert_by_position(spec: TableSpec, rows: pa.Table) -> pa.Table | None:
+    """:func:`resolve` for an upsert table without a comparison column, without sorting the
+    rows: the order key is the position (partition, offset), so a key's last row is the one at
+    the highest position. Each row's position relative to the lowest one, and below it the
+    row's index, pack into one int64 (positions are unique: entries of a partition cover
+    disjoint offset ranges); one hash aggregation takes each key's highest, whose low bits are
+    the winning row's index. Only the winners (one per key) are sorted, by key, as
+    :func:`resolve` orders them. None if the positions and indexes need more than
+    :data:`PACK_BITS` bits (offsets spread over more than about 2**40 with 1M rows, say), or a
+    position is null: the general path handles those."""
+    n = rows.num_rows
+    if n == 0:
+        return None
+    part, off = rows.column(PARTITION_COL), rows.column(OFFSET_COL)
+    if part.null_count or off.null_count:
+        return None
+    p_range, o_range = pc.min_max(part).as_py(), pc.min_max(off).as_py()
+    span = o_range["max"] - o_range["min"] + 1
+    positions = (p_range["max"] - p_range["min"] + 1) * span
+    row_bits = max(1, (n - 1).bit_length())
+    if (positions - 1).bit_length() + row_bits > PACK_BITS:
+        return None
+    p = part.to_numpy().astype(np.int64) - p_range["min"]
+    o = off.to_numpy().astype(np.int64) - o_range["min"]
+    packed = ((p * span + o) << row_bits) | np.arange(n, dtype=np.int64)
+    keys = list(spec.primary_key)
+    last = (
+        rows.select(keys)
+        .append_column(POS, pa.array(packed))
+        .group_by(keys)  # max is order-independent: threads are fine
+        .aggregate([(POS, "max")])
+        .column(f"{POS}_max")
+        .to_numpy()
+    )
+    winners = rows.take(pa.array(last & ((1 << row_bits) - 1)))
+    winners = winners.filter(pc.invert(_deletes(spec, winners)))
+    # One row per key: the key columns alone order them (null keys last, as resolve does).
+    by_key = [(k, "ascending", "at_end") for k in keys]
+    return winners.take(pc.sort_indices(winners, sort_keys=by_key))
 
 
 def order_sort_keys(spec: TableSpec) -> list[tuple[str, str]]:

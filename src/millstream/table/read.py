@@ -27,8 +27,31 @@ READ_THREADS = 8
 log = logging.getLogger(__name__)
 
 
-def _valid_rows(data: pa.Table, entries: Iterable[Entry]) -> pa.Table:
+def _all_valid(data: pa.Table, entries: list[Entry]) -> bool:
+    """Whether every row of ``data`` lies in the range of the one entry of its partition (the
+    usual case: a file holds its segments' rows and nothing else), from each partition's
+    lowest and highest offset: one hash aggregation instead of a mask per entry."""
+    ranges: dict[int, tuple[int, int]] = {}
+    for e in entries:
+        if e.partition in ranges:
+            return False  # two entries of one partition in one file: filter row by row
+        ranges[e.partition] = (e.start, e.end)
+    spans = data.group_by([PARTITION_COL]).aggregate([(OFFSET_COL, "min_max")])
+    for partition, span in zip(
+        spans.column(PARTITION_COL).to_pylist(),
+        spans.column(f"{OFFSET_COL}_min_max").to_pylist(),
+        strict=True,
+    ):
+        bounds = ranges.get(partition)
+        if bounds is None or span["min"] < bounds[0] or span["max"] >= bounds[1]:
+            return False
+    return True
+
+
+def _valid_rows(data: pa.Table, entries: list[Entry]) -> pa.Table:
     """Keep only rows some entry declares valid: its partition and offset range."""
+    if _all_valid(data, entries):
+        return data
     part = data.column(PARTITION_COL)
     off = data.column(OFFSET_COL)
     mask = None

@@ -106,6 +106,31 @@ def test_upsert_last_row_of_a_key_wins_by_offset_without_comparison_column() -> 
     assert pick(current(spec, rows), "k", "qty") == [("a", 2), ("b", 9)]
 
 
+def test_upsert_orders_by_partition_then_offset_and_sorts_its_rows_by_key_at_any_offset() -> None:
+    """Without a comparison column the last position wins, whether the positions pack into
+    one integer (the hash path: offsets close together, however high) or not (offsets spread
+    over more than 2**59: the sorting path), and both return the rows in key order, null keys
+    last."""
+    spec = spec_of(mode="upsert", primary_key=["k"])
+    placements = {
+        "low offsets": lambda o: o,
+        "high offsets": lambda o: 2**62 + o,
+        "offsets spread over 2**61 and more": lambda o: o * 2**58,
+    }
+    for name, at in placements.items():
+        rows = [
+            row(1, at(0), k="b", qty=1),
+            row(0, at(9), k="b", qty=2),  # a lower partition loses whatever its offset
+            row(0, at(1), k="a", qty=3),
+            row(0, at(2), k="a", qty=4),
+            row(0, at(3), k=None, qty=5),
+            row(2, at(4), k="c", qty=6),
+            row(2, at(5), k="c", qty=None, tombstone=True),
+        ]
+        out = current(spec, rows)
+        assert [(r["k"], r["qty"]) for r in out] == [("a", 4), ("b", 1), (None, 5)], name
+
+
 def test_upsert_higher_comparison_value_wins_even_if_it_arrived_earlier() -> None:
     spec = spec_of(mode="upsert", primary_key=["k"], comparison_column="seq")
     rows = [row(0, 0, k="a", seq=5, qty=50), row(0, 1, k="a", seq=3, qty=30)]
