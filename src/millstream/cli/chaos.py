@@ -141,6 +141,7 @@ def chaos(
                     )
                 )
         if layer in (Layer.process, Layer.all):
+            # lazy: the process campaign (cluster helpers, servers) only when it runs
             from millstream.testing.chaos.process import LAYER, run_process_campaign
 
             logs.append(

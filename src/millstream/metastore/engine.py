@@ -37,9 +37,26 @@ def sqlite_url(home: str | Path) -> str:
     return f"sqlite:///{Path(home).resolve() / 'metadata.db'}"
 
 
+#: What psycopg says when SQLAlchemy's pre-ping restores autocommit on a connection whose
+#: ping just failed mid-query (the socket went away): a disconnect in disguise.
+_PING_ON_A_DEAD_CONNECTION = "can't change 'autocommit' now"
+
+
 def make_engine(url: str, *, is_sqlite: bool) -> Engine:
     if not is_sqlite:
-        return create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=4)
+        engine = create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=4)
+
+        @event.listens_for(engine, "handle_error")
+        def _dead_ping(ctx: Any) -> None:
+            # SQLAlchemy's psycopg pre-ping sets autocommit back in a ``finally`` after its
+            # SELECT 1; when the SELECT failed because the connection broke mid-query, psycopg
+            # refuses (ProgrammingError, transaction status ACTIVE) and that error replaced the
+            # disconnect: the checkout failed instead of reconnecting (the process campaign
+            # hit it once in a cut of PostgreSQL connections). It is a disconnect.
+            if ctx.is_pre_ping and _PING_ON_A_DEAD_CONNECTION in str(ctx.original_exception):
+                ctx.is_disconnect = True
+
+        return engine
     if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     # A pool keeps connections (and the WAL) open: with NullPool every transaction paid a

@@ -375,6 +375,8 @@ class LifecycleModel:
             if not refused:
                 problem = f"{command.value} refused (409) although {sorted(self.possible)} allow it"
             self.possible = refused or self.possible
+            if State.STOPPING in self.possible:  # it completes on its own meanwhile
+                self.possible.add(State.STOPPED)
         else:
             self.possible |= _targets(command, allowed)
             self.last = f"{command.value}?"
