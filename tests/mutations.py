@@ -737,6 +737,37 @@ GUARDS: tuple[Guard, ...] = (
         ),
     ),
     Guard(
+        name="expiry-keeps-pinned-versions",
+        file="src/millstream/metastore/expiry.py",
+        what="expire_versions: the floor never passes the oldest unexpired read pin",
+        old="""\
+        if pinned is not None and pinned < floor:
+""",
+        new="""\
+        if False:  # MUTATION: expiry ignores read pins
+""",
+        tests=(
+            "tests/contract/test_contract_retention.py::test_a_pinned_version_outlives_the_"
+            "window_until_its_pin_is_released[sqlite-local]",
+        ),
+    ),
+    Guard(
+        name="pin-waits-for-expiry",
+        file="src/millstream/metastore/pins.py",
+        what="pin_version takes the table row's lock, so it cannot pin a version an "
+        "uncommitted expiry is deleting",
+        old="""\
+        info = find_table(conn, table, for_update=True)
+""",
+        new="""\
+        info = find_table(conn, table)  # MUTATION: no lock against a concurrent expiry
+""",
+        tests=(
+            "tests/contract/test_contract_retention.py::test_a_pin_racing_an_expiry_either_"
+            "keeps_its_version_or_is_refused[postgres-local]",
+        ),
+    ),
+    Guard(
         name="expired-version-read-refused",
         file="src/millstream/metastore/reads.py",
         what="resolve_version: a version below the oldest kept one raises VersionExpiredError",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -12,12 +15,15 @@ import pyarrow as pa
 from millstream.config import Settings
 from millstream.errors import SegmentUnavailableError, VersionExpiredError
 from millstream.metastore.models import Manifest, TableInfo
+from millstream.metastore.pins import Pin, pin_version, release_pin
 from millstream.metastore.store import MetadataStore
 from millstream.spec import TableSpec
 from millstream.storage.deepstore import DeepStore
 from millstream.table.read import read_manifest
 
 AsOf = int | float | datetime | None
+#: How long a pin holds its version unless released first: an hour, as GC's grace period.
+PIN_SECONDS = 3600.0
 
 
 class Catalog:
@@ -63,6 +69,42 @@ class Catalog:
 
     def manifest(self, name: str, *, as_of: AsOf = None) -> Manifest:
         return self.store.manifest(name, as_of=as_of)
+
+    def pin(
+        self, name: str, *, as_of: AsOf = None, seconds: float = PIN_SECONDS, holder: str = ""
+    ) -> Pin:
+        """Keep expiry off the version of ``name`` that ``as_of`` names (the current one by
+        default) for ``seconds`` or until :meth:`unpin`: a reader that plans now and reads
+        later (a Spark query's tasks, a long export) reads a version retention keeps for it.
+        Raises VersionExpiredError if that version expired already."""
+        return pin_version(
+            self.store,
+            name,
+            as_of,
+            holder=holder or f"pid {os.getpid()} on {socket.gethostname()}",
+            seconds=seconds,
+            now=self.store.clock.now(),
+        )
+
+    def unpin(self, pin: Pin) -> bool:
+        """Release ``pin``; False if it had expired and been removed already."""
+        return release_pin(self.store, pin)
+
+    @contextmanager
+    def pinned(
+        self, name: str, *, as_of: AsOf = None, seconds: float = PIN_SECONDS
+    ) -> Iterator[Manifest]:
+        """The manifest of ``name`` at ``as_of`` (the current version by default), pinned
+        while the block runs (and at most ``seconds``)::
+
+            with cat.pinned("orders") as manifest:
+                ...  # read manifest.entries at leisure; expiry keeps them
+        """
+        pin = self.pin(name, as_of=as_of, seconds=seconds)
+        try:
+            yield self.manifest(name, as_of=pin.version)
+        finally:
+            self.unpin(pin)
 
     def read_table(
         self, name: str, *, as_of: AsOf = None, include_system_columns: bool = False

@@ -7,15 +7,25 @@ collection come from the deep store, so GC is given a clock past every file's mt
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
-from contract_support import EVENTS, TABLE, commit, data_files, expected_rows, table_rows
+from contract_support import (
+    EVENTS,
+    TABLE,
+    Backend,
+    commit,
+    data_files,
+    expected_rows,
+    table_rows,
+)
 
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.errors import AlreadyExistsError, CommitStateUnknownError, VersionExpiredError
 from millstream.metastore.expiry import expire_versions
+from millstream.metastore.pins import list_pins
 from millstream.sealing.sealer import Sealer
 from millstream.table.maintain import maintain
 
@@ -188,3 +198,99 @@ def test_an_expiry_whose_commit_outcome_is_unknown_loses_nothing_and_converges(
     assert report.expiry.floor == 4
     assert data_files(catalog) == {e.file_path for e in catalog.manifest(TABLE).entries}
     assert table_rows(catalog) == expected_rows(spec, batches)
+
+
+# -- read pins -------------------------------------------------------------------------------
+
+
+def _three_batches_then_a_seal(catalog: Catalog) -> list[dict[int, tuple[int, int]]]:
+    """Versions 1-3 commit a batch each (minutes after T0); version 4 seals them into one
+    file. Retention: a 1-hour window, 1 version."""
+    _table(catalog, window="1h", min_versions=1)
+    batches = [{0: (i * 10, i * 10 + 10)} for i in range(3)]
+    for i, ranges in enumerate(batches):
+        _at(catalog, T0 + (i + 1) * 60)
+        commit(catalog, ranges)
+    _at(catalog, T0 + 5 * 60)
+    Sealer(catalog, TABLE, clock=ManualClock(T0 + 5 * 60)).seal_partition(0, force=True)
+    return batches
+
+
+def test_a_pinned_version_outlives_the_window_until_its_pin_is_released(
+    catalog: Catalog,
+) -> None:
+    batches = _three_batches_then_a_seal(catalog)
+    spec = catalog.table(TABLE).spec
+    pin = catalog.pin(TABLE, as_of=2, seconds=100 * HOUR, holder="a long export")
+    assert (pin.version, pin.holder) == (2, "a long export")
+
+    # Ten hours on, the window keeps only version 4; the pin keeps 2 and 3 (and their files).
+    expiry = expire_versions(catalog.store, TABLE, now=T0 + 10 * HOUR)
+    assert expiry.floor == 2
+    maintain(catalog.store, catalog.deep, TABLE, grace_seconds=0, clock=_after_every_file(catalog))
+    assert table_rows(catalog, as_of=2) == expected_rows(spec, batches[:2])
+    with pytest.raises(VersionExpiredError):
+        catalog.read_table(TABLE, as_of=1)
+
+    assert catalog.unpin(pin) is True
+    assert catalog.unpin(pin) is False  # gone already
+    expiry = expire_versions(catalog.store, TABLE, now=T0 + 10 * HOUR)
+    assert expiry.floor == 4
+    with pytest.raises(VersionExpiredError):
+        catalog.read_table(TABLE, as_of=2)
+    assert table_rows(catalog) == expected_rows(spec, batches)
+
+
+def test_pinned_holds_the_version_for_the_block_and_a_pin_past_its_time_holds_nothing(
+    catalog: Catalog,
+) -> None:
+    _three_batches_then_a_seal(catalog)
+    with catalog.pinned(TABLE, as_of=3, seconds=100 * HOUR) as manifest:
+        assert manifest.version == 3
+        assert expire_versions(catalog.store, TABLE, now=T0 + 10 * HOUR).floor == 3
+        assert [p.version for p in list_pins(catalog.store, TABLE)] == [3]
+    assert list_pins(catalog.store, TABLE) == []
+
+    catalog.pin(TABLE, as_of=3, seconds=60)  # runs out a minute after T0+5min
+    expiry = expire_versions(catalog.store, TABLE, now=T0 + 10 * HOUR)
+    assert expiry.floor == 4
+    assert list_pins(catalog.store, TABLE) == []  # the expired pin is gone with the versions
+    with pytest.raises(VersionExpiredError, match="the oldest kept is 4"):
+        catalog.pin(TABLE, as_of=3)
+
+
+def test_a_pin_racing_an_expiry_either_keeps_its_version_or_is_refused(
+    backend: Backend, catalog: Catalog
+) -> None:
+    """Real concurrency: another process expires versions 1-3 and, inside its transaction,
+    this one pins version 2. Pinning waits on the table row the expiry holds and then finds
+    version 2 expired: it never records a pin on a version being deleted (without the lock, on
+    PostgreSQL, the pin commits first and the expiry deletes the version under it)."""
+    _three_batches_then_a_seal(catalog)
+    outcome: dict[str, object] = {}
+
+    def pin() -> None:
+        try:
+            outcome["pin"] = catalog.pin(TABLE, as_of=2, seconds=100 * HOUR)
+        except VersionExpiredError as exc:
+            outcome["refused"] = exc
+
+    pinner = threading.Thread(target=pin, name="pinner")
+    with backend.open() as other:
+
+        def pin_meanwhile(landed: bool) -> None:
+            if landed:
+                return
+            other.store.on_commit = None
+            pinner.start()
+            pinner.join(1.0)  # the pin runs (or waits) while the expiry is uncommitted
+
+        other.store.on_commit = pin_meanwhile
+        assert expire_versions(other.store, TABLE, now=T0 + 10 * HOUR).floor == 4
+    pinner.join(30)
+    assert not pinner.is_alive()
+
+    oldest = catalog.store.oldest_kept_version(TABLE)
+    pins = list_pins(catalog.store, TABLE)
+    assert all(p.version >= oldest for p in pins), f"a pin on an expired version: {pins}"
+    assert isinstance(outcome.get("refused"), VersionExpiredError), outcome

@@ -9,6 +9,9 @@ version (the *floor*) is the lower of:
   window resolves to it or a newer one), and
 * ``current - min_versions + 1``.
 
+A version a reader pinned (:mod:`millstream.metastore.pins`) is kept too, until its pin is
+released or expires: the floor never passes the oldest unexpired pin.
+
 Expiring removes, in one transaction, the version rows below the floor and every entry and
 delete vector that no kept version can see (removed at or before the floor: a row is visible
 in versions ``added_version <= v < removed_version``). Their files are then referenced by
@@ -30,6 +33,7 @@ from sqlalchemy import Connection, Delete, Table, delete, func, select
 from millstream.errors import CommitConflictError
 from millstream.metastore import schema as s
 from millstream.metastore.cas import cas_update
+from millstream.metastore.pins import drop_expired_pins, oldest_pinned
 from millstream.metastore.reads import oldest_kept_version
 from millstream.metastore.tables import find_table
 
@@ -128,6 +132,11 @@ def expire_versions(
             seconds=retention.seconds,
             min_versions=retention.min_versions,
         )
+        pinned = oldest_pinned(conn, table, now)
+        if pinned is not None and pinned < floor:
+            floor = max(before, pinned)  # a reader holds that version: keep it
+        if not dry_run:
+            drop_expired_pins(conn, table, now)
         if floor <= before:
             return Expiry(table, before, before)
         e, dv, tv = s.entries, s.delete_vectors, s.table_versions

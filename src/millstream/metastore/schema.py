@@ -189,7 +189,24 @@ delete_vectors = Table(
 )
 Index("ix_delete_vectors_table", delete_vectors.c.table_name, delete_vectors.c.partition)
 
-LATEST_SCHEMA_VERSION = 4
+retention = MetaData()
+
+#: Read pins: a reader that will read ``version`` of ``table`` for a while (a Spark query
+#: between its planning and its tasks, ``Catalog.pinned``) keeps expiry from removing that
+#: version (and so anything it sees) until ``expires_at`` or until it releases the pin.
+read_pins = Table(
+    "ms_read_pins",
+    retention,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("table_name", String(128), nullable=False),
+    Column("manifest_version", BigInteger, nullable=False),
+    Column("holder", String(256), nullable=False),
+    Column("pinned_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+)
+Index("ix_read_pins_table", read_pins.c.table_name, read_pins.c.expires_at)
+
+LATEST_SCHEMA_VERSION = 5
 
 
 def _v1(conn: Connection) -> None:
@@ -213,8 +230,19 @@ def _v4(conn: Connection) -> None:
             conn.execute(text(f"ALTER TABLE {entries.name} ADD COLUMN {name} {sql_type}"))
 
 
+def _v5(conn: Connection) -> None:
+    """Read pins (:data:`read_pins`)."""
+    retention.create_all(conn, checkfirst=True)
+
+
 #: Migration N takes the schema from version N-1 to N. Append; never edit a released one.
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1, 2: _v2, 3: _v3, 4: _v4}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {
+    1: _v1,
+    2: _v2,
+    3: _v3,
+    4: _v4,
+    5: _v5,
+}
 
 
 def current_schema_version(conn: Connection) -> int:
