@@ -431,6 +431,17 @@ ALLOWED_TRACEBACKS: tuple[AllowedTraceback, ...] = (
         "PySpark logs it when a stopping query closes its stream source's socket",
     ),
     _allow(
+        "pyspark daemon's pipe to its JVM broken",
+        r"\A(?:(?!/millstream/).)*pyspark/daemon\.py(?:(?!/millstream/).)*\n"
+        r"BrokenPipeError: \[Errno 32\] Broken pipe\s*\Z",
+        None,
+        # PySpark's daemon forks the Python workers of a JVM and reports each one's exit to
+        # the JVM over a pipe; when the JVM is gone (its worker process group killed, or the
+        # query torn down), the daemon's write fails with BrokenPipeError. PySpark's own
+        # noise; no Millstream frame in it.
+        "PySpark logs it when its JVM went away under the daemon",
+    ),
+    _allow(
         "pyspark Python process timed out connecting back to its JVM",
         r"\[CANNOT_OPEN_SOCKET\] Can not open socket: .*timed out",
         None,
