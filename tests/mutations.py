@@ -722,18 +722,18 @@ GUARDS: tuple[Guard, ...] = (
     Guard(
         name="upsert-last-position-wins",
         file="src/millstream/core/merge.py",
-        what="the hash path of an upsert read keeps each key's row at the highest position",
+        what="the hash path of a read keeps each key's row at the highest position (upsert) or "
+        "the lowest (dedup)",
         old="""\
-        .aggregate([(POS, "max")])
-        .column(f"{POS}_max")
+    agg = "max" if spec.mode == "upsert" else "min"
 """,
         new="""\
-        .aggregate([(POS, "min")])  # MUTATION: the first row of a key wins
-        .column(f"{POS}_min")
+    agg = "min" if spec.mode == "upsert" else "max"  # MUTATION: first wins in upsert, last in dedup
 """,
         tests=(
             "tests/unit/core/test_merge_engines_property.py::test_upsert_orders_by_partition_"
             "then_offset_and_sorts_its_rows_by_key_at_any_offset",
+            "tests/unit/core/test_merge_engines_property.py::test_dedup_first_row_of_a_key_wins",
         ),
     ),
     Guard(

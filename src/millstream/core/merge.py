@@ -51,8 +51,15 @@ def resolve(spec: TableSpec, rows: pa.Table) -> pa.Table:
     ``rows`` has the table's columns plus the system columns. The result has the same schema
     (tombstone column all false), ordered by the order key.
     """
-    if spec.mode == "upsert" and spec.comparison_column is None:
-        fast = _upsert_by_position(spec, rows)
+    if spec.comparison_column is None and (
+        spec.mode == "upsert"
+        or (
+            spec.mode == "dedup"
+            and spec.dedup_ttl is None
+            and not pc.any(_deletes(spec, rows)).as_py()
+        )
+    ):
+        fast = _by_position(spec, rows)
         if fast is not None:
             return fast
     ordered = _in_order(spec, rows)
@@ -70,19 +77,21 @@ def resolve(spec: TableSpec, rows: pa.Table) -> pa.Table:
     return out.drop_columns([IDX, DEL])
 
 
-#: Bits of the int64 :func:`_upsert_by_position` packs a row's position and index into.
+#: Bits of the int64 :func:`_by_position` packs a row's position and index into.
 PACK_BITS = 62
 POS = "__ms_pos"
 
 
-def _upsert_by_position(spec: TableSpec, rows: pa.Table) -> pa.Table | None:
-    """:func:`resolve` for an upsert table without a comparison column, without sorting the
-    rows: the order key is the position (partition, offset), so a key's last row is the one at
-    the highest position. Each row's position relative to the lowest one, and below it the
+def _by_position(spec: TableSpec, rows: pa.Table) -> pa.Table | None:
+    """:func:`resolve` for an upsert table without a comparison column, or a dedup table
+    without one, without a TTL and without deletes among ``rows``, without sorting the rows:
+    the order key is the position (partition, offset), so a key's last row (upsert) is the one
+    at the highest position and its first row (dedup) the one at the lowest. Each row's position relative to the lowest one, and below it the
     row's index, pack into one int64 (positions are unique: entries of a partition cover
     disjoint offset ranges); one hash aggregation takes each key's highest, whose low bits are
     the winning row's index. Only the winners (one per key) are sorted, by key, as
-    :func:`resolve` orders them. None if the positions and indexes need more than
+    :func:`resolve` orders them (with no delete, dedup keeps exactly each key's first row).
+    None if the positions and indexes need more than
     :data:`PACK_BITS` bits (offsets spread over more than about 2**40 with 1M rows, say), or a
     position is null: the general path handles those."""
     n = rows.num_rows
@@ -101,15 +110,16 @@ def _upsert_by_position(spec: TableSpec, rows: pa.Table) -> pa.Table | None:
     o = off.to_numpy().astype(np.int64) - o_range["min"]
     packed = ((p * span + o) << row_bits) | np.arange(n, dtype=np.int64)
     keys = list(spec.primary_key)
-    last = (
+    agg = "max" if spec.mode == "upsert" else "min"
+    picked = (
         rows.select(keys)
         .append_column(POS, pa.array(packed))
-        .group_by(keys)  # max is order-independent: threads are fine
-        .aggregate([(POS, "max")])
-        .column(f"{POS}_max")
+        .group_by(keys)  # max and min are order-independent: threads are fine
+        .aggregate([(POS, agg)])
+        .column(f"{POS}_{agg}")
         .to_numpy()
     )
-    winners = rows.take(pa.array(last & ((1 << row_bits) - 1)))
+    winners = rows.take(pa.array(picked & ((1 << row_bits) - 1)))
     winners = winners.filter(pc.invert(_deletes(spec, winners)))
     # One row per key: the key columns alone order them (null keys last, as resolve does).
     by_key = [(k, "ascending", "at_end") for k in keys]
