@@ -768,6 +768,21 @@ GUARDS: tuple[Guard, ...] = (
         ),
     ),
     Guard(
+        name="pushdown-only-key-columns",
+        file="src/millstream/spark/table_source.py",
+        what="the Spark source applies a filter before the merge of a keyed table only if it "
+        "is on a key column",
+        old="""\
+    if spec.keyed and column not in spec.primary_key:
+        return None  # it could drop a key's newest row and bring back an older one
+""",
+        new="",
+        tests=(
+            "tests/unit/test_table_source_pushdown.py::test_key_filters_are_applied_before_the_"
+            "merge_and_others_are_left_to_spark",
+        ),
+    ),
+    Guard(
         name="expired-version-read-refused",
         file="src/millstream/metastore/reads.py",
         what="resolve_version: a version below the oldest kept one raises VersionExpiredError",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -19,7 +19,7 @@ from millstream.metastore.pins import Pin, pin_version, release_pin
 from millstream.metastore.store import MetadataStore
 from millstream.spec import TableSpec
 from millstream.storage.deepstore import DeepStore
-from millstream.table.read import read_manifest
+from millstream.table.read import Condition, read_manifest
 
 AsOf = int | float | datetime | None
 #: How long a pin holds its version unless released first: an hour, as GC's grace period.
@@ -107,15 +107,29 @@ class Catalog:
             self.unpin(pin)
 
     def read_table(
-        self, name: str, *, as_of: AsOf = None, include_system_columns: bool = False
+        self,
+        name: str,
+        *,
+        as_of: AsOf = None,
+        include_system_columns: bool = False,
+        partitions: Collection[int] | None = None,
+        conditions: Sequence[Condition] = (),
     ) -> pa.Table:
         """The current rows of ``name`` (or as of a version / point in time), as Arrow.
+        ``partitions`` and ``conditions`` narrow the read before the merge where that cannot
+        change the answer (:func:`~millstream.table.read.read_manifest`).
 
         A version that expires while it is read (retention) raises
         :class:`~millstream.errors.VersionExpiredError`, never a partial result."""
         manifest = self.manifest(name, as_of=as_of)
         try:
-            return read_manifest(self.deep, manifest, include_system_columns=include_system_columns)
+            return read_manifest(
+                self.deep,
+                manifest,
+                include_system_columns=include_system_columns,
+                partitions=partitions,
+                conditions=conditions,
+            )
         except SegmentUnavailableError:
             # A file of this version is gone: garbage collection after an expiry, or a lost
             # file. Only the first is the reader's business to be told about.

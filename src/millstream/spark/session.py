@@ -38,6 +38,8 @@ def spark_session(
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # The millstream source takes key filters before its merge (table_source.PUSHDOWN_CONF)
+        .config("spark.sql.python.filterPushdown.enabled", "true")
     )
     for key, value in (config or {}).items():
         builder = builder.config(key, value)

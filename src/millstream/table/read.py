@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -147,19 +148,88 @@ def drop_deleted(rows: pa.Table, deleted: dict[int, pa.Array]) -> pa.Table:
     return rows.filter(pc.invert(pc.fill_null(drop, False)))
 
 
+#: A condition :func:`read_manifest` can apply before the merge: (column, operator, value),
+#: operator one of ``==``, ``<``, ``<=``, ``>``, ``>=``, ``in`` (value a tuple), ``is_null``,
+#: ``not_null`` (value ignored).
+Condition = tuple[str, str, Any]
+OPERATORS = ("==", "<", "<=", ">", ">=", "in", "is_null", "not_null")
+
+
+def _term(column: str, op: str, value: Any) -> pc.Expression:
+    f = pc.field(column)
+    if op == "==":
+        return f == value
+    if op == "<":
+        return f < value
+    if op == "<=":
+        return f <= value
+    if op == ">":
+        return f > value
+    if op == ">=":
+        return f >= value
+    if op == "in":
+        return f.isin(list(value))
+    return f.is_null() if op == "is_null" else f.is_valid()
+
+
+def _expression(conditions: Iterable[Condition]) -> pc.Expression:
+    expr = pc.scalar(True)
+    for column, op, value in conditions:
+        expr = expr & _term(column, op, value)
+    return expr
+
+
+def check_conditions(spec: TableSpec, conditions: Iterable[Condition]) -> None:
+    """Refuse a condition :func:`read_manifest` cannot apply before the merge without changing
+    its answer: on a keyed table only key columns qualify (every row of a key has the key's
+    value, so a condition on it keeps or drops whole keys; one on another column could drop a
+    key's newest row and bring back an older one)."""
+    for column, op, _ in conditions:
+        if op not in OPERATORS:
+            raise ValueError(f"unknown operator {op!r}; use one of {OPERATORS}")
+        if column not in spec.columns:
+            raise ValueError(f"column {column!r} is not in table {spec.name!r}")
+        if spec.keyed and column not in spec.primary_key:
+            raise ValueError(
+                f"a condition on {column!r} cannot be applied before merging table "
+                f"{spec.name!r}: only its key columns {list(spec.primary_key)} can"
+            )
+
+
 def read_manifest(
     deep: DeepStore,
     manifest: Manifest,
     *,
     include_system_columns: bool = False,
     use_delete_vectors: bool = True,
+    partitions: Collection[int] | None = None,
+    conditions: Sequence[Condition] = (),
 ) -> pa.Table:
     """The table's current rows at ``manifest``'s version, merged by its engine.
-    ``use_delete_vectors=False`` reads every row of every entry (the answer is the same)."""
+    ``use_delete_vectors=False`` reads every row of every entry (the answer is the same).
+
+    ``partitions`` reads only those partitions' rows: an append table's rows do not interact
+    across partitions, so readers split it that way (a keyed table's merge may pick a key's
+    row across partitions: ValueError). ``conditions`` (see :data:`Condition`) drop rows
+    before the merge; on a keyed table only conditions on key columns are allowed
+    (:func:`check_conditions`): the merge then does the work of the matching keys only."""
     spec = manifest.table.spec
-    raw = read_entries(deep, spec, manifest.entries)
-    if use_delete_vectors and manifest.delete_vectors:
-        raw = drop_deleted(raw, read_delete_vectors(deep, manifest.delete_vectors))
+    check_conditions(spec, conditions)
+    entries, vectors = manifest.entries, manifest.delete_vectors
+    if partitions is not None:
+        if spec.mode != "append":
+            raise ValueError(
+                f"table {spec.name!r} is {spec.mode}: a key's rows may span partitions, read "
+                "them together"
+            )
+        wanted = set(partitions)
+        entries = tuple(e for e in entries if e.partition in wanted)
+        vectors = tuple(dv for dv in vectors if dv.partition in wanted)
+    raw = read_entries(deep, spec, entries)
+    if use_delete_vectors and vectors:
+        raw = drop_deleted(raw, read_delete_vectors(deep, vectors))
+    if conditions:
+        raw = raw.filter(_expression(conditions))
     rows = resolve(spec, raw)
     if include_system_columns:
         return rows
