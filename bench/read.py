@@ -1,0 +1,145 @@
+"""Read benchmark: what reading a current upsert table costs, against plain Parquet, before
+and after sealing.
+
+Run from the repository root::
+
+    .venv/bin/python bench/read.py            # 200k keys x 5 updates (1M rows), ~1 minute
+    .venv/bin/python bench/read.py --quick    # 40k keys x 5 updates, a few seconds
+
+The table is ``bench/commit.py``'s read table: N keys x 5 updates written as 20 commits over 4
+partitions, keys partition-affine, every key's last update in the last round. It is read:
+
+1. **Unsealed** (20 files of consuming segments, every version of every key): through
+   ``Catalog.read_table`` (manifest, file reads, merge), and broken down by stage.
+2. **Sealed** (each partition's run sealed into one file of each key's last row, by the
+   production ``Sealer.seal_partition``): the same.
+
+Baselines, measured in the same run, each the median of the repetitions, page cache warm:
+
+* ``plain, same files``: ``pyarrow.parquet.read_table`` of the table's data files (every row
+  they hold: 1M unsealed, N sealed);
+* ``plain, live rows``: ``pyarrow.parquet.read_table`` of one Parquet file (zstd, as segments
+  are written) holding just the table's current rows: what the answer costs to read when
+  someone else already did the merge.
+
+It prints one row per measurement and the ratios; ``--json PATH`` saves them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import common
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from commit import READ_TABLE, Settings, build_read_table
+from rich.console import Console
+from rich.table import Table
+
+from millstream.catalog import Catalog
+from millstream.core import merge
+from millstream.sealing.sealer import Sealer
+from millstream.spec import SYSTEM_COLUMNS
+from millstream.table.read import read_entries
+
+
+def _ms(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
+    out, seconds = common.timed(fn, *args, **kwargs)
+    return seconds * 1000, out
+
+
+def measure(cat: Catalog, live_file: Path, repeats: int) -> dict[str, float]:
+    """Median milliseconds of the end-to-end read, its stages and the two baselines."""
+    manifest = cat.manifest(READ_TABLE)
+    spec = manifest.table.spec
+    files = sorted({f"{cat.deep.root}/{e.file_path}" for e in manifest.entries if e.file_path})
+    times: dict[str, list[float]] = {}
+
+    def rec(name: str, ms: float) -> None:
+        times.setdefault(name, []).append(ms)
+
+    for _ in range(repeats):
+        rec("Catalog.read_table", _ms(cat.read_table, READ_TABLE)[0])
+        rec("plain, same files", _ms(pq.read_table, files)[0])
+        rec("plain, live rows", _ms(pq.read_table, live_file)[0])
+        ms, man = _ms(cat.manifest, READ_TABLE)
+        rec("  manifest (metadata query)", ms)
+        ms, raw = _ms(read_entries, cat.deep, spec, man.entries)
+        rec("  file read (read_entries)", ms)
+        ms, rows = _ms(merge.resolve, spec, raw)
+        rec("  merge (core.merge.resolve)", ms)
+        rec("  drop system columns", _ms(rows.drop_columns, list(SYSTEM_COLUMNS))[0])
+    out = {name: statistics.median(v) for name, v in times.items()}
+    out["files"] = float(len(files))
+    out["rows in files"] = float(sum(pq.ParquetFile(f).metadata.num_rows for f in files))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="40k keys, 2 repetitions")
+    parser.add_argument("--repeats", type=int, default=None, help="repetitions (default 7)")
+    parser.add_argument("--json", type=Path, default=None, help="save the figures here")
+    args = parser.parse_args(argv)
+    s = Settings.for_mode(args.quick)
+    repeats = args.repeats or s.read_repeats
+    console = Console(soft_wrap=True)
+    console.print(f"$ {common.command_line('read.py')}")
+    console.print(f"load {common.load_text()}; {common.cpu_model()}")
+
+    phases: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="millstream-bench-read-") as tmp:
+        home = Path(tmp) / "home"
+        with Catalog.open(home=home) as cat:
+            write_s, total = build_read_table(cat, s)
+            console.print(f"wrote {total:,} rows in {write_s:.1f} s")
+            current = cat.read_table(READ_TABLE)
+            keys = s.read_keys // s.read_partitions * s.read_partitions
+            assert current.num_rows == keys, (current.num_rows, keys)
+            last_round = float(s.read_updates - 1)
+            assert pc.all(pc.equal(current.column("amount"), last_round)).as_py(), "stale rows"
+            live_file = Path(tmp) / "live.parquet"
+            pq.write_table(current, live_file, compression="zstd")
+            phases["unsealed"] = measure(cat, live_file, repeats)
+
+            sealer = Sealer(cat, READ_TABLE)
+            for p in range(s.read_partitions):
+                while sealer.seal_partition(p, force=True) is not None:
+                    pass
+            after = cat.read_table(READ_TABLE)
+            assert after.sort_by("id").equals(current.sort_by("id")), "sealing changed the table"
+            phases["sealed"] = measure(cat, live_file, repeats)
+
+    table = Table(
+        title=f"reading {keys:,} live rows of {total:,} written (ms, median of {repeats})"
+    )
+    table.add_column("measure")
+    for phase in phases:
+        table.add_column(phase, justify="right")
+    names = [n for n in phases["unsealed"] if n not in ("files", "rows in files")]
+    for name in ("files", "rows in files", *names):
+        table.add_row(name, *(f"{phases[p][name]:,.0f}" for p in phases))
+    console.print(table)
+    result: dict[str, Any] = {"settings": vars(s), "phases": phases, "ratios": {}}
+    for phase, m in phases.items():
+        read = m["Catalog.read_table"]
+        same, live = read / m["plain, same files"], read / m["plain, live rows"]
+        result["ratios"][phase] = {"vs same files": same, "vs live rows": live}
+        console.print(
+            f"{phase}: Catalog.read_table {read:.0f} ms = {same:.2f}x plain Parquet of the "
+            f"same files ({m['plain, same files']:.0f} ms), {live:.2f}x plain Parquet of the "
+            f"live rows ({m['plain, live rows']:.0f} ms)"
+        )
+    if args.json is not None:
+        common.write_json(args.json, {"machine": common.machine("pyarrow"), **result})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
