@@ -29,3 +29,28 @@ def test_pyspark_daemon_losing_its_jvm_is_expected() -> None:
 
 def test_the_same_error_through_millstream_code_is_an_anomaly() -> None:
     assert allowed(OURS) == []
+
+
+ACCUMULATOR_CUT_BY_THE_JVM = """\
+----------------------------------------
+Exception occurred during processing of request from ('127.0.0.1', 50280)
+Traceback (most recent call last):
+  File "/usr/lib/python3.11/socketserver.py", line 361, in finish_request
+    self.RequestHandlerClass(request, client_address, self)
+26/11/24 07:04:19 ERROR MicroBatchExecution: Query millstream-orders_aa-w1 terminated with error
+org.apache.spark.SparkException: Writing job failed.
+\tat org.apache.spark.sql.errors.QueryExecutionErrors$.writingJobFailedError(QueryExecutionErrors.scala:963)
+\tat org.apache.spark.sql.execution.datasources.v2.V2TableWriteExec.writeWithV2(WriteToDataSourceV2Exec.scala:664)
+  File "/venv/lib/python3.11/site-packages/pyspark/accumulators.py", line 304, in accum_updates
+    num_updates = read_int(self.rfile)
+  File "/venv/lib/python3.11/site-packages/pyspark/serializers.py", line 604, in read_int
+    raise EOFError
+EOFError
+----------------------------------------
+"""
+
+
+def test_a_jvm_log_line_inside_a_python_traceback_does_not_cut_it_short() -> None:
+    """The fourth long run (seed 20261127) flagged this: the JVM logged a query's failure in
+    the middle of PySpark's accumulator traceback, and the block ended at the JVM's line."""
+    assert allowed(ACCUMULATOR_CUT_BY_THE_JVM) == ["pyspark accumulator connection closed"]

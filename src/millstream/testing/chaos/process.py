@@ -493,12 +493,26 @@ ALLOWED_TRACEBACKS: tuple[AllowedTraceback, ...] = (
 )
 
 
+#: A line the JVM wrote: a Spark log line, a Java stack frame, a Java exception's header.
+_JVM_LINE = re.compile(
+    r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d [A-Z]+ |\t(?:at |\.\.\. )|Caused by: |\s+Suppressed: |"
+    r"(?:org|java|javax|scala|com)\.[\w.$]+(?:Exception|Error|Throwable)\b"
+)
+
+
 def _traceback_blocks(text: str) -> list[tuple[str, str]]:
     """Every Python traceback in ``text`` (one quoted in a Spark error too), as (the whole
     block, its exception line): from the ``Traceback`` line through its frames (indented by
     two spaces) and chained exceptions to the final exception line. A ``Traceback`` line with
     no frame after it (a log message quoting an error's first line) is not one."""
-    lines = text.splitlines()
+    # A JVM and its Python processes write to the same log: drop the JVM's lines first, so one
+    # landing in the middle of a Python traceback does not cut it short (a quoted Python
+    # traceback in a Java exception's message is kept).
+    lines = [
+        line
+        for line in text.splitlines()
+        if not _JVM_LINE.match(line) or "Traceback (most recent call last)" in line
+    ]
     blocks: list[tuple[str, str]] = []
     i = 0
     while i < len(lines):
