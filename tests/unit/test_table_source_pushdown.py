@@ -4,6 +4,7 @@ Only conditions that cannot change the merged answer are applied before the merg
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,8 +26,12 @@ SPEC = {
 
 
 @pytest.fixture
-def cat(tmp_path: Path) -> Catalog:
-    catalog = Catalog.open(home=tmp_path / "home")
+def cat(tmp_path: Path) -> Iterator[Catalog]:
+    with Catalog.open(home=tmp_path / "home") as catalog:
+        yield _filled(catalog)
+
+
+def _filled(catalog: Catalog) -> Catalog:
     spec = catalog.create_table(SPEC).spec
     for start, rows in ((0, [(1, "new"), (2, "new")]), (2, [(2, "paid"), (3, "new")])):
         data = pa.table(
