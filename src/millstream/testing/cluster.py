@@ -300,9 +300,17 @@ def wait_until(
     timeout: float,
     interval: float = 0.25,
     diagnostics: Callable[[], str] | None = None,
+    retry_on: tuple[type[BaseException], ...] = (
+        httpx.HTTPError,
+        AssertionError,
+        KeyError,
+        ValueError,
+    ),
+    failure: Callable[[str], BaseException] = AssertionError,
 ) -> T:
-    """Poll ``probe`` until it returns something truthy; return that. On timeout, fail with
-    ``what``, the last value or error, and ``diagnostics()`` (the services' log tails)."""
+    """Poll ``probe`` until it returns something truthy; return that. A ``retry_on`` error
+    counts as not yet. On timeout, raise ``failure(message)`` naming ``what``, the last value
+    or error, and ``diagnostics()`` (the services' log tails)."""
     deadline = time.monotonic() + timeout
     last: object = None
     while True:
@@ -311,11 +319,11 @@ def wait_until(
             if value:
                 return value
             last = value
-        except (httpx.HTTPError, AssertionError, KeyError, ValueError) as exc:
+        except retry_on as exc:
             last = exc
         if time.monotonic() >= deadline:
             extra = f"\n{diagnostics()}" if diagnostics else ""
-            raise AssertionError(
+            raise failure(
                 f"timed out after {timeout:.0f}s waiting until {what}; last: {last!r}{extra}"
             )
         time.sleep(interval)

@@ -103,6 +103,7 @@ from millstream.testing.cluster import (
     orders_config,
     orders_spec,
     table_vs_source,
+    wait_until,
 )
 from millstream.testing.servers import MotoS3Server, PostgresServer
 
@@ -831,20 +832,9 @@ class _Campaign:
         return [(int(v), w) for v, w in rows]
 
     def _wait(self, what: str, probe: Callable[[], Any], timeout: float) -> Any:
-        """Poll ``probe`` until truthy; on timeout raise :class:`_Abort` naming ``what``."""
-        deadline = time.monotonic() + timeout
-        last: object = None
-        while True:
-            try:
-                value = probe()
-                if value:
-                    return value
-                last = value
-            except Exception as exc:  # a store read during a fault: look again
-                last = exc
-            if time.monotonic() >= deadline:
-                raise _Abort(f"timed out after {timeout:.0f}s waiting until {what}; last: {last!r}")
-            time.sleep(0.25)
+        """Poll ``probe`` until truthy; on timeout raise :class:`_Abort` naming ``what``. Any
+        error counts as not yet (a store read during a fault: look again)."""
+        return wait_until(what, probe, timeout=timeout, retry_on=(Exception,), failure=_Abort)
 
     # -- services ------------------------------------------------------------------------------
 
