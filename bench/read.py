@@ -31,14 +31,13 @@ import argparse
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import common
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from commit import READ_TABLE, Settings, build_read_table
+from commit import READ_TABLE, Settings, _timed, build_read_table
 from rich.console import Console
 from rich.table import Table
 
@@ -47,11 +46,6 @@ from millstream.core import merge
 from millstream.sealing.sealer import Sealer
 from millstream.spec import SYSTEM_COLUMNS
 from millstream.table.read import read_entries
-
-
-def _ms(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
-    out, seconds = common.timed(fn, *args, **kwargs)
-    return seconds * 1000, out
 
 
 def measure(cat: Catalog, live_file: Path, repeats: int) -> dict[str, float]:
@@ -65,16 +59,16 @@ def measure(cat: Catalog, live_file: Path, repeats: int) -> dict[str, float]:
         times.setdefault(name, []).append(ms)
 
     for _ in range(repeats):
-        rec("Catalog.read_table", _ms(cat.read_table, READ_TABLE)[0])
-        rec("plain, same files", _ms(pq.read_table, files)[0])
-        rec("plain, live rows", _ms(pq.read_table, live_file)[0])
-        ms, man = _ms(cat.manifest, READ_TABLE)
+        rec("Catalog.read_table", _timed(cat.read_table, READ_TABLE)[0])
+        rec("plain, same files", _timed(pq.read_table, files)[0])
+        rec("plain, live rows", _timed(pq.read_table, live_file)[0])
+        ms, man = _timed(cat.manifest, READ_TABLE)
         rec("  manifest (metadata query)", ms)
-        ms, raw = _ms(read_entries, cat.deep, spec, man.entries)
+        ms, raw = _timed(read_entries, cat.deep, spec, man.entries)
         rec("  file read (read_entries)", ms)
-        ms, rows = _ms(merge.resolve, spec, raw)
+        ms, rows = _timed(merge.resolve, spec, raw)
         rec("  merge (core.merge.resolve)", ms)
-        rec("  drop system columns", _ms(rows.drop_columns, list(SYSTEM_COLUMNS))[0])
+        rec("  drop system columns", _timed(rows.drop_columns, list(SYSTEM_COLUMNS))[0])
     out = {name: statistics.median(v) for name, v in times.items()}
     out["files"] = float(len(files))
     out["rows in files"] = float(sum(pq.ParquetFile(f).metadata.num_rows for f in files))
