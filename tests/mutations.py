@@ -796,6 +796,60 @@ GUARDS: tuple[Guard, ...] = (
             "versions_and_refuses_reads_below_it[sqlite-local]",
         ),
     ),
+    Guard(
+        name="compaction-needs-unchanged-sealed-state",
+        file=SWAPS,
+        what="replace_sealed lands only if the partition's sealed entries and delete vectors "
+        "are the ones the compaction planned from",
+        old="""\
+        if sealed_state(conn, table, partition) != reflects:
+            raise SegmentChangedError(
+                f"the sealed segments of {table} partition {partition} changed while they "
+""",
+        new="""\
+        if False:  # MUTATION: a seal, rollback or re-ingestion since the plan goes unnoticed
+            raise SegmentChangedError(
+                f"the sealed segments of {table} partition {partition} changed while they "
+""",
+        tests=(
+            "tests/unit/sealing/test_compaction.py::test_a_seal_landing_during_a_compaction_"
+            "discards_the_compaction",
+            "tests/contract/test_contract_compaction.py::test_a_seal_and_a_compaction_racing_"
+            "in_real_transactions_never_both_land[postgres-local-seal]",
+        ),
+    ),
+    Guard(
+        name="compaction-deadline",
+        file=SWAPS,
+        what="replace_sealed refuses a swap that lands after the compaction's deadline (its "
+        "merged file may be older than GC's grace period)",
+        old="""\
+        if clock.now() >= deadline:
+""",
+        new="""\
+        if False:  # MUTATION: a stalled compactor swaps in a possibly collected file
+""",
+        tests=(
+            "tests/unit/sealing/test_compaction.py::test_a_compaction_that_stalls_past_its_"
+            "deadline_is_refused",
+        ),
+    ),
+    Guard(
+        name="compaction-window-is-a-suffix",
+        file="src/millstream/sealing/compaction.py",
+        what="a compaction window ends at the newest sealed segment, so every delete vector it "
+        "applies comes from a seal inside it (a rollback removes both or neither)",
+        old="""\
+    window = sealed[i:]
+""",
+        new="""\
+    window = sealed[i : len(sealed) - 1] if len(sealed) - i > 2 else sealed[i:]  # MUTATION
+""",
+        tests=(
+            "tests/unit/sealing/test_compaction.py::test_a_rollback_after_compaction_brings_"
+            "back_what_it_should",
+        ),
+    ),
 )
 
 

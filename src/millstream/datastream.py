@@ -105,6 +105,12 @@ class SegmentsSection(_Frozen):
     flush_seconds: float = Field(default=300, gt=0)
     flush_bytes: int = Field(default=256 * 1024**2, ge=1)
     pauseless: bool = True
+    #: Merge a partition's sealed segments in the background (:mod:`millstream.sealing.compaction`):
+    #: ``compaction_min_segments`` of similar size at a time; segments with
+    #: ``compaction_max_rows`` live rows are not merged again.
+    compaction: bool = True
+    compaction_min_segments: int = Field(default=4, ge=2, le=64)
+    compaction_max_rows: int = Field(default=4_000_000, ge=1)
 
     @model_validator(mode="before")
     @classmethod

@@ -45,6 +45,7 @@ from millstream.errors import (
     from_spark_failure,
 )
 from millstream.faults import seal_faults
+from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.sealer import Sealer, SealFaults
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.options import CommitGate
@@ -292,6 +293,7 @@ class Worker:
                 self.catalog,
                 spec.table_name,
                 thresholds=Thresholds.of(seg),
+                compaction=CompactionPolicy.of(seg),
                 clock=self.clock,
                 faults=SealFaults(seal_faults()),  # MILLSTREAM_SEAL_FAULTS: drills and tests
             )

@@ -18,6 +18,9 @@ release a run          each entry still at the version its claim gave it (:mod:`
 replace a run (seal)   the claimed entries unchanged since the claim; the partition's live
                        sealed entries and delete vectors are the ones the seal's key index
                        reflects (:mod:`.swaps`)
+compact (sealed)       the partition's live sealed entries and delete vectors are the ones
+                       the compaction planned from; each replaced entry at the version read;
+                       the swap lands before the compaction's deadline (:mod:`.swaps`)
 replace an entry       the entry live and unchanged since it was read (re-ingestion,
                        :mod:`.swaps`)
 roll back              the segments to remove are live; the shard unchanged since read

@@ -1,11 +1,12 @@
 """Swapping a new file in for existing entries: a seal's sealed segment for its claimed run
-(:func:`replace_run`), and a re-ingested file for one segment (:func:`replace_entry`). Each is
+(:func:`replace_run`), a compaction's merged segment for sealed segments
+(:func:`replace_sealed`), and a re-ingested file for one segment (:func:`replace_entry`). Each is
 one transaction of compare-and-sets whose unknown outcome is reconciled by re-reading (the
 operations table is in :mod:`millstream.metastore.manifest`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,9 +19,10 @@ from millstream.metastore.manifest import (
     insert_entry,
     publish_version,
     reconcile,
+    remove_delete_vector,
     update_entry,
 )
-from millstream.metastore.models import Entry, SegmentState
+from millstream.metastore.models import DeleteVector, Entry, SegmentState
 from millstream.metastore.reads import (
     get_entry,
     live_delete_vectors,
@@ -154,6 +156,130 @@ def replace_run(
                     d.id
                     for d in live_delete_vectors(conn, table, partition)
                     if d.file_path == sealed.delete_vector[0]
+                ),
+                None,
+            )
+        return new, dv_id
+
+    return reconcile(store, _txn, _landed, where)
+
+
+# -- compaction of sealed segments ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CompactedSegment:
+    """What a compaction uploaded: the merged file of its window of sealed segments and, if
+    the delete vectors it replaces also name rows older than the window, one vector of those."""
+
+    file_path: str
+    row_count: int
+    size_bytes: int
+    delete_vector: tuple[str, int] | None = None  # (path, rows)
+
+
+def replace_sealed(
+    store: MetadataStore,
+    table: str,
+    partition: int,
+    window: Sequence[Entry],
+    vectors: Sequence[DeleteVector],
+    reflects: tuple[tuple[int, ...], tuple[int, ...]],
+    merged: CompactedSegment,
+    *,
+    deadline: float,
+    clock: Clock,
+) -> tuple[Entry, int | None]:
+    """Swap a compaction's merged segment in for ``window`` (a suffix of the partition's sealed
+    segments, in sequence order) and ``vectors`` (the live delete vectors written by the seals
+    of the window's segments), in one transaction. The merged entry covers ``[first start, last
+    end)`` with the first sequence number; the replacement vector (if any) takes that sequence
+    number as its source, so a rollback to before the window removes it with the entry.
+    Returns (the merged entry, the vector's id or None).
+
+    Preconditions: the partition's live sealed entries and delete vectors are exactly
+    ``reflects`` (what the compaction planned and built from: a seal, rollback, re-ingestion or
+    other compaction since then refuses it), every window entry is at the version read, and the
+    transaction ends before ``deadline`` (by ``clock``): garbage collection deletes
+    unreferenced files older than its grace period, so a compactor stalled past that could
+    swap in a file already collected. Any failing raises :class:`SegmentChangedError`."""
+    where = f"compaction of {table} partition {partition}"
+    first, last = window[0], window[-1]
+
+    def _txn(conn: Connection) -> tuple[Entry, int | None]:
+        info = store.table_row(conn, table)
+        if sealed_state(conn, table, partition) != reflects:
+            raise SegmentChangedError(
+                f"the sealed segments of {table} partition {partition} changed while they "
+                "were compacted (sealed, rolled back, re-ingested or compacted elsewhere); the "
+                "compaction is discarded and planned again",
+                table=table,
+                partition=partition,
+            )
+        new_version = info.manifest_version + 1
+        for e in window:
+            cur = get_entry(conn, e.id)
+            if cur is None or cur.removed_version is not None or cur.row_version != e.row_version:
+                raise SegmentChangedError(
+                    f"segment {e.name} changed while it was compacted; the compaction is discarded",
+                    table=table,
+                    partition=partition,
+                )
+            update_entry(conn, e.id, e.row_version, {"removed_version": new_version})
+        for dv in vectors:
+            remove_delete_vector(conn, dv.id, new_version)
+        now = store.clock.now()
+        new_id = insert_entry(
+            conn,
+            table=table,
+            partition=partition,
+            seq=first.seq,
+            file_path=merged.file_path,
+            start=first.start,
+            end=last.end,
+            state=SegmentState.ONLINE,
+            row_count=merged.row_count,
+            size_bytes=merged.size_bytes,
+            added_version=new_version,
+            now=now,
+            writer_id="compactor",
+        )
+        dv_id = None
+        if merged.delete_vector is not None:
+            dv_id = insert_delete_vector(
+                conn,
+                table=table,
+                partition=partition,
+                source_seq=first.seq,
+                file_path=merged.delete_vector[0],
+                row_count=merged.delete_vector[1],
+                added_version=new_version,
+            )
+        publish_version(conn, info, "compact", now)
+        new = get_entry(conn, new_id)
+        assert new is not None
+        # Last, right before COMMIT: a swap that waited on locks is judged by when it lands.
+        if clock.now() >= deadline:
+            raise SegmentChangedError(
+                f"the compaction of {table} partition {partition} ran past its deadline before "
+                "its swap landed (the compactor stalled); its uploaded files may already be "
+                "collected, so it is discarded",
+                table=table,
+                partition=partition,
+            )
+        return new, dv_id
+
+    def _landed(conn: Connection) -> tuple[Entry, int | None] | None:
+        new = live_entry_with_file(conn, table, partition, merged.file_path)
+        if new is None:
+            return None
+        dv_id = None
+        if merged.delete_vector is not None:
+            dv_id = next(
+                (
+                    d.id
+                    for d in live_delete_vectors(conn, table, partition)
+                    if d.file_path == merged.delete_vector[0]
                 ),
                 None,
             )

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from millstream.catalog import Catalog
 from millstream.metastore.models import Manifest
+from millstream.sealing.compaction import CompactionPlan
 from millstream.sealing.keyindex import CACHE, IndexCache, KeyIndex, Reflects, indexed
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,34 @@ class SealerIndexes:
         self.cache.put(self.where, self.table, index)
         self.checkpointed.setdefault(partition, time.monotonic())
         return index
+
+    def compacted(
+        self, partition: int, plan: CompactionPlan, merged_id: int, dv_id: int | None
+    ) -> None:
+        """Carry the partition's in-memory index past a compaction's swap. Its rows do not
+        change (a compaction drops only rows delete vectors named, which the index holds as
+        dead already, and keeps every offset): only the entries and vectors it reflects do.
+        An index that was not current for the plan is dropped (the next seal rebuilds it)."""
+        index = self.cache.get(self.where, self.table, partition)
+        planned = Reflects(*plan.reflects)
+        if index is None or index.reflects != planned:
+            self.forget(partition)
+            return
+        gone = {e.id for e in plan.window}
+        gone_dvs = {d.id for d in plan.vectors}
+        reflects = Reflects(
+            tuple(sorted({*(i for i in planned.entries if i not in gone), merged_id})),
+            tuple(
+                sorted(
+                    {*(i for i in planned.delete_vectors if i not in gone_dvs)}
+                    | (set() if dv_id is None else {dv_id})
+                )
+            ),
+        )
+        self.cache.put(
+            self.where, self.table, KeyIndex(index.spec, partition, index.runs, reflects)
+        )
+        self.checkpointed.setdefault(partition, time.monotonic())
 
     def compact(self, index: KeyIndex) -> None:
         """Merge the index's sorted runs (off a seal's critical path) and time it."""

@@ -53,9 +53,20 @@ from millstream.errors import (
 )
 from millstream.metastore.claims import DEFAULT_CLAIM_TTL, claim_run, release_run
 from millstream.metastore.models import Entry, Manifest
-from millstream.metastore.swaps import SealedSegment, replace_run
+from millstream.metastore.swaps import (
+    CompactedSegment,
+    SealedSegment,
+    replace_run,
+    replace_sealed,
+)
+from millstream.sealing.compaction import (
+    CompactionPlan,
+    CompactionPolicy,
+    merge_window,
+    plan_compaction,
+)
 from millstream.sealing.indexes import SealerIndexes
-from millstream.sealing.keyindex import IndexCache, KeyIndex
+from millstream.sealing.keyindex import IndexCache, KeyIndex, Reflects
 from millstream.sealing.planning import due, pending_run, shortfall
 from millstream.sealing.thresholds import Thresholds
 from millstream.spec import OFFSET_COL
@@ -65,7 +76,15 @@ from millstream.table.read import read_entries
 log = logging.getLogger(__name__)
 
 #: Named fault points, in the order a seal reaches them.
-FAULT_POINTS = ("before_build", "before_upload", "before_swap", "after_swap")
+SEAL_POINTS = ("before_build", "before_upload", "before_swap", "after_swap")
+#: Named fault points, in the order a compaction of sealed segments reaches them.
+COMPACTION_POINTS = (
+    "before_compact_build",
+    "before_compact_upload",
+    "before_compact_swap",
+    "after_compact_swap",
+)
+FAULT_POINTS = SEAL_POINTS + COMPACTION_POINTS
 ROW_GROUP_ROWS = 128 * 1024
 
 
@@ -97,6 +116,18 @@ class SealResult:
     rows_deleted: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class CompactionResult:
+    table: str
+    partition: int
+    merged: Entry
+    replaced: tuple[str, ...]
+    vectors_replaced: int
+    rows_in: int
+    rows_out: int
+    seconds: float
+
+
 class Sealer:
     def __init__(
         self,
@@ -110,6 +141,7 @@ class Sealer:
         checkpoint_seconds: float = 60.0,
         claim_ttl: float = DEFAULT_CLAIM_TTL,
         index_cache: IndexCache | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> None:
         self.catalog = catalog
         self.store = catalog.store
@@ -126,6 +158,14 @@ class Sealer:
         self.last_error: dict[int, str] = {}
         self.durations: list[float] = []
         self._next_try: dict[int, float] = {}
+        #: When to merge sealed segments (:mod:`millstream.sealing.compaction`).
+        self.compaction = compaction or CompactionPolicy()
+        self.compactions: list[CompactionResult] = []
+        self.compaction_failures: dict[int, int] = {}
+        self.compaction_errors: dict[int, str] = {}
+        self._next_compaction: dict[int, float] = {}
+        #: Per partition, the sealed state last found with nothing to compact.
+        self._compaction_idle: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         #: The key indexes of the table's partitions (lookup, rebuild, checkpoints).
         self.indexes = SealerIndexes(
             catalog, table, checkpoint_seconds=checkpoint_seconds, cache=index_cache
@@ -237,15 +277,165 @@ class Sealer:
                 continue
             if r is not None:
                 out.append(r)
+        self.compact_due()
+        return out
+
+    def compact_due(self) -> list[CompactionResult]:
+        """Compact every partition whose sealed segments are due for it (after the seals, on
+        the same thread: a seal and a compaction of one sealer never race). Failures back off
+        per partition and are recorded, never raised, like failed seals."""
+        out: list[CompactionResult] = []
+        if not self.compaction.enabled:
+            return out
+        for p in self.partitions():
+            if self._next_compaction.get(p, 0.0) > self.clock.now():
+                continue
+            try:
+                r = self.compact_partition(p)
+            except Exception as exc:
+                n = self.compaction_failures.get(p, 0) + 1
+                self.compaction_failures[p] = n
+                self.compaction_errors[p] = (
+                    str(exc).splitlines()[0][:1000] if str(exc) else (type(exc).__name__)
+                )
+                delay = min(60.0, 2.0**n)
+                self._next_compaction[p] = self.clock.now() + delay
+                log.warning(
+                    "compaction of %s partition %d failed (retry in %.0fs): %s",
+                    self.table,
+                    p,
+                    delay,
+                    exc,
+                )
+                continue
+            if r is not None:
+                out.append(r)
         return out
 
     def status(self) -> dict[str, object]:
+        last = self.compactions[-1] if self.compactions else None
         return {
             "failures": {str(p): n for p, n in self.failures.items()},
             "last_error": {str(p): e for p, e in self.last_error.items()},
             "last_seal_seconds": self.durations[-1] if self.durations else None,
             "seals": len(self.durations),
+            "compactions": len(self.compactions),
+            "last_compaction": None
+            if last is None
+            else {
+                "partition": last.partition,
+                "segments": len(last.replaced),
+                "rows_in": last.rows_in,
+                "rows_out": last.rows_out,
+                "seconds": round(last.seconds, 3),
+            },
+            "compaction_failures": {str(p): n for p, n in self.compaction_failures.items()},
+            "compaction_errors": {str(p): e for p, e in self.compaction_errors.items()},
         }
+
+    # -- compaction of sealed segments -----------------------------------------------------
+
+    def plan_compaction(
+        self, partition: int, manifest: Manifest | None = None
+    ) -> CompactionPlan | None:
+        """The window of the partition's sealed segments due for a merge, or None."""
+        manifest = manifest or self.catalog.manifest(self.table)
+        return plan_compaction(self.catalog.deep, manifest, partition, self.compaction)
+
+    def compact_partition(self, partition: int) -> CompactionResult | None:
+        """Merge the partition's sealed segments that are due (see
+        :mod:`millstream.sealing.compaction`). Returns None when nothing is due; raises the
+        failure otherwise (after deleting what it uploaded, unless the swap may have landed)."""
+        manifest = self.catalog.manifest(self.table)
+        state = Reflects.of(manifest, partition)
+        if self._compaction_idle.get(partition) == (state.entries, state.delete_vectors):
+            return None  # nothing changed since it was last found with nothing to do
+        plan = self.plan_compaction(partition, manifest)
+        if plan is None:
+            self._compaction_idle[partition] = (state.entries, state.delete_vectors)
+            return None
+        started = time.monotonic()
+        deadline = self.clock.now() + self.claim_ttl
+        spec = manifest.table.spec
+        path: str | None = None
+        dv_path: str | None = None
+        swapping = False
+        try:
+            self.faults.check("before_compact_build", partition)
+            rows, before, _ = merge_window(self.catalog.deep, spec, plan)
+            self.faults.check("before_compact_upload", partition)
+            prefix = table_data_prefix(self.table)
+            tag = f"p{partition}-s{plan.window[0].seq}-{uuid.uuid4().hex}"
+            path = f"{prefix}/compacted-{tag}.parquet"
+            size = self.catalog.deep.write_parquet(path, rows, row_group_size=ROW_GROUP_ROWS)
+            if len(before):
+                dv_path = f"{prefix}/dv-compacted-{tag}.parquet"
+                self.catalog.deep.write_parquet(
+                    dv_path, pa.table({OFFSET_COL: pa.array(before, pa.int64())})
+                )
+            self.faults.check("before_compact_swap", partition)
+            swapping = True
+            merged, dv_id = replace_sealed(
+                self.store,
+                self.table,
+                partition,
+                plan.window,
+                plan.vectors,
+                plan.reflects,
+                CompactedSegment(
+                    path,
+                    rows.num_rows,
+                    size,
+                    delete_vector=None if dv_path is None else (dv_path, len(before)),
+                ),
+                deadline=deadline,
+                clock=self.clock,
+            )
+        except BaseException as exc:
+            # As for a seal: files are deleted only if the swap provably did not land.
+            if not swapping or isinstance(exc, SegmentChangedError | CommitConflictError):
+                for p in (path, dv_path):
+                    if p is not None:
+                        self.catalog.deep.delete(p)
+            raise
+        self.indexes.compacted(partition, plan, merged.id, dv_id)
+        self.compaction_failures.pop(partition, None)
+        self.compaction_errors.pop(partition, None)
+        result = CompactionResult(
+            self.table,
+            partition,
+            merged,
+            tuple(e.name for e in plan.window),
+            len(plan.vectors),
+            plan.rows_in,
+            rows.num_rows,
+            time.monotonic() - started,
+        )
+        self.compactions.append(result)
+        del self.compactions[:-100]
+        log.info(
+            "compacted %s partition %d: %d segments (%d rows, %d delete vectors) into %s "
+            "(%d rows) in %.2fs: %s",
+            self.table,
+            partition,
+            len(plan.window),
+            plan.rows_in,
+            len(plan.vectors),
+            merged.name,
+            rows.num_rows,
+            result.seconds,
+            plan.reason,
+        )
+        try:
+            self.faults.check("after_compact_swap", partition)
+        except InjectedSealFault as exc:
+            log.warning(
+                "after-swap cleanup of the compaction of %s partition %d interrupted: %s",
+                self.table,
+                partition,
+                exc,
+            )
+        return result
 
     def seal_partition(self, partition: int, *, force: bool = False) -> SealResult | None:
         """Seal the partition's consuming run if due (or ``force``). Returns None when there is

@@ -29,6 +29,7 @@ from millstream.errors import (
 )
 from millstream.ingest.sources import config_for, spec_reader
 from millstream.metastore.store import MetadataStore
+from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.sealer import Sealer
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.options import CommitGate, SinkOptions, SourceOptions
@@ -332,6 +333,7 @@ class DatastreamRunner:
             self.catalog,
             self.table_spec.name,
             thresholds=Thresholds.of(seg),
+            compaction=CompactionPolicy.of(seg),
         )
         try:
             return sealer.seal_what_is_due()
@@ -349,6 +351,7 @@ class DatastreamRunner:
             self.catalog,
             self.table_spec.name,
             thresholds=Thresholds.of(seg),
+            compaction=CompactionPolicy.of(seg),
         )
         self.sealer = sealer
         self.sealing = SupervisedLoop(

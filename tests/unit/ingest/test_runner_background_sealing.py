@@ -63,7 +63,9 @@ def test_run_starts_sealing_once_the_table_exists_and_keeps_sealing_after_a_fail
     class FlakySealer:
         """Fails its first pass (the metadata store was unreachable, say), then seals."""
 
-        def __init__(self, cat: Catalog, table: str, *, thresholds: Thresholds) -> None:
+        def __init__(
+            self, cat: Catalog, table: str, *, thresholds: Thresholds, compaction: object
+        ) -> None:
             self.cat, self.table, self.passes = cat, table, 0
             self.failures: dict[int, int] = {}
             self.last_error: dict[int, str] = {}

@@ -14,7 +14,7 @@ import pytest
 from millstream.catalog import Catalog
 from millstream.errors import InjectedSealFault
 from millstream.metastore.models import SegmentState
-from millstream.sealing.sealer import FAULT_POINTS, Sealer, SealFaults
+from millstream.sealing.sealer import SEAL_POINTS, Sealer, SealFaults
 from millstream.spec import TableSpec
 from millstream.table.writer import commit_staged, stage_rows
 from millstream.testing.model import canonical, model_rows
@@ -84,7 +84,7 @@ def _states(cat: Catalog, partition: int) -> list[tuple[int, SegmentState]]:
     return [(e.seq, e.state) for e in cat.manifest("t").entries if e.partition == partition]
 
 
-@pytest.mark.parametrize("point", FAULT_POINTS)
+@pytest.mark.parametrize("point", SEAL_POINTS)
 @pytest.mark.parametrize("engine", sorted(ENGINES))
 def test_a_fault_at_any_seal_point_keeps_reads_exact_and_the_retry_brings_the_run_online(
     tmp_path: Path, engine: str, point: str
