@@ -1,4 +1,5 @@
-"""``millstream table maintain``: what it prints, what it removes, and what it refuses."""
+"""``millstream table maintain`` and ``table compact``: what they print, what they change, and
+what they refuse."""
 
 from __future__ import annotations
 
@@ -75,3 +76,72 @@ def test_the_cli_defaults_are_the_garbage_collectors() -> None:
     """The CLI copies them to keep `millstream --help` fast; they must not drift."""
     assert cli_table.DEFAULT_GRACE_SECONDS == gc.DEFAULT_GRACE_SECONDS
     assert cli_table.MIN_GRACE_SECONDS == gc.MAX_STAGED_AGE_SECONDS
+
+
+def _sealed_four_times(home: Path) -> None:
+    """Upsert table u: partition 0 sealed four times, each seal superseding the last's keys."""
+    from millstream.sealing.compaction import CompactionPolicy
+    from millstream.sealing.keyindex import IndexCache
+    from millstream.sealing.sealer import Sealer
+
+    with Catalog.open(home=home) as cat:
+        cat.create_table(
+            {"name": "u", "schema": {"k": "long"}, "mode": "upsert", "primary_key": ["k"]}
+        )
+        spec = cat.table("u").spec
+        sealer = Sealer(
+            cat, "u", compaction=CompactionPolicy(enabled=False), index_cache=IndexCache()
+        )
+        for i in range(4):
+            rows = pa.table(
+                {
+                    "k": pa.array([1, 2, 3], pa.int64()),
+                    "_ms_partition": pa.array([0] * 3, pa.int32()),
+                    "_ms_offset": pa.array([3 * i, 3 * i + 1, 3 * i + 2], pa.int64()),
+                    "_ms_tombstone": pa.array([False] * 3),
+                }
+            )
+            commit_staged(
+                cat.store,
+                cat.deep,
+                "u",
+                stage_rows(cat.deep, spec, rows),
+                {0: (3 * i, 3 * i + 3)},
+                {},
+            )
+            assert sealer.seal_partition(0, force=True) is not None
+
+
+def test_compact_says_what_it_would_merge_then_merges_it(tmp_path: Path) -> None:
+    _sealed_four_times(tmp_path)
+    args = ["table", "compact", "u", "--home", str(tmp_path)]
+    result = CliRunner().invoke(app, [*args, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "u partition 0: would merge 4 segments (12 rows, 3 delete vectors;" in result.output
+    with Catalog.open(home=tmp_path) as cat:
+        assert len(cat.manifest("u").entries) == 4
+
+    result = CliRunner().invoke(app, [*args, "-o", "json"])
+    assert result.exit_code == 0, result.output
+    (report,) = json.loads(result.output)["partitions"]
+    assert report["compacted"] is True and report["rows"] == 3
+    with Catalog.open(home=tmp_path) as cat:
+        (entry,) = cat.manifest("u").entries
+        assert entry.row_count == 3 and cat.manifest("u").delete_vectors == ()
+        assert sorted(cat.read_table("u").column("k").to_pylist()) == [1, 2, 3]
+
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "u partition 0: nothing to merge" in result.output
+
+
+def test_compact_names_an_unknown_table_or_partition(tmp_path: Path) -> None:
+    _sealed_four_times(tmp_path)
+    result = CliRunner().invoke(app, ["table", "compact", "nope", "--home", str(tmp_path)])
+    assert result.exit_code == 3
+    assert "table 'nope' does not exist" in result.output
+    result = CliRunner().invoke(
+        app, ["table", "compact", "u", "--home", str(tmp_path), "--partition", "7"]
+    )
+    assert result.exit_code == 2
+    assert "table 'u' has no partition 7" in result.output

@@ -25,7 +25,8 @@ MIN_GRACE_SECONDS = 1800.0
 
 app = typer.Typer(
     name="table",
-    help="Table maintenance: expire old versions (retention) and delete unreferenced files.",
+    help="Table maintenance: expire old versions (retention), delete unreferenced files, "
+    "merge sealed segments.",
     epilog=exit_codes_help(),
     no_args_is_help=True,
 )
@@ -74,3 +75,79 @@ def maintain(
         else:
             for r in reports:
                 console.print(r.describe(), highlight=False, soft_wrap=True)
+
+
+@app.command("compact", epilog=exit_codes_help())
+def compact(
+    table: Annotated[str, typer.Argument(help="The table whose sealed segments to merge.")],
+    partition: Annotated[
+        list[int] | None,
+        typer.Option(help="Only this partition (repeatable; default: every partition)."),
+    ] = None,
+    min_segments: Annotated[
+        int,
+        typer.Option(min=2, help="Merge windows of at least this many similar segments."),
+    ] = 4,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would be merged; merge nothing.")
+    ] = False,
+    home: HomeOpt = None,
+    output: OutputOpt = OutputFormat.text,
+) -> None:
+    """Merge each partition's sealed segments that are due, as the background sealer does
+    after its seals (a running sealer whose partition this changes rebuilds its key index
+    once). Prints one line per partition."""
+    # lazy: only the command that runs needs it; keeps `millstream --help` fast
+    from millstream.catalog import Catalog
+    from millstream.sealing.compaction import CompactionPolicy
+    from millstream.sealing.keyindex import IndexCache
+    from millstream.sealing.sealer import Sealer
+
+    with handle_errors(output), Catalog.open(home=home) as cat:
+        sealer = Sealer(
+            cat,
+            table,
+            compaction=CompactionPolicy(min_segments=min_segments),
+            index_cache=IndexCache(),
+        )
+        known = sealer.partitions()  # raises NotFoundError naming the table
+        for p in partition or []:
+            if p not in known:
+                raise InvalidSpecError("--partition", f"table {table!r} has no partition {p}")
+        reports: list[dict[str, object]] = []
+        for p in partition or known:
+            plan = sealer.plan_compaction(p)
+            if plan is None:
+                reports.append({"partition": p, "compacted": False, "plan": None})
+            elif dry_run:
+                reports.append({"partition": p, "compacted": False, "plan": plan.to_dict()})
+            else:
+                result = sealer.compact_partition(p)
+                reports.append(
+                    {
+                        "partition": p,
+                        "compacted": result is not None,
+                        "plan": plan.to_dict(),
+                        "segment": None if result is None else result.merged.name,
+                        "rows": None if result is None else result.rows_out,
+                    }
+                )
+        if output is OutputFormat.json:
+            emit_json({"table": table, "dry_run": dry_run, "partitions": reports})
+            return
+        for r in reports:
+            plan_d = r["plan"]
+            if not isinstance(plan_d, dict):
+                line = "nothing to merge"
+            else:
+                what = (
+                    f"{len(plan_d['segments'])} segments ({plan_d['rows']} rows, "
+                    f"{plan_d['delete_vectors']} delete vectors; {plan_d['reason']})"
+                )
+                if dry_run:
+                    line = f"would merge {what}"
+                elif r["compacted"]:
+                    line = f"merged {what} into {r['segment']} ({r['rows']} rows)"
+                else:
+                    line = f"did not merge {what}: the partition changed meanwhile"
+            console.print(f"{table} partition {r['partition']}: {line}", highlight=False)
