@@ -17,9 +17,11 @@ drawing its steps from ``Random(f"{seed}/{schedule}/{actor}")``:
   the staged-file age limit), and a COMMIT that fails before or after it lands (an unknown
   outcome).
 * **sealers** (1-2, as a worker per replica has): :meth:`millstream.sealing.sealer.Sealer.
-  seal_partition` with injected failures at its named fault points and freezes at them
+  seal_partition` and :meth:`~millstream.sealing.sealer.Sealer.compact_partition` (compaction
+  of sealed segments) with injected failures at their named fault points and freezes at them
   (sometimes past the claim's expiry, so another sealer takes the run over and the frozen
-  one's swap must be refused); each with its own key-index cache.
+  one's swap must be refused; a compaction past garbage collection's grace period); each with
+  its own key-index cache.
 * an **operator**: rollbacks of a recent segment (:func:`millstream.metastore.rollback.
   rollback_partition`) and re-ingests of a live segment from the source
   (:func:`millstream.sealing.reingest.reingest_segment`) while everything else runs.
@@ -86,6 +88,7 @@ from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, 
 from millstream.metastore.expiry import expire_versions
 from millstream.metastore.models import Manifest, SegmentState
 from millstream.metastore.rollback import rollback_partition
+from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.reingest import reingest_segment
 from millstream.sealing.sealer import FAULT_POINTS, Sealer, SealFaults
@@ -426,6 +429,7 @@ def _sealer(sch: Schedule, name: str, rng: random.Random) -> None:
         checkpoint_seconds=rng.choice([0.0, 60.0]),
         index_cache=IndexCache(),
         max_failures=2,
+        compaction=CompactionPolicy(min_segments=rng.choice([2, 3, 4]), max_segments=6),
     )
     try:
         # Seal while the writers commit: a frozen sealer's run then grows behind its claim.
@@ -440,8 +444,17 @@ def _sealer(sch: Schedule, name: str, rng: random.Random) -> None:
                 point = rng.choice(CLAIMED_POINTS)
                 frozen[point] = rng.uniform(0.05, 2.5 * CLAIM_TTL)
                 sch.fault("freeze", name, f"{frozen[point]:.2f}s at {point}, partition {partition}")
+            elif roll < 0.19:
+                # Past garbage collection's grace period: the swap must be refused, or it
+                # would reference a merged file GC may already have deleted.
+                point = "before_compact_swap"
+                frozen[point] = rng.uniform(0.05, 2.0 * GC_GRACE)
+                sch.fault("freeze", name, f"{frozen[point]:.2f}s at {point}, partition {partition}")
             with contextlib.suppress(*SEALER_EXPECTED):
                 sealer.seal_partition(partition, force=rng.random() < 0.3)
+            if rng.random() < 0.4:
+                with contextlib.suppress(*SEALER_EXPECTED):
+                    sealer.compact_partition(partition)
             faults.remaining.clear()
             frozen.clear()
             time.sleep(rng.uniform(0.01, 0.06))
