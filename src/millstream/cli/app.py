@@ -57,8 +57,18 @@ def run(
     home: HomeOpt = None,
     output: OutputOpt = OutputFormat.text,
     master: Annotated[str | None, typer.Option(help="Spark master (default local[2]).")] = None,
+    maintenance_interval: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            help="Seconds (+-20% jitter) between two runs of expiry and garbage collection of "
+            "the table and its dead-letter table, beside the background sealer.",
+        ),
+    ] = 600.0,
 ) -> None:
-    """Ingest one datastream without any service. Ctrl-C stops cleanly."""
+    """Ingest one datastream without any service. Ctrl-C stops cleanly. In the background
+    (not with --available-now) it seals, compacts sealed segments, and expires history and
+    collects unreferenced files per the table's retention."""
     # lazy: only the command that runs needs it; keeps `millstream --help` fast
     from millstream.datastream import DatastreamSpec
 
@@ -73,7 +83,12 @@ def run(
         catalog = _catalog(home)
         spark = spark_session(master=master)
         runner = DatastreamRunner(
-            spec, catalog, spark, writer_id=writer_id, background_sealing=not available_now
+            spec,
+            catalog,
+            spark,
+            writer_id=writer_id,
+            background_sealing=not available_now,
+            maintenance_interval=maintenance_interval,
         )
 
         def _sigterm(*_: object) -> None:

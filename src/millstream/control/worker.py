@@ -33,7 +33,6 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control.controller import ControlSettings
-from millstream.control.maintenance import Maintainer
 from millstream.control.registry import Registry
 from millstream.control.workers import heartbeat, read_assignments
 from millstream.core.lifecycle import State
@@ -46,6 +45,7 @@ from millstream.errors import (
 )
 from millstream.faults import seal_faults
 from millstream.sealing.compaction import CompactionPolicy
+from millstream.sealing.maintenance import Maintainer
 from millstream.sealing.sealer import Sealer, SealFaults
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.options import CommitGate

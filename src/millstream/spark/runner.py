@@ -30,6 +30,7 @@ from millstream.errors import (
 from millstream.ingest.sources import config_for, spec_reader
 from millstream.metastore.store import MetadataStore
 from millstream.sealing.compaction import CompactionPolicy
+from millstream.sealing.maintenance import DEFAULT_MAINTENANCE_INTERVAL, Maintainer
 from millstream.sealing.sealer import Sealer
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.options import CommitGate, SinkOptions, SourceOptions
@@ -162,6 +163,7 @@ class DatastreamRunner:
         state_dir: StateDirectory | None = None,
         commit_gate: CommitGate | None = None,
         background_sealing: bool = False,
+        maintenance_interval: float = DEFAULT_MAINTENANCE_INTERVAL,
     ) -> None:
         self.spec = spec
         self.catalog = catalog
@@ -182,6 +184,9 @@ class DatastreamRunner:
         #: Seconds between the background sealer's passes, and its backoff after a failure.
         self.seal_interval = 1.0
         self.seal_backoff = Backoff(base=1.0, cap=60.0)
+        #: Expiry and garbage collection of the table and its dead-letter table, on the
+        #: background sealer's thread (as a worker's sealing thread does).
+        self.maintainer = Maintainer(catalog, interval=maintenance_interval)
         #: The supervised background sealer while :meth:`run` runs one (see :meth:`sealing_status`).
         self.sealing: SupervisedLoop | None = None
         self.sealer: Sealer | None = None
@@ -354,9 +359,18 @@ class DatastreamRunner:
             compaction=CompactionPolicy.of(seg),
         )
         self.sealer = sealer
+        tables = {
+            self.spec.name: [self.table_spec.name, dead_letter_spec(self.table_spec.name).name]
+        }
+
+        def background_pass() -> None:
+            sealer.seal_due()  # seals, then compacts
+            # Supervised per datastream inside: a failure backs off maintenance only.
+            self.maintainer.run_due(tables)
+
         self.sealing = SupervisedLoop(
             "sealer",
-            sealer.seal_due,
+            background_pass,
             interval=self.seal_interval,
             table=self.table_spec.name,
             backoff=self.seal_backoff,
@@ -370,7 +384,14 @@ class DatastreamRunner:
         last seal); None when this runner does not seal in the background (or not yet)."""
         if self.sealing is None or self.sealer is None:
             return None
-        return {**self.sealing.status().to_dict(), "sealer": self.sealer.status()}
+        return {
+            **self.sealing.status().to_dict(),
+            "sealer": self.sealer.status(),
+            "maintenance": self.maintainer.status(),
+            "maintainer": [
+                s.to_dict() for s in self.maintainer.loop_statuses(alive=self.sealing.alive)
+            ],
+        }
 
     def sealing_summary(self, now: float) -> str | None:
         """One line on the background sealer for progress output (None without one), naming

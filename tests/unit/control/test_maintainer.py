@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
-from millstream.control.maintenance import Maintainer
+from millstream.sealing.maintenance import Maintainer
 from millstream.sealing.sealer import Sealer
 from millstream.table.writer import commit_staged, stage_rows
 

@@ -1,5 +1,6 @@
 """``millstream run`` seals in the background: the sealer starts only once its table exists,
-and a failed pass is retried (with backoff) instead of ending sealing for good.
+and a failed pass is retried (with backoff) instead of ending sealing for good; and it expires
+history and collects files as a worker does.
 
 The production :meth:`DatastreamRunner.run` and its sealing loop run here; only the Spark
 query (``start`` creates the tables and would start the query; ``_await`` waits for it) and
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from millstream.catalog import Catalog
@@ -21,6 +23,7 @@ from millstream.sealing.thresholds import Thresholds
 from millstream.spark import runner as runner_module
 from millstream.spark.runner import DatastreamRunner
 from millstream.supervise import Backoff
+from millstream.table.writer import commit_staged, stage_rows
 
 #: Bound for something that must happen; never used to order anything.
 WAIT = 10.0
@@ -117,3 +120,64 @@ def test_run_starts_sealing_once_the_table_exists_and_keeps_sealing_after_a_fail
     assert status["runs"] >= PASSES and not status["alive"]
     assert status["last_error"] == "ConnectionError: metadata store unreachable"
     assert status["table"] == "orders"
+
+
+def test_run_expires_history_and_collects_files_in_the_background(
+    catalog: Catalog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A standalone ``millstream run`` maintains its tables as a worker does: versions its
+    retention no longer keeps expire while the query runs (the real sealer and maintainer)."""
+    ds = DatastreamSpec.parse(
+        {
+            **spec(tmp_path).model_dump(by_alias=True, exclude_none=True),
+            "table": {
+                "mode": "upsert",
+                "primary_key": ["id"],
+                "retention": {"time": "1s", "min_versions": 1},
+            },
+        }
+    )
+    runner = DatastreamRunner(
+        ds, catalog, spark=None, writer_id="w1", background_sealing=True, maintenance_interval=1.0
+    )
+    runner.seal_interval = 0.01
+    runner.ensure_tables()
+    table = catalog.table("orders").spec
+    for i in range(3):
+        rows = pa.table(
+            {
+                "id": pa.array([1], pa.int64()),
+                "amount": pa.array([i], pa.int64()),
+                "_ms_partition": pa.array([0], pa.int32()),
+                "_ms_offset": pa.array([i], pa.int64()),
+                "_ms_tombstone": pa.array([False]),
+            }
+        )
+        commit_staged(
+            catalog.store,
+            catalog.deep,
+            "orders",
+            stage_rows(catalog.deep, table, rows),
+            {0: (i, i + 1)},
+            {},
+        )
+    maintained = threading.Event()
+
+    def await_query(on_tick: Any, tick: float) -> None:
+        deadline = threading.Event()
+        for _ in range(int(WAIT / 0.05)):
+            report = runner.maintainer.status().get("orders")
+            if report and report["versions_expired"] > 0:
+                maintained.set()
+                return
+            deadline.wait(0.05)
+
+    monkeypatch.setattr(runner, "start", lambda *, available_now: None)
+    monkeypatch.setattr(runner, "_await", await_query)
+    runner.run(available_now=False)
+
+    assert maintained.is_set(), f"no expiry ran: {runner.sealing_status()}"
+    assert catalog.store.oldest_kept_version("orders") > 0
+    assert catalog.read_table("orders").column("amount").to_pylist() == [2]
+    status = runner.sealing_status()
+    assert status is not None and status["maintenance"]["orders"]["runs"] >= 1

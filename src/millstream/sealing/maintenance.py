@@ -1,7 +1,7 @@
-"""Automatic table maintenance on the workers: expiry (retention) and garbage collection.
+"""Automatic table maintenance: expiry (retention) and garbage collection.
 
-The worker that runs a datastream actively maintains its table and dead-letter table on its
-background (sealing) thread, every ``interval`` seconds with +-20% jitter, so many tables do not
+The worker that runs a datastream actively (or a standalone ``millstream run``) maintains its
+table and dead-letter table on its background (sealing) thread, every ``interval`` seconds with +-20% jitter, so many tables do not
 all run at the same moment. One table's maintenance is supervised on its own: an error is
 logged with the table, counted (``millstream_background_errors{loop="maintainer"}``), visible in
 ``debugInfo`` and retried with backoff; it never stops sealing or another table's maintenance.
@@ -77,7 +77,7 @@ class Maintainer:
         self.grace_seconds = grace_seconds
         self.clock = clock
         self._rng = rng or random.Random()
-        self.backoff = backoff or Backoff(base=30.0, cap=interval)
+        self.backoff = backoff or Backoff(base=min(30.0, interval), cap=interval)
         self.supervisors: dict[str, Supervisor] = {}
         self.tables: dict[str, TableMaintenance] = {}
         self._next: dict[str, float] = {}
