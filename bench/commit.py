@@ -69,9 +69,15 @@ MAX_WRITERS = 4
 SCHEMA = {"id": "long", "amount": "double", "label": "string", "ts": "timestamp"}
 
 
-def table_spec(name: str) -> TableSpec:
+def table_spec(name: str, *, partitioned_by_key: bool = False) -> TableSpec:
     return TableSpec.parse(
-        {"name": name, "schema": SCHEMA, "primary_key": ["id"], "mode": "upsert"}
+        {
+            "name": name,
+            "schema": SCHEMA,
+            "primary_key": ["id"],
+            "mode": "upsert",
+            "partitioned_by_key": partitioned_by_key,
+        }
     )
 
 
@@ -440,14 +446,16 @@ def _read_once(
     rec("  restore order (sort_by)", _timed(last.sort_by, [(merge.IDX, "ascending")])[0])
 
 
-def build_read_table(cat: Catalog, s: Settings) -> tuple[float, int]:
+def build_read_table(
+    cat: Catalog, s: Settings, *, partitioned_by_key: bool = False
+) -> tuple[float, int]:
     """Write keys x updates rows as ``read_commits`` commits over ``read_partitions`` partitions.
 
     Keys are partition-affine (key k lives on partition k % P). Each partition's stream is
     ``updates`` rounds; every round updates each of the partition's keys once, in a fresh
     random order, so the last update of a key is in the last round.
     """
-    spec = cat.create_table(table_spec(READ_TABLE)).spec
+    spec = cat.create_table(table_spec(READ_TABLE, partitioned_by_key=partitioned_by_key)).spec
     n_part = s.read_partitions
     keys_per_part = s.read_keys // n_part
     stream_len = keys_per_part * s.read_updates

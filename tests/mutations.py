@@ -850,6 +850,38 @@ GUARDS: tuple[Guard, ...] = (
             "back_what_it_should",
         ),
     ),
+    Guard(
+        name="unmerged-read-needs-sealed-rows",
+        file="src/millstream/table/read.py",
+        what="a partitioned_by_key read skips the merge of a partition only if all its entries "
+        "are sealed (upsert without a comparison column)",
+        old="""\
+        and all(e.state is SegmentState.ONLINE for e in entries)
+""",
+        new="""\
+        and True  # MUTATION: consuming rows are trusted to be merged already
+""",
+        tests=(
+            "tests/unit/sealing/test_compaction.py::test_a_partitioned_by_key_read_skips_the_"
+            "merge_only_where_sealed_rows_are_final",
+        ),
+    ),
+    Guard(
+        name="unmerged-read-needs-every-vector",
+        file="src/millstream/table/read.py",
+        what="a partitioned_by_key read merges a partition whose delete vector it could not "
+        "read (its superseded rows are back)",
+        old="""\
+        if use_delete_vectors and not unreadable and _sealed_rows_are_final(spec, mine):
+""",
+        new="""\
+        if use_delete_vectors and _sealed_rows_are_final(spec, mine):  # MUTATION
+""",
+        tests=(
+            "tests/unit/sealing/test_compaction.py::test_a_partitioned_by_key_read_skips_the_"
+            "merge_only_where_sealed_rows_are_final",
+        ),
+    ),
 )
 
 

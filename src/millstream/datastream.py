@@ -98,6 +98,7 @@ class TableSection(_Frozen):
     time_column: str | None = None
     partial: dict[str, PartialStrategy] = Field(default_factory=dict)
     retention: Retention | None = None
+    partitioned_by_key: bool = False
 
 
 class SegmentsSection(_Frozen):

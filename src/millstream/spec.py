@@ -126,6 +126,15 @@ class TableSpec(BaseModel):
     retention: Retention = Field(
         default_factory=Retention, description="History kept for time travel (may change)."
     )
+    partitioned_by_key: bool = Field(
+        default=False,
+        description=(
+            "Keyed modes: every row of a key arrives in one source partition (the producer "
+            "partitions by the key, as Pinot's upsert requires). Reads then merge each "
+            "partition alone, in parallel, and an upsert partition whose rows are all sealed "
+            "needs no merge. A key that arrives in two partitions anyway shows up twice."
+        ),
+    )
 
     @field_validator("name")
     @classmethod
@@ -143,6 +152,10 @@ class TableSpec(BaseModel):
         if self.mode == "append":
             if self.primary_key:
                 raise InvalidSpecError("table.primary_key", "append tables have no primary key")
+            if self.partitioned_by_key:
+                raise InvalidSpecError(
+                    "table.partitioned_by_key", "append tables have no key to partition by"
+                )
         elif not self.primary_key:
             raise InvalidSpecError("table.primary_key", f"mode {self.mode!r} needs a primary key")
         for k in self.primary_key:

@@ -104,13 +104,19 @@ def test_a_filter_on_a_key_narrows_the_merge_and_one_on_another_column_waits_for
     assert _rows(df.filter("id in (2, 3, 4)")) == [(2, "paid"), (4, "new")]
 
 
-def test_an_append_table_is_read_by_one_task_per_partition(
-    spark: SparkSession, tmp_path: Path
+@pytest.mark.parametrize(
+    "table",
+    [
+        {"primary_key": [], "mode": "append"},
+        {"primary_key": ["id"], "mode": "upsert", "partitioned_by_key": True},
+    ],
+    ids=["append", "upsert-partitioned-by-key"],
+)
+def test_an_append_or_partitioned_by_key_table_is_read_by_one_task_per_partition(
+    spark: SparkSession, tmp_path: Path, table: dict[str, Any]
 ) -> None:
     with Catalog.open(home=tmp_path / "append-home") as catalog:
-        spec = catalog.create_table(
-            {**SPEC, "name": "clicks", "primary_key": [], "mode": "append"}
-        ).spec
+        spec = catalog.create_table({**SPEC, "name": "clicks", **table}).spec
         for p in range(3):
             n = 4
             data = pa.table(

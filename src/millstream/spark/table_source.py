@@ -15,8 +15,8 @@ the query is planned, so every task reads the same snapshot and retention keeps 
 ``pinSeconds`` even past the table's window.
 
 Tasks: an append table is read by one task per partition (its rows do not interact across
-partitions); a keyed table by one task (a key's rows may span partitions, and the merge must
-see them all). Filters: with ``spark.sql.python.filterPushdown.enabled`` (Millstream's own
+partitions), and so is a keyed table declared ``partitioned_by_key``; another keyed table by
+one task (a key's rows may span partitions, and the merge must see them all). Filters: with ``spark.sql.python.filterPushdown.enabled`` (Millstream's own
 sessions set it), filters on a keyed table's key columns, and on any column of an append
 table, of plain types, are applied before the merge, so a lookup by key merges that key
 only; a filter on another column of a keyed table is applied by Spark after the merge (before
@@ -221,9 +221,9 @@ def _plan(options: dict[str, str], table: str) -> list[InputPartition]:
     (default an hour): the tasks read it later, and expiry keeps it for them. Spark says
     nothing when a query ends, so the pin runs out rather than being released.
 
-    An append table is read by one task per partition that has rows (its rows do not
-    interact across partitions); a keyed table by one task, as a key's rows may span
-    partitions and the merge must see them all."""
+    An append table, or a keyed one ``partitioned_by_key``, is read by one task per partition
+    that has rows (its rows do not interact across partitions); another keyed table by one
+    task, as a key's rows may span partitions and the merge must see them all."""
     as_of = options.get("asOf")
     version: int | None = None
     if as_of is not None:
@@ -235,7 +235,7 @@ def _plan(options: dict[str, str], table: str) -> list[InputPartition]:
     with Catalog.open(settings=Settings.from_options(options)) as cat:
         pin = cat.pin(table, as_of=version, seconds=seconds, holder="spark read")
         manifest = cat.manifest(table, as_of=pin.version)
-    if manifest.table.spec.keyed:
+    if manifest.table.spec.keyed and not manifest.table.spec.partitioned_by_key:
         return [_Snapshot(table, pin.version, None)]
     parts = sorted({e.partition for e in manifest.entries if e.row_count})
     return [_Snapshot(table, pin.version, (p,)) for p in parts] or [

@@ -19,8 +19,8 @@ import pyarrow.compute as pc
 
 from millstream.core.merge import resolve
 from millstream.errors import SegmentUnavailableError
-from millstream.metastore.models import DeleteVector, Entry, Manifest
-from millstream.spec import OFFSET_COL, PARTITION_COL, SYSTEM_COLUMNS, TableSpec
+from millstream.metastore.models import DeleteVector, Entry, Manifest, SegmentState
+from millstream.spec import OFFSET_COL, PARTITION_COL, SYSTEM_COLUMNS, TOMBSTONE_COL, TableSpec
 from millstream.storage.deepstore import DeepStore
 
 READ_THREADS = 8
@@ -37,12 +37,25 @@ def _all_valid(data: pa.Table, entries: list[Entry]) -> bool:
         if e.partition in ranges:
             return False  # two entries of one partition in one file: filter row by row
         ranges[e.partition] = (e.start, e.end)
-    spans = data.group_by([PARTITION_COL]).aggregate([(OFFSET_COL, "min_max")])
-    for partition, span in zip(
-        spans.column(PARTITION_COL).to_pylist(),
-        spans.column(f"{OFFSET_COL}_min_max").to_pylist(),
-        strict=True,
-    ):
+    if data.num_rows == 0:
+        return True
+    found: list[tuple[int, dict[str, int]]]
+    if len(entries) == 1:  # a sealed segment's file, say: no grouping needed
+        parts = pc.min_max(data.column(PARTITION_COL))
+        if parts["min"].as_py() != parts["max"].as_py():
+            return False
+        offs = pc.min_max(data.column(OFFSET_COL))
+        found = [(parts["min"].as_py(), {"min": offs["min"].as_py(), "max": offs["max"].as_py()})]
+    else:
+        spans = data.group_by([PARTITION_COL]).aggregate([(OFFSET_COL, "min_max")])
+        found = list(
+            zip(
+                spans.column(PARTITION_COL).to_pylist(),
+                spans.column(f"{OFFSET_COL}_min_max").to_pylist(),
+                strict=True,
+            )
+        )
+    for partition, span in found:
         bounds = ranges.get(partition)
         if bounds is None or span["min"] < bounds[0] or span["max"] >= bounds[1]:
             return False
@@ -107,14 +120,19 @@ def read_entries(
     return pa.concat_tables(parts)
 
 
-def read_delete_vectors(deep: DeepStore, dvs: Iterable[DeleteVector]) -> dict[int, pa.Array]:
+def read_delete_vectors(
+    deep: DeepStore, dvs: Iterable[DeleteVector], *, unreadable: list[int] | None = None
+) -> dict[int, pa.Array]:
     """The superseded offsets of each partition named by ``dvs``. A vector that cannot be read
-    is skipped (the read stays exact, only slower) and logged."""
+    is skipped (the read stays exact, only slower), logged, and its partition appended to
+    ``unreadable``."""
     by_partition: dict[int, list[pa.Array]] = defaultdict(list)
     for dv in dvs:
         try:
             offsets = deep.read_parquet(dv.file_path, columns=[OFFSET_COL]).column(OFFSET_COL)
         except (OSError, pa.ArrowInvalid, KeyError) as exc:
+            if unreadable is not None:
+                unreadable.append(dv.partition)
             log.warning(
                 "delete vector %s of %s partition %d (from segment %d) is unreadable, reading "
                 "without it: %s",
@@ -209,28 +227,112 @@ def read_manifest(
     ``use_delete_vectors=False`` reads every row of every entry (the answer is the same).
 
     ``partitions`` reads only those partitions' rows: an append table's rows do not interact
-    across partitions, so readers split it that way (a keyed table's merge may pick a key's
-    row across partitions: ValueError). ``conditions`` (see :data:`Condition`) drop rows
+    across partitions, nor do a ``partitioned_by_key`` table's, so readers split them that way
+    (another keyed table's merge may pick a key's row across partitions: ValueError). A
+    ``partitioned_by_key`` table is merged partition by partition, in parallel, and its rows
+    come partition by partition. ``conditions`` (see :data:`Condition`) drop rows
     before the merge; on a keyed table only conditions on key columns are allowed
     (:func:`check_conditions`): the merge then does the work of the matching keys only."""
     spec = manifest.table.spec
     check_conditions(spec, conditions)
     entries, vectors = manifest.entries, manifest.delete_vectors
     if partitions is not None:
-        if spec.mode != "append":
+        if spec.keyed and not spec.partitioned_by_key:
             raise ValueError(
                 f"table {spec.name!r} is {spec.mode}: a key's rows may span partitions, read "
-                "them together"
+                "them together (or declare the table partitioned_by_key)"
             )
         wanted = set(partitions)
         entries = tuple(e for e in entries if e.partition in wanted)
         vectors = tuple(dv for dv in vectors if dv.partition in wanted)
+    if spec.keyed and spec.partitioned_by_key:
+        rows = _by_partition(deep, spec, entries, vectors, use_delete_vectors, conditions)
+    else:
+        rows = _merged(deep, spec, entries, vectors, use_delete_vectors, conditions)
+    if include_system_columns:
+        return rows
+    return rows.drop_columns(list(SYSTEM_COLUMNS))
+
+
+def _merged(
+    deep: DeepStore,
+    spec: TableSpec,
+    entries: Sequence[Entry],
+    vectors: Sequence[DeleteVector],
+    use_delete_vectors: bool,
+    conditions: Sequence[Condition],
+) -> pa.Table:
+    """The rows of ``entries`` minus ``vectors``' rows, filtered, merged by the engine."""
     raw = read_entries(deep, spec, entries)
     if use_delete_vectors and vectors:
         raw = drop_deleted(raw, read_delete_vectors(deep, vectors))
     if conditions:
         raw = raw.filter(_expression(conditions))
-    rows = resolve(spec, raw)
-    if include_system_columns:
-        return rows
-    return rows.drop_columns(list(SYSTEM_COLUMNS))
+    return resolve(spec, raw)
+
+
+def _sealed_rows_are_final(spec: TableSpec, entries: Sequence[Entry]) -> bool:
+    """Whether one partition's rows, minus its delete vectors, are already merged: an upsert
+    table without a comparison column whose entries are all sealed. A seal keeps one row per
+    key of its run, and its delete vector names every older sealed row of those keys
+    (:mod:`millstream.sealing.keyindex`), so each key has one row left in the partition, its
+    latest; compaction and re-ingestion keep that true. Only deletes remain to drop."""
+    return (
+        spec.mode == "upsert"
+        and spec.comparison_column is None
+        and all(e.state is SegmentState.ONLINE for e in entries)
+    )
+
+
+def _by_partition(
+    deep: DeepStore,
+    spec: TableSpec,
+    entries: Sequence[Entry],
+    vectors: Sequence[DeleteVector],
+    use_delete_vectors: bool,
+    conditions: Sequence[Condition],
+) -> pa.Table:
+    """A ``partitioned_by_key`` table: each partition merged alone (its keys occur in no other
+    partition), the partitions in parallel, and a partition whose rows are final
+    (:func:`_sealed_rows_are_final`, every delete vector read) not merged at all."""
+    by_partition: dict[int, list[Entry]] = defaultdict(list)
+    for e in entries:
+        by_partition[e.partition].append(e)
+    vectors_of: dict[int, list[DeleteVector]] = defaultdict(list)
+    for dv in vectors:
+        vectors_of[dv.partition].append(dv)
+
+    def one(partition: int) -> pa.Table:
+        mine = by_partition[partition]
+        raw = read_entries(deep, spec, mine)
+        unreadable: list[int] = []
+        if use_delete_vectors and vectors_of[partition]:
+            raw = drop_deleted(
+                raw, read_delete_vectors(deep, vectors_of[partition], unreadable=unreadable)
+            )
+        if conditions:
+            raw = raw.filter(_expression(conditions))
+        if use_delete_vectors and not unreadable and _sealed_rows_are_final(spec, mine):
+            deleted = _deleted(spec, raw)
+            if not pc.any(deleted).as_py():
+                return raw  # nothing to drop: no copy
+            return raw.filter(pc.invert(deleted))
+        return resolve(spec, raw)
+
+    order = sorted(by_partition)
+    if not order:
+        return resolve(spec, read_entries(deep, spec, ()))
+    if len(order) == 1:
+        parts = [one(order[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(order))) as pool:
+            parts = list(pool.map(one, order))
+    return pa.concat_tables(parts)
+
+
+def _deleted(spec: TableSpec, rows: pa.Table) -> pa.ChunkedArray:
+    """Which rows are deletes (a tombstone, or the delete column true)."""
+    is_del = pc.fill_null(rows.column(TOMBSTONE_COL), False)
+    if spec.delete_column is not None:
+        is_del = pc.or_(is_del, pc.fill_null(rows.column(spec.delete_column), False))
+    return is_del
