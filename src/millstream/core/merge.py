@@ -56,7 +56,7 @@ def resolve(spec: TableSpec, rows: pa.Table) -> pa.Table:
         or (
             spec.mode == "dedup"
             and spec.dedup_ttl is None
-            and not pc.any(_deletes(spec, rows)).as_py()
+            and not pc.any(deletes(spec, rows)).as_py()
         )
     ):
         fast = _by_position(spec, rows)
@@ -120,7 +120,7 @@ def _by_position(spec: TableSpec, rows: pa.Table) -> pa.Table | None:
         .to_numpy()
     )
     winners = rows.take(pa.array(picked & ((1 << row_bits) - 1)))
-    winners = winners.filter(pc.invert(_deletes(spec, winners)))
+    winners = winners.filter(pc.invert(deletes(spec, winners)))
     # One row per key: the key columns alone order them (null keys last, as resolve does).
     by_key = [(k, "ascending", "at_end") for k in keys]
     return winners.take(pc.sort_indices(winners, sort_keys=by_key))
@@ -136,7 +136,8 @@ def order_sort_keys(spec: TableSpec) -> list[tuple[str, str]]:
     return keys
 
 
-def _deletes(spec: TableSpec, rows: pa.Table) -> pa.ChunkedArray:
+def deletes(spec: TableSpec, rows: pa.Table) -> pa.ChunkedArray:
+    """Which rows are deletes (a tombstone, or the delete column true)."""
     is_del = pc.fill_null(rows.column(TOMBSTONE_COL), False)
     if spec.delete_column is not None:
         is_del = pc.or_(is_del, pc.fill_null(rows.column(spec.delete_column), False))
@@ -150,7 +151,7 @@ def lacks_comparison_value(spec: TableSpec, rows: pa.Table) -> np.ndarray:
     column = spec.comparison_column
     if not spec.keyed or column is None or rows.num_rows == 0:
         return np.zeros(rows.num_rows, dtype=bool)
-    bad = pc.and_(pc.is_null(rows.column(column)), pc.invert(_deletes(spec, rows)))
+    bad = pc.and_(pc.is_null(rows.column(column)), pc.invert(deletes(spec, rows)))
     return np.asarray(bad.to_numpy(), dtype=bool)
 
 
@@ -178,7 +179,7 @@ def _in_order(spec: TableSpec, rows: pa.Table, floor: pa.Table | None = None) ->
     )
     ordered = rows.take(idx)
     ordered = ordered.append_column(IDX, pa.array(np.arange(ordered.num_rows, dtype=np.int64)))
-    return ordered.append_column(DEL, _deletes(spec, ordered))
+    return ordered.append_column(DEL, deletes(spec, ordered))
 
 
 def effective_values(spec: TableSpec, rows: pa.Table, *, floor: pa.Table | None = None) -> pa.Array:
@@ -198,7 +199,7 @@ def effective_values(spec: TableSpec, rows: pa.Table, *, floor: pa.Table | None 
     cmp_col = spec.comparison_column
     assert cmp_col is not None
     values = rows.column(cmp_col).combine_chunks()
-    need = pc.and_(_deletes(spec, rows), pc.is_null(values)).combine_chunks()
+    need = pc.and_(deletes(spec, rows), pc.is_null(values)).combine_chunks()
     if rows.num_rows == 0 or not pc.any(need).as_py():
         return values
     keys = list(spec.primary_key)

@@ -146,22 +146,34 @@ def replace_run(
         return new, dv_id
 
     def _landed(conn: Connection) -> tuple[Entry, int | None] | None:
-        new = live_entry_with_file(conn, table, partition, sealed.file_path)
-        if new is None:
-            return None
-        dv_id = None
-        if sealed.delete_vector is not None:
-            dv_id = next(
-                (
-                    d.id
-                    for d in live_delete_vectors(conn, table, partition)
-                    if d.file_path == sealed.delete_vector[0]
-                ),
-                None,
-            )
-        return new, dv_id
+        return _landed_with_vector(conn, table, partition, sealed.file_path, sealed.delete_vector)
 
     return reconcile(store, _txn, _landed, where)
+
+
+def _landed_with_vector(
+    conn: Connection,
+    table: str,
+    partition: int,
+    file_path: str,
+    delete_vector: tuple[str, int] | None,
+) -> tuple[Entry, int | None] | None:
+    """After an unknown outcome: the live entry of ``file_path`` (None: the swap did not land)
+    and the id of the live vector of ``delete_vector``'s path, if any."""
+    new = live_entry_with_file(conn, table, partition, file_path)
+    if new is None:
+        return None
+    dv_id = None
+    if delete_vector is not None:
+        dv_id = next(
+            (
+                d.id
+                for d in live_delete_vectors(conn, table, partition)
+                if d.file_path == delete_vector[0]
+            ),
+            None,
+        )
+    return new, dv_id
 
 
 # -- compaction of sealed segments ------------------------------------------------------------
@@ -270,20 +282,7 @@ def replace_sealed(
         return new, dv_id
 
     def _landed(conn: Connection) -> tuple[Entry, int | None] | None:
-        new = live_entry_with_file(conn, table, partition, merged.file_path)
-        if new is None:
-            return None
-        dv_id = None
-        if merged.delete_vector is not None:
-            dv_id = next(
-                (
-                    d.id
-                    for d in live_delete_vectors(conn, table, partition)
-                    if d.file_path == merged.delete_vector[0]
-                ),
-                None,
-            )
-        return new, dv_id
+        return _landed_with_vector(conn, table, partition, merged.file_path, merged.delete_vector)
 
     return reconcile(store, _txn, _landed, where)
 

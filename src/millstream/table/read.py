@@ -17,10 +17,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from millstream.core.merge import resolve
+from millstream.core.merge import deletes, resolve
 from millstream.errors import SegmentUnavailableError
 from millstream.metastore.models import DeleteVector, Entry, Manifest, SegmentState
-from millstream.spec import OFFSET_COL, PARTITION_COL, SYSTEM_COLUMNS, TOMBSTONE_COL, TableSpec
+from millstream.spec import OFFSET_COL, PARTITION_COL, SYSTEM_COLUMNS, TableSpec
 from millstream.storage.deepstore import DeepStore
 
 READ_THREADS = 8
@@ -313,7 +313,7 @@ def _by_partition(
         if conditions:
             raw = raw.filter(_expression(conditions))
         if use_delete_vectors and not unreadable and _sealed_rows_are_final(spec, mine):
-            deleted = _deleted(spec, raw)
+            deleted = deletes(spec, raw)
             if not pc.any(deleted).as_py():
                 return raw  # nothing to drop: no copy
             return raw.filter(pc.invert(deleted))
@@ -328,11 +328,3 @@ def _by_partition(
         with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(order))) as pool:
             parts = list(pool.map(one, order))
     return pa.concat_tables(parts)
-
-
-def _deleted(spec: TableSpec, rows: pa.Table) -> pa.ChunkedArray:
-    """Which rows are deletes (a tombstone, or the delete column true)."""
-    is_del = pc.fill_null(rows.column(TOMBSTONE_COL), False)
-    if spec.delete_column is not None:
-        is_del = pc.or_(is_del, pc.fill_null(rows.column(spec.delete_column), False))
-    return is_del
