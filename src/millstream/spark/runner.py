@@ -22,6 +22,7 @@ from pyspark.errors import StreamingQueryException
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec, dead_letter_spec
 from millstream.errors import (
+    InvalidSpecError,
     ShardGapError,
     StagedFileExpiredError,
     WriterFencedError,
@@ -38,6 +39,7 @@ from millstream.spark.sources import FORMAT as SOURCE_FORMAT
 from millstream.spark.table_source import register
 from millstream.storage.statedir import StateDirectory
 from millstream.supervise import Backoff, SupervisedLoop
+from millstream.table.gc import DEFAULT_GRACE_SECONDS, MAX_STAGED_AGE_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +166,15 @@ class DatastreamRunner:
         commit_gate: CommitGate | None = None,
         background_sealing: bool = False,
         maintenance_interval: float = DEFAULT_MAINTENANCE_INTERVAL,
+        max_staged_age: float = MAX_STAGED_AGE_SECONDS,
+        gc_grace_seconds: float = DEFAULT_GRACE_SECONDS,
     ) -> None:
+        if gc_grace_seconds < max_staged_age:
+            raise InvalidSpecError(
+                "gc_grace_seconds",
+                f"{gc_grace_seconds:g} s is shorter than the staged-file age limit "
+                f"{max_staged_age:g} s: GC could delete a staged file a commit still accepts",
+            )
         self.spec = spec
         self.catalog = catalog
         self.spark = spark
@@ -186,7 +196,11 @@ class DatastreamRunner:
         self.seal_backoff = Backoff(base=1.0, cap=60.0)
         #: Expiry and garbage collection of the table and its dead-letter table, on the
         #: background sealer's thread (as a worker's sealing thread does).
-        self.maintainer = Maintainer(catalog, interval=maintenance_interval)
+        self.maintainer = Maintainer(
+            catalog, interval=maintenance_interval, grace_seconds=gc_grace_seconds
+        )
+        #: The oldest staged file a commit accepts (GC's grace must be at least this).
+        self.max_staged_age = max_staged_age
         #: The supervised background sealer while :meth:`run` runs one (see :meth:`sealing_status`).
         self.sealing: SupervisedLoop | None = None
         self.sealer: Sealer | None = None
@@ -265,6 +279,7 @@ class DatastreamRunner:
             source_config=config,
             seal_inline=None if self.spec.segments.pauseless else Thresholds.of(self.spec.segments),
             gate=self.commit_gate,
+            max_staged_age=self.max_staged_age,
         )
         writer = (
             self.spark.readStream.format(SOURCE_FORMAT)

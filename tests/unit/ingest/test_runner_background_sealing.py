@@ -181,3 +181,20 @@ def test_run_expires_history_and_collects_files_in_the_background(
     assert catalog.read_table("orders").column("amount").to_pylist() == [2]
     status = runner.sealing_status()
     assert status is not None and status["maintenance"]["orders"]["runs"] >= 1
+
+
+def test_a_gc_grace_shorter_than_the_staged_file_age_limit_is_refused(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    """GC deletes unreferenced files older than its grace; a staged file is unreferenced until
+    its commit, which accepts it up to the age limit: a shorter grace could delete it first."""
+    from millstream.errors import InvalidSpecError
+
+    with pytest.raises(InvalidSpecError, match="gc_grace_seconds"):
+        DatastreamRunner(
+            spec(tmp_path), catalog, spark=None, max_staged_age=600.0, gc_grace_seconds=300.0
+        )
+    runner = DatastreamRunner(
+        spec(tmp_path), catalog, spark=None, max_staged_age=300.0, gc_grace_seconds=300.0
+    )
+    assert runner.maintainer.grace_seconds == 300.0 and runner.max_staged_age == 300.0
