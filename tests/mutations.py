@@ -851,15 +851,15 @@ GUARDS: tuple[Guard, ...] = (
         ),
     ),
     Guard(
-        name="unmerged-read-needs-sealed-rows",
+        name="unmerged-read-drops-superseded-sealed-rows",
         file="src/millstream/table/read.py",
-        what="a partitioned_by_key read skips the merge of a partition only if all its entries "
-        "are sealed (upsert without a comparison column)",
+        what="a partitioned_by_key read that keeps a partition's sealed rows unmerged drops "
+        "those of keys with newer (unsealed) rows",
         old="""\
-        and all(e.state is SegmentState.ONLINE for e in entries)
+                kept = sealed.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
 """,
         new="""\
-        and True  # MUTATION: consuming rows are trusted to be merged already
+                kept = sealed  # MUTATION: a key's sealed row stays beside its newer rows
 """,
         tests=(
             "tests/unit/sealing/test_compaction.py::test_a_partitioned_by_key_read_skips_the_"
@@ -872,10 +872,10 @@ GUARDS: tuple[Guard, ...] = (
         what="a partitioned_by_key read merges a partition whose delete vector it could not "
         "read (its superseded rows are back)",
         old="""\
-        if use_delete_vectors and not unreadable and _sealed_rows_are_final(spec, mine):
+            if not unreadable and not null_keys:
 """,
         new="""\
-        if use_delete_vectors and _sealed_rows_are_final(spec, mine):  # MUTATION
+            if not null_keys:  # MUTATION: an unread vector's rows pass as final
 """,
         tests=(
             "tests/unit/sealing/test_compaction.py::test_a_partitioned_by_key_read_skips_the_"

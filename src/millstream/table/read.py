@@ -271,17 +271,29 @@ def _merged(
     return resolve(spec, raw)
 
 
-def _sealed_rows_are_final(spec: TableSpec, entries: Sequence[Entry]) -> bool:
-    """Whether one partition's rows, minus its delete vectors, are already merged: an upsert
-    table without a comparison column whose entries are all sealed. A seal keeps one row per
-    key of its run, and its delete vector names every older sealed row of those keys
-    (:mod:`millstream.sealing.keyindex`), so each key has one row left in the partition, its
-    latest; compaction and re-ingestion keep that true. Only deletes remain to drop."""
-    return (
-        spec.mode == "upsert"
-        and spec.comparison_column is None
-        and all(e.state is SegmentState.ONLINE for e in entries)
-    )
+def _final_split(
+    spec: TableSpec, entries: Sequence[Entry]
+) -> tuple[list[Entry], list[Entry]] | None:
+    """One partition's entries as (sealed, newer) when its sealed rows, minus its delete
+    vectors, are already merged, else None. They are for an upsert table without a comparison
+    column: a seal keeps one row per key of its run, and its delete vector names every older
+    sealed row of those keys (:mod:`millstream.sealing.keyindex`), so each key has one sealed
+    row left, its latest; compaction and re-ingestion keep that true. Every newer (not yet
+    sealed) entry lies above the sealed ones, so a key's newer rows beat its sealed row."""
+    if spec.mode != "upsert" or spec.comparison_column is not None:
+        return None
+    sealed = [e for e in entries if e.state is SegmentState.ONLINE]
+    newer = [e for e in entries if e.state is not SegmentState.ONLINE]
+    if sealed and newer and max(e.end for e in sealed) > min(e.start for e in newer):
+        return None  # not the sealed prefix it always is: merge everything
+    return sealed, newer
+
+
+def _without_deletes(spec: TableSpec, rows: pa.Table) -> pa.Table:
+    deleted = deletes(spec, rows)
+    if not pc.any(deleted).as_py():
+        return rows  # nothing to drop: no copy
+    return rows.filter(pc.invert(deleted))
 
 
 def _by_partition(
@@ -293,31 +305,50 @@ def _by_partition(
     conditions: Sequence[Condition],
 ) -> pa.Table:
     """A ``partitioned_by_key`` table: each partition merged alone (its keys occur in no other
-    partition), the partitions in parallel, and a partition whose rows are final
-    (:func:`_sealed_rows_are_final`, every delete vector read) not merged at all."""
+    partition), the partitions in parallel. Where a partition's sealed rows are final
+    (:func:`_final_split`, every delete vector read), only its newer rows are merged, and the
+    sealed rows of the keys they hold are dropped (one hash anti-join); the rest are kept as
+    they are."""
     by_partition: dict[int, list[Entry]] = defaultdict(list)
     for e in entries:
         by_partition[e.partition].append(e)
     vectors_of: dict[int, list[DeleteVector]] = defaultdict(list)
     for dv in vectors:
         vectors_of[dv.partition].append(dv)
+    keys = list(spec.primary_key)
 
-    def one(partition: int) -> pa.Table:
-        mine = by_partition[partition]
+    def read(partition: int, mine: Sequence[Entry], unreadable: list[int]) -> pa.Table:
+        """``mine``'s rows, minus what the partition's delete vectors name, filtered."""
         raw = read_entries(deep, spec, mine)
-        unreadable: list[int] = []
-        if use_delete_vectors and vectors_of[partition]:
+        if use_delete_vectors and vectors_of[partition] and mine:
             raw = drop_deleted(
                 raw, read_delete_vectors(deep, vectors_of[partition], unreadable=unreadable)
             )
         if conditions:
             raw = raw.filter(_expression(conditions))
-        if use_delete_vectors and not unreadable and _sealed_rows_are_final(spec, mine):
-            deleted = deletes(spec, raw)
-            if not pc.any(deleted).as_py():
-                return raw  # nothing to drop: no copy
-            return raw.filter(pc.invert(deleted))
-        return resolve(spec, raw)
+        return raw
+
+    def one(partition: int) -> pa.Table:
+        mine = by_partition[partition]
+        split = _final_split(spec, mine) if use_delete_vectors else None
+        if split is not None:
+            unreadable: list[int] = []
+            sealed = read(partition, split[0], unreadable)
+            newer = read_entries(deep, spec, split[1])  # delete vectors name sealed rows only
+            if conditions:
+                newer = newer.filter(_expression(conditions))
+            null_keys = any(newer.column(k).null_count for k in keys)
+            if not unreadable and not null_keys:
+                if not newer.num_rows:
+                    return _without_deletes(spec, sealed)
+                # A key with newer rows: they decide (deletes among them too).
+                newer_keys = newer.select(keys).group_by(keys).aggregate([])
+                kept = sealed.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
+                kept = kept.select(sealed.column_names).cast(sealed.schema)
+                return pa.concat_tables(
+                    [_without_deletes(spec, kept), resolve(spec, newer).cast(sealed.schema)]
+                )
+        return resolve(spec, read(partition, mine, []))
 
     order = sorted(by_partition)
     if not order:
