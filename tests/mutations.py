@@ -856,10 +856,10 @@ GUARDS: tuple[Guard, ...] = (
         what="a partitioned_by_key read that keeps a partition's sealed rows unmerged drops "
         "those of keys with newer (unsealed) rows",
         old="""\
-                kept = sealed.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
+            kept = sealed.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
 """,
         new="""\
-                kept = sealed  # MUTATION: a key's sealed row stays beside its newer rows
+            kept = sealed  # MUTATION: a key's sealed row stays beside its newer rows
 """,
         tests=(
             "tests/unit/sealing/test_compaction.py::test_a_partitioned_by_key_read_skips_the_"
@@ -872,10 +872,10 @@ GUARDS: tuple[Guard, ...] = (
         what="a partitioned_by_key read merges a partition whose delete vector it could not "
         "read (its superseded rows are back)",
         old="""\
-            if not unreadable and not null_keys:
+        if split is not None and not unreadable and not null_keys:
 """,
         new="""\
-            if not null_keys:  # MUTATION: an unread vector's rows pass as final
+        if split is not None and not null_keys:  # MUTATION: an unread vector's rows pass
 """,
         tests=(
             "tests/unit/sealing/test_compaction.py::test_a_partitioned_by_key_read_skips_the_"

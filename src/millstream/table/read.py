@@ -309,18 +309,30 @@ def _by_partition(
     (:func:`_final_split`, every delete vector read), only its newer rows are merged, and the
     sealed rows of the keys they hold are dropped (one hash anti-join); the rest are kept as
     they are."""
-    by_partition: dict[int, list[Entry]] = defaultdict(list)
+    sealed_of: dict[int, list[Entry]] = defaultdict(list)
+    newer_entries: list[Entry] = []
     for e in entries:
-        by_partition[e.partition].append(e)
+        if e.state is SegmentState.ONLINE:
+            sealed_of[e.partition].append(e)
+        else:
+            newer_entries.append(e)
     vectors_of: dict[int, list[DeleteVector]] = defaultdict(list)
     for dv in vectors:
         vectors_of[dv.partition].append(dv)
     keys = list(spec.primary_key)
+    # Unsealed rows of every partition share the micro-batches' files: read each file once.
+    newer_all = read_entries(deep, spec, newer_entries)
+    if conditions:
+        newer_all = newer_all.filter(_expression(conditions))
+    newer_part = newer_all.column(PARTITION_COL)
 
-    def read(partition: int, mine: Sequence[Entry], unreadable: list[int]) -> pa.Table:
-        """``mine``'s rows, minus what the partition's delete vectors name, filtered."""
-        raw = read_entries(deep, spec, mine)
-        if use_delete_vectors and vectors_of[partition] and mine:
+    def newer_of(partition: int) -> pa.Table:
+        return newer_all.filter(pc.equal(newer_part, partition))
+
+    def sealed_rows(partition: int, unreadable: list[int]) -> pa.Table:
+        """The partition's sealed rows, minus what its delete vectors name, filtered."""
+        raw = read_entries(deep, spec, sealed_of[partition])
+        if use_delete_vectors and vectors_of[partition] and raw.num_rows:
             raw = drop_deleted(
                 raw, read_delete_vectors(deep, vectors_of[partition], unreadable=unreadable)
             )
@@ -329,27 +341,24 @@ def _by_partition(
         return raw
 
     def one(partition: int) -> pa.Table:
-        mine = by_partition[partition]
+        mine = [*sealed_of[partition], *(e for e in newer_entries if e.partition == partition)]
+        unreadable: list[int] = []
+        sealed, newer = sealed_rows(partition, unreadable), newer_of(partition)
         split = _final_split(spec, mine) if use_delete_vectors else None
-        if split is not None:
-            unreadable: list[int] = []
-            sealed = read(partition, split[0], unreadable)
-            newer = read_entries(deep, spec, split[1])  # delete vectors name sealed rows only
-            if conditions:
-                newer = newer.filter(_expression(conditions))
-            null_keys = any(newer.column(k).null_count for k in keys)
-            if not unreadable and not null_keys:
-                if not newer.num_rows:
-                    return _without_deletes(spec, sealed)
-                # A key with newer rows: they decide (deletes among them too).
-                newer_keys = newer.select(keys).group_by(keys).aggregate([])
-                kept = sealed.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
-                kept = kept.select(sealed.column_names).cast(sealed.schema)
-                return pa.concat_tables(
-                    [_without_deletes(spec, kept), resolve(spec, newer).cast(sealed.schema)]
-                )
-        return resolve(spec, read(partition, mine, []))
+        null_keys = any(newer.column(k).null_count for k in keys)
+        if split is not None and not unreadable and not null_keys:
+            if not newer.num_rows:
+                return _without_deletes(spec, sealed)
+            # A key with newer rows: they decide (deletes among them too).
+            newer_keys = newer.select(keys).group_by(keys).aggregate([])
+            kept = sealed.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
+            kept = kept.select(sealed.column_names).cast(sealed.schema)
+            return pa.concat_tables(
+                [_without_deletes(spec, kept), resolve(spec, newer).cast(sealed.schema)]
+            )
+        return resolve(spec, pa.concat_tables([sealed, newer.cast(sealed.schema)]))
 
+    by_partition = {e.partition for e in entries}
     order = sorted(by_partition)
     if not order:
         return resolve(spec, read_entries(deep, spec, ()))
