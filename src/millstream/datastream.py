@@ -192,11 +192,18 @@ class DatastreamSpec(_Frozen):
         return cls.from_yaml(p.read_text())
 
 
-def dead_letter_spec(table: str) -> TableSpec:
-    """The dead-letter table of ``table``: every record that could not be decoded or validated."""
+def dead_letter_spec(table: str | TableSpec) -> TableSpec:
+    """The dead-letter table of ``table``: every record that could not be decoded or validated.
+
+    Given the table's spec, it keeps the same history (``retention``): it gets a version per
+    micro-batch like its table, so the default 24 hours would keep a day of versions and their
+    manifest rows however short the table's own window is."""
+    name = table if isinstance(table, str) else table.name
+    retention = {} if isinstance(table, str) else {"retention": table.retention.model_dump()}
     return TableSpec.parse(
         {
-            "name": f"{table}__dead_letter",
+            "name": f"{name}__dead_letter",
+            **retention,
             "mode": "append",
             "schema": {
                 "partition": "int",

@@ -107,7 +107,7 @@ class Controller:
         try:
             table = rec.spec.table_spec()
             self.catalog.create_table(table)
-            self.catalog.create_table(dead_letter_spec(table.name))
+            self.catalog.create_table(dead_letter_spec(table))
         except MillstreamError as exc:
             self.registry.fail(rec.name, f"cannot create table: {exc.message}")
             return

@@ -211,7 +211,7 @@ class DatastreamRunner:
 
     def ensure_tables(self) -> None:
         self.catalog.create_table(self.table_spec)
-        self.catalog.create_table(dead_letter_spec(self.table_spec.name))
+        self.catalog.create_table(dead_letter_spec(self.table_spec))
 
     def bootstrap(self) -> Bootstrap:
         return bootstrap(self.spec, self.catalog.store)

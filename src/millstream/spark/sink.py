@@ -125,7 +125,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
         self.stores = stores
         self.settings = options.settings
         self.spec = options.table_spec
-        self.dl_spec = dead_letter_spec(self.spec.name)
+        self.dl_spec = dead_letter_spec(self.spec)
         self.epochs = options.epochs
         self.dl_epochs = options.dead_letter_epochs
         self.writer_id = options.writer_id

@@ -84,3 +84,26 @@ def test_a_writer_starts_at_the_dead_letter_shard_when_it_is_behind(tmp_path: Pa
     cat.store.ensure_shards(DL, {0: 4})
     cat.store.ensure_shards(TABLE, {0: 10})
     assert runner.bootstrap().uppers == {0: 4}
+
+
+def test_the_dead_letter_table_keeps_its_tables_history_window(tmp_path: Path) -> None:
+    """It gets a version per micro-batch like its table: with the default 24 h it kept a day of
+    versions (and their manifest rows) behind a table whose window is 5 minutes (bench/soak.py
+    saw manifest rows grow 7,000 an hour)."""
+    source = tmp_path / "source"
+    _write(source, 3)
+    raw: dict[str, Any] = {
+        "name": TABLE,
+        "source": {"kind": "files", "path": str(source)},
+        "schema": {"id": "long"},
+        "table": {"mode": "append", "retention": {"time": "5m", "min_versions": 2}},
+    }
+    spec = DatastreamSpec.parse(raw)
+    with Catalog.open(home=tmp_path / "home") as cat:
+        DatastreamRunner(spec, cat, spark=None, writer_id="w1").ensure_tables()
+        retention = cat.table(DL).spec.retention
+        assert (retention.time, retention.min_versions) == ("5m", 2)
+        # A datastream re-created with another window moves its dead-letter table's too.
+        longer = DatastreamSpec.parse(raw | {"table": {"retention": {"time": "1h"}}})
+        DatastreamRunner(longer, cat, spark=None, writer_id="w1").ensure_tables()
+        assert cat.table(DL).spec.retention.time == "1h"
