@@ -856,10 +856,10 @@ GUARDS: tuple[Guard, ...] = (
         what="a partitioned_by_key read that keeps a partition's sealed rows unmerged drops "
         "those of keys with newer (unsealed) rows",
         old="""\
-            kept = sealed.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
+            kept = final.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
 """,
         new="""\
-            kept = sealed  # MUTATION: a key's sealed row stays beside its newer rows
+            kept = final  # MUTATION: a key's sealed row stays beside its newer rows
 """,
         tests=(
             "tests/unit/sealing/test_compaction.py::test_a_partitioned_by_key_read_skips_the_"
@@ -880,6 +880,22 @@ GUARDS: tuple[Guard, ...] = (
         tests=(
             "tests/unit/sealing/test_compaction.py::test_a_partitioned_by_key_read_skips_the_"
             "merge_only_where_sealed_rows_are_final",
+        ),
+    ),
+    Guard(
+        name="read-cache-keeps-only-whole-sealed-rows",
+        file="src/millstream/table/read.py",
+        what="a reader's cache never keeps a partition's sealed rows read without one of its "
+        "delete vectors (the next read would take them as final)",
+        old="""\
+        if cache is not None and key is not None and not unreadable:
+""",
+        new="""\
+        if cache is not None and key is not None:  # MUTATION: kept without a vector
+""",
+        tests=(
+            "tests/unit/sealing/test_compaction.py::test_a_reader_cache_never_keeps_sealed_rows_"
+            "read_without_their_delete_vector",
         ),
     ),
 )

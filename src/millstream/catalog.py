@@ -19,6 +19,7 @@ from millstream.metastore.pins import Pin, pin_version, release_pin
 from millstream.metastore.store import MetadataStore
 from millstream.spec import TableSpec
 from millstream.storage.deepstore import DeepStore
+from millstream.table.cache import ReadCache
 from millstream.table.read import Condition, read_manifest
 
 AsOf = int | float | datetime | None
@@ -33,10 +34,18 @@ class Catalog:
     >>> cat = Catalog.open(metadata_url="postgresql+psycopg://...", deep_store="s3://b/ms")
     """
 
-    def __init__(self, settings: Settings, store: MetadataStore, deep: DeepStore) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: MetadataStore,
+        deep: DeepStore,
+        *,
+        read_cache: ReadCache | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.deep = deep
+        self.read_cache = read_cache
 
     @classmethod
     def open(
@@ -47,13 +56,20 @@ class Catalog:
         deep_store: str | None = None,
         s3_endpoint: str | None = None,
         settings: Settings | None = None,
+        read_cache_mb: float = 0,
     ) -> Catalog:
+        """``read_cache_mb`` keeps up to that much decoded data in this process for the next
+        :meth:`read_table` (off by default; see :mod:`millstream.table.cache` for when a
+        long-lived reader wants it and the one thing it changes)."""
+        if read_cache_mb < 0:
+            raise ValueError(f"read_cache_mb must not be negative, got {read_cache_mb}")
         settings = settings or Settings.load(
             home=home, metadata_url=metadata_url, deep_store=deep_store, s3_endpoint=s3_endpoint
         )
         store = MetadataStore(settings.metadata_url)
         deep = DeepStore.from_uri(settings.deep_store, s3_endpoint=settings.s3_endpoint)
-        return cls(settings, store, deep)
+        cache = ReadCache(int(read_cache_mb * 1e6)) if read_cache_mb else None
+        return cls(settings, store, deep, read_cache=cache)
 
     def create_table(
         self, spec: TableSpec | Mapping[str, Any], *, exist_ok: bool = True
@@ -129,6 +145,7 @@ class Catalog:
                 include_system_columns=include_system_columns,
                 partitions=partitions,
                 conditions=conditions,
+                cache=self.read_cache,
             )
         except SegmentUnavailableError:
             # A file of this version is gone: garbage collection after an expiry, or a lost

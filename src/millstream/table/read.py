@@ -9,10 +9,13 @@ correctness: a delete vector whose file cannot be read is skipped with a warning
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,10 +25,31 @@ from millstream.errors import SegmentUnavailableError
 from millstream.metastore.models import DeleteVector, Entry, Manifest, SegmentState
 from millstream.spec import OFFSET_COL, PARTITION_COL, SYSTEM_COLUMNS, TableSpec
 from millstream.storage.deepstore import DeepStore
+from millstream.table.cache import ReadCache
 
 READ_THREADS = 8
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# Two pools that live as long as the process (starting a dozen threads per read cost more than
+# a small read's merge): one for file reads, one for partitions, whose tasks read files
+# themselves (one pool for both could fill with tasks waiting on the reads queued behind them).
+_pools: dict[str, tuple[int, ThreadPoolExecutor]] = {}
+_pools_lock = threading.Lock()
+
+
+def _parallel_map(kind: str, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    with _pools_lock:
+        found = _pools.get(kind)
+        if found is None or found[0] != os.getpid():  # none yet, or inherited through fork
+            found = (os.getpid(), ThreadPoolExecutor(READ_THREADS, f"millstream-read-{kind}"))
+            _pools[kind] = found
+    return list(found[1].map(fn, items))
 
 
 def _all_valid(data: pa.Table, entries: list[Entry]) -> bool:
@@ -85,10 +109,12 @@ def read_entries(
     entries: Iterable[Entry],
     *,
     columns: list[str] | None = None,
+    cache: ReadCache | None = None,
 ) -> pa.Table:
     """The raw rows (with system columns) of ``entries``, before merging. Each data file is
     read once even when it holds several partitions' segments. ``columns`` reads only those
-    (the partition and offset columns are always read, to select the valid rows)."""
+    (the partition and offset columns are always read, to select the valid rows). A file in
+    ``cache`` is not read again (:mod:`millstream.table.cache`)."""
     by_file: dict[str, list[Entry]] = defaultdict(list)
     for e in entries:
         if e.file_path is not None:
@@ -100,36 +126,54 @@ def read_entries(
     if not by_file:
         return schema.empty_table()
 
-    def load(item: tuple[str, list[Entry]]) -> pa.Table:
-        path, file_entries = item
+    wanted_columns = None if columns is None else schema.names
+
+    def decode(path: str, e: Entry) -> pa.Table:
         try:
-            data = deep.read_parquet(path, columns=None if columns is None else schema.names)
+            data = deep.read_parquet(path, columns=wanted_columns)
         except (OSError, pa.ArrowInvalid) as exc:
-            e = file_entries[0]
             raise SegmentUnavailableError(
                 spec.name, e.name, path, str(exc).splitlines()[0]
             ) from exc
-        return _valid_rows(data.select(schema.names).cast(schema), file_entries)
+        return data.select(schema.names).cast(schema)
 
-    items = sorted(by_file.items())
-    if len(items) == 1:
-        parts = [load(items[0])]
-    else:
-        with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(items))) as pool:
-            parts = list(pool.map(load, items))
-    return pa.concat_tables(parts)
+    def load(item: tuple[str, list[Entry]]) -> pa.Table:
+        path, file_entries = item
+        if cache is None:
+            return _valid_rows(decode(path, file_entries[0]), file_entries)
+        # Keyed by the ranges too: when a partition's segment leaves a shared micro-batch
+        # file (sealed), the file's other rows are read again, once.
+        key = (
+            "rows",
+            path,
+            None if wanted_columns is None else tuple(wanted_columns),
+            tuple(sorted((e.partition, e.start, e.end) for e in file_entries)),
+        )
+        return cache.get(key, lambda: _valid_rows(decode(path, file_entries[0]), file_entries))
+
+    return pa.concat_tables(_parallel_map("files", load, sorted(by_file.items())))
 
 
 def read_delete_vectors(
-    deep: DeepStore, dvs: Iterable[DeleteVector], *, unreadable: list[int] | None = None
+    deep: DeepStore,
+    dvs: Iterable[DeleteVector],
+    *,
+    unreadable: list[int] | None = None,
+    cache: ReadCache | None = None,
 ) -> dict[int, pa.Array]:
     """The superseded offsets of each partition named by ``dvs``. A vector that cannot be read
     is skipped (the read stays exact, only slower), logged, and its partition appended to
     ``unreadable``."""
     by_partition: dict[int, list[pa.Array]] = defaultdict(list)
     for dv in dvs:
+        path = dv.file_path
         try:
-            offsets = deep.read_parquet(dv.file_path, columns=[OFFSET_COL]).column(OFFSET_COL)
+            if cache is None:
+                offsets = deep.read_parquet(path, columns=[OFFSET_COL]).column(OFFSET_COL)
+            else:
+                offsets = cache.get(
+                    ("vector", path), partial(deep.read_parquet, path, columns=[OFFSET_COL])
+                ).column(OFFSET_COL)
         except (OSError, pa.ArrowInvalid, KeyError) as exc:
             if unreadable is not None:
                 unreadable.append(dv.partition)
@@ -222,6 +266,7 @@ def read_manifest(
     use_delete_vectors: bool = True,
     partitions: Collection[int] | None = None,
     conditions: Sequence[Condition] = (),
+    cache: ReadCache | None = None,
 ) -> pa.Table:
     """The table's current rows at ``manifest``'s version, merged by its engine.
     ``use_delete_vectors=False`` reads every row of every entry (the answer is the same).
@@ -232,7 +277,8 @@ def read_manifest(
     ``partitioned_by_key`` table is merged partition by partition, in parallel, and its rows
     come partition by partition. ``conditions`` (see :data:`Condition`) drop rows
     before the merge; on a keyed table only conditions on key columns are allowed
-    (:func:`check_conditions`): the merge then does the work of the matching keys only."""
+    (:func:`check_conditions`): the merge then does the work of the matching keys only.
+    Files in ``cache`` are not read again (:mod:`millstream.table.cache`)."""
     spec = manifest.table.spec
     check_conditions(spec, conditions)
     entries, vectors = manifest.entries, manifest.delete_vectors
@@ -246,9 +292,9 @@ def read_manifest(
         entries = tuple(e for e in entries if e.partition in wanted)
         vectors = tuple(dv for dv in vectors if dv.partition in wanted)
     if spec.keyed and spec.partitioned_by_key:
-        rows = _by_partition(deep, spec, entries, vectors, use_delete_vectors, conditions)
+        rows = _by_partition(deep, spec, entries, vectors, use_delete_vectors, conditions, cache)
     else:
-        rows = _merged(deep, spec, entries, vectors, use_delete_vectors, conditions)
+        rows = _merged(deep, spec, entries, vectors, use_delete_vectors, conditions, cache)
     if include_system_columns:
         return rows
     return rows.drop_columns(list(SYSTEM_COLUMNS))
@@ -261,11 +307,12 @@ def _merged(
     vectors: Sequence[DeleteVector],
     use_delete_vectors: bool,
     conditions: Sequence[Condition],
+    cache: ReadCache | None,
 ) -> pa.Table:
     """The rows of ``entries`` minus ``vectors``' rows, filtered, merged by the engine."""
-    raw = read_entries(deep, spec, entries)
+    raw = read_entries(deep, spec, entries, cache=cache)
     if use_delete_vectors and vectors:
-        raw = drop_deleted(raw, read_delete_vectors(deep, vectors))
+        raw = drop_deleted(raw, read_delete_vectors(deep, vectors, cache=cache))
     if conditions:
         raw = raw.filter(_expression(conditions))
     return resolve(spec, raw)
@@ -303,6 +350,7 @@ def _by_partition(
     vectors: Sequence[DeleteVector],
     use_delete_vectors: bool,
     conditions: Sequence[Condition],
+    cache: ReadCache | None,
 ) -> pa.Table:
     """A ``partitioned_by_key`` table: each partition merged alone (its keys occur in no other
     partition), the partitions in parallel. Where a partition's sealed rows are final
@@ -321,7 +369,7 @@ def _by_partition(
         vectors_of[dv.partition].append(dv)
     keys = list(spec.primary_key)
     # Unsealed rows of every partition share the micro-batches' files: read each file once.
-    newer_all = read_entries(deep, spec, newer_entries)
+    newer_all = read_entries(deep, spec, newer_entries, cache=cache)
     if conditions:
         newer_all = newer_all.filter(_expression(conditions))
     newer_part = newer_all.column(PARTITION_COL)
@@ -329,16 +377,44 @@ def _by_partition(
     def newer_of(partition: int) -> pa.Table:
         return newer_all.filter(pc.equal(newer_part, partition))
 
+    def sealed_key(partition: int) -> tuple[Any, ...] | None:
+        """What a partition's sealed rows are computed from, for ``cache``: between two seals
+        of a partition they stay the same, and a reader that reads again reuses them."""
+        if cache is None or not use_delete_vectors or conditions:
+            return None
+        return (
+            "sealed",
+            tuple(sorted((e.file_path, e.partition, e.start, e.end) for e in sealed_of[partition])),
+            tuple(sorted(dv.file_path for dv in vectors_of[partition])),
+        )
+
     def sealed_rows(partition: int, unreadable: list[int]) -> pa.Table:
         """The partition's sealed rows, minus what its delete vectors name, filtered."""
-        raw = read_entries(deep, spec, sealed_of[partition])
+        key = sealed_key(partition)
+        if cache is not None and key is not None:
+            found = cache.lookup(key)
+            if found is not None:
+                return found
+        raw = read_entries(deep, spec, sealed_of[partition], cache=cache)
         if use_delete_vectors and vectors_of[partition] and raw.num_rows:
             raw = drop_deleted(
-                raw, read_delete_vectors(deep, vectors_of[partition], unreadable=unreadable)
+                raw,
+                read_delete_vectors(
+                    deep, vectors_of[partition], unreadable=unreadable, cache=cache
+                ),
             )
         if conditions:
             raw = raw.filter(_expression(conditions))
+        if cache is not None and key is not None and not unreadable:
+            cache.put(key, raw)  # never without a vector: that read is merged in full
         return raw
+
+    def final_rows(partition: int, sealed: pa.Table) -> pa.Table:
+        """The sealed rows of a partition whose sealed rows are final, deletes dropped."""
+        key = sealed_key(partition)
+        if cache is None or key is None:
+            return _without_deletes(spec, sealed)
+        return cache.get(("final", *key), lambda: _without_deletes(spec, sealed))
 
     def one(partition: int) -> pa.Table:
         mine = [*sealed_of[partition], *(e for e in newer_entries if e.partition == partition)]
@@ -347,24 +423,19 @@ def _by_partition(
         split = _final_split(spec, mine) if use_delete_vectors else None
         null_keys = any(newer.column(k).null_count for k in keys)
         if split is not None and not unreadable and not null_keys:
+            final = final_rows(partition, sealed)
             if not newer.num_rows:
-                return _without_deletes(spec, sealed)
-            # A key with newer rows: they decide (deletes among them too).
+                return final
+            # A key with newer rows: they decide (deletes among them too). A sealed row that
+            # is a delete goes either way, so dropping deletes first gives the same rows.
             newer_keys = newer.select(keys).group_by(keys).aggregate([])
-            kept = sealed.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
+            kept = final.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
             kept = kept.select(sealed.column_names).cast(sealed.schema)
-            return pa.concat_tables(
-                [_without_deletes(spec, kept), resolve(spec, newer).cast(sealed.schema)]
-            )
+            return pa.concat_tables([kept, resolve(spec, newer).cast(sealed.schema)])
         return resolve(spec, pa.concat_tables([sealed, newer.cast(sealed.schema)]))
 
     by_partition = {e.partition for e in entries}
     order = sorted(by_partition)
     if not order:
         return resolve(spec, read_entries(deep, spec, ()))
-    if len(order) == 1:
-        parts = [one(order[0])]
-    else:
-        with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(order))) as pool:
-            parts = list(pool.map(one, order))
-    return pa.concat_tables(parts)
+    return pa.concat_tables(_parallel_map("partitions", one, order))

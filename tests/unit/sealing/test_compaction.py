@@ -310,6 +310,8 @@ def test_randomized_seals_compactions_and_rollbacks_equal_the_model(
     engine = rnd.choice(sorted(e for e in ENGINES if e != "append" or not partitioned_by_key))
     feed = _setup(tmp_path, engine, seed=seed, partitioned_by_key=partitioned_by_key)
     sealer = _sealer(feed, compaction=CompactionPolicy(min_segments=rnd.choice([2, 3, 4])))
+    # A long-lived reader with a cache (small, so it evicts too) reads what a new one reads.
+    cached = Catalog.open(home=tmp_path, read_cache_mb=0.05)
     try:
         for step in range(150):
             p = rnd.randrange(2)
@@ -331,7 +333,10 @@ def test_randomized_seals_compactions_and_rollbacks_equal_the_model(
                     feed.rolled_back(plan)
             if step % 10 == 9:
                 feed.assert_table_equals_model()
+                assert canonical(cached.read_table("t").to_pylist()) == feed.expected()
         feed.assert_table_equals_model()
+        assert canonical(cached.read_table("t").to_pylist()) == feed.expected()
+        assert cached.read_cache is not None and cached.read_cache.hits > 0
     except BaseException:
         print(f"engine {engine}; re-run with MILLSTREAM_TEST_SEED={seed}")
         raise
@@ -360,6 +365,42 @@ def test_a_partitioned_by_key_read_skips_the_merge_only_where_sealed_rows_are_fi
     (dv, *_) = [d for d in m.delete_vectors if d.partition == 0]
     feed.cat.deep.delete(dv.file_path)
     feed.assert_table_equals_model()
+
+
+def test_a_reader_cache_never_keeps_sealed_rows_read_without_their_delete_vector(
+    tmp_path: Path,
+) -> None:
+    """A partition whose delete vector could not be read is merged in full; a cached reader
+    must not keep those rows as the partition's sealed rows, or its next read would take them
+    as final and show the superseded rows beside the newer ones."""
+    feed = _setup(tmp_path, "upsert", seed=5, partitioned_by_key=True)
+    sealer = _sealer(feed, compaction=None)
+    for _ in range(3):
+        feed.batch(0, 12)
+        assert sealer.seal_partition(0, force=True) is not None
+    feed.batch(0, 2)  # newer rows of a key or two: the other keys' sealed rows are final
+    vectors = feed.cat.manifest("t").delete_vectors
+    assert vectors
+    for dv in vectors:
+        feed.cat.deep.delete(dv.file_path)
+    with Catalog.open(home=tmp_path, read_cache_mb=64) as cached:
+        for _ in range(3):
+            assert canonical(cached.read_table("t").to_pylist()) == feed.expected()
+
+
+def test_a_reader_cache_stays_within_its_budget(tmp_path: Path) -> None:
+    feed = _setup(tmp_path, "upsert", seed=2)
+    for _ in range(20):
+        feed.batch(0, 50)
+    with Catalog.open(home=tmp_path, read_cache_mb=0.01) as cached:
+        cache = cached.read_cache
+        assert cache is not None
+        for _ in range(3):
+            assert canonical(cached.read_table("t").to_pylist()) == feed.expected()
+            assert 0 < cache.bytes <= 10_000
+        assert cache.misses > 20  # 20 files do not fit: evicted ones are read again
+    with pytest.raises(ValueError, match="read_cache_mb"):
+        Catalog.open(home=tmp_path, read_cache_mb=-1)
 
 
 def test_only_keyed_tables_can_be_partitioned_by_key_and_others_are_read_whole(
