@@ -1,6 +1,6 @@
 """Pauseless sealing, measured (seed 003, Pinot pauseless consumption).
 
-    .venv/bin/python bench/pauseless.py [--seconds 60] [--warmup 10] [--rate 4000] [--quick] [--skip seal|freshness] [--json PATH]
+    .venv/bin/python bench/pauseless.py [--seconds 60] [--warmup 10] [--rate 4000] [--quick] [--skip seal|freshness] [--no-maintenance] [--json PATH]
 
 1. The same steady Kafka input is ingested twice, with ``pauseless: true`` and ``false``, with a
    small ``flush_rows`` so seals happen every few seconds. Every 50th record's ack time is
@@ -8,6 +8,9 @@
    the shard upper has passed (produce-ack-to-visible freshness) and whether a seal is in
    progress (a segment COMMITTING). A sample is "during a seal" when a seal was in progress
    (or committed) while it waited.
+   Compaction (``compaction_min_segments: 2``, so each partition compacts every other seal)
+   and maintenance (retention 30 s, expiry and garbage collection every 5 s, grace 20 s) run
+   meanwhile, as a long-running table has them; ``--no-maintenance`` runs without both.
    Target: with pauseless, p99 during seals <= 1.2x p99 between seals.
 2. Seal time of a fixed 200k-row run with 1M and with 10M rows already sealed in the table.
    Target ratio <= 1.5 (a seal reads only its own run; it never rewrites older segments).
@@ -35,7 +38,14 @@ def pct(values: list[float], q: float) -> float:
 
 
 def freshness_run(
-    spark: Any, root: Path, *, pauseless: bool, seconds: float, rate: int, warmup: float = 10.0
+    spark: Any,
+    root: Path,
+    *,
+    pauseless: bool,
+    seconds: float,
+    rate: int,
+    warmup: float = 10.0,
+    maintenance: bool = True,
 ) -> dict[str, Any]:
     from confluent_kafka import Producer
     from sqlalchemy import select
@@ -65,6 +75,7 @@ def freshness_run(
                     "primary_key": ["order_id"],
                     "mode": "upsert",
                     "comparison_column": "updated_at",
+                    **({"retention": {"time": "30s", "min_versions": 1}} if maintenance else {}),
                 },
                 "schema": ORDERS_SCHEMA,
                 "max_records_per_batch": 50_000,
@@ -73,11 +84,24 @@ def freshness_run(
                     "flush_rows": max(2000, rate * 3),
                     "flush_seconds": 3600,
                     "pauseless": pauseless,
+                    "compaction": maintenance,
+                    "compaction_min_segments": 2,
                 },
             }
         )
         cat = Catalog.open(home=root / f"home-{tag}")
-        runner = DatastreamRunner(spec, cat, spark, writer_id="bench", background_sealing=True)
+        runner = DatastreamRunner(
+            spec,
+            cat,
+            spark,
+            writer_id="bench",
+            background_sealing=True,
+            **(
+                {"maintenance_interval": 5.0, "max_staged_age": 20.0, "gc_grace_seconds": 20.0}
+                if maintenance
+                else {}
+            ),
+        )
         runner.ensure_tables()
         errors: list[BaseException] = []
         t = threading.Thread(
@@ -185,8 +209,14 @@ def freshness_run(
         visible = [(ack, lat) for ack, lat in visible if ack >= measured_from]
         during = [lat for ack, lat in visible if during_seal(ack, lat)]
         between = [lat for ack, lat in visible if not during_seal(ack, lat)]
+        sealer_info = runner.sealer.status() if runner.sealer is not None else {}
+        upkeep = runner.maintainer.status().get(spec.table_name, {})
         return {
             "mode": tag,
+            "compactions": sealer_info.get("compactions", 0),
+            "maintenance_runs": upkeep.get("runs", 0),
+            "files_removed": upkeep.get("files_removed", 0),
+            "versions_expired": upkeep.get("versions_expired", 0),
             "samples": len(visible),
             "unresolved": len(pending),
             "sealing_ticks": len(sealing),
@@ -321,6 +351,9 @@ def main() -> None:
         "--warmup", type=float, default=10.0, help="seconds at full rate before measuring"
     )
     ap.add_argument("--json", help="write every sample (ack time, latency) and seal time here")
+    ap.add_argument(
+        "--no-maintenance", action="store_true", help="no compaction, expiry or GC meanwhile"
+    )
     args = ap.parse_args()
     seconds = 20 if args.quick else args.seconds
     big = 3_000_000 if args.quick else 10_000_000
@@ -370,6 +403,7 @@ def main() -> None:
                         seconds=seconds,
                         rate=args.rate,
                         warmup=args.warmup,
+                        maintenance=not args.no_maintenance,
                     )
                     for p in (True, False)
                 ]
@@ -378,13 +412,16 @@ def main() -> None:
     if rows:
         print(
             f"{'mode':<10} {'seals':>5} {'samples':>7} {'during p50':>10} {'during p99':>10} "
-            f"{'between p50':>11} {'between p99':>11} {'p99 ratio':>9}"
+            f"{'between p50':>11} {'between p99':>11} {'p99 ratio':>9} {'compactions':>11} "
+            f"{'maint. runs':>11} {'files removed':>13}"
         )
     for r in rows:
         ratio = common.ratio(r["during_p99"], r["between_p99"])
         print(
             f"{r['mode']:<10} {r['seals']:>5} {r['samples']:>7} {r['during_p50']:>10.3f} "
-            f"{r['during_p99']:>10.3f} {r['between_p50']:>11.3f} {r['between_p99']:>11.3f} {ratio:>9.2f}"
+            f"{r['during_p99']:>10.3f} {r['between_p50']:>11.3f} {r['between_p99']:>11.3f} "
+            f"{ratio:>9.2f} {r['compactions']:>11} {r['maintenance_runs']:>11} "
+            f"{r['files_removed']:>13}"
         )
     if args.json:
         common.write_json(args.json, rows, indent=None)

@@ -856,10 +856,10 @@ GUARDS: tuple[Guard, ...] = (
         what="a partitioned_by_key read that keeps a partition's sealed rows unmerged drops "
         "those of keys with newer (unsealed) rows",
         old="""\
-            kept = final.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
+        kept = final.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
 """,
         new="""\
-            kept = final  # MUTATION: a key's sealed row stays beside its newer rows
+        kept = final  # MUTATION: a key's sealed row stays beside its newer rows
 """,
         tests=(
             "tests/unit/sealing/test_compaction.py::test_a_partitioned_by_key_read_skips_the_"
@@ -872,10 +872,10 @@ GUARDS: tuple[Guard, ...] = (
         what="a partitioned_by_key read merges a partition whose delete vector it could not "
         "read (its superseded rows are back)",
         old="""\
-        if split is not None and not unreadable and not null_keys:
+        if split is not None and not unreadable:
 """,
         new="""\
-        if split is not None and not null_keys:  # MUTATION: an unread vector's rows pass
+        if split is not None:  # MUTATION: an unread vector's rows pass
 """,
         tests=(
             "tests/unit/sealing/test_compaction.py::test_a_partitioned_by_key_read_skips_the_"
@@ -896,6 +896,22 @@ GUARDS: tuple[Guard, ...] = (
         tests=(
             "tests/unit/sealing/test_compaction.py::test_a_reader_cache_never_keeps_sealed_rows_"
             "read_without_their_delete_vector",
+        ),
+    ),
+    Guard(
+        name="incremental-read-needs-the-same-first-entries",
+        file="src/millstream/table/read.py",
+        what="a cached reader merges onto its previous read only when that read's newer "
+        "entries are the first of this one's (a rollback or re-ingest replaced them otherwise)",
+        old="""\
+            if tag[: len(prev_tag)] == prev_tag:
+""",
+        new="""\
+            if len(prev_tag) <= len(tag):  # MUTATION: any earlier read is a base
+""",
+        tests=(
+            "tests/unit/sealing/test_compaction.py::test_a_polling_cached_reader_equals_the_"
+            "model_through_seals_compactions_and_rollbacks",
         ),
     ),
 )

@@ -38,7 +38,7 @@ class ReadCache:
         self.bytes = 0
         self.hits = 0
         self.misses = 0
-        self._items: OrderedDict[Hashable, pa.Table] = OrderedDict()
+        self._items: OrderedDict[Hashable, tuple[Hashable, pa.Table]] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, key: Hashable, load: Callable[[], pa.Table]) -> pa.Table:
@@ -51,6 +51,12 @@ class ReadCache:
         return found
 
     def lookup(self, key: Hashable) -> pa.Table | None:
+        found = self.lookup_tagged(key)
+        return None if found is None else found[1]
+
+    def lookup_tagged(self, key: Hashable) -> tuple[Hashable, pa.Table] | None:
+        """The (tag, table) under ``key``: the tag says which files the table was computed
+        from when the key alone does not (:meth:`put`)."""
         with self._lock:
             found = self._items.get(key)
             if found is None:
@@ -60,18 +66,18 @@ class ReadCache:
             self.hits += 1
             return found
 
-    def put(self, key: Hashable, table: pa.Table) -> None:
+    def put(self, key: Hashable, table: pa.Table, tag: Hashable = None) -> None:
         size = table.nbytes
         if size > self.max_bytes:
             return
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
-                self.bytes -= old.nbytes
-            self._items[key] = table
+                self.bytes -= old[1].nbytes
+            self._items[key] = (tag, table)
             self.bytes += size
             while self.bytes > self.max_bytes:
-                _, evicted = self._items.popitem(last=False)
+                _, (_, evicted) = self._items.popitem(last=False)
                 self.bytes -= evicted.nbytes
 
     def __len__(self) -> int:

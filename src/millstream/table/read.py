@@ -416,22 +416,61 @@ def _by_partition(
             return _without_deletes(spec, sealed)
         return cache.get(("final", *key), lambda: _without_deletes(spec, sealed))
 
+    def over_final(final: pa.Table, newer: pa.Table) -> pa.Table:
+        """``newer`` rows (all above ``final``'s) merged onto ``final``, rows one per key: a
+        key with newer rows is decided by them (deletes among them too). A final row that is
+        a delete is dropped either way, so ``final`` comes without deletes."""
+        if not newer.num_rows:
+            return final
+        newer_keys = newer.select(keys).group_by(keys).aggregate([])
+        kept = final.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
+        kept = kept.select(final.column_names).cast(final.schema)
+        return pa.concat_tables([kept, resolve(spec, newer).cast(final.schema)])
+
+    def incremental(partition: int, sealed: pa.Table, mine: list[Entry]) -> pa.Table | None:
+        """A cached reader's read of a partition whose sealed rows are final: the merge of its
+        previous read, if that read's newer entries are the first of this one's (file names
+        are unique, so the same entries are the same rows), plus the newer entries since; a
+        poll merges only the micro-batches committed since the last. None: merge in full."""
+        skey = sealed_key(partition)
+        if cache is None or skey is None:
+            return None
+        mine = sorted(mine, key=lambda e: e.start)
+        tag = tuple((e.file_path, e.start, e.end) for e in mine)
+        base, since = None, 0
+        found = cache.lookup_tagged(("merged", skey))
+        if found is not None:
+            prev_tag, prev = found
+            assert isinstance(prev_tag, tuple)
+            if tag[: len(prev_tag)] == prev_tag:
+                base, since = prev, len(prev_tag)
+                if since == len(tag):
+                    return prev
+        delta = newer_of(partition)
+        if since:
+            delta = delta.filter(pc.greater_equal(delta.column(OFFSET_COL), mine[since].start))
+        if any(delta.column(k).null_count for k in keys):
+            return None
+        if base is None:
+            base = final_rows(partition, sealed)
+        merged = over_final(base, delta)
+        cache.put(("merged", skey), merged, tag=tag)
+        return merged
+
     def one(partition: int) -> pa.Table:
-        mine = [*sealed_of[partition], *(e for e in newer_entries if e.partition == partition)]
+        mine_newer = [e for e in newer_entries if e.partition == partition]
+        mine = [*sealed_of[partition], *mine_newer]
         unreadable: list[int] = []
-        sealed, newer = sealed_rows(partition, unreadable), newer_of(partition)
+        sealed = sealed_rows(partition, unreadable)
         split = _final_split(spec, mine) if use_delete_vectors else None
-        null_keys = any(newer.column(k).null_count for k in keys)
-        if split is not None and not unreadable and not null_keys:
-            final = final_rows(partition, sealed)
-            if not newer.num_rows:
-                return final
-            # A key with newer rows: they decide (deletes among them too). A sealed row that
-            # is a delete goes either way, so dropping deletes first gives the same rows.
-            newer_keys = newer.select(keys).group_by(keys).aggregate([])
-            kept = final.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
-            kept = kept.select(sealed.column_names).cast(sealed.schema)
-            return pa.concat_tables([kept, resolve(spec, newer).cast(sealed.schema)])
+        if split is not None and not unreadable:
+            got = incremental(partition, sealed, mine_newer)
+            if got is not None:
+                return got
+            newer = newer_of(partition)
+            if not any(newer.column(k).null_count for k in keys):
+                return over_final(final_rows(partition, sealed), newer)
+        newer = newer_of(partition)
         return resolve(spec, pa.concat_tables([sealed, newer.cast(sealed.schema)]))
 
     by_partition = {e.partition for e in entries}
