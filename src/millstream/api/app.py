@@ -10,7 +10,7 @@ from millstream.api.errors import install_error_handlers
 from millstream.api.metrics import make_registry
 from millstream.api.middleware import MAX_BODY_BYTES, BearerAuthMiddleware, BodyLimitMiddleware
 from millstream.api.openapi import openapi_factory
-from millstream.api.routes import cluster, datastreams, metrics, segments, tables
+from millstream.api.routes import cluster, datastreams, metrics, pinot, segments, tables
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control.controller import Controller, ControlSettings
@@ -64,6 +64,7 @@ def create_app(
         segments.router,
         cluster.router,
         metrics.router,
+        pinot.router,
     ):
         app.include_router(router)
     # The last added runs first: auth is checked before any body byte is read.

@@ -117,7 +117,33 @@ class PartitionOffsetInfoOut(_Out):
     availability_lag_ms_map: dict[str, int | None]
 
 
+class PinotPartitionOffsetInfoOut(_Out):
+    """Pinot's ``partitionOffsetInfo`` of one consumer: maps keyed by partition, values as
+    strings (as Pinot sends them)."""
+
+    currentOffsetsMap: dict[str, str]
+    latestUpstreamOffsetMap: dict[str, str | None]
+    recordsLagMap: dict[str, str | None]
+    availabilityLagMsMap: dict[str, str | None]
+
+
+class ConsumingInfoOut(_Out):
+    """Pinot's ``ConsumingSegmentInfo``: one server (here a worker) consuming a segment."""
+
+    serverName: str = Field(description="The worker id.")
+    consumerState: str = Field(examples=["CONSUMING", "NOT_CONSUMING"])
+    lastConsumedTimestamp: int | None = Field(
+        description="Epoch ms of the last commit that advanced the partition."
+    )
+    partitionToOffsetMap: dict[str, str] = Field(description="Deprecated in Pinot; kept.")
+    partitionOffsetInfo: PinotPartitionOffsetInfoOut
+
+
 class ConsumingSegmentsInfoOut(_Out):
+    """Millstream's fields (snake_case) and Pinot's (camelCase, and
+    ``_segmentToConsumingInfoMap``): the segment each partition is consuming into, only while
+    a worker runs its writer, so a paused table's map is empty, as Pinot's is."""
+
     table: str
     datastream: str | None
     state: State | None
@@ -125,6 +151,27 @@ class ConsumingSegmentsInfoOut(_Out):
     upstream_error: str | None
     partitions: list[PartitionConsumingOut]
     partition_offset_info: PartitionOffsetInfoOut
+    serversFailingToRespond: int = 0
+    serversUnparsableRespond: int = 0
+    segment_to_consuming_info_map: dict[str, list[ConsumingInfoOut]] = Field(
+        default_factory=dict,
+        serialization_alias="_segmentToConsumingInfoMap",
+        description="Pinot's map: consuming segment name -> the workers consuming it.",
+    )
+
+
+class PauseStatusOut(_Out):
+    """Pinot's ``PauseStatusDetails``, plus Millstream's ``datastream`` and ``state``."""
+
+    pauseFlag: bool = Field(description="True while the datastream is PAUSED, STOPPING or STOPPED.")
+    consumingSegments: list[str] = Field(
+        description="Segments still being consumed into (empty once every writer stopped)."
+    )
+    reasonCode: str | None = Field(examples=["ADMINISTRATIVE"])
+    comment: str
+    timestamp: str = Field(description="When the datastream entered its state (ISO 8601).")
+    datastream: str
+    state: State
 
 
 class WorkerOut(_Out):

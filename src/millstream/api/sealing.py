@@ -33,7 +33,14 @@ def debug_info(ctx: ApiContext, table: str) -> dict[str, Any]:
                 }
             )
         if e.state is SegmentState.ERROR:
-            errors.append({"segment": e.name, "partition": e.partition, "last_error": e.last_error})
+            errors.append(
+                {
+                    "segment": e.name,
+                    "partition": e.partition,
+                    "last_error": e.last_error,
+                    "claimed_by": e.claimed_by,  # the sealer whose attempt failed, if known
+                }
+            )
     reported = {
         w.id: w.info.get("sealing", {})
         for w in list_workers(ctx.catalog.store)

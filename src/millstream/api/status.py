@@ -17,9 +17,11 @@ from sqlalchemy import and_, func, select
 
 from millstream.api.context import ApiContext
 from millstream.api.models import (
+    ConsumingInfoOut,
     ConsumingSegmentsInfoOut,
     PartitionConsumingOut,
     PartitionOffsetInfoOut,
+    PinotPartitionOffsetInfoOut,
     ServingWorkerOut,
 )
 from millstream.control.registry import DatastreamRecord
@@ -200,8 +202,35 @@ def consuming_info(
                 error=error if upstream_p is None else None,
             )
         )
+    # Pinot's map: the segment each partition consumes into, under every worker whose writer
+    # runs (whatever the datastream's state: after a pause it empties once writers stopped).
+    pinot: dict[str, list[ConsumingInfoOut]] = {}
+    for x in parts:
+        sh = shards.get(x.partition)
+        consumers = [w for w in workers if w.alive and w.running]
+        if sh is None or not consumers:
+            continue
+        key = str(x.partition)
+        offsets = PinotPartitionOffsetInfoOut(
+            currentOffsetsMap={key: str(sh.upper)},
+            latestUpstreamOffsetMap={key: _text(x.latest_upstream_offset)},
+            recordsLagMap={key: _text(x.records_lag)},
+            availabilityLagMsMap={key: _text(x.availability_lag_ms)},
+        )
+        last = x.last_commit_at
+        pinot[f"{table}__{x.partition}__{sh.next_seq}"] = [
+            ConsumingInfoOut(
+                serverName=w.worker_id,
+                consumerState="CONSUMING" if w.role == "active" else "NOT_CONSUMING",
+                lastConsumedTimestamp=None if last is None else round(last * 1000),
+                partitionToOffsetMap={key: str(sh.upper)},
+                partitionOffsetInfo=offsets,
+            )
+            for w in consumers
+        ]
     return ConsumingSegmentsInfoOut(
         table=table,
+        segment_to_consuming_info_map=pinot,
         datastream=rec.name if rec is not None else None,
         state=rec.state if rec is not None else None,
         manifest_version=manifest.version,
@@ -214,3 +243,7 @@ def consuming_info(
             availability_lag_ms_map={str(x.partition): x.availability_lag_ms for x in parts},
         ),
     )
+
+
+def _text(value: int | None) -> str | None:
+    return None if value is None else str(value)

@@ -1,0 +1,180 @@
+"""Pinot's controller endpoints, with Pinot's paths, parameters and JSON shapes, where
+Millstream has the same concept, so that a Pinot operator's runbook (the pauseless-consumption
+guide's pause, check, resume; its rollback and its debugging calls) works as written.
+
+A Pinot table is a Millstream table; pausing or resuming it pauses or resumes the datastream
+writing it. Fields a Pinot response does not have are Millstream's own and say so in the
+OpenAPI schema (``datastream``, ``state``). What differs is documented in
+docs/operations.md, "Pinot-compatible endpoints".
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query
+
+from millstream.api.context import ApiContext, get_context
+from millstream.api.models import ErrorOut, PauseStatusOut
+from millstream.api.sealing import debug_info
+from millstream.api.status import consuming_info, datastream_for_table
+from millstream.control.registry import DatastreamRecord
+from millstream.core.lifecycle import Command, State
+from millstream.errors import InvalidSpecError, NotFoundError, PreconditionFailedError
+from millstream.metastore.rollback import rollback_partition
+from millstream.sealing.reingest import parse_segment_name
+
+router = APIRouter(tags=["pinot-compatible"])
+Ctx = Annotated[ApiContext, Depends(get_context)]
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorOut, "description": "No table by that name, or no datastream writes it."},
+    409: {"model": ErrorOut, "description": "Not allowed from the datastream's state."},
+}
+PAUSED_STATES = (State.PAUSED, State.STOPPING, State.STOPPED)
+
+
+def _writer_of(ctx: ApiContext, table: str) -> DatastreamRecord:
+    ctx.catalog.table(table)  # 404 for an unknown table
+    rec = datastream_for_table(ctx.registry.list(), table)
+    if rec is None or table != rec.spec.table_name:
+        raise NotFoundError("datastream writing table", table)
+    return rec
+
+
+def _pause_status(ctx: ApiContext, rec: DatastreamRecord, comment: str | None) -> PauseStatusOut:
+    table = rec.spec.table_name
+    info = consuming_info(ctx, table, rec, None)
+    paused = rec.state in PAUSED_STATES
+    return PauseStatusOut(
+        pauseFlag=paused,
+        consumingSegments=sorted(info.segment_to_consuming_info_map),
+        reasonCode="ADMINISTRATIVE" if paused else None,
+        comment=comment
+        or ("Table is paused." if paused else "Table is unpaused.")
+        + ("" if rec.state in (State.PAUSED, State.READY) else f" Datastream is {rec.state}."),
+        timestamp=datetime.fromtimestamp(rec.updated_at, tz=UTC).isoformat(),
+        datastream=rec.name,
+        state=rec.state,
+    )
+
+
+@router.post(
+    "/tables/{tableName}/pauseConsumption", response_model=PauseStatusOut, responses=RESPONSES
+)
+def pause_consumption(
+    ctx: Ctx,
+    tableName: str,
+    comment: Annotated[str | None, Query(description="Kept in the response only.")] = None,
+) -> PauseStatusOut:
+    """Pause the datastream writing the table (READY -> PAUSED). Every writer stops at its
+    shard upper; ``consumingSegments`` lists the segments still being consumed into until the
+    workers report their writers stopped (poll ``pauseStatus``)."""
+    rec = _writer_of(ctx, tableName)
+    if rec.state is not State.PAUSED:
+        rec = ctx.registry.command(rec.name, Command.PAUSE)
+    return _pause_status(ctx, rec, comment)
+
+
+@router.post(
+    "/tables/{tableName}/resumeConsumption",
+    response_model=PauseStatusOut,
+    responses={
+        **RESPONSES,
+        422: {"model": ErrorOut, "description": "consumeFrom other than lastConsumed."},
+    },
+)
+def resume_consumption(
+    ctx: Ctx,
+    tableName: str,
+    consumeFrom: Annotated[
+        Literal["lastConsumed", "smallest", "largest"] | None,
+        Query(description="Only lastConsumed (the default): writers resume at each shard upper."),
+    ] = None,
+    comment: Annotated[str | None, Query(description="Kept in the response only.")] = None,
+) -> PauseStatusOut:
+    """Resume the datastream (PAUSED | STOPPED | ERROR -> READY). Millstream resumes exactly
+    at each partition's shard upper: ``smallest`` (re-read from the earliest offset) and
+    ``largest`` (skip to the latest) would duplicate or drop records, and are refused; replay
+    a range with ``DELETE /deleteSegmentsFromSequenceNum`` instead."""
+    if consumeFrom not in (None, "lastConsumed"):
+        raise InvalidSpecError(
+            "consumeFrom",
+            f"{consumeFrom!r} is not supported: a datastream resumes at each shard's upper "
+            "(lastConsumed); roll back segments to re-read a range",
+        )
+    rec = _writer_of(ctx, tableName)
+    if rec.state is not State.READY:
+        rec = ctx.registry.command(rec.name, Command.RESUME)
+    return _pause_status(ctx, rec, comment)
+
+
+@router.get("/tables/{tableName}/pauseStatus", response_model=PauseStatusOut, responses=RESPONSES)
+def pause_status(ctx: Ctx, tableName: str) -> PauseStatusOut:
+    """Whether the table's datastream is paused, and the segments still consumed into."""
+    return _pause_status(ctx, _writer_of(ctx, tableName), None)
+
+
+@router.get("/tables/{tableName}/pauselessDebugInfo", responses=RESPONSES)
+def pauseless_debug_info(ctx: Ctx, tableName: str) -> dict[str, Any]:
+    """Pinot's ``instanceToErrorSegmentsMap`` (segments in ERROR, under the worker that last
+    sealed the table, or ``unknown``) and ``committingSegments`` (segments being sealed), plus
+    Millstream's whole ``/tables/{t}/debugInfo`` under ``millstream``."""
+    debug = debug_info(ctx, tableName)
+    errors: dict[str, list[str]] = {}
+    for e in debug["segments_in_error"]:
+        errors.setdefault(e.get("claimed_by") or "unknown", []).append(e["segment"])
+    return {
+        "instanceToErrorSegmentsMap": errors,
+        "committingSegments": [c["segment"] for c in debug["committing_segments"]],
+        "millstream": debug,
+    }
+
+
+@router.delete("/deleteSegmentsFromSequenceNum/{tableNameWithType}", responses=RESPONSES)
+def delete_segments_from_sequence_num(
+    ctx: Ctx,
+    tableNameWithType: str,
+    segments: Annotated[
+        str, Query(description="Comma-separated segment names, one per partition at most.")
+    ],
+    dryRun: Annotated[bool, Query(description="Only show what would be removed.")] = True,
+    force: Annotated[bool, Query(description="Even if the datastream runs.")] = False,
+) -> dict[str, Any]:
+    """For each named segment ``table__partition__seq``, remove that partition's segments
+    with a sequence number >= seq (Pinot's rollback), move its shard upper back to the
+    segment's start and fence its writers, which re-read from there once resumed. Needs the
+    datastream PAUSED or STOPPED (409 otherwise) unless ``force``; ``dryRun`` (the default,
+    as in Pinot) changes nothing. A ``_REALTIME`` suffix on the table name is ignored."""
+    table = tableNameWithType.removesuffix("_REALTIME")
+    ctx.catalog.table(table)
+    targets: dict[int, int] = {}
+    for name in (n.strip() for n in segments.split(",") if n.strip()):
+        seg_table, partition, seq = parse_segment_name(name)
+        if seg_table != table:
+            raise InvalidSpecError("segments", f"segment {name!r} is not of table {table!r}")
+        if partition in targets:
+            raise InvalidSpecError("segments", f"two segments of partition {partition}")
+        targets[partition] = seq
+    if not targets:
+        raise InvalidSpecError("segments", "names no segment")
+    if not dryRun and not force:
+        rec = datastream_for_table(ctx.registry.list(), table)
+        if rec is not None and rec.state not in (State.PAUSED, State.STOPPED):
+            raise PreconditionFailedError(
+                f"datastream {rec.name!r} writing table {table!r} is {rec.state.value}; pause it "
+                "first (or pass force=true)",
+                datastream=rec.name,
+                state=rec.state.value,
+            )
+    plans = [
+        rollback_partition(ctx.catalog.store, table, p, seq, dry_run=dryRun).to_dict()
+        for p, seq in sorted(targets.items())
+    ]
+    return {"table": table, "dryRun": dryRun, "partitions": plans}
+
+
+@router.get("/reingestSegment/jobs")
+def reingest_segment_jobs(ctx: Ctx) -> list[dict[str, Any]]:
+    """Pinot's path for ``GET /reingestJobs``: the re-ingestion jobs this controller ran."""
+    return [j.to_dict() for j in ctx.reingest_jobs.list()]
