@@ -206,7 +206,23 @@ read_pins = Table(
 )
 Index("ix_read_pins_table", read_pins.c.table_name, read_pins.c.expires_at)
 
-LATEST_SCHEMA_VERSION = 5
+jobs = MetaData()
+
+#: Operator jobs that outlive the request and the controller that took it (Pinot's controller
+#: jobs): a force commit names the segments to seal now; workers' sealers read them, and the
+#: job's status is computed from the manifest. The newest 100 per table and kind are kept.
+controller_jobs = Table(
+    "ms_controller_jobs",
+    jobs,
+    Column("id", String(64), primary_key=True),
+    Column("kind", String(32), nullable=False),
+    Column("table_name", String(128), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("payload", JSON, nullable=False),
+)
+Index("ix_controller_jobs_table", controller_jobs.c.table_name, controller_jobs.c.kind)
+
+LATEST_SCHEMA_VERSION = 6
 
 
 def _v1(conn: Connection) -> None:
@@ -235,6 +251,11 @@ def _v5(conn: Connection) -> None:
     retention.create_all(conn, checkfirst=True)
 
 
+def _v6(conn: Connection) -> None:
+    """Controller jobs (:data:`controller_jobs`)."""
+    jobs.create_all(conn, checkfirst=True)
+
+
 #: Migration N takes the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _v1,
@@ -242,6 +263,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     3: _v3,
     4: _v4,
     5: _v5,
+    6: _v6,
 }
 
 

@@ -52,6 +52,7 @@ from millstream.errors import (
     SegmentChangedError,
 )
 from millstream.metastore.claims import DEFAULT_CLAIM_TTL, claim_run, release_run
+from millstream.metastore.jobs import force_commit_targets
 from millstream.metastore.models import Entry, Manifest
 from millstream.metastore.swaps import (
     CompactedSegment,
@@ -263,11 +264,16 @@ class Sealer:
         partition is retried with exponential backoff (capped at a minute), never raised: this
         runs in the background beside the writers."""
         out = []
+        try:
+            forced = force_commit_targets(self.store, self.table)
+        except Exception as exc:  # the store is down: thresholds still apply, the next pass asks
+            log.warning("cannot read force commits of %s: %s", self.table, exc)
+            forced = {}
         for p in self.partitions():
             if self._next_try.get(p, 0.0) > self.clock.now():
                 continue
             try:
-                r = self.seal_partition(p)
+                r = self.seal_partition(p, force_up_to=forced.get(p))
             except Exception as exc:
                 delay = min(60.0, 2.0 ** self.failures.get(p, 1))
                 self._next_try[p] = self.clock.now() + delay
@@ -437,12 +443,17 @@ class Sealer:
             )
         return result
 
-    def seal_partition(self, partition: int, *, force: bool = False) -> SealResult | None:
-        """Seal the partition's consuming run if due (or ``force``). Returns None when there is
+    def seal_partition(
+        self, partition: int, *, force: bool = False, force_up_to: int | None = None
+    ) -> SealResult | None:
+        """Seal the partition's consuming run if due, or ``force``, or it starts at or below
+        segment ``force_up_to`` (a force commit asked for it). Returns None when there is
         nothing to do or another sealer holds the run; raises the failure otherwise (after
         putting the run back)."""
         manifest = self.catalog.manifest(self.table)
         run = self.pending_run(partition, manifest)
+        if force_up_to is not None and run and run[0].seq <= force_up_to:
+            force = True
         if not run or not (force or self.due(run)):
             return None
         now = self.clock.now()

@@ -7,16 +7,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from api_support import TestClient, beat, spec_body, store_snapshot, write_lines
 
+from millstream.api import create_app
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller
 from millstream.control.workers import heartbeat
 from millstream.errors import SegmentUnavailableError
-from millstream.metastore.models import ShardAppend
+from millstream.metastore.models import SegmentState, ShardAppend
 from millstream.sealing.sealer import Sealer, SealFaults
+from millstream.table.writer import commit_staged, stage_rows
 
 
 def commit(catalog: Catalog, partition: int, lo: int, hi: int) -> None:
@@ -162,3 +165,60 @@ def test_pauseless_debug_info_has_pinots_fields_and_millstreams(
     errors = api.get("/tables/orders/pauselessDebugInfo").json()["instanceToErrorSegmentsMap"]
     assert list(errors.values()) == [["orders__0__0"]]
     assert api.get("/reingestSegment/jobs").json() == []
+
+
+def _write(catalog: Catalog, partition: int, lo: int, n: int) -> None:
+    """A micro-batch of real rows, committed as a writer commits it."""
+    spec = catalog.table("orders").spec
+    rows = [
+        {
+            "id": o % 7,
+            "status": "new",
+            "_ms_partition": partition,
+            "_ms_offset": o,
+            "_ms_tombstone": False,
+        }
+        for o in range(lo, lo + n)
+    ]
+    table = pa.Table.from_pylist(rows, schema=spec.arrow_schema(system_columns=True))
+    staged = stage_rows(catalog.deep, spec, table)
+    commit_staged(
+        catalog.store, catalog.deep, "orders", staged, {partition: (lo, lo + n)}, {partition: 0}
+    )
+
+
+def test_force_commit_seals_the_named_segments_now_and_its_job_outlives_the_controller(
+    api: TestClient, controller: Controller, catalog: Catalog, clock: ManualClock, source_dir: Path
+) -> None:
+    assert api.post("/datastreams", json=spec_body("orders", source_dir)).status_code == 201
+    controller.tick()
+    _write(catalog, 0, 0, 5)
+    _write(catalog, 0, 5, 5)
+    _write(catalog, 1, 0, 4)
+    sealer = Sealer(catalog, "orders", clock=clock)
+    assert sealer.seal_due() == []  # far below the flush thresholds: nothing is due
+
+    r = api.post("/tables/orders/forceCommit")
+    assert r.status_code == 200, r.text
+    job_id = r.json()["forceCommitJobId"]
+    assert r.json()["segmentsForceCommitted"] == ["orders__0__0", "orders__0__1", "orders__1__0"]
+    status = api.get(f"/tables/forceCommitStatus/{job_id}").json()
+    assert (status["jobType"], status["tableName"]) == ("FORCE_COMMIT", "orders")
+    assert status["numberOfSegmentsYetToBeCommitted"] == 3
+
+    _write(catalog, 1, 4, 3)  # after the request: part of partition 1's run, sealed with it
+    sealed = sealer.seal_due()
+    assert sorted(r.partition for r in sealed) == [0, 1]
+    assert all(e.state is SegmentState.ONLINE for e in catalog.manifest("orders").entries)
+
+    # Another controller (a restart) answers for the same job, from the metadata store.
+    other = create_app(catalog, controller=controller, clock=clock)
+    with TestClient(other) as again:
+        done = again.get(f"/tables/forceCommitStatus/{job_id}").json()
+    assert (done["numberOfSegmentsYetToBeCommitted"], done["segmentsYetToBeCommitted"]) == (0, [])
+
+    # Segments committed after the job are not forced: they wait for their thresholds.
+    _write(catalog, 0, 10, 5)
+    assert sealer.seal_due() == []
+    assert api.get("/tables/forceCommitStatus/nope").status_code == 404
+    assert api.post("/tables/nope/forceCommit").status_code == 404

@@ -22,6 +22,7 @@ from millstream.api.status import consuming_info, datastream_for_table
 from millstream.control.registry import DatastreamRecord
 from millstream.core.lifecycle import Command, State
 from millstream.errors import InvalidSpecError, NotFoundError, PreconditionFailedError
+from millstream.metastore.jobs import get_job, pending_segments, submit_force_commit
 from millstream.metastore.rollback import rollback_partition
 from millstream.sealing.reingest import parse_segment_name
 
@@ -172,6 +173,42 @@ def delete_segments_from_sequence_num(
         for p, seq in sorted(targets.items())
     ]
     return {"table": table, "dryRun": dryRun, "partitions": plans}
+
+
+@router.post("/tables/{tableName}/forceCommit", responses=RESPONSES)
+def force_commit(ctx: Ctx, tableName: str) -> dict[str, Any]:
+    """Seal now every segment of the table not sealed yet, instead of waiting for its
+    thresholds: the request is stored as a job that every worker's sealer reads on its next
+    pass (it survives a controller restart). Poll ``GET /tables/forceCommitStatus/{jobId}``."""
+    manifest = ctx.catalog.manifest(tableName)  # 404 for an unknown table
+    job = submit_force_commit(ctx.catalog.store, manifest, now=ctx.clock.now())
+    return {
+        "forceCommitJobId": job.id,
+        "forceCommitStatus": "SUCCESS",
+        "jobMetaZKWriteStatus": "SUCCESS",
+        "segmentsForceCommitted": _names(job.table, job.payload["segments"]),
+    }
+
+
+@router.get("/tables/forceCommitStatus/{jobId}", responses={404: RESPONSES[404]})
+def force_commit_status(ctx: Ctx, jobId: str) -> dict[str, Any]:
+    """Pinot's job status: the segments the force commit named and those not sealed yet
+    (computed from the current manifest; 0 yet to be committed means done)."""
+    job = get_job(ctx.catalog.store, jobId)
+    pending = pending_segments(job, ctx.catalog.manifest(job.table))
+    return {
+        "jobId": job.id,
+        "jobType": job.kind,
+        "tableName": job.table,
+        "submissionTimeMs": round(job.created_at * 1000),
+        "segmentsForceCommitted": _names(job.table, job.payload["segments"]),
+        "segmentsYetToBeCommitted": _names(job.table, pending),
+        "numberOfSegmentsYetToBeCommitted": len(pending),
+    }
+
+
+def _names(table: str, segments: list[Any]) -> list[str]:
+    return [f"{table}__{p}__{seq}" for p, seq in segments]
 
 
 @router.get("/reingestSegment/jobs")
