@@ -188,9 +188,10 @@ class DatastreamRunner:
         self.stats = RunStats()
         #: Makes a standby commit only when the active is gone (a worker's standby mode).
         self.commit_gate = commit_gate
-        #: Seal on a thread of this process while the query runs (``millstream run``; a worker
-        #: seals on its own thread instead). Ignored with ``pauseless: false``.
-        self.background_sealing = background_sealing and spec.segments.pauseless
+        #: Seal (with ``pauseless: true``; otherwise the sink seals inline) and maintain the
+        #: tables on a thread of this process while the query runs (``millstream run``; a
+        #: worker does both on its own threads instead).
+        self.background_sealing = background_sealing
         #: Seconds between the background sealer's passes, and its backoff after a failure.
         self.seal_interval = 1.0
         self.seal_backoff = Backoff(base=1.0, cap=60.0)
@@ -379,7 +380,8 @@ class DatastreamRunner:
         }
 
         def background_pass() -> None:
-            sealer.seal_due()  # seals, then compacts
+            if seg.pauseless:  # else the sink seals (and compacts) inline
+                sealer.seal_due()  # seals, then compacts
             # Supervised per datastream inside: a failure backs off maintenance only.
             self.maintainer.run_due(tables)
 

@@ -122,19 +122,24 @@ def test_run_starts_sealing_once_the_table_exists_and_keeps_sealing_after_a_fail
     assert status["table"] == "orders"
 
 
+@pytest.mark.parametrize("pauseless", [True, False])
 def test_run_expires_history_and_collects_files_in_the_background(
-    catalog: Catalog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    catalog: Catalog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pauseless: bool
 ) -> None:
     """A standalone ``millstream run`` maintains its tables as a worker does: versions its
-    retention no longer keeps expire while the query runs (the real sealer and maintainer)."""
+    retention no longer keeps expire while the query runs (the real sealer and maintainer),
+    with ``pauseless: false`` too (its sink seals inline; the maintenance thread ran only for
+    pauseless datastreams, so their history grew forever)."""
+    base = spec(tmp_path).model_dump(by_alias=True, exclude_none=True)
     ds = DatastreamSpec.parse(
         {
-            **spec(tmp_path).model_dump(by_alias=True, exclude_none=True),
+            **base,
             "table": {
                 "mode": "upsert",
                 "primary_key": ["id"],
                 "retention": {"time": "1s", "min_versions": 1},
             },
+            "segments": {**base.get("segments", {}), "pauseless": pauseless},
         }
     )
     runner = DatastreamRunner(
