@@ -26,7 +26,9 @@ from millstream.api.models import (
 )
 from millstream.control.registry import DatastreamRecord
 from millstream.control.workers import list_workers, read_assignments
+from millstream.core.lifecycle import State
 from millstream.datastream import DatastreamSpec, FilesSource, KafkaSource
+from millstream.errors import PreconditionFailedError
 from millstream.ingest.sources import spec_reader
 from millstream.metastore import schema as s
 from millstream.metastore.models import SegmentState
@@ -90,6 +92,18 @@ def datastream_for_table(
         if table in (rec.spec.table_name, rec.spec.dead_letter_table):
             return rec
     return None
+
+
+def require_writer_stopped(ctx: ApiContext, table: str) -> None:
+    """A rollback needs the datastream writing ``table`` PAUSED or STOPPED (409 naming it)."""
+    rec = datastream_for_table(ctx.registry.list(), table)
+    if rec is not None and rec.state not in (State.PAUSED, State.STOPPED):
+        raise PreconditionFailedError(
+            f"datastream {rec.name!r} writing table {table!r} is {rec.state.value}; pause it "
+            "first (or pass force=true)",
+            datastream=rec.name,
+            state=rec.state.value,
+        )
 
 
 def last_commit_times(store: MetadataStore, table: str) -> dict[int, float]:

@@ -18,10 +18,10 @@ from fastapi import APIRouter, Depends, Query
 from millstream.api.context import ApiContext, get_context
 from millstream.api.models import ErrorOut, PauseStatusOut
 from millstream.api.sealing import debug_info
-from millstream.api.status import consuming_info, datastream_for_table
+from millstream.api.status import consuming_info, datastream_for_table, require_writer_stopped
 from millstream.control.registry import DatastreamRecord
 from millstream.core.lifecycle import Command, State
-from millstream.errors import InvalidSpecError, NotFoundError, PreconditionFailedError
+from millstream.errors import InvalidSpecError, NotFoundError
 from millstream.metastore.jobs import get_job, pending_segments, submit_force_commit
 from millstream.metastore.rollback import rollback_partition
 from millstream.sealing.reingest import parse_segment_name
@@ -160,19 +160,18 @@ def delete_segments_from_sequence_num(
     if not targets:
         raise InvalidSpecError("segments", "names no segment")
     if not dryRun and not force:
-        rec = datastream_for_table(ctx.registry.list(), table)
-        if rec is not None and rec.state not in (State.PAUSED, State.STOPPED):
-            raise PreconditionFailedError(
-                f"datastream {rec.name!r} writing table {table!r} is {rec.state.value}; pause it "
-                "first (or pass force=true)",
-                datastream=rec.name,
-                state=rec.state.value,
-            )
+        require_writer_stopped(ctx, table)
+    # Every named segment is checked (a dry run each) before any partition is rolled back.
     plans = [
-        rollback_partition(ctx.catalog.store, table, p, seq, dry_run=dryRun).to_dict()
+        rollback_partition(ctx.catalog.store, table, p, seq, dry_run=True)
         for p, seq in sorted(targets.items())
     ]
-    return {"table": table, "dryRun": dryRun, "partitions": plans}
+    if not dryRun:
+        plans = [
+            rollback_partition(ctx.catalog.store, table, p, seq, dry_run=False)
+            for p, seq in sorted(targets.items())
+        ]
+    return {"table": table, "dryRun": dryRun, "partitions": [x.to_dict() for x in plans]}
 
 
 @router.post("/tables/{tableName}/forceCommit", responses=RESPONSES)

@@ -15,9 +15,12 @@ from millstream.api.models import (
     TableSegmentsOut,
 )
 from millstream.api.sealing import debug_info
-from millstream.api.status import consuming_info, datastream_for_table, upstream_offsets
-from millstream.core.lifecycle import State
-from millstream.errors import PreconditionFailedError
+from millstream.api.status import (
+    consuming_info,
+    datastream_for_table,
+    require_writer_stopped,
+    upstream_offsets,
+)
 from millstream.metastore.rollback import rollback_partition
 
 router = APIRouter(prefix="/tables", tags=["tables"])
@@ -69,14 +72,7 @@ def rollback_segments(
     writing the table to be PAUSED or STOPPED unless ``force``."""
     ctx.catalog.table(table)
     if not dryRun and not force:
-        rec = datastream_for_table(ctx.registry.list(), table)
-        if rec is not None and rec.state not in (State.PAUSED, State.STOPPED):
-            raise PreconditionFailedError(
-                f"datastream {rec.name!r} writing table {table!r} is {rec.state.value}; pause it "
-                "first (or pass force=true)",
-                datastream=rec.name,
-                state=rec.state.value,
-            )
+        require_writer_stopped(ctx, table)
     plan = rollback_partition(ctx.catalog.store, table, partition, fromSequence, dry_run=dryRun)
     return plan.to_dict()
 
