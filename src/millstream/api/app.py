@@ -22,7 +22,7 @@ and consumption status, workers, health and Prometheus metrics.
 Errors are JSON: `{"error": <class in Millstream's error tree>, "message": ..., <ids>}` with
 404 unknown, 409 illegal transition / conflict / already exists, 422 invalid input (`field`
 names it), 413 body over 1 MiB, 401 missing bearer token on a mutating call (when the API
-was started with a token)."""
+was started with a token) or on a read (when it was started with a read token)."""
 
 
 def create_app(
@@ -30,6 +30,7 @@ def create_app(
     *,
     controller: Controller | None = None,
     api_token: str | None = None,
+    read_token: str | None = None,
     clock: Clock = SYSTEM_CLOCK,
     upstream_timeout: float = 5.0,
     max_body_bytes: int = MAX_BODY_BYTES,
@@ -38,6 +39,8 @@ def create_app(
 
     ``controller`` (optional) answers ``/health``'s leadership and supplies the worker TTL.
     ``api_token``: if set, POST/PUT/PATCH/DELETE need ``Authorization: Bearer <token>``.
+    ``read_token``: if set, every other call needs it (or ``api_token``), except ``/health``,
+    the console's pages and the API's description (``/docs``, ``/openapi.json``).
     ``upstream_timeout``: seconds to wait for a source's latest offsets (a broker may be down).
     """
     app = FastAPI(
@@ -69,7 +72,9 @@ def create_app(
         app.include_router(router)
     # The last added runs first: auth is checked before any body byte is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
-    if api_token:
-        app.add_middleware(BearerAuthMiddleware, token=api_token)
-    app.openapi = openapi_factory(app, bearer=bool(api_token))  # type: ignore[method-assign]
+    if api_token or read_token:
+        app.add_middleware(BearerAuthMiddleware, token=api_token, read_token=read_token)
+    app.openapi = openapi_factory(  # type: ignore[method-assign]
+        app, bearer=bool(api_token or read_token), read_bearer=bool(read_token)
+    )
     return app

@@ -1,5 +1,5 @@
-"""ASGI middleware that rejects a request before any route sees it: bearer auth on mutating
-calls, and a request-body size limit (checked on Content-Length and again while reading)."""
+"""ASGI middleware that rejects a request before any route sees it: bearer auth (an API token
+on mutating calls, an optional read token on the others), and a request-body size limit (checked on Content-Length and again while reading)."""
 
 from __future__ import annotations
 
@@ -21,27 +21,62 @@ async def _reject(err: MillstreamError, scope: Scope, receive: Receive, send: Se
     await response(scope, receive, send)
 
 
-class BearerAuthMiddleware:
-    """Every POST/PUT/PATCH/DELETE needs ``Authorization: Bearer <token>``; reads stay open."""
+#: Paths that stay open with a read token: the liveness probe, and the pages and API
+#: description that hold no data (the console's pages ask for the token themselves).
+OPEN_READ_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/"})
+OPEN_READ_PREFIXES = ("/ui",)
 
-    def __init__(self, app: ASGIApp, *, token: str) -> None:
+
+def is_open_read(path: str) -> bool:
+    return path in OPEN_READ_PATHS or any(
+        path == p or path.startswith(p + "/") for p in OPEN_READ_PREFIXES
+    )
+
+
+class BearerAuthMiddleware:
+    """Bearer tokens on the REST API.
+
+    ``token`` (the API token): every POST/PUT/PATCH/DELETE needs it. ``read_token``
+    (optional): every other request needs it or the API token, except the paths of
+    :data:`OPEN_READ_PATHS` and the console's static pages; without one, reads stay open. With a
+    read token and no API token, a mutating call needs the read token: whoever may not read
+    may not write either."""
+
+    def __init__(self, app: ASGIApp, *, token: str | None, read_token: str | None = None) -> None:
         self.app = app
-        self._token = token.encode()
+        self._token = token.encode() if token else None
+        self._read_token = read_token.encode() if read_token else None
+
+    def _needed(self, method: str, path: str) -> tuple[bytes, ...]:
+        """The tokens any one of which admits the request; () when it is open."""
+        if method in MUTATING_METHODS:
+            if self._token is not None:
+                return (self._token,)
+            return (self._read_token,) if self._read_token is not None else ()
+        if self._read_token is None or is_open_read(path):
+            return ()
+        return tuple(t for t in (self._read_token, self._token) if t is not None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] in MUTATING_METHODS:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        needed = self._needed(scope["method"], scope["path"])
+        if needed:
             header = Headers(scope=scope).get("authorization")
             what = f"{scope['method']} {scope['path']}"
+            kind = "" if scope["method"] in MUTATING_METHODS else "read "
             if header is None:
                 err = UnauthorizedError(
                     f"{what} needs a bearer token: send 'Authorization: Bearer <token>' "
-                    "(the CLI: --token or MILLSTREAM_API_TOKEN)"
+                    f"with the controller's {kind}token (the CLI: --token or "
+                    "MILLSTREAM_API_TOKEN)"
                 )
                 return await _reject(err, scope, receive, send)
             scheme, _, given = header.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                given.strip().encode(), self._token
-            ):
+            presented = given.strip().encode()
+            # compare with every admitted token (no early exit: the time says nothing)
+            matches = [hmac.compare_digest(presented, t) for t in needed]
+            if scheme.lower() != "bearer" or not any(matches):
                 err = UnauthorizedError(f"{what}: the bearer token is not valid")
                 return await _reject(err, scope, receive, send)
         await self.app(scope, receive, send)

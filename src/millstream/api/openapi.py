@@ -10,11 +10,16 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from millstream.api.middleware import MUTATING_METHODS
+from millstream.api.middleware import MUTATING_METHODS, is_open_read
 from millstream.datastream import DatastreamSpec
 
 
-def openapi_factory(app: FastAPI, *, bearer: bool) -> Callable[[], dict[str, Any]]:
+def openapi_factory(
+    app: FastAPI, *, bearer: bool, read_bearer: bool = False
+) -> Callable[[], dict[str, Any]]:
+    """``bearer``: mutating operations need a token; ``read_bearer``: the others too (except
+    the open paths of the auth middleware)."""
+
     def build() -> dict[str, Any]:
         if app.openapi_schema is not None:
             return app.openapi_schema
@@ -33,9 +38,11 @@ def openapi_factory(app: FastAPI, *, bearer: bool) -> Callable[[], dict[str, Any
         }
         if bearer:
             doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-            for ops in doc["paths"].values():
+            for path, ops in doc["paths"].items():
                 for method, op in ops.items():
-                    if method.upper() in MUTATING_METHODS:
+                    if method.upper() in MUTATING_METHODS or (
+                        read_bearer and not is_open_read(path)
+                    ):
                         op["security"] = [{"bearer": []}]
                         op.setdefault("responses", {})["401"] = {
                             "description": "Missing or invalid bearer token."

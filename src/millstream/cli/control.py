@@ -32,6 +32,16 @@ ApiTokenOpt = Annotated[
         show_default=False,
     ),
 ]
+ReadTokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--read-token",
+        envvar="MILLSTREAM_API_READ_TOKEN",
+        help="Require a bearer token on reads too (this one or the API token); /health and "
+        "the console's pages stay open. Default: reads are open.",
+        show_default=False,
+    ),
+]
 #: The codes of :data:`millstream.errors.EXIT_FAMILIES` a service process exits with.
 SERVICE_EXIT_HELP = (
     "Exit codes: 0 stopped by Ctrl-C/SIGTERM; 1 a service failed (or could not start, or the "
@@ -73,6 +83,7 @@ def controller(
         str | None, typer.Option(help="Deep store: a directory or s3://bucket/prefix.")
     ] = None,
     api_token: ApiTokenOpt = None,
+    read_token: ReadTokenOpt = None,
     controller_id: Annotated[str | None, typer.Option(help="Stable id of this controller.")] = None,
     lease_ttl: Annotated[
         float,
@@ -103,7 +114,7 @@ def controller(
         catalog = Catalog.open(home=home, metadata_url=metadata_url, deep_store=deep_store)
         settings = ControlSettings(lease_ttl=lease_ttl, worker_ttl=worker_ttl)
         ctl = Controller(catalog, controller_id=controller_id, settings=settings)
-        app = create_app(catalog, controller=ctl, api_token=api_token)
+        app = create_app(catalog, controller=ctl, api_token=api_token, read_token=read_token)
         with ServiceGroup() as group:
             group.handle_signals()
             group.start("controller", ctl.run_forever, ctl.stop)
@@ -187,6 +198,7 @@ def up(
     host: HostOpt = "127.0.0.1",
     home: HomeOpt = None,
     api_token: ApiTokenOpt = None,
+    read_token: ReadTokenOpt = None,
     master: MasterOpt = None,
     output: OutputOpt = OutputFormat.text,
 ) -> None:
@@ -217,7 +229,7 @@ def up(
             group.start("controller", ctl.run_forever, ctl.stop)
             url = serve_api(
                 group,
-                create_app(catalog, controller=ctl, api_token=api_token),
+                create_app(catalog, controller=ctl, api_token=api_token, read_token=read_token),
                 host=host,
                 port=port,
             )
