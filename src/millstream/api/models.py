@@ -195,6 +195,7 @@ class HealthOut(_Out):
 class ControlSettingsOut(_Out):
     lease_ttl: float
     worker_ttl: float
+    takeover_ttl: float
     tick_seconds: float
 
 

@@ -100,6 +100,16 @@ def controller(
             "a warm standby may commit). Workers learn it from GET /settings.",
         ),
     ] = 6.0,
+    takeover_ttl: Annotated[
+        float,
+        typer.Option(
+            "--takeover-ttl",
+            min=0.1,
+            help="Seconds without a heartbeat of an active writer's worker after which its warm "
+            "standby commits (before the worker TTL moves anything). A takeover that was not "
+            "needed is two writers racing through compare-and-append: nothing is lost.",
+        ),
+    ] = 1.5,
     output: OutputOpt = OutputFormat.text,
 ) -> None:
     """Run a controller (leader election, lifecycle, assignment) and serve the REST API."""
@@ -112,7 +122,9 @@ def controller(
     _logging()
     with handle_errors(output):
         catalog = Catalog.open(home=home, metadata_url=metadata_url, deep_store=deep_store)
-        settings = ControlSettings(lease_ttl=lease_ttl, worker_ttl=worker_ttl)
+        settings = ControlSettings(
+            lease_ttl=lease_ttl, worker_ttl=worker_ttl, takeover_ttl=takeover_ttl
+        )
         ctl = Controller(catalog, controller_id=controller_id, settings=settings)
         app = create_app(catalog, controller=ctl, api_token=api_token, read_token=read_token)
         with ServiceGroup() as group:

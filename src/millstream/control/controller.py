@@ -48,6 +48,12 @@ log = logging.getLogger(__name__)
 class ControlSettings:
     lease_ttl: float = 6.0
     worker_ttl: float = 6.0
+    #: A warm standby may commit once its active's worker has not heartbeaten for this long
+    #: (workers heartbeat every ``tick_seconds``). Much shorter than ``worker_ttl``: a takeover
+    #: that was not needed (a pause of the active longer than this) is two writers racing
+    #: through compare-and-append for a moment, never a lost or duplicated record; moving
+    #: writers to other workers (``worker_ttl``) is the expensive decision and waits longer.
+    takeover_ttl: float = 1.5
     tick_seconds: float = 0.5
     #: A worker deletes state directories nobody holds that were idle longer than this.
     state_cleanup_delay: float = 600.0

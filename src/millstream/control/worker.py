@@ -117,6 +117,17 @@ class Worker:
         self.seal_loop = SupervisedLoop(
             "sealer", self.seal, interval=self.settings.tick_seconds * 2, clock=clock
         )
+        #: Heartbeats on their own thread: a tick that waits (stopping a writer joins its
+        #: thread for up to 60 s) must not make this worker look dead to the standbys of its
+        #: other writers, which take over after the takeover TTL (1.5 s by default).
+        tick = self.settings.tick_seconds
+        self.beat_loop = SupervisedLoop(
+            "heartbeat",
+            self._heartbeat,
+            interval=tick,
+            clock=clock,
+            backoff=Backoff(base=tick, cap=max(tick, 2.0)),
+        )
         self._last_clean = 0.0
         self._stop = threading.Event()
 
@@ -179,7 +190,7 @@ class Worker:
             return
         w.locked = True
         gate = CommitGate(
-            ds, self.id, rec.spec.table_spec().name, worker_ttl=self.settings.worker_ttl
+            ds, self.id, rec.spec.table_spec().name, takeover_ttl=self.settings.takeover_ttl
         )
         runner = DatastreamRunner(
             rec.spec,
@@ -225,6 +236,9 @@ class Worker:
             w.state_dir.unlock()
 
     def _heartbeat(self) -> None:
+        # the tick thread adds and removes writers: work on a copy (list() of a dict's values
+        # is one step under the GIL)
+        hosted = list(self.writers.values())
         writers = [
             {
                 "datastream": w.datastream,
@@ -233,12 +247,12 @@ class Worker:
                 "locked": w.state_dir.held,
                 "error": w.error,
             }
-            for w in self.writers.values()
+            for w in hosted
         ]
-        all_locked = all(w.state_dir.held for w in self.writers.values())
+        all_locked = all(w.state_dir.held for w in hosted)
         lost_races = sum(
             1
-            for w in self.writers.values()
+            for w in hosted
             if w.runner is not None
             for c in w.runner.commits()
             if c.get("lost_race")
@@ -317,6 +331,7 @@ class Worker:
         """The sealing thread's status and each table's, for the heartbeat and the metrics."""
         alive = self.seal_loop.alive
         return [
+            self.beat_loop.status(),
             self.seal_loop.status(),
             *(s.status(alive=alive) for _, s in sorted(self.seal_supervisors.items())),
             *self.maintainer.loop_statuses(alive=alive),
@@ -326,6 +341,7 @@ class Worker:
 
     def run_forever(self) -> None:
         self._heartbeat()
+        self.beat_loop.start()
         self.seal_loop.start()
         while not self._stop.is_set():
             try:
@@ -336,6 +352,7 @@ class Worker:
                 log.warning("worker %s tick failed: %s", self.id, exc)
             self._stop.wait(self.settings.tick_seconds)
         self.seal_loop.stop()  # lets a seal in progress finish first
+        self.beat_loop.stop()  # before the last heartbeat, which says STOPPED
         for ds in list(self.writers):
             self._stop_writer(ds)
         for sealer in self.sealers.values():

@@ -29,10 +29,10 @@ def assignments_in(conn: Connection) -> dict[str, Placement]:
 
 
 def may_commit(
-    store: MetadataStore, datastream: str, worker_id: str, *, worker_ttl: float, now: float
+    store: MetadataStore, datastream: str, worker_id: str, *, takeover_ttl: float, now: float
 ) -> bool:
     """Whether a standby-mode writer on ``worker_id`` may commit: it is the active, or the
-    active's worker has stopped heartbeating (its lease lapsed). A writer no longer assigned
+    active's worker has not heartbeaten for ``takeover_ttl`` seconds (or stopped). A writer no longer assigned
     anywhere may not commit."""
     with store.read() as conn:
         placement = assignments_in(conn).get(datastream, [])
@@ -46,5 +46,5 @@ def may_commit(
             return True
         row = conn.execute(select(s.workers).where(s.workers.c.id == active)).mappings().first()
         return row is None or (
-            row["status"] == "STOPPED" or row["heartbeat_at"] + worker_ttl <= now
+            row["status"] == "STOPPED" or row["heartbeat_at"] + takeover_ttl <= now
         )

@@ -64,20 +64,21 @@ def _int(options: Options, key: str, default: int) -> int:
 @dataclass(frozen=True, slots=True)
 class CommitGate:
     """A writer that is one replica of several (standby mode): it may commit only while it is
-    the active or the active's worker has stopped heartbeating. ``table`` is the writer's
+    the active or the active's worker has not heartbeaten for ``takeover_ttl`` seconds. ``table`` is the writer's
     table, whose shard uppers a standby's source follows."""
 
     datastream: str
     worker: str
     table: str
-    worker_ttl: float = 6.0
+    #: seconds without a heartbeat of the active's worker after which this replica commits
+    takeover_ttl: float = 1.5
 
     def to_options(self) -> dict[str, str]:
         return {
             "gateDatastream": self.datastream,
             "gateWorker": self.worker,
             "gateTable": self.table,
-            "gateWorkerTtl": repr(self.worker_ttl),
+            "gateTakeoverTtl": repr(self.takeover_ttl),
         }
 
     @classmethod
@@ -91,7 +92,7 @@ class CommitGate:
             o["gateDatastream"],
             o["gateWorker"],
             o["gateTable"],
-            float(o.get("gateWorkerTtl") or 6.0),
+            float(o.get("gateTakeoverTtl") or 1.5),
         )
 
 

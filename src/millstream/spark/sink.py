@@ -295,7 +295,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
             store,
             self.gate.datastream,
             self.gate.worker,
-            worker_ttl=self.gate.worker_ttl,
+            takeover_ttl=self.gate.takeover_ttl,
             now=time.time(),
         )
 

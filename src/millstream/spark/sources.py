@@ -123,7 +123,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._gate_store = MetadataStore(self.opts.settings.metadata_url)
         store = self._gate_store
         if may_commit(
-            store, gate.datastream, gate.worker, worker_ttl=gate.worker_ttl, now=time.time()
+            store, gate.datastream, gate.worker, takeover_ttl=gate.takeover_ttl, now=time.time()
         ):
             return end
         uppers = {sh.partition: sh.upper for sh in store.list_shards(gate.table)}

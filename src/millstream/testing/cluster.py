@@ -230,6 +230,7 @@ class Cluster:
         *,
         lease_ttl: float | None = None,
         worker_ttl: float | None = None,
+        takeover_ttl: float | None = None,
         port: int | None = None,
     ) -> Service:
         port = port or free_port()
@@ -238,6 +239,8 @@ class Cluster:
             args += ["--lease-ttl", str(lease_ttl)]
         if worker_ttl is not None:
             args += ["--worker-ttl", str(worker_ttl)]
+        if takeover_ttl is not None:
+            args += ["--takeover-ttl", str(takeover_ttl)]
         svc = Service(
             name,
             args,

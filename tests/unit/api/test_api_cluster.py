@@ -68,7 +68,12 @@ def test_settings_give_a_worker_the_stores_and_timings(api: TestClient, catalog:
         "metadata_url": catalog.settings.metadata_url,
         "deep_store": catalog.settings.deep_store,
         "s3_endpoint": None,
-        "control": {"lease_ttl": 10.0, "worker_ttl": 5.0, "tick_seconds": 1.0},
+        "control": {
+            "lease_ttl": 10.0,
+            "worker_ttl": 5.0,
+            "takeover_ttl": 1.5,
+            "tick_seconds": 1.0,
+        },
     }
 
 

@@ -197,20 +197,33 @@ def test_a_standby_is_promoted_when_its_actives_worker_stops_heartbeating(
     ready(registry, leader, "orders", spec=make_spec, replicas=2)
     assert read_assignments(catalog.store) == {"orders": [("w1", ACTIVE), ("w2", STANDBY)]}
     now = clock.now()
-    assert not may_commit(catalog.store, "orders", "w2", worker_ttl=SETTINGS.worker_ttl, now=now)
-    assert may_commit(catalog.store, "orders", "w1", worker_ttl=SETTINGS.worker_ttl, now=now)
+    assert not may_commit(
+        catalog.store, "orders", "w2", takeover_ttl=SETTINGS.takeover_ttl, now=now
+    )
+    assert may_commit(catalog.store, "orders", "w1", takeover_ttl=SETTINGS.takeover_ttl, now=now)
 
-    clock.advance(SETTINGS.worker_ttl)  # w1 goes silent; w2 and a new w3 keep heartbeating
+    # w1 goes silent; w2 and a new w3 keep heartbeating.
+    clock.advance(SETTINGS.takeover_ttl - 0.1)
+    beat(catalog, clock, "w2")
+    assert not may_commit(
+        catalog.store, "orders", "w2", takeover_ttl=SETTINGS.takeover_ttl, now=clock.now()
+    )
+    clock.advance(0.1)
+    # The standby's commit gate opens after the takeover TTL, long before the controller
+    # counts w1 dead (the worker TTL) and moves its writers.
+    assert SETTINGS.takeover_ttl < SETTINGS.worker_ttl
+    assert may_commit(
+        catalog.store, "orders", "w2", takeover_ttl=SETTINGS.takeover_ttl, now=clock.now()
+    )
+    assert leader.tick()
+    assert read_assignments(catalog.store) == {"orders": [("w1", ACTIVE), ("w2", STANDBY)]}
+    clock.advance(SETTINGS.worker_ttl - SETTINGS.takeover_ttl)
     beat(catalog, clock, "w2")
     beat(catalog, clock, "w3")
-    # Between w1's death and the next assignment, the standby's commit gate opens.
-    assert may_commit(
-        catalog.store, "orders", "w2", worker_ttl=SETTINGS.worker_ttl, now=clock.now()
-    )
     assert leader.tick()
     assert read_assignments(catalog.store) == {"orders": [("w2", ACTIVE), ("w3", STANDBY)]}
     assert not may_commit(
-        catalog.store, "orders", "w1", worker_ttl=SETTINGS.worker_ttl, now=clock.now()
+        catalog.store, "orders", "w1", takeover_ttl=SETTINGS.takeover_ttl, now=clock.now()
     )
 
 

@@ -61,6 +61,7 @@ def settings(ctx: Ctx) -> SettingsOut:
         control=ControlSettingsOut(
             lease_ttl=ctx.control.lease_ttl,
             worker_ttl=ctx.control.worker_ttl,
+            takeover_ttl=ctx.control.takeover_ttl,
             tick_seconds=ctx.control.tick_seconds,
         ),
     )
