@@ -89,9 +89,18 @@ def controller(
             "a warm standby may commit). Workers learn it from GET /settings.",
         ),
     ] = 6.0,
+    auto_repair: Annotated[
+        bool,
+        typer.Option(
+            "--auto-repair/--no-auto-repair",
+            help="The leader re-ingests segments whose data file is missing or unreadable "
+            "(durable jobs in GET /reingestJobs), with backoff per segment.",
+        ),
+    ] = True,
     output: OutputOpt = OutputFormat.text,
 ) -> None:
-    """Run a controller (leader election, lifecycle, assignment) and serve the REST API."""
+    """Run a controller (leader election, lifecycle, assignment, automatic repair) and serve
+    the REST API."""
     # lazy: only the command that runs needs it; keeps `millstream --help` fast
     from millstream.api import create_app
     from millstream.api.routes.cluster import public_url
@@ -101,7 +110,9 @@ def controller(
     _logging()
     with handle_errors(output):
         catalog = Catalog.open(home=home, metadata_url=metadata_url, deep_store=deep_store)
-        settings = ControlSettings(lease_ttl=lease_ttl, worker_ttl=worker_ttl)
+        settings = ControlSettings(
+            lease_ttl=lease_ttl, worker_ttl=worker_ttl, auto_repair=auto_repair
+        )
         ctl = Controller(catalog, controller_id=controller_id, settings=settings)
         app = create_app(catalog, controller=ctl, api_token=api_token)
         with ServiceGroup() as group:
