@@ -98,7 +98,8 @@ class AutoRepair:
                     "repairer",
                     table=table,
                     clock=self.clock,
-                    backoff=Backoff(base=self.settings.interval, cap=3600.0),
+                    # Failed scans of a table back off from the scan interval (at least 1 s).
+                    backoff=Backoff(base=min(max(1.0, self.settings.interval), 3600.0), cap=3600.0),
                 )
                 self.supervisors[table] = sup
             if sup.due():
