@@ -914,6 +914,40 @@ GUARDS: tuple[Guard, ...] = (
             "model_through_seals_compactions_and_rollbacks",
         ),
     ),
+    Guard(
+        name="reingest-checks-source-range",
+        file="src/millstream/sealing/reingest.py",
+        what="reingest_segment: a range the source no longer holds (retention, deleted files) "
+        "is refused, not rebuilt with rows missing",
+        old="""\
+    check_source_range(reader, entry)
+    batches = list(reader.read_range(entry.partition, entry.start, entry.end))
+    check_source_range(reader, entry)  # retention may have moved past the start meanwhile
+""",
+        new="""\
+    batches = list(reader.read_range(entry.partition, entry.start, entry.end))  # MUTATION
+""",
+        tests=(
+            "tests/unit/api/test_api_auto_repair.py::test_a_segment_whose_source_is_gone_is_"
+            "unrecoverable_with_its_reason_and_not_retried_in_a_loop",
+        ),
+    ),
+    Guard(
+        name="reingest-job-one-active-per-segment",
+        file="src/millstream/metastore/schema.py",
+        what="ms_controller_jobs.active_key is unique: two controllers never both run a "
+        "re-ingest job for the same segment",
+        old="""\
+Index("ux_controller_jobs_active", controller_jobs.c.active_key, unique=True)
+""",
+        new="""\
+Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: not unique
+""",
+        tests=(
+            "tests/contract/test_postgres_reingest_jobs.py::test_two_controllers_starting_the_"
+            "same_segments_job_at_once_run_it_once_on_postgres",
+        ),
+    ),
 )
 
 

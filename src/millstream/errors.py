@@ -376,6 +376,30 @@ class SourceReadError(MillstreamError):
         )
 
 
+class SourceRangeGoneError(SourceReadError):
+    """The source no longer holds a segment's offset range, so the segment cannot be re-read:
+    retention expired it at the broker (the earliest offset is past the segment's start), or
+    the source was truncated or its files deleted (it ends before the segment's end).
+
+    Re-ingestion refused, nothing changed: re-reading would rebuild the segment with rows
+    missing. Restore the source (a backup of the topic or the files) and re-ingest, or roll the
+    partition back to the segment (``DELETE /deleteSegmentsFromSequenceNum``) to accept the loss.
+    """
+
+    def __init__(self, table: str, segment: str, reason: str, detail: str) -> None:
+        MillstreamError.__init__(
+            self,
+            f"segment {segment} of table {table!r} cannot be re-ingested: {detail} "
+            f"({reason}); restore the source or roll the partition back to it",
+            table=table,
+            segment=segment,
+            reason=reason,
+        )
+        self.table = table
+        self.segment = segment
+        self.reason = reason
+
+
 class InjectedSealFault(MillstreamError):
     """A fault injected at a named seal point (tests and drills, through ``SealFaults``).
 
@@ -448,6 +472,7 @@ HTTP_STATUS: dict[type[MillstreamError], int] = {
     StateLockNotHeldError: 409,
     BadRecordError: 422,
     SourceReadError: 502,
+    SourceRangeGoneError: 410,
     InjectedSealFault: 500,
     ServiceStartError: 500,
     SparkQueryError: 500,
@@ -480,6 +505,7 @@ EXIT_CODES: dict[type[MillstreamError], int] = {
     StateLockNotHeldError: 5,
     BadRecordError: 10,
     SourceReadError: 11,
+    SourceRangeGoneError: 11,
     InjectedSealFault: 1,
     ServiceStartError: 1,
     SparkQueryError: 9,

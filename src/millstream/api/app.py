@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import socket
+import uuid
+
 from fastapi import FastAPI
 
 from millstream.api.context import ApiContext
@@ -15,6 +18,7 @@ from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control.controller import Controller, ControlSettings
 from millstream.control.registry import Registry
+from millstream.sealing.repair import ReingestRunner
 
 DESCRIPTION = """Millstream's control plane: datastreams and their lifecycle, table segments
 and consumption status, workers, health and Prometheus metrics.
@@ -57,6 +61,11 @@ def create_app(
         control=controller.settings if controller is not None else ControlSettings(),
         clock=clock,
         upstream_timeout=upstream_timeout,
+        reingest=controller.reingest
+        if controller is not None
+        else ReingestRunner(
+            catalog.store, owner=f"api-{socket.gethostname()}-{uuid.uuid4().hex[:6]}", clock=clock
+        ),
     )
     app.state.millstream = ctx
     app.state.metrics_registry = make_registry(ctx)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fastapi import Request
 
@@ -10,7 +10,7 @@ from millstream.catalog import Catalog
 from millstream.clock import Clock
 from millstream.control.controller import Controller, ControlSettings
 from millstream.control.registry import Registry
-from millstream.sealing.reingest import ReingestJobs
+from millstream.sealing.repair import ReingestRunner
 
 
 @dataclass(frozen=True)
@@ -22,8 +22,9 @@ class ApiContext:
     clock: Clock
     #: How long to wait for a source's latest offsets (a broker may be down).
     upstream_timeout: float
-    #: Re-ingestion jobs started through this API process.
-    reingest_jobs: ReingestJobs = field(default_factory=ReingestJobs)
+    #: Runs the re-ingestion jobs started through this API process (the controller's runner
+    #: when there is one); the jobs themselves are in the metadata store.
+    reingest: ReingestRunner
 
     @property
     def worker_ttl(self) -> float:

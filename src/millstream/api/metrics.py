@@ -18,6 +18,8 @@ from millstream.api.status import consuming_info, rows_per_table, upstream_offse
 from millstream.control.workers import list_workers
 from millstream.core.lifecycle import State
 from millstream.errors import NotFoundError
+from millstream.metastore.jobs import reingest_jobs, unrecoverable_segments
+from millstream.sealing.reingest import RETENTION_EXPIRED, SOURCE_GONE
 
 #: Datastreams whose table may not exist (yet, or any more): no per-partition metrics.
 _NO_TABLE = frozenset({State.INITIALIZING, State.DELETING})
@@ -29,6 +31,7 @@ class MillstreamCollector:
 
     def describe(self) -> Iterator[Any]:
         yield from self._families()
+        yield from self._repair_families()
 
     def _families(self) -> tuple[Any, ...]:
         return (
@@ -190,6 +193,42 @@ class MillstreamCollector:
             versions_expired,
             last_maintained,
         )
+        yield from self._repair_metrics([r.spec.table_name for r in live])
+
+    def _repair_families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily]:
+        return (
+            GaugeMetricFamily(
+                "millstream_segments_unrecoverable",
+                "Segments whose data file is lost and whose source range is gone (retention "
+                "expired, or the source truncated or its files deleted): automatic repair "
+                "cannot rebuild them. 0 for every table and reason otherwise.",
+                labels=["table", "reason"],
+            ),
+            CounterMetricFamily(
+                "millstream_auto_repairs",
+                "Automatic re-ingest jobs of lost segments this controller ran, by outcome "
+                "(started, succeeded, failed, unrecoverable, lost: taken over meanwhile).",
+                labels=["table", "outcome"],
+            ),
+        )
+
+    def _repair_metrics(self, tables: list[str]) -> Iterator[Any]:
+        ctx = self.ctx
+        unrecoverable, repairs = self._repair_families()
+        now = ctx.clock.now()
+        for table in sorted(set(tables)):
+            try:
+                manifest = ctx.catalog.manifest(table)
+            except NotFoundError:
+                continue
+            jobs = unrecoverable_segments(reingest_jobs(ctx.catalog.store, table), manifest, now)
+            by_reason = Counter(j.unrecoverable for j in jobs)
+            for reason in sorted({RETENTION_EXPIRED, SOURCE_GONE, *filter(None, by_reason)}):
+                unrecoverable.add_metric([table, reason], by_reason.get(reason, 0))
+        if ctx.controller is not None:
+            for (table, outcome), n in sorted(ctx.controller.reingest.auto_outcomes.items()):
+                repairs.add_metric([table, outcome], n)
+        yield from (unrecoverable, repairs)
 
 
 def make_registry(ctx: ApiContext) -> CollectorRegistry:

@@ -6,7 +6,64 @@ from typing import Any
 
 from millstream.api.context import ApiContext
 from millstream.control.workers import list_workers
-from millstream.metastore.models import SegmentState
+from millstream.metastore.jobs import (
+    FAILED,
+    RUNNING,
+    newest_per_segment,
+    reingest_jobs,
+    unrecoverable_segments,
+)
+from millstream.metastore.models import Manifest, SegmentState
+
+
+def repair_info(ctx: ApiContext, manifest: Manifest) -> dict[str, Any]:
+    """Automatic repair of the table: whether it is on, its re-ingest jobs running, the
+    segments waiting for a retry (backoff) and those that cannot be repaired (the source range
+    is gone; counted in ``millstream_segments_unrecoverable``), plus, on the leader, its scan
+    loop's status and what the last scan found."""
+    table = manifest.table.name
+    now = ctx.clock.now()
+    jobs = reingest_jobs(ctx.catalog.store, table)
+    stuck = unrecoverable_segments(jobs, manifest, now)
+    stuck_ids = {j.id for j in stuck}
+    live = {e.name: e.id for e in manifest.entries}
+    retrying = [
+        j
+        for j in newest_per_segment(jobs).values()
+        if j.status(now) == FAILED
+        and j.id not in stuck_ids
+        and j.next_attempt_at is not None
+        and live.get(j.segment) == j.entry_id
+    ]
+    scan = None
+    if ctx.controller is not None and ctx.controller.is_leader:
+        scan = ctx.controller.repair.status(table)
+    return {
+        "auto_repair": ctx.control.auto_repair,
+        "running_jobs": [j.to_dict(now) for j in jobs if j.status(now) == RUNNING],
+        "retrying": [
+            {
+                "segment": j.segment,
+                "job": j.id,
+                "attempts": j.attempts,
+                "last_error": j.payload.get("error"),
+                "next_attempt_in_s": round(max(0.0, (j.next_attempt_at or now) - now), 3),
+            }
+            for j in retrying
+        ],
+        "unrecoverable_segments": [
+            {
+                "segment": j.segment,
+                "reason": j.unrecoverable,
+                "error": j.payload.get("error"),
+                "job": j.id,
+                "attempts": j.attempts,
+                "next_attempt_in_s": round(max(0.0, (j.next_attempt_at or now) - now), 3),
+            }
+            for j in stuck
+        ],
+        "leader_scan": scan,
+    }
 
 
 def debug_info(ctx: ApiContext, table: str) -> dict[str, Any]:
@@ -57,4 +114,5 @@ def debug_info(ctx: ApiContext, table: str) -> dict[str, Any]:
             for p, (n, rows) in sorted(manifest.delete_vector_totals().items())
         ],
         "workers": reported,
+        "repair": repair_info(ctx, manifest),
     }

@@ -110,9 +110,18 @@ def controller(
             "needed is two writers racing through compare-and-append: nothing is lost.",
         ),
     ] = 1.5,
+    auto_repair: Annotated[
+        bool,
+        typer.Option(
+            "--auto-repair/--no-auto-repair",
+            help="The leader re-ingests segments whose data file is missing or unreadable "
+            "(durable jobs in GET /reingestJobs), with backoff per segment.",
+        ),
+    ] = True,
     output: OutputOpt = OutputFormat.text,
 ) -> None:
-    """Run a controller (leader election, lifecycle, assignment) and serve the REST API."""
+    """Run a controller (leader election, lifecycle, assignment, automatic repair) and serve
+    the REST API."""
     # lazy: only the command that runs needs it; keeps `millstream --help` fast
     from millstream.api import create_app
     from millstream.api.routes.cluster import public_url
@@ -123,7 +132,10 @@ def controller(
     with handle_errors(output):
         catalog = Catalog.open(home=home, metadata_url=metadata_url, deep_store=deep_store)
         settings = ControlSettings(
-            lease_ttl=lease_ttl, worker_ttl=worker_ttl, takeover_ttl=takeover_ttl
+            lease_ttl=lease_ttl,
+            worker_ttl=worker_ttl,
+            takeover_ttl=takeover_ttl,
+            auto_repair=auto_repair,
         )
         ctl = Controller(catalog, controller_id=controller_id, settings=settings)
         app = create_app(catalog, controller=ctl, api_token=api_token, read_token=read_token)

@@ -9,6 +9,8 @@ and applies asynchronous completions conditionally:
 * STOPPING -> STOPPED once no live worker runs a writer of the datastream;
 * DELETING -> gone likewise.
 
+The leader also repairs segments whose data file is lost (:mod:`millstream.control.repair`).
+
 A completion reads the authoritative record in its own transaction and applies only if the
 state is still the one it expects, so a late stop completion never overrides a resume
 (Brooklin #974). The sweep over all STOPPING datastreams is therefore harmless.
@@ -29,6 +31,7 @@ from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control import events
 from millstream.control.leases import Lease, acquire_or_renew, release
 from millstream.control.registry import Registry
+from millstream.control.repair import AutoRepair, RepairSettings
 from millstream.control.workers import (
     CONTROLLER_LEASE,
     list_workers,
@@ -39,6 +42,7 @@ from millstream.core.assignment import assign
 from millstream.core.lifecycle import ASSIGNED_STATES, State
 from millstream.datastream import dead_letter_spec
 from millstream.errors import LeaseLostError, MillstreamError
+from millstream.sealing.repair import ReingestRunner
 from millstream.table.gc import DEFAULT_GRACE_SECONDS
 
 log = logging.getLogger(__name__)
@@ -62,6 +66,19 @@ class ControlSettings:
     #: GC deletes unreferenced files only once they are older than this (a writer's staged
     #: files are unreferenced until its commit, which refuses files older than half of it).
     gc_grace_seconds: float = DEFAULT_GRACE_SECONDS
+    #: The leader re-ingests segments whose data file is missing or unreadable
+    #: (``controller.segment.error.autoReset`` in Pinot), scanning every ``repair_interval``.
+    auto_repair: bool = True
+    repair_interval: float = 30.0
+    #: A failed repair of a segment is retried after base * 2**(attempts-1) seconds, capped.
+    repair_backoff_base: float = 60.0
+    repair_backoff_max: float = 3600.0
+    #: A segment whose source range is gone is tried again only this rarely.
+    repair_unrecoverable_retry: float = 86400.0
+    repair_max_running: int = 2
+    #: A re-ingest job's lease: its controller renews it every third; a job not renewed for
+    #: this long reads as ABANDONED and may be taken over.
+    reingest_job_lease: float = 60.0
 
 
 class Controller:
@@ -81,6 +98,24 @@ class Controller:
         self.registry = Registry(self.store, clock=clock)
         self.lease: Lease | None = None
         self._stop = threading.Event()
+        st = self.settings
+        #: Runs this process's re-ingest jobs (the API's and the repairs').
+        self.reingest = ReingestRunner(
+            self.store,
+            owner=self.id,
+            clock=clock,
+            lease=st.reingest_job_lease,
+            backoff_base=st.repair_backoff_base,
+            backoff_max=st.repair_backoff_max,
+            unrecoverable_retry=st.repair_unrecoverable_retry,
+        )
+        self.repair = AutoRepair(
+            catalog,
+            self.registry,
+            self.reingest,
+            RepairSettings(st.auto_repair, st.repair_interval, st.repair_max_running),
+            clock,
+        )
 
     @property
     def is_leader(self) -> bool:
@@ -98,6 +133,7 @@ class Controller:
                 self._handle(ev)
                 events.mark_processed(self.store, ev.id, self.clock.now())
             self.reconcile(self.lease)
+            self.repair.maybe_scan()  # supervised per table: never raises a table's error
         except LeaseLostError as exc:
             log.warning("controller %s stepped down: %s", self.id, exc)
             self.lease = None

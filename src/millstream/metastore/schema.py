@@ -211,6 +211,9 @@ jobs = MetaData()
 #: Operator jobs that outlive the request and the controller that took it (Pinot's controller
 #: jobs): a force commit names the segments to seal now; workers' sealers read them, and the
 #: job's status is computed from the manifest. The newest 100 per table and kind are kept.
+#: A re-ingest job (schema v7) is updated while it runs: ``version`` makes every update a
+#: compare-and-set, and ``active_key`` (the segment's name while a job for it runs, else NULL)
+#: is unique, so two controllers can never both run a job for the same segment.
 controller_jobs = Table(
     "ms_controller_jobs",
     jobs,
@@ -219,10 +222,13 @@ controller_jobs = Table(
     Column("table_name", String(128), nullable=False),
     Column("created_at", Float, nullable=False),
     Column("payload", JSON, nullable=False),
+    Column("version", Integer, nullable=False, server_default="0"),
+    Column("active_key", String(256), nullable=True),
 )
 Index("ix_controller_jobs_table", controller_jobs.c.table_name, controller_jobs.c.kind)
+Index("ux_controller_jobs_active", controller_jobs.c.active_key, unique=True)
 
-LATEST_SCHEMA_VERSION = 6
+LATEST_SCHEMA_VERSION = 7
 
 
 def _v1(conn: Connection) -> None:
@@ -256,6 +262,20 @@ def _v6(conn: Connection) -> None:
     jobs.create_all(conn, checkfirst=True)
 
 
+def _v7(conn: Connection) -> None:
+    """Re-ingest jobs in :data:`controller_jobs`: a row version and the unique ``active_key``
+    (a database created at v6 by this code already has them: the table declares them)."""
+    table = controller_jobs.name
+    have = {c["name"] for c in inspect(conn).get_columns(table)}
+    if "version" not in have:
+        conn.execute(text(f"ALTER TABLE {table} ADD COLUMN version INTEGER NOT NULL DEFAULT 0"))
+    if "active_key" not in have:
+        conn.execute(text(f"ALTER TABLE {table} ADD COLUMN active_key VARCHAR(256)"))
+    conn.execute(
+        text(f"CREATE UNIQUE INDEX IF NOT EXISTS ux_controller_jobs_active ON {table} (active_key)")
+    )
+
+
 #: Migration N takes the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _v1,
@@ -264,6 +284,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     4: _v4,
     5: _v5,
     6: _v6,
+    7: _v7,
 }
 
 

@@ -4,15 +4,17 @@ range ``[start, end)`` from the source, then swapping the rebuilt file in by com
 The manifest knows exactly which offsets a segment covers, and row identity is (partition,
 offset), so the rebuilt segment holds the same rows the original did (a sealed segment is
 compacted the same way again). Bad records in the range are already in the dead-letter table.
+
+Only if the source still holds the whole range: a Kafka consumer asked for an offset that
+retention deleted starts at the earliest one instead (``auto.offset.reset``), and a files
+source whose files were deleted ends early, so a re-read would quietly rebuild the segment
+with rows missing. :func:`check_source_range` refuses (:class:`SourceRangeGoneError`, with
+the reason) before the read and again after it (retention may move on while it reads).
 """
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow as pa
 
@@ -21,15 +23,16 @@ from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.core.merge import compact
 from millstream.datastream import DatastreamSpec
 from millstream.errors import (
-    AlreadyExistsError,
     CommitConflictError,
     InvalidSpecError,
     NotFoundError,
     SegmentChangedError,
+    SourceRangeGoneError,
     StagedFileExpiredError,
 )
 from millstream.ingest.decode import RAW_SCHEMA, decode_records
 from millstream.ingest.sources import spec_reader
+from millstream.ingest.sources.base import PartitionReader
 from millstream.metastore.models import Entry, SegmentState
 from millstream.metastore.swaps import replace_entry
 from millstream.sealing.keyindex import comparison_floor_below
@@ -55,6 +58,43 @@ def find_segment(catalog: Catalog, name: str) -> Entry:
     raise NotFoundError("segment", name)
 
 
+#: Why a segment cannot be re-read (``SourceRangeGoneError.reason``, the ``reason`` label of
+#: ``millstream_segments_unrecoverable``).
+RETENTION_EXPIRED = "retention_expired"
+SOURCE_GONE = "source_gone"
+
+
+def check_source_range(reader: PartitionReader, entry: Entry) -> None:
+    """Raise :class:`SourceRangeGoneError` unless the source holds all of the entry's range:
+    its earliest offset at or below the start (else retention expired part of it) and its
+    latest at or above the end (else the source was truncated, or its files deleted)."""
+    earliest = reader.earliest_offsets().get(entry.partition)
+    latest = reader.latest_offsets().get(entry.partition)
+    if earliest is None or latest is None:
+        raise SourceRangeGoneError(
+            entry.table,
+            entry.name,
+            SOURCE_GONE,
+            f"the source has no partition {entry.partition} any more",
+        )
+    if earliest > entry.start:
+        raise SourceRangeGoneError(
+            entry.table,
+            entry.name,
+            RETENTION_EXPIRED,
+            f"the source's earliest offset of partition {entry.partition} is {earliest}, past "
+            f"the segment's start {entry.start} (retention deleted the records in between)",
+        )
+    if latest < entry.end:
+        raise SourceRangeGoneError(
+            entry.table,
+            entry.name,
+            SOURCE_GONE,
+            f"the source's partition {entry.partition} ends at offset {latest}, before the "
+            f"segment's end {entry.end} (truncated, or its files were deleted)",
+        )
+
+
 def reingest_segment(
     catalog: Catalog,
     spec: DatastreamSpec,
@@ -73,7 +113,9 @@ def reingest_segment(
     written_at = clock.now()  # before writing: the file is never older than this
     table_spec = catalog.table(entry.table).spec
     reader = spec_reader(spec.source)
+    check_source_range(reader, entry)
     batches = list(reader.read_range(entry.partition, entry.start, entry.end))
+    check_source_range(reader, entry)  # retention may have moved past the start meanwhile
     raw = _raw_table(batches)
     rows = decode_records(table_spec, raw).rows
     if entry.state is SegmentState.ONLINE:
@@ -117,60 +159,3 @@ def _raw_table(batches: list[pa.RecordBatch]) -> pa.Table:
         },
         schema=RAW_SCHEMA,
     )
-
-
-@dataclass
-class ReingestJob:
-    id: str
-    segment: str
-    state: str = "RUNNING"  # RUNNING | SUCCEEDED | FAILED
-    started_at: float = 0.0
-    finished_at: float | None = None
-    error: str | None = None
-    result: dict[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "segment": self.segment,
-            "state": self.state,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "error": self.error,
-            "result": self.result,
-        }
-
-
-@dataclass
-class ReingestJobs:
-    """Re-ingestion jobs of one controller process; one running job per segment at most."""
-
-    jobs: dict[str, ReingestJob] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def start(
-        self, catalog: Catalog, spec: DatastreamSpec, segment: str, now: float
-    ) -> ReingestJob:
-        find_segment(catalog, segment)  # 404 / 422 before starting anything
-        with self.lock:
-            if any(j.segment == segment and j.state == "RUNNING" for j in self.jobs.values()):
-                raise AlreadyExistsError("running re-ingestion job for segment", segment)
-            job = ReingestJob(uuid.uuid4().hex[:12], segment, started_at=now)
-            self.jobs[job.id] = job
-
-        def _run() -> None:
-            try:
-                e = reingest_segment(catalog, spec, segment)
-                job.result = {"segment": e.name, "rows": e.row_count, "file": e.file_path}
-                job.state = "SUCCEEDED"
-            except Exception as exc:
-                job.error = str(exc).splitlines()[0][:1000] if str(exc) else type(exc).__name__
-                job.state = "FAILED"
-            job.finished_at = time.time()
-
-        threading.Thread(target=_run, name=f"reingest-{segment}", daemon=True).start()
-        return job
-
-    def list(self) -> list[ReingestJob]:
-        with self.lock:
-            return sorted(self.jobs.values(), key=lambda j: j.started_at)

@@ -17,7 +17,7 @@ from millstream.datastream import DatastreamSpec
 from millstream.errors import SegmentUnavailableError
 from millstream.ingest.decode import RAW_SCHEMA, decode_records
 from millstream.ingest.sources import spec_reader
-from millstream.sealing.reingest import ReingestJob
+from millstream.metastore.jobs import start_reingest
 from millstream.sealing.sealer import Sealer
 from millstream.table.writer import commit_staged, stage_rows
 from millstream.testing.model import canonical
@@ -93,8 +93,17 @@ def test_reingest_refuses_a_second_job_for_the_same_segment_and_unknown_segments
     assert api.post("/datastreams", json=spec_body("orders", source_dir)).status_code == 201
     controller.tick()
     _ingest(catalog, DatastreamSpec.parse(spec_body("orders", source_dir)), 0, 0, 10)
-    ctx = api.app.state.millstream  # type: ignore[attr-defined]
-    ctx.reingest_jobs.jobs["busy"] = ReingestJob("busy", "orders__0__0")
+    # Another controller runs a job for the segment (its lease holds): the store says so.
+    start_reingest(
+        catalog.store,
+        "orders",
+        "orders__0__0",
+        entry_id=catalog.manifest("orders").entries[0].id,
+        owner="controller-2",
+        now=controller.clock.now(),
+        lease=60.0,
+        trigger="api",
+    )
     r = api.post("/segments/orders__0__0/reingest")
     assert r.status_code == 409 and "orders__0__0" in r.json()["message"]
     assert api.post("/segments/orders__0__9/reingest").status_code == 404

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Depends, Query
 
 from millstream.api.context import ApiContext, get_context
 from millstream.api.models import ErrorOut, PauseStatusOut
+from millstream.api.routes.segments import list_reingest_jobs
 from millstream.api.sealing import debug_info
 from millstream.api.status import consuming_info, datastream_for_table, require_writer_stopped
 from millstream.control.registry import DatastreamRecord
@@ -212,5 +213,5 @@ def _names(table: str, segments: list[Any]) -> list[str]:
 
 @router.get("/reingestSegment/jobs")
 def reingest_segment_jobs(ctx: Ctx) -> list[dict[str, Any]]:
-    """Pinot's path for ``GET /reingestJobs``: the re-ingestion jobs this controller ran."""
-    return [j.to_dict() for j in ctx.reingest_jobs.list()]
+    """Pinot's path for ``GET /reingestJobs``: every stored re-ingestion job."""
+    return list_reingest_jobs(ctx)
