@@ -66,6 +66,11 @@ shards = Table(
     Column("epoch", BigInteger, nullable=False),
     Column("next_seq", BigInteger, nullable=False),
     Column("version", BigInteger, nullable=False),
+    # Schema v7: the source timestamp (epoch ms; Kafka's record timestamp, or the time the
+    # write task read the record for sources without one) of the last record of the last
+    # commit that advanced the upper over records. NULL until such a commit, and after a
+    # rollback moved the upper below it. The ingestion delay is measured from it.
+    Column("last_record_ms", BigInteger, nullable=True),
 )
 
 #: Manifest entries: segment `seq` of a shard is the rows of `file_path` for this partition
@@ -222,7 +227,7 @@ controller_jobs = Table(
 )
 Index("ix_controller_jobs_table", controller_jobs.c.table_name, controller_jobs.c.kind)
 
-LATEST_SCHEMA_VERSION = 6
+LATEST_SCHEMA_VERSION = 7
 
 
 def _v1(conn: Connection) -> None:
@@ -256,6 +261,14 @@ def _v6(conn: Connection) -> None:
     jobs.create_all(conn, checkfirst=True)
 
 
+def _v7(conn: Connection) -> None:
+    """Shards record their last committed record's timestamp (the ingestion delay). A
+    database created by this code at v1 already has the column: ``shards`` declares it."""
+    have = {c["name"] for c in inspect(conn).get_columns(shards.name)}
+    if "last_record_ms" not in have:
+        conn.execute(text(f"ALTER TABLE {shards.name} ADD COLUMN last_record_ms BIGINT"))
+
+
 #: Migration N takes the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _v1,
@@ -264,6 +277,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     4: _v4,
     5: _v5,
     6: _v6,
+    7: _v7,
 }
 
 
