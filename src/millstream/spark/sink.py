@@ -330,8 +330,28 @@ class SegmentSink(DataSourceStreamArrowWriter):
                 "reconciled": result.reconciled,
                 "outcomes": {str(s.partition): s.decision.outcome.value for s in table.shards},
                 "uppers": {str(s.partition): s.decision.new_upper for s in table.shards},
+                **_row_counts(result),
             }
         path = Path(self.stats_file)
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
             f.write(json.dumps(entry) + "\n")
+
+
+def _row_counts(result: BatchCommit) -> dict[str, dict[str, int]]:
+    """Per partition whose range this commit appended (not dropped as already persisted): the
+    records consumed (rows plus bad records) and the bad records dead-lettered. A range
+    trimmed at the upper counts the records the task staged (an upper bound)."""
+    appended = {s.partition for s in result.table.shards if s.decision.appends}
+    dead = {a.partition: a.row_count for a in result.dead_letter_appends}
+    consumed: dict[str, int] = {}
+    dead_lettered: dict[str, int] = {}
+    for a in result.appends:
+        if a.partition not in appended:
+            continue
+        d = dead.get(a.partition, 0)
+        if a.row_count + d:
+            consumed[str(a.partition)] = a.row_count + d
+        if d:
+            dead_lettered[str(a.partition)] = d
+    return {"consumed": consumed, "dead_lettered": dead_lettered}
