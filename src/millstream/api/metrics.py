@@ -13,8 +13,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from millstream.api.context import ApiContext
+from millstream.api.rows import LiveRows
 from millstream.api.sealing import debug_info
-from millstream.api.status import consuming_info, rows_per_table, upstream_offsets
+from millstream.api.status import consuming_info, upstream_offsets
 from millstream.control.workers import list_workers
 from millstream.core.lifecycle import State
 from millstream.errors import NotFoundError
@@ -28,16 +29,27 @@ _NO_TABLE = frozenset({State.INITIALIZING, State.DELETING})
 class MillstreamCollector:
     def __init__(self, ctx: ApiContext) -> None:
         self.ctx = ctx
+        self.live_rows = LiveRows(ctx.catalog)
 
     def describe(self) -> Iterator[Any]:
         yield from self._families()
         yield from self._repair_families()
+        yield from self._row_families()
 
     def _families(self) -> tuple[Any, ...]:
         return (
             GaugeMetricFamily(
                 "millstream_ingestion_delay_ms",
-                "Availability lag: 0 when caught up, else ms since the shard last advanced.",
+                "Pinot's realtimeIngestionDelayMs: now minus the timestamp of the partition's "
+                "last committed record (Kafka's record timestamp; for files and generator "
+                "sources, which have none, the time the writer read it); 0 when the shard "
+                "upper is the source's latest offset. Absent before the first record.",
+                labels=["table", "partition"],
+            ),
+            GaugeMetricFamily(
+                "millstream_availability_lag_ms",
+                "0 when caught up (shard upper = source latest offset), else ms since the "
+                "last commit that advanced the shard.",
                 labels=["table", "partition"],
             ),
             GaugeMetricFamily(
@@ -47,8 +59,10 @@ class MillstreamCollector:
             ),
             GaugeMetricFamily(
                 "millstream_table_rows",
-                "Rows stored in the table's current segments minus the rows delete vectors "
-                "skip (it shrinks when seals resolve keys).",
+                "Live rows: what a read of the current table returns (keyed tables after "
+                "merging each key's versions and dropping deleted keys, counted by a read once "
+                "per manifest version; append tables from the manifest's row counts). A keyed "
+                "table's new version shows once its count is done (the last counted until).",
                 labels=["table"],
             ),
             CounterMetricFamily(
@@ -111,6 +125,7 @@ class MillstreamCollector:
         store = ctx.catalog.store
         (
             delay,
+            availability,
             lag,
             rows,
             conflicts,
@@ -136,11 +151,13 @@ class MillstreamCollector:
                 continue
             for p in info.partitions:
                 labels = [info.table, str(p.partition)]
+                if p.ingestion_delay_ms is not None:
+                    delay.add_metric(labels, p.ingestion_delay_ms)
                 if p.availability_lag_ms is not None:
-                    delay.add_metric(labels, p.availability_lag_ms)
+                    availability.add_metric(labels, p.availability_lag_ms)
                 if p.records_lag is not None:
                     lag.add_metric(labels, p.records_lag)
-        for table, n in sorted(rows_per_table(store).items()):
+        for table, n in self.live_rows.rows().items():
             rows.add_metric([table], n)
         now = ctx.clock.now()
         workers = list_workers(store)
@@ -178,6 +195,7 @@ class MillstreamCollector:
                     last_maintained.add_metric([table, w.id], float(m["last_run_at"]))
         yield from (
             delay,
+            availability,
             lag,
             rows,
             conflicts,
@@ -194,6 +212,7 @@ class MillstreamCollector:
             last_maintained,
         )
         yield from self._repair_metrics([r.spec.table_name for r in live])
+        yield from self._row_counters(workers)
 
     def _repair_families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily]:
         return (
@@ -229,6 +248,41 @@ class MillstreamCollector:
             for (table, outcome), n in sorted(ctx.controller.reingest.auto_outcomes.items()):
                 repairs.add_metric([table, outcome], n)
         yield from (unrecoverable, repairs)
+
+    @staticmethod
+    def _row_families() -> tuple[CounterMetricFamily, ...]:
+        labels = ["datastream", "table", "partition", "worker"]
+        return (
+            CounterMetricFamily(
+                "millstream_rows_consumed",
+                "Source records a worker's writer committed (rows plus bad records), per "
+                "partition; a range a peer had committed already is not counted.",
+                labels=labels,
+            ),
+            CounterMetricFamily(
+                "millstream_rows_dead_lettered",
+                "Bad records a worker's writer committed to the dead-letter table.",
+                labels=labels,
+            ),
+            CounterMetricFamily(
+                "millstream_rows_superseded",
+                "Row versions a worker's sealer resolved away when sealing: duplicates (dedup), "
+                "older or out-of-order versions (upsert), rows folded into one (partial), "
+                "and the older sealed rows its delete vectors mark superseded. Counted when "
+                "sealed, not when consumed (reads merge unsealed rows); 0 for append tables.",
+                labels=labels,
+            ),
+        )
+
+    def _row_counters(self, workers: list[Any]) -> Iterator[Any]:
+        consumed, dead_lettered, superseded = self._row_families()
+        for w in workers:
+            for r in w.info.get("rows") or []:
+                labels = [str(r["datastream"]), str(r["table"]), str(r["partition"]), w.id]
+                consumed.add_metric(labels, int(r.get("consumed", 0)))
+                dead_lettered.add_metric(labels, int(r.get("dead_lettered", 0)))
+                superseded.add_metric(labels, int(r.get("superseded", 0)))
+        yield from (consumed, dead_lettered, superseded)
 
 
 def make_registry(ctx: ApiContext) -> CollectorRegistry:

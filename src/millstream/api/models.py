@@ -101,6 +101,17 @@ class PartitionConsumingOut(_Out):
     availability_lag_ms: int | None = Field(
         description="0 when caught up; else now minus the last commit that advanced the shard."
     )
+    ingestion_delay_ms: int | None = Field(
+        None,
+        description="Pinot's realtimeIngestionDelayMs: 0 when caught up (the source's latest "
+        "offset is the shard upper); else now minus last_record_timestamp_ms. null if that "
+        "is unknown.",
+    )
+    last_record_timestamp_ms: int | None = Field(
+        None,
+        description="Epoch ms of the last committed record: Kafka's record timestamp, or the "
+        "time the writer read it for a source without one (files, generator).",
+    )
     last_commit_at: float | None
     latest_segment: str | None
     consuming_segments: int = Field(description="Segments still CONSUMING (not sealed).")

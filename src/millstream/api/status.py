@@ -4,6 +4,13 @@ the sources' latest offsets (the consumingSegmentsInfo endpoint and the metrics 
 Availability lag is how long the partition has had unconsumed records without a commit:
 0 when the shard upper equals the source's latest offset, otherwise now minus the time of the
 last commit that advanced the shard (the ``created_at`` of its furthest segment).
+
+Ingestion delay is Pinot's ``realtimeIngestionDelayMs``: now minus the timestamp of the last
+committed record of the partition (the shard's ``last_record_ms``: Kafka's record timestamp,
+or when the writer read the record for a source without one), and 0 when the partition is
+caught up. Caught up needs the source's latest offset: when the source does not answer, the
+delay is reported from the timestamp all the same (it grows while nothing is committed, as
+Pinot's does); with no committed record yet it is unknown (None).
 """
 
 from __future__ import annotations
@@ -200,6 +207,13 @@ def consuming_info(
             avail = max(0, round((now - last) * 1000))
         else:
             avail = None
+        stamp = sh.last_record_ms if sh is not None else None
+        if lag == 0:
+            delay: int | None = 0
+        elif stamp is not None:
+            delay = max(0, round(now * 1000) - stamp)
+        else:
+            delay = None
         parts.append(
             PartitionConsumingOut(
                 partition=p,
@@ -207,6 +221,8 @@ def consuming_info(
                 latest_upstream_offset=upstream_p,
                 records_lag=lag,
                 availability_lag_ms=avail,
+                ingestion_delay_ms=delay,
+                last_record_timestamp_ms=stamp,
                 last_commit_at=last,
                 latest_segment=(
                     f"{table}__{p}__{sh.next_seq - 1}" if sh is not None and sh.next_seq else None

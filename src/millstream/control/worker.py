@@ -49,7 +49,7 @@ from millstream.sealing.maintenance import Maintainer
 from millstream.sealing.sealer import Sealer, SealFaults
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.options import CommitGate
-from millstream.spark.runner import DatastreamRunner
+from millstream.spark.runner import CommitLogTotals, DatastreamRunner
 from millstream.storage.statedir import StateDirCleaner, StateDirectory
 from millstream.supervise import Backoff, LoopStatus, SupervisedLoop, Supervisor
 
@@ -103,6 +103,9 @@ class Worker:
         self.url = url
         self.writers: dict[str, _Writer] = {}
         self.sealers: dict[str, Sealer] = {}
+        #: Per datastream: rows its writers committed here, from their commit logs (kept
+        #: for the worker's life, so the counters it reports never go down).
+        self.row_totals: dict[str, CommitLogTotals] = {}
         #: Backoff of a table whose sealing pass failed (other tables keep sealing meanwhile).
         self.seal_backoff = Backoff(base=5.0, cap=300.0)
         #: One supervisor per datastream's table sealing pass, inside the one sealing thread.
@@ -128,6 +131,9 @@ class Worker:
             clock=clock,
             backoff=Backoff(base=tick, cap=max(tick, 2.0)),
         )
+        #: One heartbeat at a time (the tick's and the heartbeat thread's): reading the
+        #: writers' commit logs for the row counters is incremental.
+        self._beat_lock = threading.Lock()
         self._last_clean = 0.0
         self._stop = threading.Event()
 
@@ -236,6 +242,10 @@ class Worker:
             w.state_dir.unlock()
 
     def _heartbeat(self) -> None:
+        with self._beat_lock:
+            self._beat()
+
+    def _beat(self) -> None:
         # the tick thread adds and removes writers: work on a copy (list() of a dict's values
         # is one step under the GIL)
         hosted = list(self.writers.values())
@@ -268,10 +278,50 @@ class Worker:
                 "maintenance": self.maintainer.status(),
                 "loops": [s.to_dict() for s in self.loop_statuses()],
                 "lost_races": lost_races,
+                "rows": self.row_counters(),
             },
             clock=self.clock,
             url=self.url,
         )
+
+    def row_counters(self) -> list[dict[str, Any]]:
+        """Per datastream, table and partition: rows this worker's writers consumed and
+        dead-lettered (committed, from their commit logs) and row versions its sealers
+        resolved away (duplicates, older or out-of-order versions). Counters for the life of
+        this worker process (``millstream_rows_*_total{worker=...}``)."""
+        out: list[dict[str, Any]] = []
+        for ds in sorted(set(self.writers) | set(self.row_totals) | set(self.sealers)):
+            w = self.writers.get(ds)
+            totals = self.row_totals.get(ds)
+            if w is not None and w.runner is not None:
+                if totals is None:
+                    totals = self.row_totals[ds] = CommitLogTotals()
+                totals.update(w.runner.stats_file)
+                table = w.runner.spec.table_name
+            elif ds in self.sealers:
+                table = self.sealers[ds].table
+            elif totals is not None and totals.table is not None:
+                table = totals.table
+            else:
+                continue
+            if totals is not None:
+                totals.table = table
+            counts = dict(totals.partitions) if totals is not None else {}
+            sealer = self.sealers.get(ds)
+            superseded = dict(sealer.superseded) if sealer is not None else {}
+            for p in sorted(set(counts) | set(superseded)):
+                c = counts.get(p, {})
+                out.append(
+                    {
+                        "datastream": ds,
+                        "table": table,
+                        "partition": p,
+                        "consumed": c.get("consumed", 0),
+                        "dead_lettered": c.get("dead_lettered", 0),
+                        "superseded": superseded.get(p, 0),
+                    }
+                )
+        return out
 
     def seal(self) -> None:
         """Seal what is due for every datastream this worker runs actively. Runs on its own

@@ -131,6 +131,11 @@ def append_txn(
             )
             files.add(a.file_path)
             next_seq += 1
+        # The timestamp of the last record below the new upper: this range's last record,
+        # or (a range without records: markers, compacted offsets) the one recorded before.
+        last_ms = a.last_record_ms
+        if last_ms is None and sh is not None:
+            last_ms = sh.last_record_ms
         if sh is None:
             conn.execute(
                 insert(s.shards).values(
@@ -140,6 +145,7 @@ def append_txn(
                     epoch=0,
                     next_seq=next_seq,
                     version=1,
+                    last_record_ms=last_ms,
                 )
             )
         else:
@@ -148,7 +154,7 @@ def append_txn(
                 s.shards,
                 {"table_name": table, "partition": a.partition},
                 sh.version,
-                {"upper": d.new_upper, "next_seq": next_seq},
+                {"upper": d.new_upper, "next_seq": next_seq, "last_record_ms": last_ms},
             )
         results.append(ShardResult(a.partition, d, seq))
 

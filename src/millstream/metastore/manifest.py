@@ -266,6 +266,7 @@ def remove_segments(
         s.shards,
         {"table_name": info.name, "partition": partition},
         shard_version,
-        {"upper": new_upper, "epoch": epoch + 1},
+        # The last committed record is gone with its segment: unknown until the next commit.
+        {"upper": new_upper, "epoch": epoch + 1, "last_record_ms": None},
     )
     return publish_version(conn, info, "rollback", now)

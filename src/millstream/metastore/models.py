@@ -37,6 +37,10 @@ class Shard:
     epoch: int
     next_seq: int
     version: int
+    #: Timestamp (epoch ms) of the last record committed below ``upper`` (schema v8): the
+    #: source's record timestamp, or the ingestion time for a source without one. None
+    #: before the first commit with records, and after a rollback.
+    last_record_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +137,9 @@ class ShardAppend:
     file_path: str | None
     row_count: int
     size_bytes: int = 0
+    #: Timestamp (epoch ms) of the range's last record, if it holds any: recorded on the
+    #: shard when this append advances its upper (the ingestion delay is measured from it).
+    last_record_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

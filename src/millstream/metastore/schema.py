@@ -66,6 +66,11 @@ shards = Table(
     Column("epoch", BigInteger, nullable=False),
     Column("next_seq", BigInteger, nullable=False),
     Column("version", BigInteger, nullable=False),
+    # Schema v8: the source timestamp (epoch ms; Kafka's record timestamp, or the time the
+    # write task read the record for sources without one) of the last record of the last
+    # commit that advanced the upper over records. NULL until such a commit, and after a
+    # rollback moved the upper below it. The ingestion delay is measured from it.
+    Column("last_record_ms", BigInteger, nullable=True),
 )
 
 #: Manifest entries: segment `seq` of a shard is the rows of `file_path` for this partition
@@ -228,7 +233,7 @@ controller_jobs = Table(
 Index("ix_controller_jobs_table", controller_jobs.c.table_name, controller_jobs.c.kind)
 Index("ux_controller_jobs_active", controller_jobs.c.active_key, unique=True)
 
-LATEST_SCHEMA_VERSION = 7
+LATEST_SCHEMA_VERSION = 8
 
 
 def _v1(conn: Connection) -> None:
@@ -276,6 +281,14 @@ def _v7(conn: Connection) -> None:
     )
 
 
+def _v8(conn: Connection) -> None:
+    """Shards record their last committed record's timestamp (the ingestion delay). A
+    database created by this code at v1 already has the column: ``shards`` declares it."""
+    have = {c["name"] for c in inspect(conn).get_columns(shards.name)}
+    if "last_record_ms" not in have:
+        conn.execute(text(f"ALTER TABLE {shards.name} ADD COLUMN last_record_ms BIGINT"))
+
+
 #: Migration N takes the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _v1,
@@ -285,6 +298,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     5: _v5,
     6: _v6,
     7: _v7,
+    8: _v8,
 }
 
 

@@ -22,7 +22,9 @@ def shards_of(conn: Connection, table: str, partitions: Sequence[int] | None) ->
     if partitions is not None:
         q = q.where(s.shards.c.partition.in_(list(partitions)))
     return {
-        r.partition: Shard(table, r.partition, r.upper, r.epoch, r.next_seq, r.version)
+        r.partition: Shard(
+            table, r.partition, r.upper, r.epoch, r.next_seq, r.version, r.last_record_ms
+        )
         for r in conn.execute(q)
     }
 

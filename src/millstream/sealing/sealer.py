@@ -158,6 +158,10 @@ class Sealer:
         self.failures: dict[int, int] = {}
         self.last_error: dict[int, str] = {}
         self.durations: list[float] = []
+        #: Per partition, the row versions this sealer's seals resolved away (a counter for
+        #: the life of the sealer): rows of each run its engine did not keep, plus the older
+        #: sealed rows each seal's delete vector marked superseded.
+        self.superseded: dict[int, int] = {}
         self._next_try: dict[int, float] = {}
         #: When to merge sealed segments (:mod:`millstream.sealing.compaction`).
         self.compaction = compaction or CompactionPolicy()
@@ -527,6 +531,11 @@ class Sealer:
             index = self.indexes.sealed(partition, index, dropped, sealed_rows, sealed.id, dv_id)
         self.failures.pop(partition, None)
         self.last_error.pop(partition, None)
+        self.superseded[partition] = (
+            self.superseded.get(partition, 0)
+            + (rows.num_rows - sealed_rows.num_rows)
+            + len(dropped)
+        )
         seconds = time.monotonic() - started
         self.durations.append(seconds)
         result = SealResult(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import socket
 from collections.abc import Callable
@@ -450,6 +451,46 @@ class DatastreamRunner:
             return [json.loads(line) for line in self.stats_file.read_text().splitlines() if line]
         except (OSError, ValueError):
             return []
+
+
+class CommitLogTotals:
+    """Running totals of a writer's commit log (``commits.jsonl``), read incrementally: each
+    :meth:`update` reads only the lines appended since the last one. The totals never go
+    down: a log that was replaced (its state directory cleaned and created again) is read from
+    its start and added on (a log is known by its device, inode and first line: a new file
+    may get the inode of a deleted one)."""
+
+    def __init__(self) -> None:
+        self.position = 0
+        self.file: tuple[int, int, bytes] | None = None  # the log read (see above)
+        #: the table the log's writer writes (set by its reader)
+        self.table: str | None = None
+        #: partition -> {"consumed": n, "dead_lettered": n}
+        self.partitions: dict[int, dict[str, int]] = {}
+
+    def update(self, path: Path) -> dict[int, dict[str, int]]:
+        try:
+            with path.open("rb") as f:
+                st = os.fstat(f.fileno())
+                identity = (st.st_dev, st.st_ino, f.readline())
+                if identity != self.file or st.st_size < self.position:
+                    self.file, self.position = identity, 0  # a new log
+                f.seek(self.position)
+                chunk = f.read()
+        except OSError:
+            return self.partitions
+        end = chunk.rfind(b"\n") + 1  # a line being written is read next time
+        for line in chunk[:end].splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            for kind in ("consumed", "dead_lettered"):
+                for p, n in (entry.get(kind) or {}).items():
+                    counts = self.partitions.setdefault(int(p), {"consumed": 0, "dead_lettered": 0})
+                    counts[kind] += int(n)
+        self.position += end
+        return self.partitions
 
 
 #: A query that failed with one of these restarts from the shard uppers.

@@ -55,6 +55,9 @@ class SinkMessage(WriterCommitMessage):
     dead_counts: dict[int, int] = field(default_factory=dict)
     #: wall-clock time taken before the files were written (the commit refuses old ones)
     staged_at: float | None = None
+    #: per partition with records: the last record's timestamp (epoch ms; its ingestion
+    #: time if the source gives none)
+    last_record_ms: dict[int, int] = field(default_factory=dict)
 
     def staged_write(self) -> StagedWrite:
         return StagedWrite(
@@ -62,6 +65,7 @@ class SinkMessage(WriterCommitMessage):
             StagedFile(self.data_path, self.data_size, self.data_counts),
             StagedFile(self.dead_path, self.dead_size, self.dead_counts),
             self.staged_at,
+            self.last_record_ms,
         )
 
 
@@ -136,10 +140,11 @@ class SegmentSink(DataSourceStreamArrowWriter):
         # pauseless: false -> the micro-batch waits for due seals (the comparison mode).
         self.seal_inline = options.seal_inline
 
-    def _record_pieces(self, raw: pa.Table) -> Iterator[pa.Table]:
+    def _record_pieces(self, raw: pa.Table, stamps: dict[int, int]) -> Iterator[pa.Table]:
         """The task's records, in pieces of at most :data:`DECODE_ROWS`: those that came
         through Spark, then those of the ranges the source left for the sink to read (markers
-        valued :data:`SELF_READ`), read one chunk at a time."""
+        valued :data:`SELF_READ`), read one chunk at a time. ``stamps`` receives the source's
+        timestamp of each partition's last record read itself, where the source has one."""
         names = RAW_SCHEMA.names[:4]
         is_marker = raw.column("is_marker")
         records = raw.filter(pc.invert(is_marker)).select(names)
@@ -157,15 +162,15 @@ class SegmentSink(DataSourceStreamArrowWriter):
                 strict=True,
             )
         )
-        for batch in self.opts.source_reader().read_records(ranges):
+        for batch in self.opts.source_reader().read_records(ranges, last_record_ms=stamps):
             yield from _slices(pa.Table.from_batches([batch], schema=records.schema))
 
-    def _decode(self, raw: pa.Table) -> Decoded:
+    def _decode(self, raw: pa.Table, stamps: dict[int, int]) -> Decoded:
         """Decode the task's records piece by piece: a small working set that the allocator
         reuses, instead of fresh memory for the whole task (which costs kernel time)."""
         rows: list[pa.Table] = []
         dead: list[tuple[int, int, bytes | None, bytes | None, str]] = []
-        for piece in self._record_pieces(raw):
+        for piece in self._record_pieces(raw, stamps):
             d = decode_records(self.spec, piece)
             rows.append(d.rows)
             dead.extend(d.dead)
@@ -188,7 +193,9 @@ class SegmentSink(DataSourceStreamArrowWriter):
         raw = pa.Table.from_batches(list(iterator), schema=RAW_SCHEMA)
         ranges = _ranges(raw)
         staged_at = time.time()  # before reading: no file of this task is older
-        decoded = self._decode(raw)
+        stamps: dict[int, int] = {}
+        decoded = self._decode(raw, stamps)
+        read_ms = round(time.time() * 1000)  # the ingestion time of records without a stamp
         if decoded.dead and self.bad_records == "fail":
             p, o, _, _, err = min(decoded.dead, key=lambda d: (d[0], d[1]))
             raise BadRecordError(self.spec.name, p, o, err)
@@ -196,6 +203,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
         data = stage_rows(deep, self.spec, decoded.rows, name_hint=hint)
         dead = stage_rows(deep, self.dl_spec, dead_letter_rows(decoded.dead), name_hint=hint)
         faults.hit("after_stage", batch_id)
+        with_records = set(data.row_counts) | set(dead.row_counts)
         return SinkMessage(
             ranges=ranges,
             data_path=data.path,
@@ -205,6 +213,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
             dead_size=dead.size_bytes,
             dead_counts=dict(dead.row_counts),
             staged_at=staged_at,
+            last_record_ms={p: stamps.get(p, read_ms) for p in sorted(with_records)},
         )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -321,8 +330,28 @@ class SegmentSink(DataSourceStreamArrowWriter):
                 "reconciled": result.reconciled,
                 "outcomes": {str(s.partition): s.decision.outcome.value for s in table.shards},
                 "uppers": {str(s.partition): s.decision.new_upper for s in table.shards},
+                **_row_counts(result),
             }
         path = Path(self.stats_file)
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
             f.write(json.dumps(entry) + "\n")
+
+
+def _row_counts(result: BatchCommit) -> dict[str, dict[str, int]]:
+    """Per partition whose range this commit appended (not dropped as already persisted): the
+    records consumed (rows plus bad records) and the bad records dead-lettered. A range
+    trimmed at the upper counts the records the task staged (an upper bound)."""
+    appended = {s.partition for s in result.table.shards if s.decision.appends}
+    dead = {a.partition: a.row_count for a in result.dead_letter_appends}
+    consumed: dict[str, int] = {}
+    dead_lettered: dict[str, int] = {}
+    for a in result.appends:
+        if a.partition not in appended:
+            continue
+        d = dead.get(a.partition, 0)
+        if a.row_count + d:
+            consumed[str(a.partition)] = a.row_count + d
+        if d:
+            dead_lettered[str(a.partition)] = d
+    return {"consumed": consumed, "dead_lettered": dead_lettered}

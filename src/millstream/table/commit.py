@@ -29,7 +29,7 @@ catch them"):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.core.frontier import decide
@@ -68,6 +68,9 @@ class StagedWrite:
     dead: StagedFile = NO_FILE
     #: wall-clock time taken before the files were written (None: not checked)
     staged_at: float | None = None
+    #: partition -> timestamp (epoch ms) of the last record read in its range, if any: the
+    #: table's shard records it when the range commits (the ingestion delay)
+    last_record_ms: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def paths(self) -> set[str]:
@@ -127,6 +130,7 @@ def plan_appends(
                     w.data.path if n else None,
                     n,
                     w.data.size_bytes,
+                    w.last_record_ms.get(part),
                 )
             )
             dl.append(

@@ -102,9 +102,14 @@ def test_metrics_are_computed_at_scrape_time(
     beat(catalog, clock, "worker-a", "orders")
     controller.tick()
     api.post("/datastreams/payments/pause")
+    # The last records' timestamps: 2 s ago in partition 0, 60 s ago in (caught-up) 1.
+    now_ms = round(clock.now() * 1000)
     catalog.store.compare_and_append(
         "orders",
-        [ShardAppend(0, 0, 8, 0, "f.parquet", 8, 10), ShardAppend(1, 0, 3, 0, "f.parquet", 3, 10)],
+        [
+            ShardAppend(0, 0, 8, 0, "f.parquet", 8, 10, last_record_ms=now_ms - 2000),
+            ShardAppend(1, 0, 3, 0, "f.parquet", 3, 10, last_record_ms=now_ms - 60_000),
+        ],
     )
     clock.advance(1.5)
 
@@ -117,9 +122,12 @@ def test_metrics_are_computed_at_scrape_time(
     orders1 = (("partition", "1"), ("table", "orders"))
     assert m["millstream_offset_lag", orders0] == 4
     assert m["millstream_offset_lag", orders1] == 0
-    assert m["millstream_ingestion_delay_ms", orders0] == 1500
+    # Pinot's ingestion delay: now minus the last committed record's timestamp, 0 when
+    # caught up; the availability lag: since the shard last advanced, 0 when caught up.
+    assert m["millstream_ingestion_delay_ms", orders0] == 3500
     assert m["millstream_ingestion_delay_ms", orders1] == 0
-    assert m["millstream_table_rows", (("table", "orders"),)] == 11
+    assert m["millstream_availability_lag_ms", orders0] == 1500
+    assert m["millstream_availability_lag_ms", orders1] == 0
     assert m["millstream_datastreams", (("state", "READY"),)] == 1
     assert m["millstream_datastreams", (("state", "PAUSED"),)] == 1
     assert m["millstream_datastreams", (("state", "STOPPED"),)] == 0
@@ -132,11 +140,15 @@ def test_metrics_expose_every_metric_name_on_an_empty_deployment(api: TestClient
 
     for name in (
         "millstream_ingestion_delay_ms",
+        "millstream_availability_lag_ms",
         "millstream_offset_lag",
         "millstream_table_rows",
         "millstream_commit_conflicts_total",
         "millstream_datastreams",
         "millstream_workers_alive",
+        "millstream_rows_consumed_total",
+        "millstream_rows_dead_lettered_total",
+        "millstream_rows_superseded_total",
     ):
         assert f"# TYPE {name.removesuffix('_total')}" in text
 

@@ -130,8 +130,10 @@ def test_prometheus_scrapes_every_series_the_rules_and_dashboard_use_and_alerts_
     assert api.post("/datastreams", json=spec_body("orders", source_dir)).status_code == 201
     controller.tick()
     for lo, hi in ((0, 5), (5, 10)):
+        path = f"data/orders/{lo}.parquet"
+        stamp = round(clock.now() * 1000)  # the last record's timestamp (the ingestion delay)
         catalog.store.compare_and_append(
-            "orders", [ShardAppend(0, lo, hi, 0, f"data/orders/{lo}.parquet", hi - lo, 10)]
+            "orders", [ShardAppend(0, lo, hi, 0, path, hi - lo, 10, last_record_ms=stamp)]
         )
     # Hand-made entries without files: two failed seals put a segment in ERROR.
     sealer = Sealer(catalog, "orders", faults=SealFaults(), max_failures=2)
@@ -149,6 +151,16 @@ def test_prometheus_scrapes_every_series_the_rules_and_dashboard_use_and_alerts_
             "writers": [{"datastream": "orders", "role": "active", "running": True}],
             "sealing": {"orders": {"last_seal_seconds": 0.4}},
             "loops": [{"loop": "maintainer", "table": "orders", "errors": 1}],
+            "rows": [
+                {
+                    "datastream": "orders",
+                    "table": "orders",
+                    "partition": 0,
+                    "consumed": 10,
+                    "dead_lettered": 1,
+                    "superseded": 3,
+                }
+            ],
             "maintenance": {
                 "orders": {
                     "files_removed": 3,

@@ -22,6 +22,8 @@ from millstream.ingest.decode import RAW_SCHEMA
 
 #: The names of a :meth:`PartitionReader.read_range` batch's columns.
 RECORD_NAMES = RAW_SCHEMA.names[:4]
+#: The optional fifth column of a batch of a source with record timestamps (epoch ms).
+TIMESTAMP_NAME = "timestamp"
 
 
 class PartitionReader:
@@ -33,6 +35,10 @@ class PartitionReader:
     kind: ClassVar[str]
     #: The reader's config class: a dataclass of JSON-able fields.
     Config: ClassVar[type[Any]]
+    #: Whether :meth:`read_range` batches carry a ``timestamp`` column (epoch ms, the
+    #: source's record time: Kafka's record timestamp). Sources without one (files,
+    #: generator) leave it out, and the writer records its ingestion time instead.
+    record_timestamps: ClassVar[bool] = False
 
     def __init__(self, config: Any, *, start_offsets: Mapping[int, int] | None = None) -> None:
         self.config = config
@@ -57,13 +63,33 @@ class PartitionReader:
         (partition, offset, key, value)."""
         raise NotImplementedError
 
-    def read_records(self, ranges: list[tuple[int, int, int]]) -> Iterator[pa.RecordBatch]:
+    def read_records(
+        self,
+        ranges: list[tuple[int, int, int]],
+        *,
+        last_record_ms: dict[int, int] | None = None,
+    ) -> Iterator[pa.RecordBatch]:
         """The records of ``ranges`` ``(partition, lo, hi)`` as (partition, offset, key,
-        value) batches with the raw schema's types."""
+        value) batches with the raw schema's types. ``last_record_ms``, if given, receives
+        per partition the timestamp of the last record read that has one (ranges in offset
+        order, as the sink reads them)."""
         for p, lo, hi in ranges:
             for batch in self.read_range(p, lo, hi):
                 if batch.num_rows:
+                    if last_record_ms is not None:
+                        stamp = last_timestamp(batch)
+                        if stamp is not None:
+                            last_record_ms[p] = stamp
                     yield pa.RecordBatch.from_arrays(raw_columns(batch), names=RECORD_NAMES)
+
+
+def last_timestamp(batch: pa.RecordBatch) -> int | None:
+    """The ``timestamp`` (epoch ms) of a :meth:`PartitionReader.read_range` batch's last record
+    (None if the batch has no such column, or the record no timestamp)."""
+    if TIMESTAMP_NAME not in batch.schema.names or batch.num_rows == 0:
+        return None
+    value = batch.column(TIMESTAMP_NAME)[batch.num_rows - 1].as_py()
+    return None if value is None else int(value)
 
 
 def encode_offsets(offsets: Mapping[int, int]) -> dict[str, int]:
@@ -100,14 +126,22 @@ def raw_columns(batch: pa.RecordBatch) -> list[pa.Array]:
 
 
 def records_batch(
-    partition: int, offsets: list[int], keys: list[bytes | None], values: list[bytes | None]
+    partition: int,
+    offsets: list[int],
+    keys: list[bytes | None],
+    values: list[bytes | None],
+    timestamps: list[int | None] | None = None,
 ) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array([partition] * len(offsets), pa.int32()),
-            pa.array(offsets, pa.int64()),
-            pa.array(keys, pa.binary()),
-            pa.array(values, pa.binary()),
-        ],
-        names=list(RECORD_NAMES),
-    )
+    """A :meth:`PartitionReader.read_range` batch; with ``timestamps`` (epoch ms, None where a
+    record has none) it has a fifth column, :data:`TIMESTAMP_NAME`."""
+    arrays = [
+        pa.array([partition] * len(offsets), pa.int32()),
+        pa.array(offsets, pa.int64()),
+        pa.array(keys, pa.binary()),
+        pa.array(values, pa.binary()),
+    ]
+    names = list(RECORD_NAMES)
+    if timestamps is not None:
+        arrays.append(pa.array(timestamps, pa.int64()))
+        names.append(TIMESTAMP_NAME)
+    return pa.RecordBatch.from_arrays(arrays, names=names)

@@ -107,9 +107,14 @@ class ConsumerPool:
 CONSUMERS = ConsumerPool()
 
 
+#: confluent_kafka's ``TIMESTAMP_NOT_AVAILABLE`` (a record without a timestamp).
+_NO_TIMESTAMP = 0
+
+
 class KafkaReader(PartitionReader):
     kind = "kafka"
     Config = KafkaConfig
+    record_timestamps = True
 
     def __init__(
         self,
@@ -183,6 +188,7 @@ class KafkaReader(PartitionReader):
             offsets: list[int] = []
             keys: list[bytes | None] = []
             values: list[bytes | None] = []
+            stamps: list[int | None] = []
             for m in msgs:
                 if m.error() is not None:
                     raise SourceReadError(
@@ -198,10 +204,12 @@ class KafkaReader(PartitionReader):
                 offsets.append(o)
                 keys.append(m.key())
                 values.append(m.value())
+                kind, stamp = m.timestamp()
+                stamps.append(None if kind == _NO_TIMESTAMP else int(stamp))
             if offsets:
                 position = offsets[-1] + 1
                 last_progress = time.monotonic()
-                yield records_batch(partition, offsets, keys, values)
+                yield records_batch(partition, offsets, keys, values, stamps)
             elif msgs:
                 last_progress = time.monotonic()
             elif c.position([tp])[0].offset >= hi:
