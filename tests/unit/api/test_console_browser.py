@@ -303,6 +303,7 @@ def test_pausing_needs_the_token_and_pauses_the_datastream(
 
     click(browser, 'tr[data-datastream="orders"] [data-action=pause]')  # no token yet
     refused = wait_text(browser, "#alerts", "401")
+    assert "pause orders failed: 401 UnauthorizedError: " in refused
     assert "POST /datastreams/orders/pause needs a bearer token" in refused
     assert "Enter the controller's API token" in refused
     assert cluster.get("orders").state is State.READY

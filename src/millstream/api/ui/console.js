@@ -166,6 +166,7 @@ async function act(what, fn) {
     const text = await fn();
     alert("ok", "action", text);
   } catch (err) {
+    if (err instanceof ApiError) err.what = what; // "pause orders failed: 401 ..."
     showError(err, "action");
   }
   refreshNow();
