@@ -40,19 +40,23 @@ $(STAMP): requirements.lock pyproject.toml | $(UV)
 
 system-deps:
 	@if ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 && command -v java >/dev/null \
-	  && command -v prometheus >/dev/null && command -v promtool >/dev/null; then \
+	  && command -v prometheus >/dev/null && command -v promtool >/dev/null \
+	  && command -v chromium >/dev/null && command -v chromedriver >/dev/null; then \
 	  exit 0; \
 	elif [ "$$(id -u)" = 0 ]; then \
 	  pkgs=""; \
 	  ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || pkgs="$$pkgs postgresql"; \
 	  command -v java >/dev/null || pkgs="$$pkgs openjdk-17-jre-headless"; \
 	  command -v promtool >/dev/null || pkgs="$$pkgs prometheus"; \
+	  command -v chromium >/dev/null || pkgs="$$pkgs chromium"; \
+	  command -v chromedriver >/dev/null || pkgs="$$pkgs chromium-driver"; \
 	  echo "system-deps: installing$$pkgs"; \
 	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$pkgs; \
 	else \
 	  echo "system-deps: the tests need PostgreSQL server binaries (/usr/lib/postgresql/*/bin/pg_ctl)," >&2; \
-	  echo "  Java 17+ for Spark and Prometheus (prometheus, promtool); run as root:" >&2; \
-	  echo "  apt-get install -y postgresql openjdk-17-jre-headless prometheus" >&2; \
+	  echo "  Java 17+ for Spark, Prometheus (prometheus, promtool) and Chromium with its" >&2; \
+	  echo "  driver (chromium, chromedriver: the web console's browser test); run as root:" >&2; \
+	  echo "  apt-get install -y postgresql openjdk-17-jre-headless prometheus chromium chromium-driver" >&2; \
 	  echo "  (or point MILLSTREAM_PG_BIN at a directory holding initdb and postgres)" >&2; \
 	  exit 1; \
 	fi

@@ -8,6 +8,7 @@ import uuid
 
 from fastapi import FastAPI
 
+from millstream.api.console import install_console
 from millstream.api.context import ApiContext
 from millstream.api.errors import install_error_handlers
 from millstream.api.metrics import make_registry
@@ -21,7 +22,8 @@ from millstream.control.registry import Registry
 from millstream.sealing.repair import ReingestRunner
 
 DESCRIPTION = """Millstream's control plane: datastreams and their lifecycle, table segments
-and consumption status, workers, health and Prometheus metrics.
+and consumption status, workers, health and Prometheus metrics. A web console over this API
+is served at `/ui`.
 
 Errors are JSON: `{"error": <class in Millstream's error tree>, "message": ..., <ids>}` with
 404 unknown, 409 illegal transition / conflict / already exists, 422 invalid input (`field`
@@ -79,6 +81,7 @@ def create_app(
         pinot.router,
     ):
         app.include_router(router)
+    install_console(app)
     # The last added runs first: auth is checked before any body byte is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     if api_token or read_token:

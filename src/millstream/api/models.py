@@ -195,6 +195,11 @@ class WorkerOut(_Out):
     heartbeat_at: float
     writers: list[dict[str, Any]] = Field(description="What the worker reported it runs.")
     assignments: list[dict[str, str]] = Field(description="[{datastream, role}] assigned to it.")
+    loops: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Its background loops (sealer, maintainer) as it reported them: runs, "
+        "errors, consecutive_failures, last_error, next_attempt_at.",
+    )
 
 
 class HealthOut(_Out):

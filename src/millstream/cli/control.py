@@ -124,6 +124,7 @@ def controller(
     the REST API."""
     # lazy: only the command that runs needs it; keeps `millstream --help` fast
     from millstream.api import create_app
+    from millstream.api.console import console_url
     from millstream.api.routes.cluster import public_url
     from millstream.catalog import Catalog
     from millstream.control.controller import Controller, ControlSettings
@@ -147,11 +148,13 @@ def controller(
                 output,
                 {
                     "api": url,
+                    "console": console_url(url),
                     "controller_id": ctl.id,
                     "metadata_url": public_url(catalog.settings.metadata_url),
                 },
                 f"controller {ctl.id}: REST API on {url} (OpenAPI at {url}/docs); "
-                f"metadata {public_url(catalog.settings.metadata_url)}. Ctrl-C stops.",
+                f"metadata {public_url(catalog.settings.metadata_url)}. Ctrl-C stops.\n"
+                f"console: {console_url(url)}",
             )
             group.wait()
         catalog.close()
@@ -228,10 +231,12 @@ def up(
 ) -> None:
     """All in one process: embedded broker, controller with the REST API, one worker.
 
-    The broker is Tansu (Kafka protocol) with its files under HOME/broker. Prints the API URL
-    and the broker's bootstrap address; Ctrl-C or SIGTERM stops everything."""
+    The broker is Tansu (Kafka protocol) with its files under HOME/broker. Prints the API URL,
+    the web console's URL and the broker's bootstrap address; Ctrl-C or SIGTERM stops
+    everything."""
     # lazy: the API, the catalog, Spark and the broker load only when `millstream up` runs
     from millstream.api import create_app
+    from millstream.api.console import console_url
     from millstream.catalog import Catalog
     from millstream.config import Settings
     from millstream.control.controller import Controller
@@ -259,7 +264,9 @@ def up(
             )
             if output is OutputFormat.text:
                 console.print(
-                    f"REST API  {url}  (OpenAPI at {url}/docs)\nbroker    {broker.bootstrap}\n"
+                    f"REST API  {url}  (OpenAPI at {url}/docs)\n"
+                    f"console   {console_url(url)}\n"
+                    f"broker    {broker.bootstrap}\n"
                     "starting Spark for the worker (first start takes 10-20 s) ...",
                     highlight=False,
                 )
@@ -272,6 +279,7 @@ def up(
                     output,
                     {
                         "api": url,
+                        "console": console_url(url),
                         "broker": broker.bootstrap,
                         "controller_id": ctl.id,
                         "worker_id": w.id,

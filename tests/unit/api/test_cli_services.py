@@ -49,6 +49,7 @@ def test_the_controller_serves_the_api_and_stops_cleanly_on_a_signal(
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         health = _wait_until_leader(url, proc)
+        console = httpx.get(f"{url}/ui", follow_redirects=True, timeout=5)
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     finally:
@@ -59,6 +60,8 @@ def test_the_controller_serves_the_api_and_stops_cleanly_on_a_signal(
     assert health == {"status": "ok", "leader": True, "controller_id": "controller-x"}
     assert proc.returncode == 0, err.decode()
     assert f"REST API on {url}" in out.decode()
+    assert f"console: {url}/ui" in out.decode()
+    assert console.status_code == 200 and "Millstream console" in console.text
     assert "stopped" in err.decode()
     with Catalog.open(home=home) as cat, cat.store.read() as conn:
         lease = read_lease(conn, CONTROLLER_LEASE)

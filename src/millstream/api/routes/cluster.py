@@ -33,6 +33,7 @@ def workers(ctx: Ctx) -> list[WorkerOut]:
             heartbeat_at=w.heartbeat_at,
             writers=list(w.info.get("writers", [])),
             assignments=assigned.get(w.id, []),
+            loops=list(w.info.get("loops") or []),
         )
         for w in list_workers(ctx.catalog.store)
     ]
