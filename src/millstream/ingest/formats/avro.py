@@ -141,6 +141,12 @@ def decode_avro(
         except EOFError:
             bad[int(positions[i])] = "truncated: the Avro payload ends inside the record"
             continue
+        except IndexError:  # a varint cut short, or a union/enum index out of range
+            bad[int(positions[i])] = (
+                "truncated or corrupt: the Avro payload ends inside a number or holds an "
+                "index out of range"
+            )
+            continue
         except Exception as exc:  # fastavro raises ValueError, IndexError ... on corrupt data
             bad[int(positions[i])] = f"not valid Avro for its schema: {type(exc).__name__}: {exc}"
             continue

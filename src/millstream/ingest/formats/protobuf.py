@@ -34,9 +34,16 @@ _UINT64 = {_T.TYPE_UINT64, _T.TYPE_FIXED64}
 TIMESTAMP = "google.protobuf.Timestamp"
 
 
+def _repeated(f: FieldDescriptor) -> bool:
+    """protobuf 6+ has ``is_repeated``; older ones only ``label``."""
+    if hasattr(f, "is_repeated"):
+        return bool(f.is_repeated)
+    return bool(f.label == _T.LABEL_REPEATED)
+
+
 def _kind(f: FieldDescriptor) -> tuple[str | None, pa.DataType | None]:
     """A field's kind and the Arrow type its values are built as (None: not supported)."""
-    if f.label == _T.LABEL_REPEATED:
+    if _repeated(f):
         return None, None
     t = f.type
     if t in _INTS32:
@@ -81,7 +88,7 @@ def _type_name(f: FieldDescriptor) -> str:
         name = f.enum_type.full_name
     else:
         name = {v: k for k, v in vars(_T).items() if k.startswith("TYPE_")}[f.type][5:].lower()
-    return f"repeated {name}" if f.label == _T.LABEL_REPEATED else name
+    return f"repeated {name}" if _repeated(f) else name
 
 
 @dataclass
