@@ -19,6 +19,8 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+
 ORDERS_AVRO: dict[str, Any] = {
     "type": "record",
     "name": "Order",
@@ -47,8 +49,6 @@ _FIELDS = {
 def orders_file_descriptor(name: str = "millstream_test_orders.proto") -> Any:
     """A FileDescriptorProto of ``millstream.test.Order`` (and a nested ``Order.Note`` so a
     message-index array other than [0] can be tested)."""
-    from google.protobuf import descriptor_pb2
-
     F = descriptor_pb2.FieldDescriptorProto
     fdp = descriptor_pb2.FileDescriptorProto(name=name, package="millstream.test", syntax="proto3")
     fdp.dependency.append("google/protobuf/timestamp.proto")
@@ -75,8 +75,6 @@ def orders_file_descriptor(name: str = "millstream_test_orders.proto") -> Any:
 
 def orders_message_class(name: str = "millstream_test_orders.proto") -> Any:
     """The ``millstream.test.Order`` class, in the default pool (what serializers need)."""
-    from google.protobuf import descriptor_pool, message_factory, timestamp_pb2
-
     pool = descriptor_pool.Default()
     pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
     try:

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+from google.protobuf import descriptor_pb2
 
 from millstream.errors import InvalidSpecError
 from millstream.ingest.formats.avro import AvroSchemaPlan, decode_avro
@@ -109,8 +110,6 @@ def format_config(fields: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _fixed_message(schema_b64: str, message_type: str) -> Any:
-    from google.protobuf import descriptor_pb2
-
     fds = descriptor_pb2.FileDescriptorSet()
     fds.ParseFromString(base64.b64decode(schema_b64))
     pool = pool_with_well_known_types()

@@ -20,7 +20,17 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import (
+    any_pb2,
+    descriptor_pb2,
+    descriptor_pool,
+    duration_pb2,
+    empty_pb2,
+    message_factory,
+    struct_pb2,
+    timestamp_pb2,
+    wrappers_pb2,
+)
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 
@@ -121,15 +131,6 @@ class ProtoSchemaPlan:
 
 
 def pool_with_well_known_types() -> descriptor_pool.DescriptorPool:
-    from google.protobuf import (
-        any_pb2,
-        duration_pb2,
-        empty_pb2,
-        struct_pb2,
-        timestamp_pb2,
-        wrappers_pb2,
-    )
-
     pool = descriptor_pool.DescriptorPool()
     for mod in (any_pb2, duration_pb2, empty_pb2, struct_pb2, timestamp_pb2, wrappers_pb2):
         pool.AddSerializedFile(mod.DESCRIPTOR.serialized_pb)
