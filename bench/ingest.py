@@ -27,6 +27,9 @@ partition-affine), written once as JSON-lines files, one subdirectory per partit
 (d) Spark's own ``transformWithStateInPandas`` upsert (``ingest_tws.py``; RocksDB state store,
     ValueState per key, availableNow, noop sink) on a bounded SUBSET of the same input, with a
     time box.
+(f) Avro vs JSON (``ingest_formats.py``): the same records decoded by the sink's decoder as
+    JSON and as Confluent-framed Avro (confluent-kafka's AvroSerializer, the test schema
+    registry), one process, rows/s of each and the ratio; ``--formats-only`` runs just this.
 (e) Freshness (``ingest_freshness.py``): a Tansu broker, a producer at a steady rate into a
     4-partition topic, a DatastreamRunner on the kafka source (500 ms trigger), and a sampler
     that every 50 ms notes the last acknowledged offset per partition and the shard uppers. The
@@ -67,6 +70,7 @@ from typing import Any
 import common
 from ingest_baselines import ceiling, pandas_upsert
 from ingest_catchup import millstream_catch_up, verify, warm_up
+from ingest_formats import formats_catch_up
 from ingest_freshness import freshness
 from ingest_input import make_input
 from ingest_observe import event_log_config, spark_jobs
@@ -92,7 +96,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tws-timeout", type=float, default=240.0)
     ap.add_argument("--fresh-rate", type=float, default=20_000.0)
     ap.add_argument("--fresh-seconds", type=float, default=None, help="60 s; quick 20 s")
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: a,b,c,d,e")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: a,b,c,d,e,f")
+    ap.add_argument(
+        "--formats-only", action="store_true", help="only (f): Avro vs JSON decode, no Spark"
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
@@ -120,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     res["machine"]["load_end"] = common.load()
     if "c" in skip:
         res.pop("c", None)
-    report(res, log)
+    if not args.formats_only:
+        report(res, log)
     if args.json is not None:
         common.write_json(args.json, res)
     return 0
@@ -146,6 +154,15 @@ def run(
         inp = make_input(base, rows, args.file_rows)
         res["input"] = inp.summary()
         log(f"input: {rows:,} rows in {inp.seconds:.1f}s under {inp.root}")
+        if "f" not in skip:
+            res["f"] = formats_catch_up(inp)
+            f = res["f"]
+            log(
+                f"(f) decode: avro {f['avro']['rows_s']:,.0f} rows/s, json "
+                f"{f['json']['rows_s']:,.0f} rows/s: avro/json = {f['avro_over_json']:.2f}"
+            )
+        if args.formats_only:
+            return
         if "b" not in skip:
             res["b"] = ceiling(inp, base / "ceiling")
             log(f"(b) ceiling: {res['b']['rows_s']:,.0f} rows/s")

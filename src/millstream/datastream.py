@@ -51,11 +51,60 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class KafkaSource(_Frozen):
+class SchemaRegistry(_Frozen):
+    """A Confluent-compatible schema registry (schemas fetched by id, cached by id)."""
+
+    url: str = Field(pattern=r"^https?://", description="http(s)://host:port")
+    basic_auth_user_info: str | None = Field(default=None, description="user:password")
+    max_wait_seconds: float = Field(
+        default=300, gt=0, description="How long a batch waits for a registry that is down."
+    )
+
+
+class _SchemaFormat(_Frozen):
+    """The fields of a schema'd format (avro, protobuf) shared by the sources that carry it."""
+
+    schema_registry: SchemaRegistry | None = None
+    schema_file: str | None = Field(
+        default=None, description="A fixed schema: .avsc, or a .desc FileDescriptorSet."
+    )
+    message_type: str | None = Field(
+        default=None, description="Protobuf with schema_file: the message's full name."
+    )
+    framing: Literal["confluent", "none"] | None = Field(
+        default=None,
+        description="Values carry the wire header (default with a registry) or not (default "
+        "with a schema_file).",
+    )
+
+    @model_validator(mode="after")
+    def _check_format(self) -> Any:
+        fmt = getattr(self, "format", "json")
+        if fmt in ("json", "csv"):
+            for name in ("schema_registry", "schema_file", "message_type", "framing"):
+                if getattr(self, name) is not None:
+                    raise InvalidSpecError(f"source.{name}", f"is for avro or protobuf, not {fmt}")
+            return self
+        if (self.schema_registry is None) == (self.schema_file is None):
+            raise InvalidSpecError(
+                "source.schema_registry", f"format {fmt} needs a schema_registry or a schema_file"
+            )
+        if self.schema_registry is not None and self.framing == "none":
+            raise InvalidSpecError(
+                "source.framing", "values read through a schema_registry carry its wire header"
+            )
+        if fmt == "protobuf" and self.schema_file is not None and not self.message_type:
+            raise InvalidSpecError(
+                "source.message_type", "is required for protobuf with a schema_file"
+            )
+        return self
+
+
+class KafkaSource(_SchemaFormat):
     kind: Literal["kafka"]
     bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port]")
     topic: str = Field(min_length=1)
-    format: Literal["json"] = "json"
+    format: Literal["json", "avro", "protobuf"] = "json"
     key_field: str | None = None
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     options: dict[str, str] = Field(default_factory=dict, description="Passed to the client.")
@@ -64,7 +113,9 @@ class KafkaSource(_Frozen):
 class FilesSource(_Frozen):
     kind: Literal["files"]
     path: str = Field(min_length=1, description="Directory with one subdirectory per partition.")
-    format: Literal["json"] = "json"
+    format: Literal["json", "csv"] = Field(
+        default="json", description="json: JSON lines; csv: a header row per file."
+    )
     key_field: str | None = None
     starting_offsets: Literal["earliest", "latest"] = "earliest"
 

@@ -26,6 +26,8 @@ import pyarrow.json as pj
 
 from millstream.core.merge import lacks_comparison_value, missing_comparison_error
 from millstream.datastream import dead_letter_spec
+from millstream.ingest.formats import RecordDecoder
+from millstream.ingest.formats.fit import Parsed, assemble, cast_strings, drop_rows
 from millstream.spec import (
     ARROW_TYPES,
     OFFSET_COL,
@@ -144,40 +146,17 @@ def _explain(raw: bytes | None, arrow_error: str) -> str:
     return arrow_error
 
 
-def _cast_column(
-    arr: pa.ChunkedArray, target: pa.DataType, name: str
-) -> tuple[pa.Array, dict[int, str]]:
-    """Cast a string column to its type; positions that do not cast become errors."""
-    combined = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-    if target == pa.binary():
-        return combined.cast(pa.binary()), {}
-    try:
-        return _cast_strings(combined, target), {}
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        pass
-    errors: dict[int, str] = {}
-    out: list[Any] = []
-    for i, v in enumerate(combined.to_pylist()):
-        try:
-            out.append(_cast_strings(pa.array([v], pa.string()), target)[0].as_py())
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            errors[i] = f"column {name!r}: {v!r} is not a valid {target}"
-            out.append(None)
-    return pa.array(out, target), errors
+def _parse_json(spec: TableSpec, values: pa.Array) -> Parsed:
+    """The JSON format: parse with :func:`_parse_robust`, then cast the columns read as
+    strings (a value that does not cast makes its record bad, naming the column)."""
+    parsed, positions, bad = _parse_robust(values, _json_schema(spec))
+    table, errors = assemble(spec, parsed.num_rows, {c: parsed.column(c) for c in spec.columns})
+    return drop_rows(Parsed(table, positions, bad), errors)
 
 
-def _cast_strings(arr: pa.Array, target: pa.DataType) -> pa.Array:
-    if pa.types.is_timestamp(target):
-        if pc.all(pc.ends_with(arr, "Z")).as_py() is not False:
-            return arr.cast(target)  # all UTC already: no regex pass needed
-        # ISO-8601 with "Z" or an offset; a string without a zone is taken as UTC.
-        zoned = pc.match_substring_regex(arr, r"(Z|[+-]\d\d:?\d\d)$")
-        arr = pc.if_else(zoned, arr, pc.binary_join_element_wise(arr, "Z", ""))
-    return arr.cast(target)
-
-
-def decode_records(spec: TableSpec, raw: pa.Table) -> Decoded:
-    """Decode raw records (RAW_SCHEMA, markers already removed) into table rows."""
+def decode_records(spec: TableSpec, raw: pa.Table, fmt: RecordDecoder | None = None) -> Decoded:
+    """Decode raw records (RAW_SCHEMA, markers already removed) into table rows; ``fmt`` is
+    the source's format (:func:`millstream.ingest.formats.decoder_for`; None: JSON)."""
     n = raw.num_rows
     parts = raw.column("partition").to_numpy()
     offs = raw.column("offset").to_numpy()
@@ -185,31 +164,30 @@ def decode_records(spec: TableSpec, raw: pa.Table) -> Decoded:
     keys = raw.column("key")
     dead: list[tuple[int, int, bytes | None, bytes | None, str]] = []
 
+    record_keys = keys
+
     def kill(i: int, error: str) -> None:
-        dead.append((int(parts[i]), int(offs[i]), values[i].as_py(), keys[i].as_py(), error))
+        dead.append((int(parts[i]), int(offs[i]), values[i].as_py(), record_keys[i].as_py(), error))
 
     is_null = pc.is_null(values).to_numpy(zero_copy_only=False)
     any_null = bool(is_null.any())
     live_idx = np.flatnonzero(~is_null) if any_null else np.arange(n, dtype=np.int64)
-    schema = _json_schema(spec)
     live_values = values.take(pa.array(live_idx)) if any_null else values
-    parsed, positions, bad = _parse_robust(live_values, schema)
-    for pos, err in sorted(bad.items()):
+    if fmt is None:
+        parsed = _parse_json(spec, live_values)
+    else:
+        live_keys = keys.combine_chunks()
+        parsed = fmt.parse(
+            spec, live_values, live_keys.take(pa.array(live_idx)) if any_null else live_keys
+        )
+        if not fmt.record_keys:
+            keys = pa.chunked_array([pa.nulls(n, pa.binary())])
+    for pos, err in sorted(parsed.bad.items()):
         kill(int(live_idx[pos]), err)
-    row_index = live_idx[positions]
+    row_index = live_idx[parsed.positions]
 
-    columns: dict[str, pa.Array] = {}
     cast_errors: dict[int, str] = {}
-    for c, t in spec.columns.items():
-        col = parsed.column(c)
-        if t in _VIA_STRING:
-            arr, errs = _cast_column(col, ARROW_TYPES[t], c)
-            for j, e in errs.items():
-                cast_errors.setdefault(j, e)
-            columns[c] = arr
-        else:
-            columns[c] = col.combine_chunks()
-    good = pa.table(columns, schema=spec.arrow_schema())
+    good = parsed.table
     good = good.append_column(PARTITION_COL, pa.array(parts[row_index].astype(np.int32)))
     good = good.append_column(OFFSET_COL, pa.array(offs[row_index].astype(np.int64)))
     good = good.append_column(TOMBSTONE_COL, pa.array(np.zeros(len(row_index), dtype=bool)))
@@ -261,7 +239,7 @@ def _coerce(spec: TableSpec, column: str, value: Any) -> Any:
     arr = pa.array([value])
     target = ARROW_TYPES[spec.columns[column]]
     if pa.types.is_string(arr.type) and spec.columns[column] in _VIA_STRING:
-        return _cast_strings(arr, target)[0].as_py()
+        return cast_strings(arr, target)[0].as_py()
     return arr.cast(target)[0].as_py()
 
 

@@ -30,6 +30,7 @@ from millstream import faults
 from millstream.datastream import dead_letter_spec
 from millstream.errors import BadRecordError
 from millstream.ingest.decode import RAW_SCHEMA, Decoded, dead_letter_rows, decode_records
+from millstream.ingest.formats import decoder_for
 from millstream.metastore.assignments import may_commit
 from millstream.metastore.store import MetadataStore
 from millstream.spark.options import SinkOptions
@@ -170,8 +171,9 @@ class SegmentSink(DataSourceStreamArrowWriter):
         reuses, instead of fresh memory for the whole task (which costs kernel time)."""
         rows: list[pa.Table] = []
         dead: list[tuple[int, int, bytes | None, bytes | None, str]] = []
+        fmt = decoder_for(self.opts.source_config)  # the source's format; None: JSON
         for piece in self._record_pieces(raw, stamps):
-            d = decode_records(self.spec, piece)
+            d = decode_records(self.spec, piece, fmt)
             rows.append(d.rows)
             dead.extend(d.dead)
         if not rows:

@@ -1,6 +1,11 @@
 """The ``files`` source: a directory with one subdirectory per partition (named by its number)
 holding JSON-lines files read in name order. Offset = line number across the partition.
 
+With ``format: csv`` the first line of every file is its header: it is not a record (offsets
+count data lines only) and every record of the file carries it as its key, so the decoder
+matches columns by name even when files order them differently. A CSV record is one line: a
+quoted value must not hold a newline.
+
 Reading is vectorized: a file's line starts are found once with numpy (and kept in a
 :class:`LineIndexCache`, keyed by path, size and modification time), and a range of lines
 becomes one Arrow binary array built straight from the file's bytes, without a Python object
@@ -12,7 +17,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from millstream.errors import InvalidSpecError, SourceReadError
+from millstream.ingest.formats import format_config
 from millstream.ingest.sources.base import PartitionReader
 
 CHUNK = 32768
@@ -28,6 +34,12 @@ CHUNK = 32768
 @dataclass(frozen=True, slots=True)
 class FilesConfig:
     path: str
+    #: the record format (:func:`millstream.ingest.formats.format_config`)
+    format: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def header_lines(self) -> int:
+        return 1 if self.format.get("format") == "csv" else 0
 
     def __post_init__(self) -> None:
         if not self.path or not Path(self.path).is_dir():
@@ -81,11 +93,26 @@ class LineIndexCache:
 LINE_INDEXES = LineIndexCache()
 
 
+def _same_bytes(value: bytes, n: int) -> pa.Array:
+    """``value`` ``n`` times, as one binary array (one copy, no Python object per row)."""
+    offsets = np.arange(n + 1, dtype=np.int64) * len(value)
+    if len(value) * n >= 2**31 - 1:
+        return pa.array([value] * n, pa.binary())
+    return pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(value * n)]
+    )
+
+
 def _lines_batch(
-    partition: int, first_offset: int, data: np.ndarray, bounds: np.ndarray
+    partition: int,
+    first_offset: int,
+    data: np.ndarray,
+    bounds: np.ndarray,
+    key: bytes | None = None,
 ) -> pa.RecordBatch:
     """Lines ``[bounds[i], bounds[i + 1] - 1)`` of ``data`` (``bounds`` relative to ``data``) as
-    a records batch: the newlines are dropped and the values laid out back to back."""
+    a records batch: the newlines are dropped and the values laid out back to back; every
+    record's key is ``key``."""
     n = len(bounds) - 1
     ends = bounds[1:] - 1
     if len(data) < int(ends[-1]):
@@ -109,7 +136,7 @@ def _lines_batch(
         [
             pa.array(np.full(n, partition, dtype=np.int32)),
             pa.array(np.arange(first_offset, first_offset + n, dtype=np.int64)),
-            pa.nulls(n, pa.binary()),
+            pa.nulls(n, pa.binary()) if key is None else _same_bytes(key, n),
             values,
         ],
         names=["partition", "offset", "key", "value"],
@@ -133,7 +160,7 @@ class FilesReader(PartitionReader):
 
     @classmethod
     def config_from_spec(cls, fields: dict[str, Any]) -> FilesConfig:
-        return FilesConfig(fields["path"])
+        return FilesConfig(fields["path"], format_config(fields))
 
     def __getstate__(self) -> dict[str, Any]:
         # A reader shipped to another process uses that process's cache.
@@ -152,7 +179,7 @@ class FilesReader(PartitionReader):
         )
 
     def _count(self, f: Path) -> int:
-        return len(self._index(f)) - 1
+        return max(0, len(self._index(f)) - 1 - int(self.config.header_lines))
 
     def list_partitions(self) -> list[int]:
         return sorted(int(d.name) for d in self.root.iterdir() if d.is_dir() and d.name.isdigit())
@@ -168,15 +195,22 @@ class FilesReader(PartitionReader):
         for f in self._files(partition):
             if base >= hi:
                 break
-            idx = self._index(f)
+            full = self._index(f)
+            skip = min(self.config.header_lines, len(full) - 1)
+            idx = full[skip:]  # the header line (csv) is no record
             n = len(idx) - 1
             if base + n > lo:
                 start, stop = max(lo - base, 0), min(hi - base, n)
                 with f.open("rb") as fh:
+                    header = None
+                    if skip:
+                        header = fh.read(int(full[1]) - 1).rstrip(b"\r")
                     for i in range(start, stop, CHUNK):
                         j = min(stop, i + CHUNK)
                         first, last = int(idx[i]), int(idx[j])
                         fh.seek(first)
                         data = np.frombuffer(fh.read(last - first), dtype=np.uint8)
-                        yield _lines_batch(partition, base + i, data, idx[i : j + 1] - first)
+                        yield _lines_batch(
+                            partition, base + i, data, idx[i : j + 1] - first, header
+                        )
             base += n

@@ -24,6 +24,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
 
 from millstream.errors import InvalidSpecError, SourceReadError
+from millstream.ingest.formats import format_config
 from millstream.ingest.sources.base import PartitionReader, records_batch
 
 CONSUME_BATCH = 10_000
@@ -35,6 +36,9 @@ class KafkaConfig:
     bootstrap_servers: str
     topic: str
     client_options: dict[str, str] = field(default_factory=dict)
+    #: the record format (:func:`millstream.ingest.formats.format_config`); the reader passes
+    #: values through, the sink decodes them with it
+    format: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers:
@@ -132,7 +136,10 @@ class KafkaReader(PartitionReader):
     @classmethod
     def config_from_spec(cls, fields: dict[str, Any]) -> KafkaConfig:
         return KafkaConfig(
-            fields["bootstrap_servers"], fields["topic"], dict(fields.get("options") or {})
+            fields["bootstrap_servers"],
+            fields["topic"],
+            dict(fields.get("options") or {}),
+            format_config(fields),
         )
 
     def __getstate__(self) -> dict[str, Any]:

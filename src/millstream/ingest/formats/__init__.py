@@ -1,0 +1,288 @@
+"""Record formats: how a source's values become table rows (``source.format``).
+
+* ``json`` (every source): :mod:`millstream.ingest.decode`'s vectorized ``pyarrow.json``.
+* ``avro`` and ``protobuf`` (kafka): with ``schema_registry``, values use the Confluent wire
+  format (magic byte 0, a 4-byte big-endian schema id, for Protobuf the message-index array,
+  then the payload) and each schema is fetched by id once per process; with ``schema_file``
+  the schema is fixed and values are the plain payload (``framing: confluent`` says they
+  carry the wire header anyway; its id is then not looked up).
+* ``csv`` (files): a header row per file, columns by name.
+
+A source's format travels in its reader config (``config["format"]``, a :class:`FormatConfig`
+as a dict), so the sink, which gets the reader config, builds the same decoder on an executor
+with :func:`decoder_for`. A schema file is read when the spec is turned into a config (on the
+driver) and its text travels in the config: executors never need the file.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+from google.protobuf import descriptor_pb2
+
+from millstream.errors import InvalidSpecError
+from millstream.ingest.formats.avro import AvroSchemaPlan, decode_avro
+from millstream.ingest.formats.csv import CsvDecoder
+from millstream.ingest.formats.fit import Parsed, concat
+from millstream.ingest.formats.protobuf import (
+    ProtoSchemaPlan,
+    add_file,
+    decode_protobuf,
+    file_from_b64,
+    message_at,
+    pool_with_well_known_types,
+)
+from millstream.ingest.formats.registry import RegistryClient, SchemaNotFound
+from millstream.ingest.formats.wire import HEADER, message_indexes, split_frames
+from millstream.spec import TableSpec
+
+__all__ = ["FormatConfig", "Parsed", "RecordDecoder", "decoder_for", "format_config"]
+
+
+@dataclass(frozen=True, slots=True)
+class FormatConfig:
+    """A source's record format, JSON-able (it travels in the reader config)."""
+
+    format: str = "json"
+    registry_url: str | None = None
+    registry_user_info: str | None = None
+    #: seconds a batch waits for a registry that does not answer before it fails
+    registry_max_wait: float = 300.0
+    #: a fixed schema: Avro schema JSON, or a base64 FileDescriptorSet (Protobuf)
+    schema: str | None = None
+    message_type: str | None = None
+    #: "confluent": values carry the wire header; "none": plain payloads (fixed schema only)
+    framing: str = "confluent"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def format_config(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The format config (as a dict) of a datastream's ``source`` section fields; reads the
+    schema file."""
+    fmt = str(fields.get("format") or "json")
+    if fmt in ("json", "csv"):
+        return FormatConfig(fmt).to_dict()
+    registry = fields.get("schema_registry") or None
+    schema_file = fields.get("schema_file")
+    schema: str | None = None
+    if schema_file:
+        path = Path(schema_file)
+        if not path.is_file():
+            raise InvalidSpecError("source.schema_file", f"{str(path)!r} does not exist")
+        if fmt == "avro":
+            schema = path.read_text()
+            try:
+                AvroSchemaPlan.of(TableSpec.parse({"name": "x", "schema": {"x": "string"}}), schema)
+            except Exception as exc:
+                raise InvalidSpecError(
+                    "source.schema_file", f"{str(path)!r} is not an Avro schema: {exc}"
+                ) from None
+        else:
+            schema = base64.b64encode(path.read_bytes()).decode()
+            try:
+                _fixed_message(schema, str(fields.get("message_type") or ""))
+            except (KeyError, ValueError, TypeError) as exc:
+                raise InvalidSpecError(
+                    "source.schema_file",
+                    f"{str(path)!r} is not a FileDescriptorSet holding message "
+                    f"{fields.get('message_type')!r}: {exc}",
+                ) from None
+    framing = fields.get("framing") or ("confluent" if registry else "none")
+    return FormatConfig(
+        fmt,
+        registry_url=registry["url"] if registry else None,
+        registry_user_info=registry.get("basic_auth_user_info") if registry else None,
+        registry_max_wait=float(registry.get("max_wait_seconds", 300.0)) if registry else 300.0,
+        schema=schema,
+        message_type=fields.get("message_type"),
+        framing=str(framing),
+    ).to_dict()
+
+
+def _fixed_message(schema_b64: str, message_type: str) -> Any:
+    fds = descriptor_pb2.FileDescriptorSet()
+    fds.ParseFromString(base64.b64decode(schema_b64))
+    pool = pool_with_well_known_types()
+    for fdp in fds.file:
+        add_file(pool, fdp)
+    return pool.FindMessageTypeByName(message_type)
+
+
+class RecordDecoder(Protocol):
+    #: whether record keys are the records' keys (CSV puts the header line there instead)
+    record_keys: bool
+
+    def parse(self, spec: TableSpec, values: pa.Array, keys: pa.Array) -> Parsed: ...
+
+
+def _spec_key(spec: TableSpec) -> str:
+    return json.dumps(spec.columns, sort_keys=False)
+
+
+class SchemaDecoder:
+    """Avro or Protobuf values, grouped by schema id (and message index), one decode per
+    group."""
+
+    record_keys = True
+
+    def __init__(self, cfg: FormatConfig) -> None:
+        self.cfg = cfg
+        self.registry = (
+            RegistryClient(
+                cfg.registry_url,
+                user_info=cfg.registry_user_info,
+                fmt="serialized" if cfg.format == "protobuf" else None,
+                max_wait=cfg.registry_max_wait,
+            )
+            if cfg.registry_url
+            else None
+        )
+        self._lock = threading.Lock()
+        self._plans: dict[tuple[str, int, tuple[int, ...]], Any] = {}
+        self._files: dict[int, Any] = {}
+
+    # -- schemas ------------------------------------------------------------------------
+
+    def _proto_file(self, schema_id: int) -> Any:
+        file = self._files.get(schema_id)
+        if file is None:
+            assert self.registry is not None
+            found = self.registry.schema(schema_id)
+            if found.schema_type != "PROTOBUF":
+                raise SchemaNotFound(f"schema id {schema_id} is {found.schema_type}, not PROTOBUF")
+            pool = pool_with_well_known_types()
+            self._add_references(pool, found.references)
+            file = self._files[schema_id] = file_from_b64(pool, found.schema)
+        return file
+
+    def _add_references(self, pool: Any, refs: tuple[dict[str, Any], ...]) -> None:
+        assert self.registry is not None
+        for ref in refs:
+            dep = self.registry.version(str(ref["subject"]), int(ref["version"]))
+            self._add_references(pool, dep.references)
+            file_from_b64(pool, dep.schema)
+
+    def _plan(self, spec: TableSpec, schema_id: int, indexes: tuple[int, ...]) -> Any:
+        key = (_spec_key(spec), schema_id, indexes)
+        with self._lock:
+            plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        if self.cfg.format == "avro":
+            if self.cfg.schema is not None:
+                plan = AvroSchemaPlan.of(spec, self.cfg.schema)
+            else:
+                assert self.registry is not None
+                found = self.registry.schema(schema_id)
+                if found.schema_type != "AVRO":
+                    raise SchemaNotFound(f"schema id {schema_id} is {found.schema_type}, not AVRO")
+                plan = AvroSchemaPlan.of(spec, found.schema)
+        elif self.cfg.schema is not None:
+            plan = ProtoSchemaPlan.of(
+                spec, _fixed_message(self.cfg.schema, self.cfg.message_type or "")
+            )
+        else:
+            plan = ProtoSchemaPlan.of(spec, message_at(self._proto_file(schema_id), indexes))
+        with self._lock:
+            self._plans[key] = plan
+        return plan
+
+    # -- values -------------------------------------------------------------------------
+
+    def parse(self, spec: TableSpec, values: pa.Array, keys: pa.Array) -> Parsed:
+        n = len(values)
+        raw: list[bytes] = values.to_pylist()
+        bad: dict[int, str] = {}
+        if self.cfg.framing == "confluent":
+            frames = split_frames(values)
+            bad.update(frames.errors)
+            ids = frames.schema_ids
+            start = HEADER
+        else:
+            ids = np.zeros(n, dtype=np.int64)
+            start = 0
+        if self.cfg.schema is not None:
+            ids = np.where(ids >= 0, 0, ids)  # a fixed schema: the header's id is not used
+        # group key -> (positions, payloads)
+        groups: dict[tuple[int, tuple[int, ...]], tuple[list[int], list[bytes]]] = {}
+        proto = self.cfg.format == "protobuf"
+        for sid in np.unique(ids[ids >= 0]).tolist():
+            for i in np.flatnonzero(ids == sid).tolist():
+                payload = raw[i]
+                pos = start
+                indexes: tuple[int, ...] = ()
+                if proto and self.cfg.framing == "confluent":
+                    if len(payload) > pos and payload[pos] == 0:
+                        indexes, pos = (0,), pos + 1
+                    else:
+                        try:
+                            indexes, pos = message_indexes(payload, pos)
+                        except ValueError as exc:
+                            bad[i] = f"bad Protobuf message-index array: {exc}"
+                            continue
+                elif proto:
+                    indexes = (0,)
+                g = groups.setdefault((int(sid), indexes), ([], []))
+                g[0].append(i)
+                g[1].append(payload[pos:] if pos else payload)
+        parts: list[Parsed] = [
+            Parsed(spec.arrow_schema().empty_table(), np.zeros(0, dtype=np.int64), bad)
+        ]
+        for (sid, indexes), (members, payloads) in groups.items():
+            where = np.asarray(members, dtype=np.int64)
+            try:
+                plan = self._plan(spec, sid, indexes)
+            except SchemaNotFound as exc:
+                reason = str(exc) or f"unknown schema id {sid}: the schema registry has none"
+                parts.append(
+                    Parsed(
+                        spec.arrow_schema().empty_table(),
+                        np.zeros(0, dtype=np.int64),
+                        dict.fromkeys(where.tolist(), reason),
+                    )
+                )
+                continue
+            except IndexError as exc:
+                parts.append(
+                    Parsed(
+                        spec.arrow_schema().empty_table(),
+                        np.zeros(0, dtype=np.int64),
+                        dict.fromkeys(where.tolist(), f"schema id {sid}: {exc}"),
+                    )
+                )
+                continue
+            if self.cfg.format == "avro":
+                parts.append(decode_avro(spec, plan, payloads, where))
+            else:
+                parts.append(decode_protobuf(spec, plan, payloads, where))
+        return concat(spec, parts)
+
+
+_DECODERS: dict[str, RecordDecoder] = {}
+_DECODERS_LOCK = threading.Lock()
+
+
+def decoder_for(source_config: Mapping[str, Any] | None) -> RecordDecoder | None:
+    """The decoder of a reader config's format (None: JSON, the default decoder). One per
+    format config and process, so a schema is fetched once per process."""
+    fmt = dict((source_config or {}).get("format") or {})
+    if fmt.get("format", "json") == "json":
+        return None
+    key = json.dumps(fmt, sort_keys=True)
+    with _DECODERS_LOCK:
+        found = _DECODERS.get(key)
+        if found is None:
+            cfg = FormatConfig(**fmt)
+            found = CsvDecoder() if cfg.format == "csv" else SchemaDecoder(cfg)
+            _DECODERS[key] = found
+        return found

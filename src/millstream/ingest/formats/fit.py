@@ -1,0 +1,121 @@
+"""Fitting decoded values to the table's columns, shared by every record format.
+
+A format decodes a batch into one Arrow array per column it carries, in the source's own
+type; :func:`fit_column` casts it to the column's type, and a value that does not fit (a
+string that is no timestamp, a long that overflows an int) makes an error for its row that
+names the column. Whether a source type may be cast at all is the format's decision
+(:func:`millstream.ingest.formats.avro` refuses a string for a double, as JSON does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from millstream.spec import ARROW_TYPES, TableSpec
+
+
+@dataclass(slots=True)
+class Parsed:
+    """A format's answer for a batch of live values: ``table`` (the table's columns, typed)
+    holds row ``j`` for value ``positions[j]``; ``bad`` maps a value's position to the reason
+    it was not decoded."""
+
+    table: pa.Table
+    positions: np.ndarray
+    bad: dict[int, str] = field(default_factory=dict)
+
+
+def cast_strings(arr: pa.Array, target: pa.DataType) -> pa.Array:
+    """Cast strings to ``target``; timestamps are ISO-8601 with "Z" or an offset, and a
+    timestamp without a zone is taken as UTC."""
+    if pa.types.is_timestamp(target):
+        if pc.all(pc.ends_with(arr, "Z")).as_py() is not False:
+            return arr.cast(target)  # all UTC already: no regex pass needed
+        zoned = pc.match_substring_regex(arr, r"(Z|[+-]\d\d:?\d\d)$")
+        arr = pc.if_else(zoned, arr, pc.binary_join_element_wise(arr, "Z", ""))
+    return arr.cast(target)
+
+
+def _cast(arr: pa.Array, target: pa.DataType) -> pa.Array:
+    if pa.types.is_string(arr.type) and not pa.types.is_string(target):
+        return cast_strings(arr, target)
+    return arr.cast(target)
+
+
+def fit_column(
+    arr: pa.Array | pa.ChunkedArray, target: pa.DataType, name: str
+) -> tuple[pa.Array, dict[int, str]]:
+    """``arr`` cast to ``target``: positions whose value does not fit become errors (and
+    null), the rest cast in one vectorized call when every value fits."""
+    combined = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    if combined.type == target:
+        return combined, {}
+    if target == pa.binary() and pa.types.is_string(combined.type):
+        return combined.cast(pa.binary()), {}
+    try:
+        return _cast(combined, target), {}
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    errors: dict[int, str] = {}
+    out: list[Any] = []
+    for i, v in enumerate(combined.to_pylist()):
+        try:
+            out.append(_cast(pa.array([v], combined.type), target)[0].as_py())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            errors[i] = f"column {name!r}: {v!r} is not a valid {target}"
+            out.append(None)
+    return pa.array(out, target), errors
+
+
+def assemble(
+    spec: TableSpec, n: int, columns: dict[str, pa.Array]
+) -> tuple[pa.Table, dict[int, str]]:
+    """The table's columns from ``columns`` (in any source type; a missing column is null):
+    every column fitted to its type, with the errors of the rows that do not fit (the first
+    error of a row wins)."""
+    out: dict[str, pa.Array] = {}
+    errors: dict[int, str] = {}
+    for c, t in spec.columns.items():
+        target = ARROW_TYPES[t]
+        arr = columns.get(c)
+        if arr is None:
+            out[c] = pa.nulls(n, target)
+            continue
+        fitted, errs = fit_column(arr, target, c)
+        for j, e in errs.items():
+            errors.setdefault(j, e)
+        out[c] = fitted
+    return pa.table(out, schema=spec.arrow_schema()), errors
+
+
+def drop_rows(parsed: Parsed, errors: dict[int, str]) -> Parsed:
+    """``parsed`` without the rows (table positions) in ``errors``, which become bad values."""
+    if not errors:
+        return parsed
+    keep = np.ones(parsed.table.num_rows, dtype=bool)
+    keep[list(errors)] = False
+    bad = dict(parsed.bad)
+    for j, e in errors.items():
+        bad.setdefault(int(parsed.positions[j]), e)
+    return Parsed(parsed.table.filter(pa.array(keep)), parsed.positions[keep], bad)
+
+
+def concat(spec: TableSpec, parts: list[Parsed]) -> Parsed:
+    """One :class:`Parsed` from several (for disjoint positions of one batch)."""
+    if not parts:
+        return Parsed(spec.arrow_schema().empty_table(), np.zeros(0, dtype=np.int64))
+    if len(parts) == 1:
+        return parts[0]
+    bad: dict[int, str] = {}
+    for p in parts:
+        bad.update(p.bad)
+    return Parsed(
+        pa.concat_tables([p.table for p in parts]),
+        np.concatenate([p.positions for p in parts]),
+        bad,
+    )

@@ -1,0 +1,211 @@
+"""Protobuf values: a message descriptor (from the registry's serialized FileDescriptorProto
+by id, or a fixed FileDescriptorSet) and the message class protobuf's message factory makes
+for it; each record is parsed by the C implementation, then each column is read off the
+messages in one pass.
+
+A field with presence (``optional``, proto2, a message) that is not set is null; a proto3
+scalar without presence reads as its default, as protobuf defines. Enums are read as their
+names, ``google.protobuf.Timestamp`` as a timestamp. A field whose type cannot become the
+column's type makes every record of that schema bad, naming the field. Protobuf cannot tell a
+message cut at a field boundary from one that lacks the later fields: only a cut inside a
+field is an error.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from datetime import UTC
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from google.protobuf import (
+    any_pb2,
+    descriptor_pb2,
+    descriptor_pool,
+    duration_pb2,
+    empty_pb2,
+    message_factory,
+    struct_pb2,
+    timestamp_pb2,
+    wrappers_pb2,
+)
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError
+
+from millstream.ingest.formats.fit import Parsed, assemble, drop_rows
+from millstream.spec import TableSpec
+
+_T = FieldDescriptor
+_INTS32 = {_T.TYPE_INT32, _T.TYPE_SINT32, _T.TYPE_SFIXED32}
+_INTS64 = {_T.TYPE_INT64, _T.TYPE_SINT64, _T.TYPE_SFIXED64, _T.TYPE_UINT32, _T.TYPE_FIXED32}
+_UINT64 = {_T.TYPE_UINT64, _T.TYPE_FIXED64}
+TIMESTAMP = "google.protobuf.Timestamp"
+
+
+def _repeated(f: FieldDescriptor) -> bool:
+    """protobuf 6+ has ``is_repeated``; older ones only ``label``."""
+    if hasattr(f, "is_repeated"):
+        return bool(f.is_repeated)
+    return bool(f.label == _T.LABEL_REPEATED)
+
+
+def _kind(f: FieldDescriptor) -> tuple[str | None, pa.DataType | None]:
+    """A field's kind and the Arrow type its values are built as (None: not supported)."""
+    if _repeated(f):
+        return None, None
+    t = f.type
+    if t in _INTS32:
+        return "int", pa.int32()
+    if t in _INTS64:
+        return "long", pa.int64()
+    if t in _UINT64:
+        return "ulong", pa.uint64()
+    if t == _T.TYPE_DOUBLE:
+        return "double", pa.float64()
+    if t == _T.TYPE_FLOAT:
+        return "float", pa.float32()
+    if t == _T.TYPE_BOOL:
+        return "boolean", pa.bool_()
+    if t == _T.TYPE_STRING:
+        return "string", pa.string()
+    if t == _T.TYPE_BYTES:
+        return "bytes", pa.binary()
+    if t == _T.TYPE_ENUM:
+        return "enum", pa.string()
+    if t == _T.TYPE_MESSAGE and f.message_type.full_name == TIMESTAMP:
+        return "timestamp", pa.timestamp("us", tz="UTC")
+    return None, None
+
+
+_ACCEPTS: dict[str, set[str]] = {
+    "string": {"string", "enum"},
+    "long": {"long", "int", "ulong"},
+    "int": {"int", "long", "ulong"},
+    "double": {"double", "float", "long", "int"},
+    "boolean": {"boolean"},
+    "timestamp": {"timestamp", "string"},
+    "date": {"string"},
+    "binary": {"bytes", "string"},
+}
+
+
+def _type_name(f: FieldDescriptor) -> str:
+    if f.type == _T.TYPE_MESSAGE:
+        name = f.message_type.full_name
+    elif f.type == _T.TYPE_ENUM:
+        name = f.enum_type.full_name
+    else:
+        name = {v: k for k, v in vars(_T).items() if k.startswith("TYPE_")}[f.type][5:].lower()
+    return f"repeated {name}" if _repeated(f) else name
+
+
+@dataclass
+class ProtoSchemaPlan:
+    """How one message type fills the table's columns."""
+
+    cls: Any
+    fields: list[tuple[str, str, pa.DataType, bool, Any]]  # column, kind, type, presence, enum
+    mismatch: str | None
+
+    @classmethod
+    def of(cls, spec: TableSpec, desc: Descriptor) -> ProtoSchemaPlan:
+        by_name = {f.name: f for f in desc.fields}
+        fields: list[tuple[str, str, pa.DataType, bool, Any]] = []
+        msg_cls = message_factory.GetMessageClass(desc)
+        for c, t in spec.columns.items():
+            f = by_name.get(c)
+            if f is None:
+                continue
+            kind, arrow = _kind(f)
+            if kind is None or arrow is None or kind not in _ACCEPTS[t]:
+                return cls(
+                    msg_cls,
+                    [],
+                    f"field {c!r}: Protobuf type {_type_name(f)} does not fit column {c!r} ({t})",
+                )
+            names = {v.number: v.name for v in f.enum_type.values} if kind == "enum" else None
+            fields.append((c, kind, arrow, bool(f.has_presence), names))
+        return cls(msg_cls, fields, None)
+
+
+def pool_with_well_known_types() -> descriptor_pool.DescriptorPool:
+    pool = descriptor_pool.DescriptorPool()
+    for mod in (any_pb2, duration_pb2, empty_pb2, struct_pb2, timestamp_pb2, wrappers_pb2):
+        pool.AddSerializedFile(mod.DESCRIPTOR.serialized_pb)
+    return pool
+
+
+def add_file(pool: descriptor_pool.DescriptorPool, fdp: descriptor_pb2.FileDescriptorProto) -> Any:
+    try:
+        return pool.FindFileByName(fdp.name)
+    except KeyError:
+        return pool.Add(fdp)
+
+
+def file_from_b64(pool: descriptor_pool.DescriptorPool, text: str) -> Any:
+    """A registry's serialized schema (base64 FileDescriptorProto) added to ``pool``."""
+    fdp = descriptor_pb2.FileDescriptorProto()
+    fdp.ParseFromString(base64.b64decode(text))
+    add_file(pool, fdp)
+    return pool.FindFileByName(fdp.name)
+
+
+def message_at(file: Any, indexes: tuple[int, ...]) -> Descriptor:
+    """The message a Confluent message-index array names in ``file``."""
+    types = list(file.message_types_by_name.values())
+    desc: Descriptor | None = None
+    for i in indexes:
+        if i < 0 or i >= len(types):
+            raise IndexError(f"message index {i} is out of range")
+        desc = types[i]
+        types = list(desc.nested_types)
+    if desc is None:
+        raise IndexError("empty message-index array")
+    return desc
+
+
+def _read(msgs: list[Any], name: str, kind: str, presence: bool, enum: Any) -> list[Any]:
+    if kind == "timestamp":
+        return [
+            m.__getattribute__(name).ToDatetime(tzinfo=UTC) if m.HasField(name) else None
+            for m in msgs
+        ]
+    if presence:
+        values = [getattr(m, name) if m.HasField(name) else None for m in msgs]
+    else:
+        values = [getattr(m, name) for m in msgs]
+    if enum is not None:
+        return [None if v is None else enum.get(v, str(v)) for v in values]
+    return values
+
+
+def decode_protobuf(
+    spec: TableSpec, plan: ProtoSchemaPlan, payloads: list[bytes], positions: np.ndarray
+) -> Parsed:
+    """Decode ``payloads`` (value ``positions[i]`` of the batch) as one message type."""
+    if plan.mismatch is not None:
+        return Parsed(
+            spec.arrow_schema().empty_table(),
+            np.zeros(0, dtype=np.int64),
+            {int(p): plan.mismatch for p in positions},
+        )
+    parse = plan.cls.FromString
+    msgs: list[Any] = []
+    ok: list[int] = []
+    bad: dict[int, str] = {}
+    for i, payload in enumerate(payloads):
+        try:
+            msgs.append(parse(payload))
+        except (DecodeError, ValueError, RuntimeError) as exc:
+            bad[int(positions[i])] = f"not valid Protobuf for its message type: {exc}"
+            continue
+        ok.append(i)
+    columns = {
+        name: pa.array(_read(msgs, name, kind, presence, enum), arrow)
+        for name, kind, arrow, presence, enum in plan.fields
+    }
+    table, errors = assemble(spec, len(msgs), columns)
+    kept = positions[np.asarray(ok, dtype=np.int64)] if ok else np.zeros(0, dtype=np.int64)
+    return drop_rows(Parsed(table, kept, bad), errors)

@@ -1,0 +1,163 @@
+"""The generator's orders in Avro and Protobuf, for tests and the ingest benchmark.
+
+:class:`OrdersEncoder` turns a generator value (JSON bytes) into the same order produced with
+confluent-kafka's own ``AvroSerializer`` / ``ProtobufSerializer`` against a schema registry
+(:class:`millstream.testing.schema_registry.TestSchemaRegistry`). A value that is not a
+well-formed order (the generator's malformed records) becomes a bad wire value instead, one of
+a wrong magic byte, a truncated payload or an unknown schema id, so the JSON value stays the
+oracle's twin: bad in both forms, good rows equal.
+
+The Protobuf message class is built at run time from a FileDescriptorProto written in Python
+(no protoc). confluent-kafka's schema-registry extras are test dependencies: they are imported
+when an encoder is made.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+
+ORDERS_AVRO: dict[str, Any] = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "millstream.test",
+    "fields": [
+        {"name": "order_id", "type": "long"},
+        {"name": "customer", "type": "string"},
+        {"name": "amount", "type": "double"},
+        {"name": "status", "type": "string"},
+        {"name": "updated_at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "is_deleted", "type": "boolean"},
+        {"name": "channel", "type": ["null", "string"], "default": None},
+    ],
+}
+
+_FIELDS = {
+    "order_id": int,
+    "customer": str,
+    "amount": float,
+    "status": str,
+    "updated_at": str,
+    "is_deleted": bool,
+}
+
+
+def orders_file_descriptor(name: str = "millstream_test_orders.proto") -> Any:
+    """A FileDescriptorProto of ``millstream.test.Order`` (and a nested ``Order.Note`` so a
+    message-index array other than [0] can be tested)."""
+    F = descriptor_pb2.FieldDescriptorProto
+    fdp = descriptor_pb2.FileDescriptorProto(name=name, package="millstream.test", syntax="proto3")
+    fdp.dependency.append("google/protobuf/timestamp.proto")
+    msg = fdp.message_type.add(name="Order")
+    for number, (fname, ftype, type_name) in enumerate(
+        [
+            ("order_id", F.TYPE_INT64, None),
+            ("customer", F.TYPE_STRING, None),
+            ("amount", F.TYPE_DOUBLE, None),
+            ("status", F.TYPE_STRING, None),
+            ("updated_at", F.TYPE_MESSAGE, ".google.protobuf.Timestamp"),
+            ("is_deleted", F.TYPE_BOOL, None),
+            ("channel", F.TYPE_STRING, None),
+        ],
+        1,
+    ):
+        f = msg.field.add(name=fname, number=number, type=ftype, label=F.LABEL_OPTIONAL)
+        if type_name:
+            f.type_name = type_name
+    note = msg.nested_type.add(name="Note")
+    note.field.add(name="text", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    return fdp
+
+
+def orders_message_class(name: str = "millstream_test_orders.proto") -> Any:
+    """The ``millstream.test.Order`` class, in the default pool (what serializers need)."""
+    pool = descriptor_pool.Default()
+    pool.AddSerializedFile(timestamp_pb2.DESCRIPTOR.serialized_pb)
+    try:
+        pool.FindFileByName(name)
+    except KeyError:
+        pool.Add(orders_file_descriptor(name))
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("millstream.test.Order"))
+
+
+def order_of(value: bytes | None) -> dict[str, Any] | None:
+    """The generator value as an order, or None when it is not a well-formed one."""
+    if value is None:
+        return None
+    try:
+        obj = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or set(obj) != set(_FIELDS):
+        return None
+    for k, t in _FIELDS.items():
+        v = obj[k]
+        if t is float and isinstance(v, int) and not isinstance(v, bool):
+            continue
+        if not isinstance(v, t) or (t is int and isinstance(v, bool)):
+            return None
+    obj["updated_at"] = datetime.fromisoformat(obj["updated_at"]).astimezone(UTC)
+    obj["amount"] = float(obj["amount"])
+    return obj
+
+
+class OrdersEncoder:
+    """Generator values -> Confluent wire values (``avro`` or ``protobuf``) for ``topic``."""
+
+    def __init__(self, fmt: str, registry_url: str, topic: str) -> None:
+        sr = importlib.import_module("confluent_kafka.schema_registry")
+        ser_mod = importlib.import_module("confluent_kafka.serialization")
+        self.fmt = fmt
+        client = sr.SchemaRegistryClient({"url": registry_url})
+        self.ctx = ser_mod.SerializationContext(topic, ser_mod.MessageField.VALUE)
+        if fmt == "avro":
+            avro = importlib.import_module("confluent_kafka.schema_registry.avro")
+            self._ser = avro.AvroSerializer(client, json.dumps(ORDERS_AVRO))
+        else:
+            pb = importlib.import_module("confluent_kafka.schema_registry.protobuf")
+            self.cls = orders_message_class()
+            self._ser = pb.ProtobufSerializer(self.cls, client, {"use.deprecated.format": False})
+        self._n = 0
+
+    def good(self, order: dict[str, Any]) -> bytes:
+        if self.fmt == "avro":
+            return bytes(self._ser(order, self.ctx))
+        msg = self.cls(
+            order_id=order["order_id"],
+            customer=order["customer"],
+            amount=order["amount"],
+            status=order["status"],
+            is_deleted=order["is_deleted"],
+        )
+        msg.updated_at.FromDatetime(order["updated_at"])
+        return bytes(self._ser(msg, self.ctx))
+
+    def encode(self, value: bytes | None) -> bytes | None:
+        """The wire value of a generator value (a tombstone stays None)."""
+        if value is None:
+            return None
+        order = order_of(value)
+        if order is not None:
+            return self.good(order)
+        # A malformed generator record: a bad wire value of one of three kinds, in turn.
+        self._n += 1
+        sample = self.good(
+            {
+                "order_id": 1,
+                "customer": "c1",
+                "amount": 1.5,
+                "status": "new",
+                "updated_at": datetime(2026, 1, 1, tzinfo=UTC),
+                "is_deleted": True,
+            }
+        )
+        kind = self._n % 3
+        if kind == 0:
+            return b"\x01" + sample[1:]  # wrong magic byte
+        if kind == 1:
+            return sample[:-3]  # truncated inside the last field
+        return b"\x00\x00\x00\x7f\xff" + sample[5:]  # an id the registry does not know
