@@ -31,7 +31,8 @@ from millstream.errors import (
     StagedFileExpiredError,
 )
 from millstream.ingest.decode import RAW_SCHEMA, decode_records
-from millstream.ingest.sources import spec_reader
+from millstream.ingest.formats import decoder_for
+from millstream.ingest.sources import config_for, reader_for
 from millstream.ingest.sources.base import PartitionReader
 from millstream.metastore.models import Entry, SegmentState
 from millstream.metastore.swaps import replace_entry
@@ -112,12 +113,14 @@ def reingest_segment(
     entry = find_segment(catalog, name)
     written_at = clock.now()  # before writing: the file is never older than this
     table_spec = catalog.table(entry.table).spec
-    reader = spec_reader(spec.source)
+    kind, config = config_for(spec.source)
+    reader = reader_for(kind, config)
     check_source_range(reader, entry)
     batches = list(reader.read_range(entry.partition, entry.start, entry.end))
     check_source_range(reader, entry)  # retention may have moved past the start meanwhile
     raw = _raw_table(batches)
-    rows = decode_records(table_spec, raw).rows
+    # the source's format (Avro, Protobuf, CSV ...), as the writer decoded it
+    rows = decode_records(table_spec, raw, decoder_for(config)).rows
     if entry.state is SegmentState.ONLINE:
         manifest = catalog.manifest(entry.table)
         floor = comparison_floor_below(

@@ -16,7 +16,8 @@ from millstream.control.controller import Controller
 from millstream.datastream import DatastreamSpec
 from millstream.errors import SegmentUnavailableError
 from millstream.ingest.decode import RAW_SCHEMA, decode_records
-from millstream.ingest.sources import spec_reader
+from millstream.ingest.formats import decoder_for
+from millstream.ingest.sources import config_for, reader_for
 from millstream.metastore.jobs import start_reingest
 from millstream.sealing.sealer import Sealer
 from millstream.table.writer import commit_staged, stage_rows
@@ -24,40 +25,54 @@ from millstream.testing.model import canonical
 from millstream.testing.oracle import expected_table
 
 
-def _write_source(source_dir: Path) -> list[tuple[int, int, bytes | None, bytes | None]]:
+def _write_source(
+    source_dir: Path, fmt: str = "json"
+) -> list[tuple[int, int, bytes | None, bytes | None]]:
+    """30 records per partition, one of them bad, as JSON lines or CSV; the records returned
+    are their JSON twins (the model's input)."""
     records = []
     for p in range(2):
         d = source_dir / str(p)
         d.mkdir(parents=True)
-        lines = [b'{"id": %d, "status": "s%d"}' % (i % 7 * 2 + p, i) for i in range(30)]
+        pairs = [(i % 7 * 2 + p, i) for i in range(30)]
+        lines = [b'{"id": %d, "status": "s%d"}' % pair for pair in pairs]
         lines[11] = b"not json"
-        (d / "0.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+        if fmt == "csv":
+            rows = [b"%d,s%d" % pair for pair in pairs]
+            rows[11] = b"1,2,3"  # a row with a field too many
+            (d / "0.csv").write_bytes(b"id,status\n" + b"\n".join(rows) + b"\n")
+        else:
+            (d / "0.jsonl").write_bytes(b"\n".join(lines) + b"\n")
         records += [(p, o, None, v) for o, v in enumerate(lines)]
     return records
 
 
 def _ingest(catalog: Catalog, spec: DatastreamSpec, partition: int, lo: int, hi: int) -> None:
     """What the sink does for one batch of one partition (no Spark needed here)."""
-    batches = list(spec_reader(spec.source).read_range(partition, lo, hi))
+    kind, config = config_for(spec.source)
+    batches = list(reader_for(kind, config).read_range(partition, lo, hi))
     raw = pa.Table.from_batches(batches).select(["partition", "offset", "key", "value"])
     n = raw.num_rows
     raw = raw.append_column("range_lo", pa.array([lo] * n, pa.int64()))
     raw = raw.append_column("range_hi", pa.array([hi] * n, pa.int64()))
     raw = raw.append_column("is_marker", pa.array([False] * n)).cast(RAW_SCHEMA)
-    rows = decode_records(spec.table_spec(), raw).rows
+    rows = decode_records(spec.table_spec(), raw, decoder_for(config)).rows
     staged = stage_rows(catalog.deep, spec.table_spec(), rows)
     commit_staged(
         catalog.store, catalog.deep, "orders", staged, {partition: (lo, hi)}, {partition: 0}
     )
 
 
+@pytest.mark.parametrize("fmt", ["json", "csv"])
 def test_a_lost_sealed_segment_is_reported_by_name_and_reingestion_restores_the_table(
-    api: TestClient, controller: Controller, catalog: Catalog, source_dir: Path
+    api: TestClient, controller: Controller, catalog: Catalog, source_dir: Path, fmt: str
 ) -> None:
-    records = _write_source(source_dir)
-    assert api.post("/datastreams", json=spec_body("orders", source_dir)).status_code == 201
+    records = _write_source(source_dir, fmt)
+    body = spec_body("orders", source_dir)
+    body["source"]["format"] = fmt  # re-ingestion decodes the source's format, as the writer
+    assert api.post("/datastreams", json=body).status_code == 201
     controller.tick()
-    spec = DatastreamSpec.parse(spec_body("orders", source_dir))
+    spec = DatastreamSpec.parse(body)
     for p in range(2):
         for lo in range(0, 30, 10):
             _ingest(catalog, spec, p, lo, lo + 10)
