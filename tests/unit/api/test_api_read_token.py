@@ -100,7 +100,9 @@ def test_the_read_token_never_writes(both_tokens: TestClient, catalog: Catalog) 
 
 
 @pytest.mark.parametrize("path", ["/health", "/openapi.json", "/docs", "/ui/", "/"])
-def test_health_the_console_pages_and_the_api_description_stay_open(both_tokens: TestClient, path: str) -> None:
+def test_health_the_console_pages_and_the_api_description_stay_open(
+    both_tokens: TestClient, path: str
+) -> None:
     assert both_tokens.get(path).status_code == 200
 
 
