@@ -289,3 +289,60 @@ def test_random_corruption_decodes_as_each_record_read_alone(tmp_path: Path, see
     assert {o for _, o, _, _, _ in d.dead} == set(range(len(values))) - set(want)
     assert all(e for *_, e in d.dead)
     assert {o: {c: r[c] for c in RANDOM_SPEC.columns} for o, r in got.items()} == want
+
+
+def test_dates_and_timestamps_at_the_edges_of_pythons_range_decode_as_read_alone(
+    tmp_path: Path,
+) -> None:
+    """fastavro refuses a date or timestamp outside Python's range (the record is
+    dead-lettered); the block read must agree on every value at and beyond the edges."""
+    schema = {
+        "type": "record",
+        "name": "Edges",
+        "fields": [
+            {"name": "dt", "type": {"type": "int", "logicalType": "date"}},
+            {"name": "tm", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+            {"name": "tu", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        ],
+    }
+    spec = TableSpec.parse(
+        {"name": "edges", "schema": {"dt": "date", "tm": "timestamp", "tu": "timestamp"}}
+    )
+    first, last = date.min.toordinal() - 719163, date.max.toordinal() - 719163
+    min_us = (datetime.min.replace(tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(
+        microseconds=1
+    )
+    max_us = (datetime.max.replace(tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(
+        microseconds=1
+    )
+    edges = {
+        "dt": [first - 1, first, 0, last, last + 1],
+        "tm": [-(-min_us // 1000) - 1, -(-min_us // 1000), 0, max_us // 1000, max_us // 1000 + 1],
+        "tu": [min_us - 1, min_us, 0, max_us, max_us + 1],
+    }
+
+    def zz(n: int) -> bytes:
+        z, out = (n << 1) ^ (n >> 63), bytearray()
+        while z > 0x7F:
+            out.append((z & 0x7F) | 0x80)
+            z >>= 7
+        return bytes([*out, z])
+
+    values = []
+    for field, vals in edges.items():
+        for v in vals:
+            rec = {"dt": 0, "tm": 0, "tu": 0, field: v}
+            values += [zz(rec["dt"]) + zz(rec["tm"]) + zz(rec["tu"])] * 20  # blocks of them
+    avsc = tmp_path / "edges.avsc"
+    avsc.write_text(json.dumps(schema))
+    dec = decoder_for({"format": format_config({"format": "avro", "schema_file": str(avsc)})})
+    d = decode_records(spec, raw_table(values), dec)
+    parsed = fastavro.parse_schema(schema)
+    want = {}
+    for i, v in enumerate(values):
+        rec = _alone(parsed, v)
+        if rec is not None:
+            want[i] = {c: rec[c] for c in spec.columns}
+    assert {o for _, o, _, _, _ in d.dead} == set(range(len(values))) - set(want)
+    assert len(want) == 20 * 9  # 6 values beyond the edges are refused
+    assert {r["_ms_offset"]: {c: r[c] for c in spec.columns} for r in d.rows.to_pylist()} == want
