@@ -217,6 +217,13 @@ class SchemaDecoder:
         groups: dict[tuple[int, tuple[int, ...]], tuple[list[int], list[bytes]]] = {}
         proto = self.cfg.format == "protobuf"
         for sid in np.unique(ids[ids >= 0]).tolist():
+            if not proto:  # Avro: no per-record header beyond the frame, so one slice each
+                members = np.flatnonzero(ids == sid).tolist()
+                groups[(int(sid), ())] = (
+                    members,
+                    [raw[i][start:] for i in members] if start else [raw[i] for i in members],
+                )
+                continue
             for i in np.flatnonzero(ids == sid).tolist():
                 payload = raw[i]
                 pos = start

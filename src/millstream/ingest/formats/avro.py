@@ -1,26 +1,47 @@
-"""Avro values: a writer schema (from the registry by id, or a fixed one) decoded with
-fastavro, one C-level read per record, into one Arrow array per column.
+"""Avro values: a writer schema (from the registry by id, or a fixed one) decoded into one
+Arrow array per column.
 
 Columns are matched by field name against the writer schema once per schema (not per
 record): a column the schema lacks is null, fields the table lacks are ignored, and a field
 whose Avro type cannot become the column's type makes every record of that schema bad, naming
 the field. Each record must be read to its last byte: trailing bytes or a short read mean the
 payload does not belong to that schema.
+
+Two paths, one behaviour:
+
+* the fast path (:func:`_fast_columns`): a batch's payloads of one schema are wrapped as one
+  block of an in-memory Avro object container file and read by polars' native (Rust) Avro
+  reader in one call. The block is trusted only when it proves it was read record by record
+  as fastavro would: after every record sits a random 62-bit guard (a ``long`` field appended
+  to the schema, a fresh value per block) that must read back unchanged, every record's
+  canonical encoded size recomputed from its decoded values must equal its payload length,
+  every nullable union's branch byte must be the canonical 0 or 1, and every value must be
+  one fastavro accepts (enum index in range, dates and timestamps within Python's range).
+  Only schemas whose fields are all flat primitives, enums, fixed, the date and timestamp
+  logical types, or a union of null and one of those take this path;
+* the reference path (:func:`_decode_per_record`): one fastavro ``schemaless_reader`` call per
+  record. A block that fails any check is bisected (as JSON is in
+  :mod:`millstream.ingest.decode`) down to small pieces, which take the reference path, so
+  exactly the bad records are dead-lettered, each with fastavro's reason.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import secrets
 from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
 from operator import itemgetter
 from typing import Any
 
 import fastavro
 import numpy as np
+import polars
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from millstream.ingest.formats.fit import Parsed, assemble, drop_rows
+from millstream.ingest.formats.fit import Parsed, assemble, concat, drop_rows
 from millstream.spec import TableSpec
 
 #: Avro primitive / logical types -> the Arrow type their fastavro values are built as.
@@ -91,6 +112,10 @@ class AvroSchemaPlan:
     fields: list[str]  # the schema's fields that are table columns, in column order
     types: list[pa.DataType]
     mismatch: str | None  # every record of this schema is bad for this reason
+    #: how polars reads this schema (None: only fastavro, per record, does)
+    fast: FastPlan | None = None
+    #: ``fields[k]`` is the writer's field ``field_index[k]``
+    field_index: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, spec: TableSpec, schema: Any) -> AvroSchemaPlan:
@@ -100,6 +125,7 @@ class AvroSchemaPlan:
         if not isinstance(schema, dict) or schema.get("type") != "record":
             return cls(parsed, [], [], "the Avro schema is not a record")
         by_name = {f["name"]: f["type"] for f in schema.get("fields", [])}
+        index = {f["name"]: j for j, f in enumerate(schema.get("fields", []))}
         fields: list[str] = []
         types: list[pa.DataType] = []
         for c, t in spec.columns.items():
@@ -116,7 +142,226 @@ class AvroSchemaPlan:
                 )
             fields.append(c)
             types.append(_PRIMITIVE[kind])
-        return cls(parsed, fields, types, None)
+        fast = FastPlan.of(schema)
+        return cls(parsed, fields, types, None, fast, tuple(index[c] for c in fields))
+
+
+# -- the fast path: one polars read per block ---------------------------------------------
+
+#: Field kinds the fast path reads, and the Avro type polars is told to read each as: every
+#: varint kind as ``long`` (checked and converted here, so no value is accepted that fastavro
+#: would refuse) and ``boolean`` as one raw byte (fastavro takes any non-zero byte as true).
+_FAST_VARINT = {"long", "int", "enum", "date", "timestamp-millis", "timestamp-micros"}
+_FAST_WIDTH = {"double": 8, "float": 4, "boolean": 1}
+_FAST_LENGTH = {"string", "bytes"}
+_FAST_LOGICAL = {"timestamp-millis": "long", "timestamp-micros": "long", "date": "int"}
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: the microseconds (since the epoch) of Python's first and last datetime: fastavro refuses
+#: a timestamp outside them, and a date outside Python's range
+_MIN_US = (datetime.min.replace(tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1)
+_MAX_US = (datetime.max.replace(tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1)
+_MIN_DAY = date.min.toordinal() - date(1970, 1, 1).toordinal()
+_MAX_DAY = date.max.toordinal() - date(1970, 1, 1).toordinal()
+_INT32 = (-(2**31), 2**31 - 1)
+#: a block that fails its checks is split until its pieces are this small, then read per record
+FAST_LEAF = 16
+#: zero bytes after the last guard: a misaligned read runs into them, not off the block
+_PAD = bytes(64)
+
+
+def zigzag(n: int) -> bytes:
+    """The Avro encoding of a ``long``."""
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+@dataclass(frozen=True, slots=True)
+class _FastField:
+    kind: str
+    nullable: bool
+    null_first: bool
+    fixed_size: int = 0
+    symbols: tuple[str, ...] = ()
+
+
+def _fast_field(t: Any) -> _FastField | None:
+    """How the fast path reads an Avro field type (None: it does not)."""
+    nullable = null_first = False
+    if isinstance(t, list):
+        if len(t) != 2 or "null" not in t or t[0] == t[1]:
+            return None
+        nullable, null_first = True, t[0] == "null"
+        t = t[1] if null_first else t[0]
+    if isinstance(t, str):
+        if t in _FAST_VARINT or t in _FAST_WIDTH or t in _FAST_LENGTH:
+            return _FastField(t, nullable, null_first)
+        return None  # null, or a named type defined elsewhere
+    if not isinstance(t, dict):
+        return None
+    base, logical = t.get("type"), t.get("logicalType")
+    if logical is not None:
+        if _FAST_LOGICAL.get(str(logical)) != base:
+            return None
+        return _FastField(str(logical), nullable, null_first)
+    if base == "enum":
+        return _FastField("enum", nullable, null_first, symbols=tuple(t["symbols"]))
+    if base == "fixed":
+        return _FastField("fixed", nullable, null_first, fixed_size=int(t["size"]))
+    if isinstance(base, str) and base in _FAST_VARINT | set(_FAST_WIDTH) | _FAST_LENGTH:
+        return _FastField(base, nullable, null_first)
+    return None
+
+
+@dataclass(frozen=True)
+class FastPlan:
+    """A writer schema as polars reads it: ``fields[j]`` is the writer's field ``j``; the
+    container file's header (schema with the guard field appended, codec null, sync marker)
+    is made once."""
+
+    fields: tuple[_FastField, ...]
+    header: bytes
+    sync: bytes
+
+    @classmethod
+    def of(cls, schema: Any) -> FastPlan | None:
+        if not isinstance(schema, dict) or schema.get("type") != "record":
+            return None
+        fields: list[_FastField] = []
+        declared: list[dict[str, Any]] = []
+        for j, f in enumerate(schema.get("fields", [])):
+            fast = _fast_field(f["type"])
+            if fast is None:
+                return None
+            if fast.kind in _FAST_VARINT:
+                t: Any = "long"
+            elif fast.kind in ("fixed", "boolean"):
+                size = fast.fixed_size if fast.kind == "fixed" else 1
+                t = {"type": "fixed", "name": f"millstream_fixed_{j}", "size": size}
+            else:
+                t = fast.kind
+            if fast.nullable:
+                t = ["null", t] if fast.null_first else [t, "null"]
+            fields.append(fast)
+            declared.append({"name": f"f{j}", "type": t})
+        declared.append({"name": "guard", "type": "long"})
+        text = json.dumps({"type": "record", "name": "millstream_block", "fields": declared})
+        sync = secrets.token_bytes(16)
+        meta = {"avro.schema": text.encode(), "avro.codec": b"null"}
+        head = bytearray(b"Obj\x01") + zigzag(len(meta))
+        for k, v in meta.items():
+            head += zigzag(len(k)) + k.encode() + zigzag(len(v)) + v
+        head += b"\x00" + sync
+        return cls(tuple(fields), bytes(head), sync)
+
+
+def _varint_sizes(values: np.ndarray) -> np.ndarray:
+    """The bytes of each int64's zig-zag varint."""
+    z = ((values << 1) ^ (values >> 63)).view(np.uint64)
+    sizes = np.ones(len(values), dtype=np.int64)
+    for k in range(1, 10):
+        sizes += z >= np.uint64(1 << (7 * k))
+    return sizes
+
+
+def _ints(col: pa.Array) -> np.ndarray:
+    return np.asarray(pc.fill_null(col, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _in_range(values: np.ndarray, valid: np.ndarray, lo: int, hi: int) -> bool:
+    v = values[valid]
+    return not len(v) or (int(v.min()) >= lo and int(v.max()) <= hi)
+
+
+def _fast_columns(plan: FastPlan, payloads: list[bytes]) -> list[pa.Array] | None:
+    """The writer's fields of ``payloads`` as Arrow arrays (fastavro's types, see
+    ``_PRIMITIVE``), or None when the block does not prove it was read right."""
+    n = len(payloads)
+    nonce = secrets.randbits(62)
+    guard = zigzag(nonce)
+    body = guard.join(payloads) + guard + _PAD
+    blob = plan.header + zigzag(n) + zigzag(len(body)) + body + plan.sync
+    try:
+        table = polars.read_avro(io.BytesIO(blob)).to_arrow()
+    except BaseException as exc:  # polars' Rust panics surface as pyo3's PanicException
+        if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+            raise
+        return None
+    if table.num_rows != n or table.num_columns != len(plan.fields) + 1:
+        return None
+    # 1. every record was followed by its guard: no record was read short or long
+    if not pc.all(pc.equal(table.column(len(plan.fields)), nonce)).as_py():
+        return None
+    lengths = np.fromiter(map(len, payloads), dtype=np.int64, count=n)
+    starts = np.zeros(n, dtype=np.int64)
+    np.cumsum(lengths[:-1] + len(guard), out=starts[1:])
+    raw = np.frombuffer(body, dtype=np.uint8)
+    offset = np.zeros(n, dtype=np.int64)  # where the field being checked starts, per record
+    out: list[pa.Array] = []
+    for j, f in enumerate(plan.fields):
+        col = table.column(j).combine_chunks()
+        valid = np.ones(n, dtype=bool)
+        if f.nullable:
+            valid = ~np.asarray(col.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+            # 2. a union's branch is one byte, 0 or 1 (fastavro refuses others)
+            branch = raw[starts + offset]
+            want = np.where(valid, 2, 0) if f.null_first else np.where(valid, 0, 2)
+            if not np.array_equal(branch, want):
+                return None
+            offset += 1
+        if f.kind in _FAST_VARINT:
+            ints = _ints(col)
+            size = _varint_sizes(ints)
+            arr = _fast_varint(f, col, ints, valid)
+            if arr is None:
+                return None
+        elif f.kind in _FAST_LENGTH:
+            lens = _ints(pc.binary_length(col))
+            size = _varint_sizes(lens) + lens
+            arr = col.cast(pa.string() if f.kind == "string" else pa.binary())
+        elif f.kind == "fixed":
+            size = np.full(n, f.fixed_size, dtype=np.int64)
+            arr = col.cast(pa.binary())
+        else:
+            size = np.full(n, _FAST_WIDTH[f.kind], dtype=np.int64)
+            arr = pc.not_equal(col, pa.scalar(b"\x00", col.type)) if f.kind == "boolean" else col
+        offset += np.where(valid, size, 0)
+        out.append(arr)
+    # 3. the canonical encoding of what was read fills each payload exactly
+    if not np.array_equal(offset, lengths):
+        return None
+    return out
+
+
+def _fast_varint(
+    f: _FastField, col: pa.Array, ints: np.ndarray, valid: np.ndarray
+) -> pa.Array | None:
+    """A varint field in fastavro's type, or None for a value fastavro refuses or cannot
+    build (an enum index out of range, a date or timestamp outside Python's range, an int
+    column value that is no int32)."""
+    if f.kind == "long":
+        return col
+    if f.kind == "int":
+        return col.cast(pa.int32()) if _in_range(ints, valid, *_INT32) else None
+    if f.kind == "enum":
+        if not _in_range(ints, valid, 0, len(f.symbols) - 1):
+            return None
+        return pc.take(pa.array(f.symbols, pa.string()), col)
+    if f.kind == "date":
+        if not _in_range(ints, valid, _MIN_DAY, _MAX_DAY):
+            return None
+        return col.cast(pa.int32()).cast(pa.date32())
+    if f.kind == "timestamp-millis":
+        if not _in_range(ints, valid, -(-_MIN_US // 1000), _MAX_US // 1000):
+            return None
+        col = pc.multiply(col, 1000)
+    elif not _in_range(ints, valid, _MIN_US, _MAX_US):
+        return None
+    return col.cast(pa.timestamp("us", tz="UTC"))
 
 
 def decode_avro(
@@ -129,6 +374,30 @@ def decode_avro(
             np.zeros(0, dtype=np.int64),
             {int(p): plan.mismatch for p in positions},
         )
+    if plan.fast is None or not payloads:
+        return _decode_per_record(spec, plan, payloads, positions)
+    parts: list[Parsed] = []
+    stack = [(0, len(payloads))]
+    while stack:
+        lo, hi = stack.pop()
+        columns = _fast_columns(plan.fast, payloads[lo:hi])
+        if columns is not None:
+            picked = {c: columns[j] for c, j in zip(plan.fields, plan.field_index, strict=True)}
+            table, errors = assemble(spec, hi - lo, picked)
+            parts.append(drop_rows(Parsed(table, positions[lo:hi]), errors))
+        elif hi - lo <= FAST_LEAF:
+            parts.append(_decode_per_record(spec, plan, payloads[lo:hi], positions[lo:hi]))
+        else:
+            mid = (lo + hi) // 2
+            stack.append((mid, hi))
+            stack.append((lo, mid))
+    return concat(spec, parts)
+
+
+def _decode_per_record(
+    spec: TableSpec, plan: AvroSchemaPlan, payloads: list[bytes], positions: np.ndarray
+) -> Parsed:
+    """The reference path: one fastavro read per record."""
     reader = fastavro.schemaless_reader
     schema = plan.parsed
     records: list[Any] = []
