@@ -37,7 +37,6 @@ from typing import Any
 
 import fastavro
 import numpy as np
-import polars
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -285,6 +284,10 @@ def _fast_columns(plan: FastPlan, payloads: list[bytes]) -> list[pa.Array] | Non
     guard = zigzag(nonce)
     body = guard.join(payloads) + guard + _PAD
     blob = plan.header + zigzag(n) + zigzag(len(body)) + body + plan.sync
+    # lazy: polars takes 0.3-1 s to import; every Python process that decodes records loads
+    # this module, and only those of an Avro source need it.
+    import polars
+
     try:
         table = polars.read_avro(io.BytesIO(blob)).to_arrow()
     except BaseException as exc:  # polars' Rust panics surface as pyo3's PanicException
