@@ -7,9 +7,8 @@ offset range). A null value is a tombstone for keyed tables; its key comes from 
 With a comparison column, a record that is not a delete (tombstone or ``delete_column`` true)
 and lacks the comparison value is bad: the merge order only derives a value for deletes.
 
-The fast path parses a whole batch with one ``pyarrow.json`` call. When that fails (a
-malformed record somewhere), the batch is bisected until each bad record is isolated, so the
-cost stays close to vectorized even with a few bad records per batch.
+JSON values are parsed by :mod:`millstream.ingest.formats.jsonblock` (one ``pyarrow.json``
+call per batch, bisected around bad records).
 """
 
 from __future__ import annotations
@@ -22,12 +21,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pj
 
 from millstream.core.merge import lacks_comparison_value, missing_comparison_error
 from millstream.datastream import dead_letter_spec
 from millstream.ingest.formats import RecordDecoder
-from millstream.ingest.formats.fit import Parsed, assemble, cast_strings, drop_rows
+from millstream.ingest.formats.fit import cast_strings
+from millstream.ingest.formats.jsonblock import VIA_STRING, parse_json
 from millstream.spec import (
     ARROW_TYPES,
     OFFSET_COL,
@@ -51,9 +50,6 @@ RAW_SCHEMA = pa.schema(
     ]
 )
 
-#: Columns parsed as JSON strings first, then cast (pyarrow.json cannot parse these directly).
-_VIA_STRING = {"timestamp", "date", "binary"}
-
 
 @dataclass(frozen=True, slots=True)
 class Decoded:
@@ -61,97 +57,6 @@ class Decoded:
     dead: list[
         tuple[int, int, bytes | None, bytes | None, str]
     ]  # partition, offset, raw, key, error
-
-
-def _json_schema(spec: TableSpec) -> pa.Schema:
-    return pa.schema(
-        [
-            pa.field(c, pa.string() if t in _VIA_STRING else ARROW_TYPES[t])
-            for c, t in spec.columns.items()
-        ]
-    )
-
-
-def _parse_block(values: pa.Array, schema: pa.Schema) -> pa.Table | str:
-    """Parse non-null values as one newline-delimited block; an error text on failure."""
-    if len(values) == 0:
-        return schema.empty_table()
-    # Pretty-printed JSON is still one record: newlines are whitespace between tokens.
-    flat = pc.replace_substring(values, "\n", " ") if _has_newline(values) else values
-    joined = pc.binary_join_element_wise(flat, pa.scalar(b"", pa.binary()), b"\n")
-    size = int(np.frombuffer(joined.buffers()[1], dtype=np.int32)[len(joined)])
-    try:
-        table = pj.read_json(
-            pa.BufferReader(joined.buffers()[2].slice(0, size)),
-            read_options=pj.ReadOptions(block_size=max(1 << 20, size + 1)),
-            parse_options=pj.ParseOptions(
-                explicit_schema=schema, unexpected_field_behavior="ignore"
-            ),
-        )
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        return str(exc).removeprefix("JSON parse error: ")
-    if table.num_rows != len(values):
-        return f"value holds {table.num_rows} JSON objects, expected exactly one"
-    return table
-
-
-def _has_newline(values: pa.Array) -> bool:
-    """Whether any value of a binary array holds a newline (one scan of its data buffer)."""
-    n = len(values)
-    data = values.buffers()[2]
-    if n == 0 or data is None:
-        return False
-    wide = pa.types.is_large_binary(values.type) or pa.types.is_large_string(values.type)
-    offsets = np.frombuffer(values.buffers()[1], dtype=np.int64 if wide else np.int32)
-    lo, hi = int(offsets[values.offset]), int(offsets[values.offset + n])
-    # Bytes under null slots are looked at too: at worst that costs a needless copy.
-    body = np.frombuffer(data, dtype=np.uint8, count=hi - lo, offset=lo)
-    return bool((body == 10).any())
-
-
-def _parse_robust(
-    values: pa.Array, schema: pa.Schema
-) -> tuple[pa.Table, np.ndarray, dict[int, str]]:
-    """Parse, bisecting around failures: (good rows, their positions, {bad position: error})."""
-    good: list[pa.Table] = []
-    pieces: list[np.ndarray] = []
-    bad: dict[int, str] = {}
-    stack = [(0, len(values))]
-    while stack:
-        lo, hi = stack.pop()
-        result = _parse_block(values.slice(lo, hi - lo), schema)
-        if isinstance(result, pa.Table):
-            good.append(result)
-            pieces.append(np.arange(lo, hi, dtype=np.int64))
-        elif hi - lo == 1:
-            bad[lo] = _explain(values[lo].as_py(), result)
-        else:
-            mid = (lo + hi) // 2
-            stack.append((mid, hi))
-            stack.append((lo, mid))
-    table = pa.concat_tables(good) if good else schema.empty_table()
-    positions = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
-    return table, positions, bad
-
-
-def _explain(raw: bytes | None, arrow_error: str) -> str:
-    if not raw or not raw.strip():
-        return "empty value"
-    try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return f"not valid JSON: {exc}"
-    if not isinstance(obj, dict):
-        return f"expected a JSON object, got {type(obj).__name__}"
-    return arrow_error
-
-
-def _parse_json(spec: TableSpec, values: pa.Array) -> Parsed:
-    """The JSON format: parse with :func:`_parse_robust`, then cast the columns read as
-    strings (a value that does not cast makes its record bad, naming the column)."""
-    parsed, positions, bad = _parse_robust(values, _json_schema(spec))
-    table, errors = assemble(spec, parsed.num_rows, {c: parsed.column(c) for c in spec.columns})
-    return drop_rows(Parsed(table, positions, bad), errors)
 
 
 def decode_records(spec: TableSpec, raw: pa.Table, fmt: RecordDecoder | None = None) -> Decoded:
@@ -174,7 +79,7 @@ def decode_records(spec: TableSpec, raw: pa.Table, fmt: RecordDecoder | None = N
     live_idx = np.flatnonzero(~is_null) if any_null else np.arange(n, dtype=np.int64)
     live_values = values.take(pa.array(live_idx)) if any_null else values
     if fmt is None:
-        parsed = _parse_json(spec, live_values)
+        parsed = parse_json(spec, live_values)
     else:
         live_keys = keys.combine_chunks()
         parsed = fmt.parse(
@@ -238,7 +143,7 @@ def _coerce(spec: TableSpec, column: str, value: Any) -> Any:
         return None
     arr = pa.array([value])
     target = ARROW_TYPES[spec.columns[column]]
-    if pa.types.is_string(arr.type) and spec.columns[column] in _VIA_STRING:
+    if pa.types.is_string(arr.type) and spec.columns[column] in VIA_STRING:
         return cast_strings(arr, target)[0].as_py()
     return arr.cast(target)[0].as_py()
 
