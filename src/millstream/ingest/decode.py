@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from millstream.core.merge import lacks_comparison_value, missing_comparison_error
 from millstream.datastream import dead_letter_spec
-from millstream.ingest.formats import RecordDecoder
+from millstream.ingest.formats import EnvelopeDecoder, RecordDecoder
 from millstream.ingest.formats.fit import cast_strings
 from millstream.ingest.formats.jsonblock import VIA_STRING, parse_json
 from millstream.spec import (
@@ -74,6 +74,7 @@ def decode_records(spec: TableSpec, raw: pa.Table, fmt: RecordDecoder | None = N
     def kill(i: int, error: str) -> None:
         dead.append((int(parts[i]), int(offs[i]), values[i].as_py(), record_keys[i].as_py(), error))
 
+    meta, meta_bad = _metadata(spec, fmt, raw)
     is_null = pc.is_null(values).to_numpy(zero_copy_only=False)
     any_null = bool(is_null.any())
     live_idx = np.flatnonzero(~is_null) if any_null else np.arange(n, dtype=np.int64)
@@ -95,8 +96,14 @@ def decode_records(spec: TableSpec, raw: pa.Table, fmt: RecordDecoder | None = N
     good = parsed.table
     good = good.append_column(PARTITION_COL, pa.array(parts[row_index].astype(np.int32)))
     good = good.append_column(OFFSET_COL, pa.array(offs[row_index].astype(np.int64)))
-    good = good.append_column(TOMBSTONE_COL, pa.array(np.zeros(len(row_index), dtype=bool)))
+    deletes = parsed.deletes  # deletes in the values (a Debezium op d), as tombstones are
+    if deletes is None:
+        deletes = np.zeros(len(row_index), dtype=bool)
+    good = good.append_column(TOMBSTONE_COL, pa.array(deletes))
     good = good.cast(spec.arrow_schema(system_columns=True))
+    good = _set_columns(good, meta, row_index)
+    for j in np.flatnonzero(np.isin(row_index, list(meta_bad))).tolist():
+        cast_errors[j] = meta_bad[int(row_index[j])]
 
     # Keys: fill from the record key where the value lacks them; a null key is a bad record.
     if spec.keyed:
@@ -114,23 +121,85 @@ def decode_records(spec: TableSpec, raw: pa.Table, fmt: RecordDecoder | None = N
         good = good.filter(pa.array(keep))
 
     tombstones = [int(i) for i in np.flatnonzero(is_null)] if any_null else []
+    for i in [i for i in tombstones if i in meta_bad]:
+        kill(i, meta_bad[i])
+        tombstones.remove(i)
     if tombstones:
         stones, stone_errors = _tombstones(spec, tombstones, parts, offs, keys)
         for i, e in stone_errors:
             kill(i, e)
-        good = pa.concat_tables([good, stones])
+        failed = {i for i, _ in stone_errors}
+        stone_index = np.asarray([i for i in tombstones if i not in failed], dtype=np.int64)
+        good = pa.concat_tables([good, _set_columns(stones, meta, stone_index)])
     return Decoded(good.cast(spec.arrow_schema(system_columns=True)), dead)
 
 
+def _set_columns(table: pa.Table, columns: dict[str, pa.Array], index: np.ndarray) -> pa.Table:
+    """``table`` with ``columns`` (one value per raw record) taken at ``index`` (row ``j`` is
+    raw record ``index[j]``'s)."""
+    for c, arr in columns.items():
+        i = table.schema.get_field_index(c)
+        table = table.set_column(i, table.schema.field(c), arr.take(pa.array(index, pa.int64())))
+    return table
+
+
+def _metadata(
+    spec: TableSpec, fmt: RecordDecoder | None, raw: pa.Table
+) -> tuple[dict[str, pa.Array], dict[int, str]]:
+    """The Kafka metadata columns (``source.metadata_columns``) of every raw record, typed,
+    and the records whose metadata does not fit (a key that is no UTF-8 for a string column).
+    A column the raw records do not carry (``timestamp``, ``headers``: only a reader that
+    passes them on does) fails the batch rather than filling nulls."""
+    if not isinstance(fmt, EnvelopeDecoder) or not fmt.kafka_metadata:
+        return {}, {}
+    n = raw.num_rows
+    out: dict[str, pa.Array] = {}
+    bad: dict[int, str] = {}
+    for field, column in fmt.kafka_metadata.items():
+        target = ARROW_TYPES[spec.columns[column]]
+        if field == "topic":
+            out[column] = pa.array([fmt.topic] * n, pa.string())
+            continue
+        if field not in raw.column_names:
+            raise ValueError(
+                f"source.metadata_columns.{field}: the records read carry no {field!r} "
+                f"(columns {raw.column_names})"
+            )
+        arr = raw.column(field).combine_chunks()
+        if field == "timestamp" and pa.types.is_timestamp(target):
+            arr = arr.cast(pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
+        elif field == "key" and pa.types.is_string(target):
+            try:
+                arr = arr.cast(pa.string())
+            except pa.ArrowInvalid:
+                texts = []
+                for i, k in enumerate(arr.to_pylist()):
+                    try:
+                        texts.append(None if k is None else k.decode("utf-8"))
+                    except UnicodeDecodeError:
+                        bad.setdefault(i, f"metadata column {column!r}: the key is not UTF-8")
+                        texts.append(None)
+                arr = pa.array(texts, pa.string())
+        out[column] = arr.cast(target)
+    return out, bad
+
+
 def _key_from_record(spec: TableSpec, key: bytes | None) -> dict[str, Any] | None:
-    """The primary key carried by a record key: a JSON object, or the bare value of a
-    single-column key."""
+    """The primary key carried by a record key: a JSON object (also inside Kafka Connect's
+    ``{"schema": ..., "payload": {...}}`` wrapper), or the bare value of a single-column key."""
     if key is None:
         return None
     try:
         obj = json.loads(key)
     except (ValueError, UnicodeDecodeError):
         obj = key.decode("utf-8", errors="replace")
+    if (
+        isinstance(obj, dict)
+        and set(obj) == {"schema", "payload"}
+        and isinstance(obj["payload"], dict)
+        and not {"schema", "payload"} & set(spec.primary_key)
+    ):
+        obj = obj["payload"]
     if isinstance(obj, dict):
         return {k: obj.get(k) for k in spec.primary_key}
     if len(spec.primary_key) == 1:

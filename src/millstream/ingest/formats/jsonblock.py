@@ -109,9 +109,11 @@ def _explain(raw: bytes | None, arrow_error: str) -> str:
     return arrow_error
 
 
-def parse_json(spec: TableSpec, values: pa.Array) -> Parsed:
-    """The JSON format: parse with :func:`_parse_robust`, then cast the columns read as
-    strings (a value that does not cast makes its record bad, naming the column)."""
-    parsed, positions, bad = parse_robust(values, json_schema(spec))
-    table, errors = assemble(spec, parsed.num_rows, {c: parsed.column(c) for c in spec.columns})
+def parse_json(spec: TableSpec, values: pa.Array, columns: list[str] | None = None) -> Parsed:
+    """The JSON format: parse with :func:`parse_robust`, then cast the columns read as
+    strings (a value that does not cast makes its record bad, naming the column). Only
+    ``columns`` (default: all) are read from the values; the others are null."""
+    names = list(spec.columns) if columns is None else columns
+    parsed, positions, bad = parse_robust(values, json_schema(spec, names))
+    table, errors = assemble(spec, parsed.num_rows, {c: parsed.column(c) for c in names})
     return drop_rows(Parsed(table, positions, bad), errors)
