@@ -124,8 +124,12 @@ def parse_debezium(
     errors: dict[int, str] = {}
 
     def fail(mask: pa.Array, message: str) -> None:
+        """``message`` for the rows in ``mask`` (``{op!r}``: the row's op) that have none yet."""
         for j in np.flatnonzero(np.asarray(mask.to_numpy(zero_copy_only=False))).tolist():
-            errors.setdefault(j, message.format(op=op[j].as_py()))
+            text = (
+                message.replace("{op!r}", repr(op[j].as_py())) if "{op!r}" in message else message
+            )
+            errors.setdefault(j, text)
 
     fail(pc.is_null(op), "field 'op' is missing: not a Debezium change event")
     fail(
