@@ -88,7 +88,8 @@ def _produce(bootstrap: str, topic: str) -> list[dict[str, Any]]:
     acked: list[dict[str, Any]] = []
     failures: list[str] = []
 
-    def on_delivery(err: Any, msg: Any) -> None:
+    def on_delivery(err: Any, msg: Any, headers: list[tuple[str, bytes]]) -> None:
+        # a delivery report carries no headers (msg.headers() is None): keep those sent
         if err is not None:
             failures.append(str(err))
         else:
@@ -99,7 +100,7 @@ def _produce(bootstrap: str, topic: str) -> list[dict[str, Any]]:
                     "key": msg.key(),
                     "value": msg.value(),
                     "timestamp": msg.timestamp()[1],
-                    "headers": msg.headers(),
+                    "headers": headers,
                 }
             )
 
@@ -117,7 +118,12 @@ def _produce(bootstrap: str, topic: str) -> list[dict[str, Any]]:
     records = _records()
     for p, key, value, headers in records:
         producer.produce(
-            topic, key=key, value=value, partition=p, headers=headers, on_delivery=on_delivery
+            topic,
+            key=key,
+            value=value,
+            partition=p,
+            headers=headers,
+            on_delivery=lambda err, msg, h=headers: on_delivery(err, msg, h),
         )
         producer.poll(0)
     producer.flush(60)
