@@ -100,6 +100,25 @@ class _SchemaFormat(_Frozen):
         return self
 
 
+#: Kafka record fields ``source.metadata_columns`` can put in a column, with the column types
+#: each may fill (``headers`` is a JSON object as a string: the table has no nested types).
+KAFKA_METADATA: dict[str, tuple[str, ...]] = {
+    "timestamp": ("timestamp", "long"),
+    "key": ("binary", "string"),
+    "headers": ("string",),
+    "topic": ("string",),
+    "partition": ("int", "long"),
+    "offset": ("long",),
+}
+#: Debezium envelope fields (``source.envelope: debezium``) likewise: ``source_ts_ms`` is the
+#: envelope's ``source.ts_ms`` (when the change happened in the database).
+DEBEZIUM_METADATA: dict[str, tuple[str, ...]] = {
+    "op": ("string",),
+    "ts_ms": ("long", "timestamp"),
+    "source_ts_ms": ("long", "timestamp"),
+}
+
+
 class KafkaSource(_SchemaFormat):
     kind: Literal["kafka"]
     bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port]")
@@ -108,6 +127,16 @@ class KafkaSource(_SchemaFormat):
     key_field: str | None = None
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     options: dict[str, str] = Field(default_factory=dict, description="Passed to the client.")
+    envelope: Literal["debezium"] | None = Field(
+        default=None,
+        description="debezium: values are Debezium change events (op c/r/u upserts after, "
+        "d deletes before's key); keyed tables only.",
+    )
+    metadata_columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="Record fields into columns the schema declares: {timestamp, key, headers, "
+        "topic, partition, offset; with the debezium envelope op, ts_ms, source_ts_ms: column}.",
+    )
 
 
 class FilesSource(_Frozen):
@@ -195,7 +224,9 @@ class DatastreamSpec(_Frozen):
         if not DATASTREAM_NAME_RE.match(self.name):
             raise InvalidSpecError("name", f"{self.name!r} must match [a-z0-9][a-z0-9_-]{{0,63}}")
         parse_duration(self.trigger_interval, field="trigger_interval")
-        self.table_spec()  # validates the table section against the schema
+        table = self.table_spec()  # validates the table section against the schema
+        if isinstance(self.source, KafkaSource):
+            _check_envelope(self.source, table)
         return self
 
     @property
@@ -241,6 +272,48 @@ class DatastreamSpec(_Frozen):
         if not p.is_file():
             raise InvalidSpecError("file", f"{str(p)!r} does not exist")
         return cls.from_yaml(p.read_text())
+
+
+def _check_envelope(source: KafkaSource, table: TableSpec) -> None:
+    """``source.envelope`` and ``source.metadata_columns`` against the table."""
+    if source.envelope == "debezium":
+        if not table.keyed:
+            raise InvalidSpecError(
+                "source.envelope",
+                f"debezium needs a keyed table (table.mode upsert, partial or dedup with a "
+                f"primary_key), not {table.mode}: an append table cannot apply a delete",
+            )
+        if source.format != "json":
+            raise InvalidSpecError(
+                "source.envelope",
+                f"debezium is supported with format json only, not {source.format}",
+            )
+    allowed = {**KAFKA_METADATA, **(DEBEZIUM_METADATA if source.envelope else {})}
+    seen: dict[str, str] = {}
+    for name, column in source.metadata_columns.items():
+        where = f"source.metadata_columns.{name}"
+        if name not in allowed:
+            extra = " (with source.envelope: debezium)" if name in DEBEZIUM_METADATA else ""
+            raise InvalidSpecError(
+                where, f"is not a record field{extra}; one of {', '.join(sorted(allowed))}"
+            )
+        types = allowed[name]
+        if column not in table.columns:
+            raise InvalidSpecError(
+                where, f"column {column!r} is not in the schema: declare it as {' or '.join(types)}"
+            )
+        if table.columns[column] not in types:
+            raise InvalidSpecError(
+                where,
+                f"column {column!r} is {table.columns[column]}; {name} fits {' or '.join(types)}",
+            )
+        if column in table.primary_key:
+            raise InvalidSpecError(
+                where, f"column {column!r} is a primary key column; a key comes from the record"
+            )
+        if column in seen:
+            raise InvalidSpecError(where, f"column {column!r} is also {seen[column]}'s column")
+        seen[column] = name
 
 
 def dead_letter_spec(table: str | TableSpec) -> TableSpec:

@@ -7,9 +7,8 @@ offset range). A null value is a tombstone for keyed tables; its key comes from 
 With a comparison column, a record that is not a delete (tombstone or ``delete_column`` true)
 and lacks the comparison value is bad: the merge order only derives a value for deletes.
 
-The fast path parses a whole batch with one ``pyarrow.json`` call. When that fails (a
-malformed record somewhere), the batch is bisected until each bad record is isolated, so the
-cost stays close to vectorized even with a few bad records per batch.
+JSON values are parsed by :mod:`millstream.ingest.formats.jsonblock` (one ``pyarrow.json``
+call per batch, bisected around bad records).
 """
 
 from __future__ import annotations
@@ -22,12 +21,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pj
 
 from millstream.core.merge import lacks_comparison_value, missing_comparison_error
 from millstream.datastream import dead_letter_spec
-from millstream.ingest.formats import RecordDecoder
-from millstream.ingest.formats.fit import Parsed, assemble, cast_strings, drop_rows
+from millstream.ingest.formats import EnvelopeDecoder, RecordDecoder
+from millstream.ingest.formats.fit import cast_strings
+from millstream.ingest.formats.jsonblock import VIA_STRING, parse_json
 from millstream.spec import (
     ARROW_TYPES,
     OFFSET_COL,
@@ -51,9 +50,6 @@ RAW_SCHEMA = pa.schema(
     ]
 )
 
-#: Columns parsed as JSON strings first, then cast (pyarrow.json cannot parse these directly).
-_VIA_STRING = {"timestamp", "date", "binary"}
-
 
 @dataclass(frozen=True, slots=True)
 class Decoded:
@@ -61,97 +57,6 @@ class Decoded:
     dead: list[
         tuple[int, int, bytes | None, bytes | None, str]
     ]  # partition, offset, raw, key, error
-
-
-def _json_schema(spec: TableSpec) -> pa.Schema:
-    return pa.schema(
-        [
-            pa.field(c, pa.string() if t in _VIA_STRING else ARROW_TYPES[t])
-            for c, t in spec.columns.items()
-        ]
-    )
-
-
-def _parse_block(values: pa.Array, schema: pa.Schema) -> pa.Table | str:
-    """Parse non-null values as one newline-delimited block; an error text on failure."""
-    if len(values) == 0:
-        return schema.empty_table()
-    # Pretty-printed JSON is still one record: newlines are whitespace between tokens.
-    flat = pc.replace_substring(values, "\n", " ") if _has_newline(values) else values
-    joined = pc.binary_join_element_wise(flat, pa.scalar(b"", pa.binary()), b"\n")
-    size = int(np.frombuffer(joined.buffers()[1], dtype=np.int32)[len(joined)])
-    try:
-        table = pj.read_json(
-            pa.BufferReader(joined.buffers()[2].slice(0, size)),
-            read_options=pj.ReadOptions(block_size=max(1 << 20, size + 1)),
-            parse_options=pj.ParseOptions(
-                explicit_schema=schema, unexpected_field_behavior="ignore"
-            ),
-        )
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        return str(exc).removeprefix("JSON parse error: ")
-    if table.num_rows != len(values):
-        return f"value holds {table.num_rows} JSON objects, expected exactly one"
-    return table
-
-
-def _has_newline(values: pa.Array) -> bool:
-    """Whether any value of a binary array holds a newline (one scan of its data buffer)."""
-    n = len(values)
-    data = values.buffers()[2]
-    if n == 0 or data is None:
-        return False
-    wide = pa.types.is_large_binary(values.type) or pa.types.is_large_string(values.type)
-    offsets = np.frombuffer(values.buffers()[1], dtype=np.int64 if wide else np.int32)
-    lo, hi = int(offsets[values.offset]), int(offsets[values.offset + n])
-    # Bytes under null slots are looked at too: at worst that costs a needless copy.
-    body = np.frombuffer(data, dtype=np.uint8, count=hi - lo, offset=lo)
-    return bool((body == 10).any())
-
-
-def _parse_robust(
-    values: pa.Array, schema: pa.Schema
-) -> tuple[pa.Table, np.ndarray, dict[int, str]]:
-    """Parse, bisecting around failures: (good rows, their positions, {bad position: error})."""
-    good: list[pa.Table] = []
-    pieces: list[np.ndarray] = []
-    bad: dict[int, str] = {}
-    stack = [(0, len(values))]
-    while stack:
-        lo, hi = stack.pop()
-        result = _parse_block(values.slice(lo, hi - lo), schema)
-        if isinstance(result, pa.Table):
-            good.append(result)
-            pieces.append(np.arange(lo, hi, dtype=np.int64))
-        elif hi - lo == 1:
-            bad[lo] = _explain(values[lo].as_py(), result)
-        else:
-            mid = (lo + hi) // 2
-            stack.append((mid, hi))
-            stack.append((lo, mid))
-    table = pa.concat_tables(good) if good else schema.empty_table()
-    positions = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
-    return table, positions, bad
-
-
-def _explain(raw: bytes | None, arrow_error: str) -> str:
-    if not raw or not raw.strip():
-        return "empty value"
-    try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return f"not valid JSON: {exc}"
-    if not isinstance(obj, dict):
-        return f"expected a JSON object, got {type(obj).__name__}"
-    return arrow_error
-
-
-def _parse_json(spec: TableSpec, values: pa.Array) -> Parsed:
-    """The JSON format: parse with :func:`_parse_robust`, then cast the columns read as
-    strings (a value that does not cast makes its record bad, naming the column)."""
-    parsed, positions, bad = _parse_robust(values, _json_schema(spec))
-    table, errors = assemble(spec, parsed.num_rows, {c: parsed.column(c) for c in spec.columns})
-    return drop_rows(Parsed(table, positions, bad), errors)
 
 
 def decode_records(spec: TableSpec, raw: pa.Table, fmt: RecordDecoder | None = None) -> Decoded:
@@ -169,12 +74,13 @@ def decode_records(spec: TableSpec, raw: pa.Table, fmt: RecordDecoder | None = N
     def kill(i: int, error: str) -> None:
         dead.append((int(parts[i]), int(offs[i]), values[i].as_py(), record_keys[i].as_py(), error))
 
+    meta, meta_bad = _metadata(spec, fmt, raw)
     is_null = pc.is_null(values).to_numpy(zero_copy_only=False)
     any_null = bool(is_null.any())
     live_idx = np.flatnonzero(~is_null) if any_null else np.arange(n, dtype=np.int64)
     live_values = values.take(pa.array(live_idx)) if any_null else values
     if fmt is None:
-        parsed = _parse_json(spec, live_values)
+        parsed = parse_json(spec, live_values)
     else:
         live_keys = keys.combine_chunks()
         parsed = fmt.parse(
@@ -190,8 +96,14 @@ def decode_records(spec: TableSpec, raw: pa.Table, fmt: RecordDecoder | None = N
     good = parsed.table
     good = good.append_column(PARTITION_COL, pa.array(parts[row_index].astype(np.int32)))
     good = good.append_column(OFFSET_COL, pa.array(offs[row_index].astype(np.int64)))
-    good = good.append_column(TOMBSTONE_COL, pa.array(np.zeros(len(row_index), dtype=bool)))
+    deletes = parsed.deletes  # deletes in the values (a Debezium op d), as tombstones are
+    if deletes is None:
+        deletes = np.zeros(len(row_index), dtype=bool)
+    good = good.append_column(TOMBSTONE_COL, pa.array(deletes))
     good = good.cast(spec.arrow_schema(system_columns=True))
+    good = _set_columns(good, meta, row_index)
+    for j in np.flatnonzero(np.isin(row_index, list(meta_bad))).tolist():
+        cast_errors[j] = meta_bad[int(row_index[j])]
 
     # Keys: fill from the record key where the value lacks them; a null key is a bad record.
     if spec.keyed:
@@ -209,23 +121,85 @@ def decode_records(spec: TableSpec, raw: pa.Table, fmt: RecordDecoder | None = N
         good = good.filter(pa.array(keep))
 
     tombstones = [int(i) for i in np.flatnonzero(is_null)] if any_null else []
+    for i in [i for i in tombstones if i in meta_bad]:
+        kill(i, meta_bad[i])
+        tombstones.remove(i)
     if tombstones:
         stones, stone_errors = _tombstones(spec, tombstones, parts, offs, keys)
         for i, e in stone_errors:
             kill(i, e)
-        good = pa.concat_tables([good, stones])
+        failed = {i for i, _ in stone_errors}
+        stone_index = np.asarray([i for i in tombstones if i not in failed], dtype=np.int64)
+        good = pa.concat_tables([good, _set_columns(stones, meta, stone_index)])
     return Decoded(good.cast(spec.arrow_schema(system_columns=True)), dead)
 
 
+def _set_columns(table: pa.Table, columns: dict[str, pa.Array], index: np.ndarray) -> pa.Table:
+    """``table`` with ``columns`` (one value per raw record) taken at ``index`` (row ``j`` is
+    raw record ``index[j]``'s)."""
+    for c, arr in columns.items():
+        i = table.schema.get_field_index(c)
+        table = table.set_column(i, table.schema.field(c), arr.take(pa.array(index, pa.int64())))
+    return table
+
+
+def _metadata(
+    spec: TableSpec, fmt: RecordDecoder | None, raw: pa.Table
+) -> tuple[dict[str, pa.Array], dict[int, str]]:
+    """The Kafka metadata columns (``source.metadata_columns``) of every raw record, typed,
+    and the records whose metadata does not fit (a key that is no UTF-8 for a string column).
+    A column the raw records do not carry (``timestamp``, ``headers``: only a reader that
+    passes them on does) fails the batch rather than filling nulls."""
+    if not isinstance(fmt, EnvelopeDecoder) or not fmt.kafka_metadata:
+        return {}, {}
+    n = raw.num_rows
+    out: dict[str, pa.Array] = {}
+    bad: dict[int, str] = {}
+    for field, column in fmt.kafka_metadata.items():
+        target = ARROW_TYPES[spec.columns[column]]
+        if field == "topic":
+            out[column] = pa.array([fmt.topic] * n, pa.string())
+            continue
+        if field not in raw.column_names:
+            raise ValueError(
+                f"source.metadata_columns.{field}: the records read carry no {field!r} "
+                f"(columns {raw.column_names})"
+            )
+        arr = raw.column(field).combine_chunks()
+        if field == "timestamp" and pa.types.is_timestamp(target):
+            arr = arr.cast(pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
+        elif field == "key" and pa.types.is_string(target):
+            try:
+                arr = arr.cast(pa.string())
+            except pa.ArrowInvalid:
+                texts = []
+                for i, k in enumerate(arr.to_pylist()):
+                    try:
+                        texts.append(None if k is None else k.decode("utf-8"))
+                    except UnicodeDecodeError:
+                        bad.setdefault(i, f"metadata column {column!r}: the key is not UTF-8")
+                        texts.append(None)
+                arr = pa.array(texts, pa.string())
+        out[column] = arr.cast(target)
+    return out, bad
+
+
 def _key_from_record(spec: TableSpec, key: bytes | None) -> dict[str, Any] | None:
-    """The primary key carried by a record key: a JSON object, or the bare value of a
-    single-column key."""
+    """The primary key carried by a record key: a JSON object (also inside Kafka Connect's
+    ``{"schema": ..., "payload": {...}}`` wrapper), or the bare value of a single-column key."""
     if key is None:
         return None
     try:
         obj = json.loads(key)
     except (ValueError, UnicodeDecodeError):
         obj = key.decode("utf-8", errors="replace")
+    if (
+        isinstance(obj, dict)
+        and set(obj) == {"schema", "payload"}
+        and isinstance(obj["payload"], dict)
+        and not {"schema", "payload"} & set(spec.primary_key)
+    ):
+        obj = obj["payload"]
     if isinstance(obj, dict):
         return {k: obj.get(k) for k in spec.primary_key}
     if len(spec.primary_key) == 1:
@@ -238,7 +212,7 @@ def _coerce(spec: TableSpec, column: str, value: Any) -> Any:
         return None
     arr = pa.array([value])
     target = ARROW_TYPES[spec.columns[column]]
-    if pa.types.is_string(arr.type) and spec.columns[column] in _VIA_STRING:
+    if pa.types.is_string(arr.type) and spec.columns[column] in VIA_STRING:
         return cast_strings(arr, target)[0].as_py()
     return arr.cast(target)[0].as_py()
 

@@ -164,7 +164,8 @@ class SegmentSink(DataSourceStreamArrowWriter):
             )
         )
         for batch in self.opts.source_reader().read_records(ranges, last_record_ms=stamps):
-            yield from _slices(pa.Table.from_batches([batch], schema=records.schema))
+            # with the reader's optional columns (timestamp, headers) for metadata columns
+            yield from _slices(pa.Table.from_batches([batch]))
 
     def _decode(self, raw: pa.Table, stamps: dict[int, int]) -> Decoded:
         """Decode the task's records piece by piece: a small working set that the allocator

@@ -20,7 +20,7 @@ import base64
 import json
 import threading
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,6 +31,7 @@ from google.protobuf import descriptor_pb2
 from millstream.errors import InvalidSpecError
 from millstream.ingest.formats.avro import AvroSchemaPlan, decode_avro
 from millstream.ingest.formats.csv import CsvDecoder
+from millstream.ingest.formats.envelope import EnvelopeDecoder
 from millstream.ingest.formats.fit import Parsed, concat
 from millstream.ingest.formats.protobuf import (
     ProtoSchemaPlan,
@@ -44,7 +45,14 @@ from millstream.ingest.formats.registry import RegistryClient, SchemaNotFound
 from millstream.ingest.formats.wire import HEADER, message_indexes, split_frames
 from millstream.spec import TableSpec
 
-__all__ = ["FormatConfig", "Parsed", "RecordDecoder", "decoder_for", "format_config"]
+__all__ = [
+    "EnvelopeDecoder",
+    "FormatConfig",
+    "Parsed",
+    "RecordDecoder",
+    "decoder_for",
+    "format_config",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +69,12 @@ class FormatConfig:
     message_type: str | None = None
     #: "confluent": values carry the wire header; "none": plain payloads (fixed schema only)
     framing: str = "confluent"
+    #: "debezium": values are Debezium change events (:mod:`.envelope`); None: plain rows
+    envelope: str | None = None
+    #: ``source.metadata_columns``: record (and envelope) field -> column
+    metadata: dict[str, str] = field(default_factory=dict)
+    #: the source's topic (the ``topic`` metadata column)
+    topic: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,8 +84,13 @@ def format_config(fields: Mapping[str, Any]) -> dict[str, Any]:
     """The format config (as a dict) of a datastream's ``source`` section fields; reads the
     schema file."""
     fmt = str(fields.get("format") or "json")
+    around: dict[str, Any] = {
+        "envelope": fields.get("envelope"),
+        "metadata": dict(fields.get("metadata_columns") or {}),
+        "topic": fields.get("topic"),
+    }
     if fmt in ("json", "csv"):
-        return FormatConfig(fmt).to_dict()
+        return FormatConfig(fmt, **around).to_dict()
     registry = fields.get("schema_registry") or None
     schema_file = fields.get("schema_file")
     schema: str | None = None
@@ -106,6 +125,7 @@ def format_config(fields: Mapping[str, Any]) -> dict[str, Any]:
         schema=schema,
         message_type=fields.get("message_type"),
         framing=str(framing),
+        **around,
     ).to_dict()
 
 
@@ -283,13 +303,21 @@ def decoder_for(source_config: Mapping[str, Any] | None) -> RecordDecoder | None
     """The decoder of a reader config's format (None: JSON, the default decoder). One per
     format config and process, so a schema is fetched once per process."""
     fmt = dict((source_config or {}).get("format") or {})
-    if fmt.get("format", "json") == "json":
+    cfg = FormatConfig(**fmt)
+    if cfg.format == "json" and not cfg.envelope and not cfg.metadata:
         return None
     key = json.dumps(fmt, sort_keys=True)
     with _DECODERS_LOCK:
         found = _DECODERS.get(key)
         if found is None:
-            cfg = FormatConfig(**fmt)
-            found = CsvDecoder() if cfg.format == "csv" else SchemaDecoder(cfg)
+            inner: RecordDecoder | None = None
+            if cfg.format == "csv":
+                inner = CsvDecoder()
+            elif cfg.format != "json":
+                inner = SchemaDecoder(cfg)
+            found = inner
+            if cfg.envelope or cfg.metadata or inner is None:
+                found = EnvelopeDecoder(inner, cfg.envelope, cfg.metadata, cfg.topic)
+            assert found is not None
             _DECODERS[key] = found
         return found

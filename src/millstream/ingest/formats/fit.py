@@ -23,11 +23,13 @@ from millstream.spec import ARROW_TYPES, TableSpec
 class Parsed:
     """A format's answer for a batch of live values: ``table`` (the table's columns, typed)
     holds row ``j`` for value ``positions[j]``; ``bad`` maps a value's position to the reason
-    it was not decoded."""
+    it was not decoded. ``deletes`` (a bool per row; None: no row is one) marks the rows that
+    are deletes of their key (a Debezium ``op: d``), as a tombstone is."""
 
     table: pa.Table
     positions: np.ndarray
     bad: dict[int, str] = field(default_factory=dict)
+    deletes: np.ndarray | None = None
 
 
 def cast_strings(arr: pa.Array, target: pa.DataType) -> pa.Array:
@@ -102,7 +104,8 @@ def drop_rows(parsed: Parsed, errors: dict[int, str]) -> Parsed:
     bad = dict(parsed.bad)
     for j, e in errors.items():
         bad.setdefault(int(parsed.positions[j]), e)
-    return Parsed(parsed.table.filter(pa.array(keep)), parsed.positions[keep], bad)
+    deletes = None if parsed.deletes is None else parsed.deletes[keep]
+    return Parsed(parsed.table.filter(pa.array(keep)), parsed.positions[keep], bad, deletes)
 
 
 def concat(spec: TableSpec, parts: list[Parsed]) -> Parsed:
@@ -114,8 +117,17 @@ def concat(spec: TableSpec, parts: list[Parsed]) -> Parsed:
     bad: dict[int, str] = {}
     for p in parts:
         bad.update(p.bad)
+    deletes = None
+    if any(p.deletes is not None for p in parts):
+        deletes = np.concatenate(
+            [
+                np.zeros(p.table.num_rows, dtype=bool) if p.deletes is None else p.deletes
+                for p in parts
+            ]
+        )
     return Parsed(
         pa.concat_tables([p.table for p in parts]),
         np.concatenate([p.positions for p in parts]),
         bad,
+        deletes,
     )

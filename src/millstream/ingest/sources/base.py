@@ -24,6 +24,11 @@ from millstream.ingest.decode import RAW_SCHEMA
 RECORD_NAMES = RAW_SCHEMA.names[:4]
 #: The optional fifth column of a batch of a source with record timestamps (epoch ms).
 TIMESTAMP_NAME = "timestamp"
+#: The optional column of a batch with record headers (a JSON object as a string; only when
+#: ``source.metadata_columns`` asks for them).
+HEADERS_NAME = "headers"
+#: Optional batch columns :meth:`PartitionReader.read_records` passes on (for metadata columns).
+EXTRA_NAMES = (TIMESTAMP_NAME, HEADERS_NAME)
 
 
 class PartitionReader:
@@ -70,7 +75,8 @@ class PartitionReader:
         last_record_ms: dict[int, int] | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """The records of ``ranges`` ``(partition, lo, hi)`` as (partition, offset, key,
-        value) batches with the raw schema's types. ``last_record_ms``, if given, receives
+        value) batches with the raw schema's types, plus the batch's optional columns
+        (:data:`EXTRA_NAMES`) where it has them. ``last_record_ms``, if given, receives
         per partition the timestamp of the last record read that has one (ranges in offset
         order, as the sink reads them)."""
         for p, lo, hi in ranges:
@@ -80,7 +86,11 @@ class PartitionReader:
                         stamp = last_timestamp(batch)
                         if stamp is not None:
                             last_record_ms[p] = stamp
-                    yield pa.RecordBatch.from_arrays(raw_columns(batch), names=RECORD_NAMES)
+                    extra = [n for n in EXTRA_NAMES if n in batch.schema.names]
+                    yield pa.RecordBatch.from_arrays(
+                        [*raw_columns(batch), *(batch.column(n) for n in extra)],
+                        names=[*RECORD_NAMES, *extra],
+                    )
 
 
 def last_timestamp(batch: pa.RecordBatch) -> int | None:
@@ -131,9 +141,11 @@ def records_batch(
     keys: list[bytes | None],
     values: list[bytes | None],
     timestamps: list[int | None] | None = None,
+    headers: list[str | None] | None = None,
 ) -> pa.RecordBatch:
     """A :meth:`PartitionReader.read_range` batch; with ``timestamps`` (epoch ms, None where a
-    record has none) it has a fifth column, :data:`TIMESTAMP_NAME`."""
+    record has none) it has a fifth column, :data:`TIMESTAMP_NAME`, and with ``headers`` (JSON
+    objects) a column :data:`HEADERS_NAME`."""
     arrays = [
         pa.array([partition] * len(offsets), pa.int32()),
         pa.array(offsets, pa.int64()),
@@ -144,4 +156,7 @@ def records_batch(
     if timestamps is not None:
         arrays.append(pa.array(timestamps, pa.int64()))
         names.append(TIMESTAMP_NAME)
+    if headers is not None:
+        arrays.append(pa.array(headers, pa.string()))
+        names.append(HEADERS_NAME)
     return pa.RecordBatch.from_arrays(arrays, names=names)

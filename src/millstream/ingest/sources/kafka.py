@@ -132,6 +132,8 @@ class KafkaReader(PartitionReader):
         self.topic = config.topic
         self.conf = config.client_config()
         self.consumers = consumers
+        #: read record headers only when a metadata column holds them (a JSON per record)
+        self.headers = "headers" in (config.format.get("metadata") or {})
 
     @classmethod
     def config_from_spec(cls, fields: dict[str, Any]) -> KafkaConfig:
@@ -196,6 +198,7 @@ class KafkaReader(PartitionReader):
             keys: list[bytes | None] = []
             values: list[bytes | None] = []
             stamps: list[int | None] = []
+            headers: list[str | None] | None = [] if self.headers else None
             for m in msgs:
                 if m.error() is not None:
                     raise SourceReadError(
@@ -213,10 +216,12 @@ class KafkaReader(PartitionReader):
                 values.append(m.value())
                 kind, stamp = m.timestamp()
                 stamps.append(None if kind == _NO_TIMESTAMP else int(stamp))
+                if headers is not None:
+                    headers.append(headers_json(m.headers()))
             if offsets:
                 position = offsets[-1] + 1
                 last_progress = time.monotonic()
-                yield records_batch(partition, offsets, keys, values, stamps)
+                yield records_batch(partition, offsets, keys, values, stamps, headers)
             elif msgs:
                 last_progress = time.monotonic()
             elif c.position([tp])[0].offset >= hi:
@@ -234,3 +239,13 @@ class KafkaReader(PartitionReader):
                     partition=partition,
                     topic=self.topic,
                 )
+
+
+def headers_json(headers: list[tuple[str, bytes | None]] | None) -> str:
+    """A record's headers as a JSON object (the ``headers`` metadata column): values as UTF-8
+    text (bytes that are not UTF-8 become U+FFFD), a null value as null; of a name repeated,
+    the last value."""
+    return json.dumps(
+        {k: None if v is None else v.decode("utf-8", errors="replace") for k, v in headers or []},
+        separators=(",", ":"),
+    )
