@@ -150,7 +150,7 @@ def _raw_table(batches: list[pa.RecordBatch]) -> pa.Table:
     if not batches or n == 0:
         return RAW_SCHEMA.empty_table()
     t = pa.Table.from_batches(batches)
-    return pa.table(
+    raw = pa.table(
         {
             "partition": t.column("partition").cast(pa.int32()),
             "offset": t.column("offset").cast(pa.int64()),
@@ -162,3 +162,9 @@ def _raw_table(batches: list[pa.RecordBatch]) -> pa.Table:
         },
         schema=RAW_SCHEMA,
     )
+    # the reader's optional columns, as the sink passes them on (a table's metadata columns:
+    # the record's Kafka timestamp and headers)
+    for name in ("timestamp", "headers"):
+        if name in t.column_names:
+            raw = raw.append_column(name, t.column(name))
+    return raw

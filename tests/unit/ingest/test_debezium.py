@@ -385,3 +385,19 @@ def test_model_agrees_with_decode_order_for_canonical_compare() -> None:
     assert canonical(model_rows(ds.table_spec(), d.rows.to_pylist())) == canonical(
         model_rows(ds.table_spec(), list(reversed(d.rows.to_pylist())))
     )
+
+
+def test_reingestion_keeps_the_timestamps_and_headers_its_reader_passes_on() -> None:
+    """A lost segment of a table with metadata columns is rebuilt with them: re-ingestion
+    passes the reader's optional columns to the decoder as the sink does (without them the
+    rebuild fails the batch, and the segment stays lost)."""
+    from millstream.sealing.reingest import _raw_table
+
+    ds = datastream(metadata={"timestamp": "changed_ms", "headers": "name"})
+    batch = records_batch(
+        0, [7], [key(1)], [event("c", None, ITEM1, 10)], [1_700_000_000_000], ['{"h":"v"}']
+    )
+    d = decode_records(ds.table_spec(), _raw_table([batch]), decoder_for(config_for(ds.source)[1]))
+    assert d.dead == []
+    (row,) = d.rows.to_pylist()
+    assert (row["id"], row["changed_ms"], row["name"]) == (1, 1_700_000_000_000, '{"h":"v"}')
