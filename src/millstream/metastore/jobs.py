@@ -260,18 +260,7 @@ def start_reingest(
             {
                 "segment": segment,
                 "entry_id": entry_id,
-                "status": RUNNING,
-                "attempts": 1,
-                "owner": owner,
-                "trigger": trigger,
-                "started_at": now,
-                "updated_at": now,
-                "finished_at": None,
-                "lease_expires_at": now + lease,
-                "next_attempt_at": None,
-                "error": None,
-                "unrecoverable": None,
-                "result": None,
+                **_running(attempts=1, owner=owner, now=now, lease=lease, trigger=trigger),
             },
         )
         conn.execute(
@@ -299,13 +288,14 @@ def start_reingest(
     return result
 
 
-def _claim(
-    conn: Connection, job: ReingestJob, *, owner: str, now: float, lease: float, trigger: str
-) -> ReingestJob:
-    payload = {
-        **job.payload,
+def _running(
+    *, attempts: int, owner: str, now: float, lease: float, trigger: str
+) -> dict[str, Any]:
+    """The payload fields of a job (re)started now by ``owner``: RUNNING under a lease, with
+    the outcome of any earlier attempt cleared."""
+    return {
         "status": RUNNING,
-        "attempts": job.attempts + 1,
+        "attempts": attempts,
         "owner": owner,
         "trigger": trigger,
         "started_at": now,
@@ -316,6 +306,15 @@ def _claim(
         "error": None,
         "unrecoverable": None,
         "result": None,
+    }
+
+
+def _claim(
+    conn: Connection, job: ReingestJob, *, owner: str, now: float, lease: float, trigger: str
+) -> ReingestJob:
+    payload = {
+        **job.payload,
+        **_running(attempts=job.attempts + 1, owner=owner, now=now, lease=lease, trigger=trigger),
         "previous_owner": job.payload.get("owner"),
     }
     version = cas_update(

@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from millstream.ingest.formats.fit import Parsed, assemble, concat, drop_rows
+from millstream.ingest.formats.fit import Parsed, all_rejected, assemble, concat, drop_rows
 from millstream.spec import TableSpec
 
 #: Avro primitive / logical types -> the Arrow type their fastavro values are built as.
@@ -372,11 +372,7 @@ def decode_avro(
 ) -> Parsed:
     """Decode ``payloads`` (value ``positions[i]`` of the batch) with one writer schema."""
     if plan.mismatch is not None:
-        return Parsed(
-            spec.arrow_schema().empty_table(),
-            np.zeros(0, dtype=np.int64),
-            {int(p): plan.mismatch for p in positions},
-        )
+        return all_rejected(spec, positions, plan.mismatch)
     if plan.fast is None or not payloads:
         return _decode_per_record(spec, plan, payloads, positions)
     parts: list[Parsed] = []

@@ -131,3 +131,13 @@ def concat(spec: TableSpec, parts: list[Parsed]) -> Parsed:
         bad,
         deletes,
     )
+
+
+def all_rejected(spec: TableSpec, positions: np.ndarray, reason: str) -> Parsed:
+    """No rows: every value at ``positions`` is refused for ``reason`` (a writer schema the
+    table's schema cannot take)."""
+    return Parsed(
+        spec.arrow_schema().empty_table(),
+        np.zeros(0, dtype=np.int64),
+        {int(p): reason for p in positions},
+    )

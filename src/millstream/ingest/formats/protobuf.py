@@ -34,7 +34,7 @@ from google.protobuf import (
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 
-from millstream.ingest.formats.fit import Parsed, assemble, drop_rows
+from millstream.ingest.formats.fit import Parsed, all_rejected, assemble, drop_rows
 from millstream.spec import TableSpec
 
 _T = FieldDescriptor
@@ -186,11 +186,7 @@ def decode_protobuf(
 ) -> Parsed:
     """Decode ``payloads`` (value ``positions[i]`` of the batch) as one message type."""
     if plan.mismatch is not None:
-        return Parsed(
-            spec.arrow_schema().empty_table(),
-            np.zeros(0, dtype=np.int64),
-            {int(p): plan.mismatch for p in positions},
-        )
+        return all_rejected(spec, positions, plan.mismatch)
     parse = plan.cls.FromString
     msgs: list[Any] = []
     ok: list[int] = []
