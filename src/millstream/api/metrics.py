@@ -29,7 +29,7 @@ _NO_TABLE = frozenset({State.INITIALIZING, State.DELETING})
 class MillstreamCollector:
     def __init__(self, ctx: ApiContext) -> None:
         self.ctx = ctx
-        self.live_rows = LiveRows(ctx.catalog)
+        self.live_rows = LiveRows(ctx.catalog, clock=ctx.clock)
 
     def describe(self) -> Iterator[Any]:
         yield from self._families()

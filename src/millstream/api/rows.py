@@ -7,7 +7,9 @@ sees, after its engine merged the versions of each key and applied deletes.
   writer staged: an upper bound.)
 * A keyed table (``upsert``, ``dedup``, ``partial``) needs a merge: no figure of the manifest
   is exact (a seal keeps each key's latest delete as a row; unsealed segments hold any number
-  of versions of a key). Its rows are counted by reading it, once per manifest version: a
+  of versions of a key). Its rows are counted by reading it, once per manifest version and at
+  most once per ``min_interval`` seconds (a table gets a version per micro-batch; reading all
+  of a large table every second would cost the controller more than the figure is worth): a
   scrape starts the count of a version it has not seen in a background thread and waits for it
   at most ``wait`` seconds; until it is done the last version counted is reported (or nothing,
   before the first count), and one table is never counted twice at once. A count that fails (a
@@ -22,12 +24,15 @@ from dataclasses import dataclass
 
 from millstream.api.status import rows_per_table
 from millstream.catalog import Catalog
+from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.table.read import read_manifest
 
 log = logging.getLogger(__name__)
 
 #: Seconds a scrape waits for the count of a keyed table's new version.
 DEFAULT_WAIT = 2.0
+#: Seconds between two counts of one table (a newer version waits until then).
+DEFAULT_MIN_INTERVAL = 30.0
 
 
 @dataclass
@@ -37,14 +42,24 @@ class _Count:
     pending: int | None = None  # the version being counted now
     done: threading.Event | None = None
     failed: int | None = None  # the last version whose count failed
+    started_at: float | None = None  # when the last count started
 
 
 class LiveRows:
     """Live rows of every table, for the metrics; one per app."""
 
-    def __init__(self, catalog: Catalog, *, wait: float = DEFAULT_WAIT) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        wait: float = DEFAULT_WAIT,
+        min_interval: float = DEFAULT_MIN_INTERVAL,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.catalog = catalog
         self.wait = wait
+        self.min_interval = min_interval
+        self.clock = clock
         self.reads = 0  # counts started (tests look)
         self._lock = threading.Lock()
         self._counts: dict[str, _Count] = {}
@@ -75,14 +90,18 @@ class LiveRows:
 
     def _start(self, name: str, version: int) -> threading.Event | None:
         """The event of the count of ``version`` of ``name``, started unless it is counted,
-        being counted or failed already (None: nothing to wait for)."""
+        being counted or failed already, or the table was counted less than ``min_interval``
+        ago (None: nothing to wait for)."""
+        now = self.clock.now()
         with self._lock:
             c = self._counts.setdefault(name, _Count())
             if version in (c.version, c.failed):
                 return None
             if c.pending is not None:
                 return c.done  # one count at a time; the newest version is counted next
-            c.pending, c.done = version, threading.Event()
+            if c.started_at is not None and now - c.started_at < self.min_interval:
+                return None  # the last count stands until the interval passed
+            c.pending, c.done, c.started_at = version, threading.Event(), now
             done = c.done
             self.reads += 1
         threading.Thread(

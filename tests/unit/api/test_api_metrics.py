@@ -90,6 +90,7 @@ def test_table_rows_are_the_live_rows_counted_once_per_manifest_version(
     catalog: Catalog,
     orders: DatastreamSpec,
     source_dir: Path,
+    clock: ManualClock,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _ingest(catalog, orders, 0, 0, 42)
@@ -115,7 +116,12 @@ def test_table_rows_are_the_live_rows_counted_once_per_manifest_version(
     _ingest(catalog, orders, 0, 42, 43)
     third = _samples(api.get("/metrics").text)
 
-    assert third["millstream_table_rows", (("table", "orders"),)] == KEYS + 1
+    # A table is read at most once per interval: the count of version 1 stands meanwhile.
+    assert third["millstream_table_rows", (("table", "orders"),)] == KEYS
+    assert reads == [1]
+    clock.advance(rows_module.DEFAULT_MIN_INTERVAL)
+    fourth = _samples(api.get("/metrics").text)
+    assert fourth["millstream_table_rows", (("table", "orders"),)] == KEYS + 1
     assert reads == [1, 2], "the new version, once"
 
 
