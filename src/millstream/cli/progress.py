@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from millstream.ingest.sources import spec_reader
-from millstream.spark.runner import DatastreamRunner
+from millstream.spark.runner import CommitLogTotals, DatastreamRunner
 
 
 class ProgressView:
@@ -19,6 +19,8 @@ class ProgressView:
         self.started = time.time()
         self.latest: dict[int, int] = {}
         self._latest_at = 0.0
+        #: the writer's commit log, read incrementally
+        self.log = CommitLogTotals()
 
     def snapshot(self) -> dict[str, Any]:
         r = self.runner
@@ -27,9 +29,9 @@ class ProgressView:
                 self.latest = self.reader.latest_offsets()
             self._latest_at = time.time()
         shards = {s.partition: s.upper for s in r.catalog.store.list_shards(r.table_spec.name)}
-        commits = r.commits()
-        rows = sum(c["rows"] for c in commits)
-        last = commits[-1]["at"] if commits else None
+        log = self.log
+        log.update(r.stats_file)  # only the lines added since the last refresh
+        last = log.last_at
         progress = r.query.lastProgress if r.query is not None else None
         rate = (progress or {}).get("processedRowsPerSecond") or 0.0
         parts = sorted(set(shards) | set(self.latest))
@@ -37,11 +39,11 @@ class ProgressView:
             "datastream": r.spec.name,
             "table": r.table_spec.name,
             "writer": r.writer_id,
-            "rows_committed": rows,
+            "rows_committed": log.rows,
             "rows_per_second": round(float(rate), 1),
-            "batches": len(commits),
+            "batches": log.batches,
             "last_commit_age_s": None if last is None else round(time.time() - last, 1),
-            "lost_races": sum(1 for c in commits if c.get("lost_race")),
+            "lost_races": log.lost_races,
             "sealing": r.sealing_status(),
             "partitions": {
                 p: {

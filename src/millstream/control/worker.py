@@ -260,13 +260,8 @@ class Worker:
             for w in hosted
         ]
         all_locked = all(w.state_dir.held for w in hosted)
-        lost_races = sum(
-            1
-            for w in hosted
-            if w.runner is not None
-            for c in w.runner.commits()
-            if c.get("lost_race")
-        )
+        rows = self.row_counters()  # reads each commit log's new lines (once per heartbeat)
+        lost_races = sum(t.lost_races for t in self.row_totals.values())
         heartbeat(
             self.catalog.store,
             self.id,
@@ -278,7 +273,7 @@ class Worker:
                 "maintenance": self.maintainer.status(),
                 "loops": [s.to_dict() for s in self.loop_statuses()],
                 "lost_races": lost_races,
-                "rows": self.row_counters(),
+                "rows": rows,
             },
             clock=self.clock,
             url=self.url,

@@ -8,6 +8,7 @@ epochs (see :func:`checkpoint_verdict`); otherwise it is discarded with a warnin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -36,6 +37,7 @@ from millstream.sealing.maintenance import DEFAULT_MAINTENANCE_INTERVAL, Maintai
 from millstream.sealing.sealer import Sealer
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.options import CommitGate, SinkOptions, SourceOptions
+from millstream.spark.sink import rotated_log
 from millstream.spark.sources import FORMAT as SOURCE_FORMAT
 from millstream.spark.table_source import register
 from millstream.storage.statedir import StateDirectory
@@ -447,18 +449,33 @@ class DatastreamRunner:
     # -- status ----------------------------------------------------------------------------
 
     def commits(self) -> list[dict[str, Any]]:
-        try:
-            return [json.loads(line) for line in self.stats_file.read_text().splitlines() if line]
-        except (OSError, ValueError):
-            return []
+        """The retained commit log, oldest first: the rotated file (if any) and the current
+        one, at most twice ``COMMIT_LOG_BYTES``. For running totals, use
+        :class:`CommitLogTotals`, which reads each line once."""
+        out: list[dict[str, Any]] = []
+        for path in (rotated_log(self.stats_file), self.stats_file):
+            try:
+                text = path.read_text()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+        return out
 
 
 class CommitLogTotals:
     """Running totals of a writer's commit log (``commits.jsonl``), read incrementally: each
-    :meth:`update` reads only the lines appended since the last one. The totals never go
-    down: a log that was replaced (its state directory cleaned and created again) is read from
-    its start and added on (a log is known by its device, inode and first line: a new file
-    may get the inode of a deleted one)."""
+    :meth:`update` reads only the lines appended since the last one, so a writer's status
+    costs the same after a month as after a minute. The totals never go down:
+
+    * a log the sink rotated (renamed to ``commits.jsonl.1``, see
+      :func:`millstream.spark.sink.append_commit_log`) is read to its end before the new one;
+    * a log that was replaced (its state directory cleaned and created again) is read from its
+      start and added on.
+
+    A log is known by its device, inode and first line (a new file may get the inode of a
+    deleted one)."""
 
     def __init__(self) -> None:
         self.position = 0
@@ -467,6 +484,11 @@ class CommitLogTotals:
         self.table: str | None = None
         #: partition -> {"consumed": n, "dead_lettered": n}
         self.partitions: dict[int, dict[str, int]] = {}
+        self.batches = 0
+        self.rows = 0
+        self.lost_races = 0
+        #: when the last batch read was committed (epoch seconds), None before any
+        self.last_at: float | None = None
 
     def update(self, path: Path) -> dict[int, dict[str, int]]:
         try:
@@ -474,23 +496,49 @@ class CommitLogTotals:
                 st = os.fstat(f.fileno())
                 identity = (st.st_dev, st.st_ino, f.readline())
                 if identity != self.file or st.st_size < self.position:
+                    self._finish_rotated(rotated_log(path))
                     self.file, self.position = identity, 0  # a new log
                 f.seek(self.position)
                 chunk = f.read()
         except OSError:
             return self.partitions
-        end = chunk.rfind(b"\n") + 1  # a line being written is read next time
+        self.position += self._add(chunk)
+        return self.partitions
+
+    def _finish_rotated(self, rotated: Path) -> None:
+        """Read what is left of the log last read if the sink rotated it to ``rotated``."""
+        if self.file is None:
+            return
+        try:
+            with rotated.open("rb") as f:
+                st = os.fstat(f.fileno())
+                if (st.st_dev, st.st_ino, f.readline()) != self.file:
+                    return
+                f.seek(self.position)
+                self._add(f.read())
+        except OSError:
+            return
+
+    def _add(self, chunk: bytes) -> int:
+        """Count the whole lines of ``chunk``; returns the bytes they take (a line being
+        written is read next time)."""
+        end = chunk.rfind(b"\n") + 1
         for line in chunk[:end].splitlines():
             try:
                 entry = json.loads(line)
             except ValueError:
                 continue
+            self.batches += 1
+            self.rows += int(entry.get("rows") or 0)
+            self.lost_races += 1 if entry.get("lost_race") else 0
+            at = entry.get("at")
+            if isinstance(at, int | float):
+                self.last_at = float(at)
             for kind in ("consumed", "dead_lettered"):
                 for p, n in (entry.get(kind) or {}).items():
                     counts = self.partitions.setdefault(int(p), {"consumed": 0, "dead_lettered": 0})
                     counts[kind] += int(n)
-        self.position += end
-        return self.partitions
+        return end
 
 
 #: A query that failed with one of these restarts from the shard uppers.

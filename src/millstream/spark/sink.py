@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -335,10 +336,29 @@ class SegmentSink(DataSourceStreamArrowWriter):
                 "uppers": {str(s.partition): s.decision.new_upper for s in table.shards},
                 **_row_counts(result),
             }
-        path = Path(self.stats_file)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            f.write(json.dumps(entry) + "\n")
+        append_commit_log(Path(self.stats_file), entry)
+
+
+#: A writer's commit log is rotated past this size: ``commits.jsonl`` becomes
+#: ``commits.jsonl.1`` (replacing the previous one), so a writer that runs for months keeps at
+#: most twice this on disk (a line per micro-batch: about 40,000 batches per file).
+COMMIT_LOG_BYTES = 8 * 1024 * 1024
+
+
+def append_commit_log(path: Path, entry: dict[str, Any], *, limit: int = COMMIT_LOG_BYTES) -> None:
+    """Append ``entry`` to the commit log at ``path``; rotate the log once it is past
+    ``limit`` bytes (its readers, :class:`millstream.spark.runner.CommitLogTotals`, finish the
+    rotated file before they read the new one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(entry) + "\n")
+        size = f.tell()
+    if size > limit:
+        os.replace(path, rotated_log(path))
+
+
+def rotated_log(path: Path) -> Path:
+    return path.with_name(path.name + ".1")
 
 
 def _row_counts(result: BatchCommit) -> dict[str, dict[str, int]]:

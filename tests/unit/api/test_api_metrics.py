@@ -29,6 +29,7 @@ from millstream.ingest.sources import spec_reader
 from millstream.metastore.models import ShardAppend
 from millstream.metastore.rollback import rollback_partition
 from millstream.spark.runner import CommitLogTotals
+from millstream.spark.sink import append_commit_log
 from millstream.spark.sink import _row_counts
 from millstream.table.commit import StagedWrite, commit_writes
 from millstream.table.writer import stage_rows
@@ -241,3 +242,28 @@ def test_a_scrape_with_the_broker_down_returns_within_its_timeout_with_the_store
     assert m["millstream_ingestion_delay_ms", p0] == 4_000
     assert m["millstream_table_rows", (("table", "orders"),)] == 0
     assert m["millstream_datastreams", (("state", "READY"),)] == 1
+
+
+def test_a_rotated_commit_log_is_bounded_on_disk_and_its_totals_lose_no_line(
+    tmp_path: Path,
+) -> None:
+    """A writer that runs for months: the sink rotates its log past a size, so the state
+    directory holds at most two files; a reader that last looked before a rotation finishes
+    the rotated file before it reads the new one, so no batch is missed or counted twice."""
+    log = tmp_path / "commits.jsonl"
+    totals = CommitLogTotals()
+    written = 0
+    for batch in range(500):
+        entry = {"batch_id": batch, "at": 1000.0 + batch, "rows": 3, "lost_race": batch % 7 == 0}
+        append_commit_log(log, {**entry, "consumed": {"0": 3}, "dead_lettered": {}}, limit=2_000)
+        written += 1
+        if batch % 13 == 0:  # the heartbeat reads now and then, rotations fall in between
+            totals.update(log)
+    totals.update(log)
+    assert totals.batches == written == 500
+    assert totals.rows == 1500 and totals.partitions == {0: {"consumed": 1500, "dead_lettered": 0}}
+    assert totals.lost_races == len([b for b in range(500) if b % 7 == 0])
+    assert totals.last_at == 1499.0
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["commits.jsonl", "commits.jsonl.1"]
+    assert all((tmp_path / f).stat().st_size <= 2_000 + 200 for f in files)
