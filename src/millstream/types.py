@@ -251,6 +251,22 @@ def arrow_type(text: str) -> pa.DataType:
     return to_arrow(parse_type(text))
 
 
+def from_arrow(t: pa.DataType) -> str:
+    """The column type text of Arrow type ``t`` (for messages)."""
+    for name, arrow in SCALARS.items():
+        if t == arrow:
+            return name
+    if pa.types.is_decimal(t):
+        return f"decimal({t.precision},{t.scale})"
+    if pa.types.is_map(t):
+        return f"map<string,{from_arrow(t.item_type)}>"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return f"list<{from_arrow(t.value_type)}>"
+    if pa.types.is_struct(t):
+        return "struct<" + ",".join(f"{f.name}:{from_arrow(f.type)}" for f in t) + ">"
+    return str(t)
+
+
 def is_nested(text: str) -> bool:
     """A list, struct or map."""
     return isinstance(parse_type(text), ListType | StructType | MapType)
