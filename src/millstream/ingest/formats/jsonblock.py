@@ -257,12 +257,12 @@ def parse_json(spec: TableSpec, values: pa.Array, columns: list[str] | None = No
     slow = [c for c in names if _has_map(arrow_type(spec.columns[c]))]
     fast = [c for c in names if c not in slow]
     parsed, positions, bad = parse_robust(values, json_schema(spec, fast))
-    columns = {c: parsed.column(c) for c in fast}
+    arrays = {c: parsed.column(c) for c in fast}
     slow_errors: dict[int, str] = {}
     if slow:
         more, slow_errors = _per_record(spec, values, positions, slow)
-        columns.update(more)
-    table, errors = assemble(spec, len(positions), columns)
+        arrays.update(more)
+    table, errors = assemble(spec, len(positions), arrays)
     for j, e in slow_errors.items():
         errors.setdefault(j, e)
     return drop_rows(Parsed(table, positions, bad), errors)
