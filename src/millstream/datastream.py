@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from millstream.errors import InvalidSpecError
 from millstream.spec import (
@@ -21,8 +28,10 @@ from millstream.spec import (
     Retention,
     TableSpec,
     _first_error,
+    normalize_columns,
     parse_duration,
 )
+from millstream.types import is_nested
 
 DATASTREAM_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 _SIZE_RE = re.compile(r"^(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?$")
@@ -219,6 +228,11 @@ class DatastreamSpec(_Frozen):
     replica_mode: Literal["standby", "active-active"] = "standby"
     bad_records: Literal["dead_letter", "fail"] = "dead_letter"
 
+    @field_validator("columns")
+    @classmethod
+    def _types(cls, v: dict[str, str]) -> dict[str, str]:
+        return normalize_columns(v)
+
     @model_validator(mode="after")
     def _check(self) -> DatastreamSpec:
         if not DATASTREAM_NAME_RE.match(self.name):
@@ -227,6 +241,14 @@ class DatastreamSpec(_Frozen):
         table = self.table_spec()  # validates the table section against the schema
         if isinstance(self.source, KafkaSource):
             _check_envelope(self.source, table)
+        if self.source.format == "csv":
+            for c, t in self.columns.items():
+                if is_nested(t):
+                    raise InvalidSpecError(
+                        f"schema.{c}",
+                        f"{t} cannot be read from csv (a CSV field is flat text); "
+                        "use format json, avro or protobuf for nested columns",
+                    )
         return self
 
     @property

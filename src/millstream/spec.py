@@ -14,21 +14,26 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from millstream.errors import InvalidSpecError
+from millstream.types import SCALARS, arrow_type, is_decimal, is_nested, normalize
 
-ColumnType = Literal["string", "long", "int", "double", "boolean", "timestamp", "date", "binary"]
+#: A column type's canonical text (:mod:`millstream.types`): one of the eight scalar names,
+#: ``decimal(p,s)``, ``list<T>``, ``struct<name:T,...>`` or ``map<string,T>``.
+ColumnType = str
 MergeMode = Literal["append", "dedup", "upsert", "partial"]
 PartialStrategy = Literal["overwrite", "ignore_null", "max", "min", "sum", "append"]
 
-ARROW_TYPES: dict[str, pa.DataType] = {
-    "string": pa.string(),
-    "long": pa.int64(),
-    "int": pa.int32(),
-    "double": pa.float64(),
-    "boolean": pa.bool_(),
-    "timestamp": pa.timestamp("us", tz="UTC"),
-    "date": pa.date32(),
-    "binary": pa.binary(),
-}
+#: The scalar column types' Arrow types; :func:`millstream.types.arrow_type` covers every type.
+ARROW_TYPES: dict[str, pa.DataType] = dict(SCALARS)
+
+
+def normalize_columns(columns: dict[str, str]) -> dict[str, str]:
+    """Every column type checked and in its canonical text; an error names ``schema.<col>``."""
+    return {c: normalize(t, field=f"schema.{c}") for c, t in columns.items()}
+
+
+def _scalar_only(t: str) -> bool:
+    return not is_nested(t) and not is_decimal(t)
+
 
 #: System columns stored in every data file. Row identity is (partition, offset).
 PARTITION_COL = "_ms_partition"
@@ -141,6 +146,11 @@ class TableSpec(BaseModel):
     def _name(cls, v: str) -> str:
         return validate_table_name(v)
 
+    @field_validator("columns")
+    @classmethod
+    def _types(cls, v: dict[str, str]) -> dict[str, str]:
+        return normalize_columns(v)
+
     @model_validator(mode="after")
     def _consistent(self) -> TableSpec:
         cols = self.columns
@@ -161,12 +171,22 @@ class TableSpec(BaseModel):
         for k in self.primary_key:
             if k not in cols:
                 raise InvalidSpecError("table.primary_key", f"column {k!r} is not in the schema")
+            if not _scalar_only(cols[k]):
+                raise InvalidSpecError(
+                    "table.primary_key",
+                    f"column {k!r} is {cols[k]}: a key column must be one of "
+                    f"{', '.join(SCALARS)} (not a decimal, list, struct or map)",
+                )
         if len(set(self.primary_key)) != len(self.primary_key):
             raise InvalidSpecError("table.primary_key", "lists a column twice")
         for fname in ("comparison_column", "delete_column", "time_column"):
             c = getattr(self, fname)
             if c is not None and c not in cols:
                 raise InvalidSpecError(f"table.{fname}", f"column {c!r} is not in the schema")
+            if c is not None and is_nested(cols[c]):
+                raise InvalidSpecError(
+                    f"table.{fname}", f"column {c!r} is {cols[c]}: it must not be a nested type"
+                )
         if self.delete_column is not None and cols[self.delete_column] != "boolean":
             raise InvalidSpecError("table.delete_column", "must be a boolean column")
         if self.dedup_ttl is not None:
@@ -186,10 +206,20 @@ class TableSpec(BaseModel):
                 raise InvalidSpecError(f"table.partial.{c}", "column is not in the schema")
             if c in self.primary_key:
                 raise InvalidSpecError(f"table.partial.{c}", "key columns cannot have a strategy")
+            if strat == "sum" and is_decimal(cols[c]):
+                raise InvalidSpecError(
+                    f"table.partial.{c}",
+                    f"sum is not supported for {cols[c]}: a sum could outgrow the precision, "
+                    "and a decimal is never rounded or truncated",
+                )
             if strat in ("sum",) and cols[c] not in ("long", "int", "double"):
                 raise InvalidSpecError(f"table.partial.{c}", f"{strat} needs a numeric column")
             if strat == "append" and cols[c] != "string":
                 raise InvalidSpecError(f"table.partial.{c}", "append needs a string column")
+            if strat in ("max", "min") and is_nested(cols[c]):
+                raise InvalidSpecError(
+                    f"table.partial.{c}", f"{strat} needs an ordered column, not {cols[c]}"
+                )
             if strat in ("max", "min") and cols[c] in ("binary", "boolean"):
                 raise InvalidSpecError(f"table.partial.{c}", f"{strat} needs an ordered column")
         return self
@@ -212,7 +242,7 @@ class TableSpec(BaseModel):
         return self.partial.get(column, "ignore_null")
 
     def arrow_schema(self, *, system_columns: bool = False) -> pa.Schema:
-        fields = [pa.field(c, ARROW_TYPES[t]) for c, t in self.columns.items()]
+        fields = [pa.field(c, arrow_type(t)) for c, t in self.columns.items()]
         if system_columns:
             fields += [
                 pa.field(PARTITION_COL, pa.int32(), nullable=False),

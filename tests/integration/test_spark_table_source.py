@@ -138,3 +138,47 @@ def test_an_append_or_partitioned_by_key_table_is_read_by_one_task_per_partition
             i for p in range(3) for i in range(p * 10, p * 10 + 4)
         ]
         assert sorted(int(r["id"]) for r in df.filter("id >= 20").collect()) == [20, 21, 22, 23]
+
+
+def test_decimal_and_nested_columns_read_into_spark_with_their_types(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    from decimal import Decimal
+
+    schema = {
+        "id": "long",
+        "price": "decimal(10,2)",
+        "items": "list<struct<sku:string,qty:int>>",
+        "attrs": "map<string,long>",
+    }
+    with Catalog.open(home=tmp_path / "home") as cat:
+        spec = cat.create_table(
+            {"name": "nested", "schema": schema, "primary_key": ["id"], "mode": "upsert"}
+        ).spec
+        data = pa.Table.from_pylist(
+            [
+                {
+                    "id": 1,
+                    "price": Decimal("12.34"),
+                    "items": [{"sku": "x", "qty": 2}],
+                    "attrs": [("w", 3)],
+                    PARTITION_COL: 0,
+                    OFFSET_COL: 0,
+                    TOMBSTONE_COL: False,
+                },
+                {"id": 2, PARTITION_COL: 0, OFFSET_COL: 1, TOMBSTONE_COL: False},
+            ],
+            schema=spec.arrow_schema(system_columns=True),
+        )
+        staged = stage_rows(cat.deep, spec, data, name_hint="test")
+        commit_staged(cat.store, cat.deep, "nested", staged, {0: (0, 2)}, {})
+        df = millstream.read_table(spark, "nested", catalog=cat)
+        assert df.schema.simpleString() == (
+            "struct<id:bigint,price:decimal(10,2),items:array<struct<sku:string,qty:int>>,"
+            "attrs:map<string,bigint>>"
+        )
+        rows = sorted(df.collect(), key=lambda r: r["id"])
+    assert rows[0]["price"] == Decimal("12.34")
+    assert [(i["sku"], i["qty"]) for i in rows[0]["items"]] == [("x", 2)]
+    assert rows[0]["attrs"] == {"w": 3}
+    assert (rows[1]["price"], rows[1]["items"], rows[1]["attrs"]) == (None, None, None)

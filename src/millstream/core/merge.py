@@ -358,17 +358,14 @@ def _after_last_delete(ordered: pa.Table) -> tuple[pa.Table, pa.Table]:
     last_del = deletes.group_by([KEY_START], use_threads=False).aggregate([(IDX, "max")])
     last_idx = last_del.column(f"{IDX}_max").combine_chunks()
     last_del = last_del.rename_columns({f"{IDX}_max": "__ms_last_del"})
-    live = ordered.join(last_del, [KEY_START], join_type="left outer")
+    # The join carries positions only: Arrow joins cannot carry list, struct or map columns.
+    probe = ordered.select([KEY_START, IDX]).join(last_del, [KEY_START], join_type="left outer")
     after = pc.or_kleene(
-        pc.is_null(live.column("__ms_last_del")),
-        pc.greater(live.column(IDX), live.column("__ms_last_del")),
+        pc.is_null(probe.column("__ms_last_del")),
+        pc.greater(probe.column(IDX), probe.column("__ms_last_del")),
     )
-    live = (
-        live.filter(after)
-        .select(ordered.column_names)
-        .sort_by([(IDX, "ascending")])
-        .cast(ordered.schema)
-    )
+    kept = probe.filter(after).column(IDX).combine_chunks()
+    live = ordered.filter(pc.is_in(ordered.column(IDX), value_set=kept))
     return live, ordered.filter(pc.is_in(ordered.column(IDX), value_set=last_idx))
 
 
@@ -444,9 +441,14 @@ def _partial(spec: TableSpec, ordered: pa.Table) -> pa.Table:
     value_cols = [c for c in spec.columns if c not in keys]
     aggs: list[tuple[str, str, Any]] = [(IDX, "max", None)]
     appends: list[str] = []
+    picked: list[str] = []  # overwrite/ignore_null columns Arrow cannot aggregate: by position
     for c in value_cols:
         strat = spec.strategy(c)
-        if strat == "overwrite":
+        if strat in ("overwrite", "ignore_null") and not _aggregatable(
+            ordered.schema.field(c).type
+        ):
+            picked.append(c)
+        elif strat == "overwrite":
             aggs.append((c, "last", pc.ScalarAggregateOptions(skip_nulls=False)))
         elif strat == "ignore_null":
             aggs.append((c, "last", pc.ScalarAggregateOptions(skip_nulls=True)))
@@ -466,6 +468,11 @@ def _partial(spec: TableSpec, ordered: pa.Table) -> pa.Table:
         joined = pc.binary_join(lists.column(f"{c}_list"), APPEND_SEPARATOR)
         lists = lists.select([KEY_START]).append_column(c, joined)
         grouped = grouped.join(lists, [KEY_START], join_type="left outer")
+    for c in picked:  # the position of the row whose value the key keeps
+        rows = live if spec.strategy(c) == "overwrite" else live.filter(pc.is_valid(live.column(c)))
+        at = rows.group_by([KEY_START], use_threads=False).aggregate([(IDX, "max")])
+        at = at.rename_columns([KEY_START, f"{PICK}{c}"])
+        grouped = grouped.join(at, [KEY_START], join_type="left outer")
     # System columns come from the last contributing row.
     grouped = grouped.sort_by([(IDX, "ascending")])
     last_rows = ordered.take(grouped.column(IDX)).select([PARTITION_COL, OFFSET_COL])
@@ -476,9 +483,20 @@ def _partial(spec: TableSpec, ordered: pa.Table) -> pa.Table:
             cols.append(last_rows.column(name))
         elif name in (TOMBSTONE_COL, DEL):
             cols.append(pa.array([False] * grouped.num_rows, pa.bool_()))
+        elif name in picked:  # null position (no non-null value): null
+            cols.append(ordered.column(name).take(grouped.column(f"{PICK}{name}")))
         else:
             cols.append(grouped.column(name).cast(schema.field(name).type))
     return pa.table(cols, schema=schema)
+
+
+#: Prefix of the position column :func:`_partial` takes an unaggregatable column's value at.
+PICK = "__ms_pick_"
+
+
+def _aggregatable(t: pa.DataType) -> bool:
+    """Whether Arrow's hash ``last`` takes values of type ``t`` (not decimals or nested)."""
+    return not (pa.types.is_decimal(t) or pa.types.is_nested(t))
 
 
 def _plain_names(names: list[str], aggs: list[tuple[str, str, Any]]) -> list[str]:

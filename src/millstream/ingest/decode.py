@@ -28,12 +28,12 @@ from millstream.ingest.formats import EnvelopeDecoder, RecordDecoder
 from millstream.ingest.formats.fit import cast_strings
 from millstream.ingest.formats.jsonblock import VIA_STRING, parse_json
 from millstream.spec import (
-    ARROW_TYPES,
     OFFSET_COL,
     PARTITION_COL,
     TOMBSTONE_COL,
     TableSpec,
 )
+from millstream.types import arrow_type
 
 #: Raw record columns every Millstream stream source yields. ``[range_lo, range_hi)`` is the
 #: source range of the record's task; marker rows (``is_marker``) carry a range with no record,
@@ -156,7 +156,7 @@ def _metadata(
     out: dict[str, pa.Array] = {}
     bad: dict[int, str] = {}
     for field, column in fmt.kafka_metadata.items():
-        target = ARROW_TYPES[spec.columns[column]]
+        target = arrow_type(spec.columns[column])
         if field == "topic":
             out[column] = pa.array([fmt.topic] * n, pa.string())
             continue
@@ -211,7 +211,7 @@ def _coerce(spec: TableSpec, column: str, value: Any) -> Any:
     if value is None:
         return None
     arr = pa.array([value])
-    target = ARROW_TYPES[spec.columns[column]]
+    target = arrow_type(spec.columns[column])
     if pa.types.is_string(arr.type) and spec.columns[column] in VIA_STRING:
         return cast_strings(arr, target)[0].as_py()
     return arr.cast(target)[0].as_py()

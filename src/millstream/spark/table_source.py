@@ -58,6 +58,7 @@ from millstream.spark.sink import SegmentSink
 from millstream.spark.sources import StreamSource
 from millstream.spec import TableSpec
 from millstream.table.read import Condition
+from millstream.types import DecimalType, ListType, MapType, Scalar, Type, parse_type
 
 SPARK_TYPES = {
     "string": "string",
@@ -71,8 +72,22 @@ SPARK_TYPES = {
 }
 
 
+def spark_type(t: Type) -> str:
+    """The Spark DDL of a column type (``decimal(10,2)``, ``array<...>``, ``struct<...>``,
+    ``map<string,...>``)."""
+    if isinstance(t, Scalar):
+        return SPARK_TYPES[t.name]
+    if isinstance(t, DecimalType):
+        return f"decimal({t.precision},{t.scale})"
+    if isinstance(t, ListType):
+        return f"array<{spark_type(t.element)}>"
+    if isinstance(t, MapType):
+        return f"map<string,{spark_type(t.value)}>"
+    return "struct<" + ",".join(f"`{n}`:{spark_type(ft)}" for n, ft in t.fields) + ">"
+
+
 def spark_ddl(spec: TableSpec) -> str:
-    return ", ".join(f"`{c}` {SPARK_TYPES[t]}" for c, t in spec.columns.items())
+    return ", ".join(f"`{c}` {spark_type(parse_type(t))}" for c, t in spec.columns.items())
 
 
 def _options(options: Any) -> Options:

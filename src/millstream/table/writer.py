@@ -16,8 +16,31 @@ from millstream.metastore.store import MetadataStore
 from millstream.spec import OFFSET_COL, PARTITION_COL, TableSpec
 from millstream.storage.deepstore import DeepStore, table_data_prefix
 from millstream.table.commit import StagedFile, StagedWrite, commit_writes
+from millstream.types import decimal_overflow, has_decimal
 
 __all__ = ["StagedFile", "commit_staged", "stage_rows"]
+
+
+def _refuse_decimal_overflow(spec: TableSpec, rows: pa.Table) -> None:
+    """A decimal with more integer digits than its column's precision is never stored
+    (Parquet would keep it, and reads would return a value the type cannot hold)."""
+    for c in spec.columns:
+        if not has_decimal(rows.schema.field(c).type):
+            continue
+        over = decimal_overflow(rows.column(c).combine_chunks())
+        if over.any():
+            first = int(np.flatnonzero(over)[0])
+            raise InvalidSpecError(
+                f"rows.{c}",
+                f"{int(over.sum())} row(s) of table {spec.name!r}: decimal overflow, the first "
+                f"{_shown(rows.column(c)[first])} does not fit {spec.columns[c]}",
+            )
+
+
+def _shown(value: pa.Scalar) -> str:
+    if pa.types.is_decimal(value.type):
+        return str(value.cast(pa.decimal256(76, value.type.scale)).as_py())
+    return repr(value.as_py())
 
 
 def stage_rows(
@@ -33,6 +56,7 @@ def stage_rows(
         rows = rows.select(schema.names).cast(schema)
     except (KeyError, pa.ArrowInvalid) as exc:
         raise InvalidSpecError("rows", f"do not match table {spec.name!r}: {exc}") from exc
+    _refuse_decimal_overflow(spec, rows)
     bad = lacks_comparison_value(spec, rows)
     if bad.any():
         first = int(np.flatnonzero(bad)[0])

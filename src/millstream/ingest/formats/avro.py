@@ -40,8 +40,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from millstream.ingest.formats.fit import Parsed, all_rejected, assemble, concat, drop_rows
+from millstream.ingest.formats.fit import (
+    Parsed,
+    all_rejected,
+    assemble,
+    concat,
+    drop_rows,
+    fit_values,
+)
 from millstream.spec import TableSpec
+from millstream.types import (
+    DecimalType,
+    ListType,
+    MapType,
+    Scalar,
+    Type,
+    arrow_type,
+    parse_type,
+)
 
 #: Avro primitive / logical types -> the Arrow type their fastavro values are built as.
 _PRIMITIVE: dict[str, pa.DataType] = {
@@ -99,6 +115,38 @@ def _avro_kind(t: Any) -> tuple[str | None, bool]:
     return None, nullable
 
 
+def _fits(t: Any, col: Type) -> bool:
+    """Whether Avro type ``t`` (a union with null allowed) can fill a column of type ``col``:
+    a decimal from the decimal logical type (bytes or fixed), a list from an array, a struct
+    from a record (fields matched by name; a field the record lacks is null), a map from a
+    map, and the scalars as :data:`_ACCEPTS` says (without strings inside nested values)."""
+    if isinstance(t, list):
+        rest = [b for b in t if b != "null"]
+        if len(rest) != 1:
+            return False
+        t = rest[0]
+    if isinstance(col, Scalar):
+        kind, _ = _avro_kind(t)
+        return kind is not None and kind in _ACCEPTS[col.name] - {"string"} | (
+            {"string"} if col.name in ("string", "binary") else set()
+        )
+    if not isinstance(t, dict):
+        return False
+    base = t.get("type")
+    if isinstance(col, DecimalType):
+        return t.get("logicalType") == "decimal" and base in ("bytes", "fixed")
+    if isinstance(col, ListType):
+        return base == "array" and _fits(t.get("items"), col.element)
+    if isinstance(col, MapType):
+        return base == "map" and _fits(t.get("values"), col.value)
+    by_name = {f["name"]: f["type"] for f in t.get("fields", [])} if base == "record" else {}
+    return (
+        base == "record"
+        and any(n in by_name for n, _ in col.fields)
+        and all(n not in by_name or _fits(by_name[n], ft) for n, ft in col.fields)
+    )
+
+
 def _type_name(t: Any) -> str:
     return json.dumps(t, separators=(",", ":")) if not isinstance(t, str) else t
 
@@ -129,6 +177,19 @@ class AvroSchemaPlan:
         types: list[pa.DataType] = []
         for c, t in spec.columns.items():
             if c not in by_name:
+                continue
+            col = parse_type(t)
+            if not isinstance(col, Scalar):
+                if not _fits(by_name[c], col):
+                    return cls(
+                        parsed,
+                        [],
+                        [],
+                        f"field {c!r}: Avro type {_type_name(by_name[c])} does not fit column "
+                        f"{c!r} ({t})",
+                    )
+                fields.append(c)
+                types.append(arrow_type(t))
                 continue
             kind, _ = _avro_kind(by_name[c])
             if kind is None or kind not in _ACCEPTS[t]:
@@ -432,8 +493,17 @@ def _decode_per_record(
         get = itemgetter(*plan.fields)
         rows = [get(r) for r in records]
         cols = zip(*rows, strict=True) if len(plan.fields) > 1 else [tuple(rows)]
+        fit_errors: dict[int, str] = {}
         for name, t, values in zip(plan.fields, plan.types, cols, strict=True):
-            columns[name] = pa.array(values, t)
+            if pa.types.is_decimal(t) or pa.types.is_nested(t):
+                columns[name], errs = fit_values(list(values), t, name)
+                for j, e in errs.items():
+                    fit_errors.setdefault(j, e)
+            else:
+                columns[name] = pa.array(values, t)
     table, errors = assemble(spec, n, columns)
+    if plan.fields and n:
+        for j, e in fit_errors.items():
+            errors.setdefault(j, e)
     kept = positions[np.asarray(ok, dtype=np.int64)] if ok else np.zeros(0, dtype=np.int64)
     return drop_rows(Parsed(table, kept, bad), errors)

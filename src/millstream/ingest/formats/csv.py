@@ -19,7 +19,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pv
 
 from millstream.ingest.formats.fit import Parsed, assemble, concat, drop_rows
-from millstream.spec import ARROW_TYPES, TableSpec
+from millstream.spec import TableSpec
+from millstream.types import arrow_type
 
 #: Parsed as strings, then cast (per value, so a bad one names its row).
 _VIA_STRING = {"timestamp", "date", "binary"}
@@ -44,7 +45,7 @@ def _parse_block(
 ) -> pa.Table | str:
     present = [c for c in spec.columns if c in names]
     types = {
-        c: pa.string() if spec.columns[c] in _VIA_STRING else ARROW_TYPES[spec.columns[c]]
+        c: pa.string() if spec.columns[c] in _VIA_STRING else arrow_type(spec.columns[c])
         for c in present
     }
     data = pa.py_buffer(header.rstrip(b"\r\n") + b"\n" + join_lines(values).to_pybytes())

@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from millstream.spec import ARROW_TYPES, TableSpec
+from millstream.spec import TableSpec
+from millstream.types import arrow_type, decimal_overflow, from_arrow, has_decimal
 
 
 @dataclass(slots=True)
@@ -55,6 +56,13 @@ def fit_column(
     """``arr`` cast to ``target``: positions whose value does not fit become errors (and
     null), the rest cast in one vectorized call when every value fits."""
     combined = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    fitted, errors = _fit(combined, target, name)
+    if has_decimal(target):
+        return _no_overflow(fitted, errors, name)
+    return fitted, errors
+
+
+def _fit(combined: pa.Array, target: pa.DataType, name: str) -> tuple[pa.Array, dict[int, str]]:
     if combined.type == target:
         return combined, {}
     if target == pa.binary() and pa.types.is_string(combined.type):
@@ -69,9 +77,56 @@ def fit_column(
         try:
             out.append(_cast(pa.array([v], combined.type), target)[0].as_py())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            errors[i] = f"column {name!r}: {v!r} is not a valid {target}"
+            if has_decimal(target) or pa.types.is_nested(target):
+                errors[i] = f"column {name!r}: {v!r} does not fit {from_arrow(target)}"
+            else:
+                errors[i] = f"column {name!r}: {v!r} is not a valid {target}"
             out.append(None)
     return pa.array(out, target), errors
+
+
+def _no_overflow(
+    arr: pa.Array, errors: dict[int, str], name: str
+) -> tuple[pa.Array, dict[int, str]]:
+    """A decimal with more integer digits than its precision is an error of its row (and
+    null), never stored: Arrow builds such values without complaint in places (its JSON
+    reader takes "1234.5" for a decimal(5,2)), and Parquet would keep them."""
+    over = decimal_overflow(arr)
+    if not over.any():
+        return arr, errors
+    errors = dict(errors)
+    values = arr.to_pylist() if not pa.types.is_decimal(arr.type) else None
+    for i in np.flatnonzero(over).tolist():
+        shown = arr.cast(pa.decimal256(76, arr.type.scale))[i] if values is None else values[i]
+        text = shown.as_py() if values is None else shown
+        errors.setdefault(
+            i, f"column {name!r}: decimal overflow: {text} does not fit {from_arrow(arr.type)}"
+        )
+    return pc.if_else(pa.array(over), pa.nulls(len(arr), arr.type), arr), errors
+
+
+def fit_values(
+    values: list[Any], target: pa.DataType, name: str
+) -> tuple[pa.Array, dict[int, str]]:
+    """Python values (a nested format's decoded records) as ``target``: a value that does not
+    convert is an error of its row naming the column, and null."""
+    try:
+        arr = pa.array(values, target)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError):
+        arr = None
+    if arr is not None:
+        return fit_column(arr, target, name)
+    errors: dict[int, str] = {}
+    out: list[Any] = []
+    for i, v in enumerate(values):
+        try:
+            pa.array([v], target)
+            out.append(v)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError) as e:
+            errors[i] = f"column {name!r}: {v!r} does not fit {from_arrow(target)} ({e})"
+            out.append(None)
+    arr, more = fit_column(pa.array(out, target), target, name)
+    return arr, {**more, **errors}
 
 
 def assemble(
@@ -83,7 +138,7 @@ def assemble(
     out: dict[str, pa.Array] = {}
     errors: dict[int, str] = {}
     for c, t in spec.columns.items():
-        target = ARROW_TYPES[t]
+        target = arrow_type(t)
         arr = columns.get(c)
         if arr is None:
             out[c] = pa.nulls(n, target)

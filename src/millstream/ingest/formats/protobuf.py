@@ -14,6 +14,7 @@ field is an error.
 from __future__ import annotations
 
 import base64
+import dataclasses
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
@@ -34,8 +35,9 @@ from google.protobuf import (
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 
-from millstream.ingest.formats.fit import Parsed, all_rejected, assemble, drop_rows
+from millstream.ingest.formats.fit import Parsed, all_rejected, assemble, drop_rows, fit_values
 from millstream.spec import TableSpec
+from millstream.types import ListType, MapType, Scalar, StructType, Type, arrow_type, parse_type
 
 _T = FieldDescriptor
 _INTS32 = {_T.TYPE_INT32, _T.TYPE_SINT32, _T.TYPE_SFIXED32}
@@ -51,9 +53,10 @@ def _repeated(f: FieldDescriptor) -> bool:
     return bool(f.label == _T.LABEL_REPEATED)
 
 
-def _kind(f: FieldDescriptor) -> tuple[str | None, pa.DataType | None]:
-    """A field's kind and the Arrow type its values are built as (None: not supported)."""
-    if _repeated(f):
+def _kind(f: FieldDescriptor, *, element: bool = False) -> tuple[str | None, pa.DataType | None]:
+    """A field's kind and the Arrow type its values are built as (None: not supported);
+    ``element``: of one element of a repeated field."""
+    if _repeated(f) and not element:
         return None, None
     t = f.type
     if t in _INTS32:
@@ -91,6 +94,70 @@ _ACCEPTS: dict[str, set[str]] = {
 }
 
 
+def _is_map(f: FieldDescriptor) -> bool:
+    return bool(
+        _repeated(f) and f.type == _T.TYPE_MESSAGE and f.message_type.GetOptions().map_entry
+    )
+
+
+def _fits(f: FieldDescriptor, col: Type, *, element: bool = False) -> bool:
+    """Whether field ``f`` (``element``: one element of it) can fill a column of type ``col``:
+    a list from a repeated field, a map from a map field with string keys, a struct from a
+    message (fields matched by name; one the message lacks is null). Decimals have no
+    Protobuf type: a decimal column takes no Protobuf field."""
+    repeated = _repeated(f) and not element
+    if isinstance(col, ListType):
+        return repeated and not _is_map(f) and _fits(f, col.element, element=True)
+    if isinstance(col, MapType):
+        if not (repeated and _is_map(f)):
+            return False
+        key, value = f.message_type.fields_by_name["key"], f.message_type.fields_by_name["value"]
+        return key.type == _T.TYPE_STRING and _fits(value, col.value, element=True)
+    if repeated:
+        return False
+    if isinstance(col, StructType):
+        if f.type != _T.TYPE_MESSAGE or f.message_type.full_name == TIMESTAMP:
+            return False
+        by_name = f.message_type.fields_by_name
+        return any(n in by_name for n, _ in col.fields) and all(
+            n not in by_name or _fits(by_name[n], ft) for n, ft in col.fields
+        )
+    if isinstance(col, Scalar):
+        kind, _ = _kind(f, element=True)
+        return kind is not None and kind in _ACCEPTS[col.name] - {"string"} | (
+            {"string"} if col.name in ("string", "binary") else set()
+        )
+    return False
+
+
+def _py(f: FieldDescriptor, value: Any, col: Type, *, element: bool = False) -> Any:
+    """A field's value as the Python value of column type ``col`` (see :func:`_fits`)."""
+    if isinstance(col, ListType) and not element:
+        return [_py(f, x, col.element, element=True) for x in value]
+    if isinstance(col, MapType):
+        vf = f.message_type.fields_by_name["value"]
+        return [(k, _py(vf, v, col.value, element=True)) for k, v in value.items()]
+    if isinstance(col, StructType):
+        by_name = f.message_type.fields_by_name
+        out: dict[str, Any] = {}
+        for n, ft in col.fields:
+            sub = by_name.get(n)
+            if sub is None or (sub.has_presence and not value.HasField(n)):
+                out[n] = None
+            else:
+                out[n] = _py(sub, getattr(value, n), ft)
+        return out
+    if f.type == _T.TYPE_MESSAGE:  # a Timestamp
+        return value.ToDatetime(tzinfo=UTC)
+    if f.type == _T.TYPE_ENUM:
+        return (
+            f.enum_type.values_by_number[value].name
+            if value in f.enum_type.values_by_number
+            else str(value)
+        )
+    return value
+
+
 def _type_name(f: FieldDescriptor) -> str:
     if f.type == _T.TYPE_MESSAGE:
         name = f.message_type.full_name
@@ -108,15 +175,29 @@ class ProtoSchemaPlan:
     cls: Any
     fields: list[tuple[str, str, pa.DataType, bool, Any]]  # column, kind, type, presence, enum
     mismatch: str | None
+    #: decimal-free nested columns: column -> (field, column type), read with :func:`_py`
+    nested: dict[str, tuple[FieldDescriptor, Type]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, spec: TableSpec, desc: Descriptor) -> ProtoSchemaPlan:
         by_name = {f.name: f for f in desc.fields}
         fields: list[tuple[str, str, pa.DataType, bool, Any]] = []
+        nested: dict[str, tuple[FieldDescriptor, Type]] = {}
         msg_cls = message_factory.GetMessageClass(desc)
         for c, t in spec.columns.items():
             f = by_name.get(c)
             if f is None:
+                continue
+            col = parse_type(t)
+            if not isinstance(col, Scalar):
+                if not _fits(f, col):
+                    return cls(
+                        msg_cls,
+                        [],
+                        f"field {c!r}: Protobuf type {_type_name(f)} does not fit column "
+                        f"{c!r} ({t})",
+                    )
+                nested[c] = (f, col)
                 continue
             kind, arrow = _kind(f)
             if kind is None or arrow is None or kind not in _ACCEPTS[t]:
@@ -127,7 +208,7 @@ class ProtoSchemaPlan:
                 )
             names = {v.number: v.name for v in f.enum_type.values} if kind == "enum" else None
             fields.append((c, kind, arrow, bool(f.has_presence), names))
-        return cls(msg_cls, fields, None)
+        return cls(msg_cls, fields, None, nested)
 
 
 def pool_with_well_known_types() -> descriptor_pool.DescriptorPool:
@@ -202,6 +283,19 @@ def decode_protobuf(
         name: pa.array(_read(msgs, name, kind, presence, enum), arrow)
         for name, kind, arrow, presence, enum in plan.fields
     }
+    nested_errors: dict[int, str] = {}
+    for name, (f, col) in plan.nested.items():
+        values = [
+            None
+            if f.has_presence and not _repeated(f) and not m.HasField(name)
+            else _py(f, getattr(m, name), col)
+            for m in msgs
+        ]
+        columns[name], errs = fit_values(values, arrow_type(spec.columns[name]), name)
+        for j, e in errs.items():
+            nested_errors.setdefault(j, e)
     table, errors = assemble(spec, len(msgs), columns)
+    for j, e in nested_errors.items():
+        errors.setdefault(j, e)
     kept = positions[np.asarray(ok, dtype=np.int64)] if ok else np.zeros(0, dtype=np.int64)
     return drop_rows(Parsed(table, kept, bad), errors)
