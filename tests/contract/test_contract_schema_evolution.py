@@ -194,3 +194,22 @@ def test_two_identical_updates_at_once_on_postgres_apply_once(pg_catalog: Catalo
     assert changes == []  # re-checked against the winner: nothing left to do
     assert info.schema_version == 2
     assert [v for v, _, _ in pg_catalog.store.schema_history(TABLE)] == [1, 2]
+
+
+@pytest.mark.postgres
+def test_a_retention_change_racing_a_schema_change_on_postgres_cannot_drop_the_new_column(
+    pg_catalog: Catalog,
+) -> None:
+    """A retention change written against v1 loses its compare-and-set to a schema change;
+    re-checked against the winner, it would remove the new column: refused. (Without the
+    compare-and-set it would overwrite the table's spec with v1's columns.)"""
+    pg_catalog.create_table(EVENTS)
+    winner = spec_with(amount="double")
+    loser = TableSpec.parse({**EVENTS, "retention": {"time": "7d"}})
+
+    with pytest.raises(IncompatibleChangeError) as info:
+        _evolve_with_a_peer_first(pg_catalog, loser, winner)
+
+    assert info.value.column == "amount"
+    now = pg_catalog.table(TABLE)
+    assert (now.spec, now.schema_version) == (winner, 2)

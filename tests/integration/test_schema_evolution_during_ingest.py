@@ -95,7 +95,7 @@ def test_a_column_added_and_a_type_widened_during_continuous_ingestion_lose_noth
 
         evolved = {**body, "schema": {"id": "long", "qty": "long", "note": "string"}}
         evolved["schema"]["discount"] = "double"
-        rec, changes, version = registry.update("evolving", DatastreamSpec.parse(evolved))
+        _, changes, version = registry.update("evolving", DatastreamSpec.parse(evolved))
         assert [c.describe() for c in changes] == [
             "~ column qty int -> long",
             "+ column discount double",
