@@ -981,6 +981,86 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
             "overflows_its_precision_is_refused",
         ),
     ),
+    Guard(
+        name="schema-evolution-cas",
+        file="src/millstream/metastore/tables.py",
+        what="evolve_table: the table row changes by compare-and-set on the version its check "
+        "read, so a concurrent update is re-checked against the winner (not overwritten)",
+        old="""\
+    row_version = cas_update(
+        conn,
+        s.tables,
+        {"name": spec.name},
+        existing.version,
+        {"spec": spec.to_json_dict(), "schema_version": schema_version},
+    )
+""",
+        new="""\
+    conn.execute(  # MUTATION: no version condition, no rowcount check
+        s.tables.update()
+        .where(s.tables.c.name == spec.name)
+        .values(spec=spec.to_json_dict(), schema_version=schema_version)
+    )
+    row_version = existing.version + 1
+""",
+        tests=(
+            "tests/contract/test_contract_schema_evolution.py::test_a_retention_change_racing_a_"
+            "schema_change_on_postgres_cannot_drop_the_new_column",
+        ),
+    ),
+    Guard(
+        name="schema-evolution-compatibility-check",
+        file="src/millstream/metastore/tables.py",
+        what="evolve_table: a change that rows already written could not follow (a column "
+        "removed, a type narrowed) is refused before anything is written",
+        old="""\
+    changes = check_evolution(existing.spec, spec)
+    if not changes:
+        return existing, []
+""",
+        new="""\
+    try:  # MUTATION: any change is applied
+        changes = check_evolution(existing.spec, spec)
+    except Exception:
+        changes = [Change("widen", None, None, None)]
+    if not changes:
+        return existing, []
+""",
+        tests=(
+            "tests/contract/test_contract_schema_evolution.py::test_an_incompatible_change_is_"
+            "refused_and_nothing_changes[sqlite-local]",
+            "tests/unit/api/test_api_datastream_update.py",
+        ),
+    ),
+    Guard(
+        name="writer-decodes-under-current-schema",
+        file="src/millstream/spark/sink.py",
+        what="SegmentSink.write decodes under the table's current spec, so records carrying a "
+        "column added while the writer runs keep it",
+        old="""\
+        spec = self.current_spec() if ranges else self.spec
+""",
+        new="""\
+        spec = self.spec  # MUTATION: the spec the query started with
+""",
+        tests=("tests/unit/ingest/test_writer_schema_pickup.py",),
+    ),
+    Guard(
+        name="read-cache-keyed-by-schema",
+        file="src/millstream/table/read.py",
+        what="a reader's cache keys a file's rows by the schema they were conformed to, so rows "
+        "cached before a schema change are not handed back without its new columns",
+        old="""\
+    shape = schema_key(schema)
+""",
+        new="""\
+    shape = None  # MUTATION: rows cached under any schema are reused
+""",
+        tests=(
+            "tests/unit/sealing/test_schema_evolution_reads.py::test_old_segments_read_with_"
+            "nulls_for_added_columns_and_widened_types",
+        ),
+    ),
 )
 
 

@@ -90,6 +90,34 @@ class AlreadyExistsError(MillstreamError):
         super().__init__(f"{kind} {name!r} already exists", kind=kind, name=name)
 
 
+class IncompatibleChangeError(MillstreamError):
+    """An update of a datastream or table spec that rows already written could not follow:
+    a column removed, renamed or reordered, a type narrowed or changed lossily, a key or merge
+    setting changed, or a part of a datastream other than its schema and retention.
+
+    Nothing was changed (the table's spec and schema version are as before). ``field`` names
+    the offending field, ``column`` the column (if any) and ``rule`` the rule it breaks. Make
+    a compatible change instead (add a column at the end, widen int -> long), or create a new
+    datastream and table for the new definition.
+    """
+
+    def __init__(self, table: str, field: str, column: str | None, rule: str, change: str) -> None:
+        where = f"column {column!r}" if column is not None else field
+        super().__init__(
+            f"incompatible change to table {table!r}, {where} ({change}): {rule}; nothing "
+            "was changed",
+            table=table,
+            field=field,
+            column=column,
+            rule=rule,
+            change=change,
+        )
+        self.table = table
+        self.field = field
+        self.column = column
+        self.rule = rule
+
+
 class CommitConflictError(MillstreamError):
     """A compare-and-set lost: the row changed since it was read.
 
@@ -455,6 +483,7 @@ HTTP_STATUS: dict[type[MillstreamError], int] = {
     VersionExpiredError: 410,
     AlreadyExistsError: 409,
     InvalidTransitionError: 409,
+    IncompatibleChangeError: 409,
     CommitConflictError: 409,
     WriterFencedError: 409,
     ShardGapError: 409,
@@ -488,6 +517,7 @@ EXIT_CODES: dict[type[MillstreamError], int] = {
     VersionExpiredError: 3,
     AlreadyExistsError: 4,
     InvalidTransitionError: 4,
+    IncompatibleChangeError: 4,
     CommitConflictError: 5,
     WriterFencedError: 5,
     ShardGapError: 5,

@@ -11,10 +11,17 @@ from pathlib import Path
 
 import millstream
 
-MANIFEST_TABLES = {"tables", "table_versions", "shards", "entries", "delete_vectors"}
+MANIFEST_TABLES = {
+    "tables",
+    "table_versions",
+    "table_schemas",
+    "shards",
+    "entries",
+    "delete_vectors",
+}
 MANIFEST_SQL = re.compile(
-    r"\b(insert\s+into|update|delete\s+from)\s+ms_(tables|table_versions|shards|entries|"
-    r"delete_vectors)\b",
+    r"\b(insert\s+into|update|delete\s+from)\s+ms_(tables|table_versions|table_schemas|"
+    r"shards|entries|delete_vectors)\b",
     re.IGNORECASE,
 )
 PACKAGE = Path(millstream.__file__).parent
@@ -26,7 +33,8 @@ MUTATING_MODULES = {
     "metastore/swaps.py": "swap a seal's or a re-ingestion's file in",
     "metastore/append.py": "compare-and-append (a writer's commit)",
     "metastore/shards.py": "bootstrap missing shards",
-    "metastore/tables.py": "create a table, change its retention",
+    "metastore/tables.py": "create a table, evolve its schema, change its retention",
+    "metastore/schema.py": "migration v9 records every existing table's schema version 1",
     "metastore/expiry.py": "expire versions retention no longer keeps",
     "metastore/rollback.py": "roll a partition back (through remove_segments)",
 }

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from millstream.control.registry import DatastreamRecord
+from millstream.core.evolution import Change
 from millstream.core.lifecycle import State
 from millstream.metastore.models import Entry
 
@@ -36,6 +37,29 @@ class DatastreamOut(_Out):
     @classmethod
     def of(cls, rec: DatastreamRecord) -> DatastreamOut:
         return cls(table=rec.spec.table_name, **rec.to_dict())
+
+
+class ChangeOut(_Out):
+    """One compatible change an update makes (or would make, with ``dry_run``)."""
+
+    kind: Literal["add", "widen", "retention"]
+    column: str | None
+    old: str | None
+    new: str | None
+    description: str = Field(examples=["+ column discount double", "~ column qty int -> long"])
+
+    @classmethod
+    def of(cls, change: Change) -> ChangeOut:
+        return cls.model_validate(change.to_dict())
+
+
+class DatastreamUpdateOut(_Out):
+    datastream: DatastreamOut = Field(description="The record after the update.")
+    changes: list[ChangeOut] = Field(description="Empty: the spec was already this one.")
+    dry_run: bool = Field(description="True: checked only, nothing was written.")
+    schema_version: int | None = Field(
+        description="The table's schema version (None before the leader created the table)."
+    )
 
 
 class SegmentOut(_Out):

@@ -33,6 +33,9 @@ class ControllerClient:
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, body)
 
+    def patch(self, path: str, body: Any = None) -> Any:
+        return self.request("PATCH", path, body)
+
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)
 

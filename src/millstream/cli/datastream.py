@@ -26,7 +26,8 @@ EXIT_CODES_HELP = exit_codes_help(rest_client=True)
 
 app = typer.Typer(
     name="datastream",
-    help="Create, list, show, pause, resume, stop and delete datastreams (REST API client).",
+    help="Create, list, show, update, pause, resume, stop and delete datastreams (REST API "
+    "client).",
     epilog=EXIT_CODES_HELP,
     no_args_is_help=True,
 )
@@ -107,18 +108,62 @@ def create(
     The controller validates the spec and names any bad field. The datastream starts
     INITIALIZING; the controller makes it READY once its table exists."""
     with handle_errors(output):
-        if not file.is_file():
-            raise InvalidSpecError("file", f"{str(file)!r} does not exist")
-        try:
-            body = yaml.safe_load(file.read_text())
-        except yaml.YAMLError as exc:
-            raise InvalidSpecError("spec", f"is not valid YAML: {exc}") from None
+        body = _spec_file(file)
         with ControllerClient(controller, token=token) as client:
             rec = client.post("/datastreams", body)
         if output is OutputFormat.json:
             emit_json(rec)
         else:
             _show_record(rec, "created")
+
+
+@app.command("update", epilog=EXIT_CODES_HELP)
+def update(
+    file: Annotated[Path, typer.Option("--file", "-f", help="Datastream spec (YAML).")],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Check and list the changes; change nothing.")
+    ] = False,
+    controller: ControllerOpt = DEFAULT_CONTROLLER,
+    token: TokenOpt = None,
+    output: OutputOpt = OutputFormat.text,
+) -> None:
+    """Evolve a datastream's schema from a YAML spec (the whole spec, as for create).
+
+    Compatible changes are applied without downtime: a column added at the end (rows written
+    before read it as null), int -> long or int -> double, a decimal's precision raised, and
+    table.retention. The running writer picks them up at its next batch. Anything else is
+    refused, naming the column and the rule, and nothing changes (exit 4)."""
+    with handle_errors(output):
+        body = _spec_file(file)
+        name = body.get("name") if isinstance(body, dict) else None
+        if not isinstance(name, str) or not name:
+            raise InvalidSpecError("name", "the spec names no datastream")
+        path = f"/datastreams/{segment(name)}" + ("?dry_run=true" if dry_run else "")
+        with ControllerClient(controller, token=token) as client:
+            result = client.patch(path, body)
+        if output is OutputFormat.json:
+            emit_json(result)
+            return
+        changes = result["changes"]
+        rec = result["datastream"]
+        if not changes:
+            console.print(f"datastream {rec['name']}: no changes", highlight=False)
+            return
+        verb = "would change" if result["dry_run"] else "changed"
+        version = result.get("schema_version")
+        at = f" (table schema version {version})" if version is not None else ""
+        console.print(f"datastream {rec['name']} {verb}{at}:", highlight=False, markup=False)
+        for change in changes:
+            console.print(f"  {change['description']}", highlight=False, markup=False)
+
+
+def _spec_file(file: Path) -> Any:
+    if not file.is_file():
+        raise InvalidSpecError("file", f"{str(file)!r} does not exist")
+    try:
+        return yaml.safe_load(file.read_text())
+    except yaml.YAMLError as exc:
+        raise InvalidSpecError("spec", f"is not valid YAML: {exc}") from None
 
 
 @app.command("list", epilog=EXIT_CODES_HELP)

@@ -14,10 +14,17 @@ from sqlalchemy import Connection, delete, insert, select
 
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control import events
+from millstream.core.evolution import Change, check_evolution
 from millstream.core.lifecycle import Command, State, check_transition, command_target
-from millstream.datastream import DatastreamSpec
-from millstream.errors import AlreadyExistsError, NotFoundError
+from millstream.datastream import DatastreamSpec, dead_letter_spec
+from millstream.errors import (
+    AlreadyExistsError,
+    IncompatibleChangeError,
+    InvalidSpecError,
+    NotFoundError,
+)
 from millstream.metastore import schema as s
+from millstream.metastore import tables
 from millstream.metastore.cas import cas_update
 from millstream.metastore.store import MetadataStore
 
@@ -44,6 +51,39 @@ class DatastreamRecord:
         }
 
 
+def _differences(old: Any, new: Any, path: str) -> str | None:
+    """The first field (dotted path) where two JSON values differ, else None."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in [*old, *(k for k in new if k not in old)]:
+            found = _differences(old.get(key), new.get(key), f"{path}.{key}" if path else key)
+            if found is not None:
+                return found
+        return None
+    return None if old == new else path
+
+
+def _check_fixed_fields(old: DatastreamSpec, new: DatastreamSpec) -> None:
+    """Everything but the schema and the table section (which the evolution rules check) must
+    stay as it is: a source, segment or replica change needs a new datastream today."""
+    before = old.model_dump(mode="json", by_alias=True, exclude={"columns", "table"})
+    after = new.model_dump(mode="json", by_alias=True, exclude={"columns", "table"})
+    field = _differences(before, after, "")
+    if field is not None:
+        raise IncompatibleChangeError(
+            old.table_name,
+            field,
+            None,
+            "an update may change only the schema and table.retention",
+            f"{_at(before, field)!r} -> {_at(after, field)!r}",
+        )
+
+
+def _at(data: Any, path: str) -> Any:
+    for part in path.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
 def _record(r: Any) -> DatastreamRecord:
     return DatastreamRecord(
         name=r["name"],
@@ -54,6 +94,10 @@ def _record(r: Any) -> DatastreamRecord:
         created_at=r["created_at"],
         updated_at=r["updated_at"],
     )
+
+
+#: What an update returns: the record, the changes, the table's schema version (if it exists).
+Update = tuple[DatastreamRecord, list[Change], int | None]
 
 
 class Registry:
@@ -115,6 +159,59 @@ class Registry:
 
         rec, _ = self.store.retrying(_txn)
         return rec  # type: ignore[no-any-return]
+
+    def update(self, name: str, spec: DatastreamSpec, *, dry_run: bool = False) -> Update:
+        """Change a datastream's spec to ``spec``: its schema (compatible changes only, see
+        :mod:`millstream.core.evolution`) and its table's retention; every other field must
+        stay as it is (:class:`IncompatibleChangeError` naming the first that differs).
+
+        ONE transaction: the table's compare-and-set and new schema version
+        (:func:`millstream.metastore.tables.evolve_table`), the dead-letter table's retention,
+        and the datastream row's compare-and-set. A concurrent update makes a compare-and-set
+        lose; the retry re-reads both rows and checks the change against the winner's spec.
+        ``dry_run`` checks and returns the changes without writing. Returns the record, the
+        changes (empty: nothing to do, nothing written) and the table's schema version (None
+        before the leader created the table)."""
+        if spec.name != name:
+            raise InvalidSpecError("name", f"{spec.name!r} is not the datastream {name!r}")
+        new_table = spec.table_spec()
+
+        def _txn(conn: Connection) -> Update:
+            rec = self._get(conn, name)
+            if rec is None:
+                raise NotFoundError("datastream", name)
+            _check_fixed_fields(rec.spec, spec)
+            table = tables.find_table(conn, new_table.name, missing_ok=True)
+            if table is None:  # not created yet: the leader creates it from the new spec
+                changes = check_evolution(rec.spec.table_spec(), new_table)
+                schema_version = None
+            elif dry_run:
+                changes = check_evolution(table.spec, new_table)
+                schema_version = table.schema_version
+            else:
+                info, changes = tables.evolve_table(conn, self.store, new_table)
+                schema_version = info.schema_version
+                dl = tables.find_table(conn, spec.dead_letter_table, missing_ok=True)
+                if dl is not None:
+                    tables.evolve_table(conn, self.store, dead_letter_spec(new_table))
+            if dry_run or not changes:
+                return rec, changes, schema_version
+            cas_update(
+                conn,
+                s.datastreams,
+                {"name": name},
+                rec.version,
+                {
+                    "spec": spec.model_dump(mode="json", by_alias=True),
+                    "updated_at": self.clock.now(),
+                },
+            )
+            new = self._get(conn, name)
+            assert new is not None
+            return new, changes, schema_version
+
+        result, _ = self.store.retrying(_txn)
+        return result  # type: ignore[no-any-return]
 
     def command(self, name: str, command: Command) -> DatastreamRecord:
         """Apply a user command (pause, resume, stop, delete) by compare-and-set.

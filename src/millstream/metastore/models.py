@@ -23,6 +23,8 @@ class TableInfo:
     manifest_version: int
     created_at: float
     version: int
+    #: The schema version of ``spec`` (schema v9): 1 at creation, +1 per schema change.
+    schema_version: int = 1
 
     @property
     def name(self) -> str:

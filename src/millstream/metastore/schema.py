@@ -43,6 +43,9 @@ tables = Table(
     Column("manifest_version", BigInteger, nullable=False),
     Column("created_at", Float, nullable=False),
     Column("version", BigInteger, nullable=False),
+    # Schema v9: the table's schema version, bumped by every compatible schema change (the
+    # spec is that version's; its history is in ``ms_table_schemas``).
+    Column("schema_version", BigInteger, nullable=False, server_default="1"),
 )
 
 #: One row per manifest version of a table: what changed it and when (time travel by time).
@@ -233,7 +236,23 @@ controller_jobs = Table(
 Index("ix_controller_jobs_table", controller_jobs.c.table_name, controller_jobs.c.kind)
 Index("ux_controller_jobs_active", controller_jobs.c.active_key, unique=True)
 
-LATEST_SCHEMA_VERSION = 8
+evolution = MetaData()
+
+#: Schema v9: every schema version of a table, the first (its creation) included: the spec in
+#: force from ``manifest_version`` on. Written in the same transaction as the table row's
+#: compare-and-set that makes it current (:func:`millstream.metastore.tables.evolve_table`);
+#: the primary key makes a second writer of the same version fail (and re-check).
+table_schemas = Table(
+    "ms_table_schemas",
+    evolution,
+    Column("table_name", String(128), primary_key=True),
+    Column("schema_version", BigInteger, primary_key=True, autoincrement=False),
+    Column("spec", JSON, nullable=False),
+    Column("manifest_version", BigInteger, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+LATEST_SCHEMA_VERSION = 9
 
 
 def _v1(conn: Connection) -> None:
@@ -289,6 +308,26 @@ def _v8(conn: Connection) -> None:
         conn.execute(text(f"ALTER TABLE {shards.name} ADD COLUMN last_record_ms BIGINT"))
 
 
+def _v9(conn: Connection) -> None:
+    """Schema versions: ``ms_tables.schema_version`` (a database created at v1 by this code
+    already has it: ``tables`` declares it) and :data:`table_schemas`, where every existing
+    table gets its current spec as schema version 1."""
+    have = {c["name"] for c in inspect(conn).get_columns(tables.name)}
+    if "schema_version" not in have:
+        conn.execute(
+            text(f"ALTER TABLE {tables.name} ADD COLUMN schema_version BIGINT NOT NULL DEFAULT 1")
+        )
+    evolution.create_all(conn, checkfirst=True)
+    conn.execute(
+        text(
+            "INSERT INTO ms_table_schemas "
+            "(table_name, schema_version, spec, manifest_version, created_at) "
+            "SELECT name, schema_version, spec, manifest_version, created_at FROM ms_tables "
+            "WHERE name NOT IN (SELECT table_name FROM ms_table_schemas)"
+        )
+    )
+
+
 #: Migration N takes the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _v1,
@@ -299,6 +338,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     6: _v6,
     7: _v7,
     8: _v8,
+    9: _v9,
 }
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from millstream.clock import SYSTEM_CLOCK, Clock
+from millstream.core.evolution import Change
 from millstream.metastore import append, engine, reads, shards, tables
 from millstream.metastore import schema as s
 from millstream.metastore.models import AppendResult, Manifest, Shard, ShardAppend, TableInfo
@@ -80,6 +81,20 @@ class MetadataStore:
     def create_table(self, spec: TableSpec, *, exist_ok: bool = True) -> TableInfo:
         """Create a table; an identical existing one is returned when ``exist_ok``."""
         return tables.create_table(self, spec, exist_ok=exist_ok)
+
+    def evolve_table(self, spec: TableSpec) -> tuple[TableInfo, list[Change]]:
+        """Change the table's spec to ``spec`` if the change is compatible (one transaction:
+        compare-and-set on the table row plus the new schema version's row); a lost race is
+        retried and re-checked against the winner. IncompatibleChangeError otherwise."""
+        result, _ = self.retrying(tables.evolve_table, self, spec)
+        return result  # type: ignore[no-any-return]
+
+    def schema_history(self, name: str) -> list[tuple[int, TableSpec, int]]:
+        """Every schema version of the table, oldest first: (version, spec, manifest version
+        it took effect at)."""
+        with self.read() as conn:
+            tables.find_table(conn, name)
+            return tables.schema_history(conn, name)
 
     def get_table(self, name: str) -> TableInfo:
         with self.read() as conn:

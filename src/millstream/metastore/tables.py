@@ -1,4 +1,4 @@
-"""Table rows of the metadata store: creating a table and looking one up."""
+"""Table rows of the metadata store: creating a table, evolving its schema, looking one up."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, insert, select
 
+from millstream.core.evolution import Change, check_evolution
 from millstream.errors import AlreadyExistsError, TableNotFoundError
 from millstream.metastore import schema as s
 from millstream.metastore.cas import cas_update
@@ -23,6 +24,11 @@ def create_table(store: MetadataStore, spec: TableSpec, *, exist_ok: bool) -> Ta
     def _create(conn: Connection) -> TableInfo:
         existing = find_table(conn, spec.name, missing_ok=True)
         if existing is not None:
+            if exist_ok and not existing.spec.same_table(spec) and _had_schema(conn, spec):
+                # A writer started before the table's schema evolved (its datastream spec is
+                # an older one) restarts: the table stays as it is, the writer reads its
+                # current spec per batch.
+                return existing
             if not (exist_ok and existing.spec.same_table(spec)):
                 raise AlreadyExistsError("table", spec.name)
             if existing.spec.retention == spec.retention:
@@ -36,7 +42,13 @@ def create_table(store: MetadataStore, spec: TableSpec, *, exist_ok: bool) -> Ta
                 existing.version,
                 {"spec": spec.to_json_dict()},
             )
-            return TableInfo(spec, existing.manifest_version, existing.created_at, row_version)
+            return TableInfo(
+                spec,
+                existing.manifest_version,
+                existing.created_at,
+                row_version,
+                existing.schema_version,
+            )
         now = store.clock.now()
         conn.execute(
             insert(s.tables).values(
@@ -45,6 +57,16 @@ def create_table(store: MetadataStore, spec: TableSpec, *, exist_ok: bool) -> Ta
                 manifest_version=0,
                 created_at=now,
                 version=1,
+                schema_version=1,
+            )
+        )
+        conn.execute(
+            insert(s.table_schemas).values(
+                table_name=spec.name,
+                schema_version=1,
+                spec=spec.to_json_dict(),
+                manifest_version=0,
+                created_at=now,
             )
         )
         conn.execute(
@@ -56,6 +78,69 @@ def create_table(store: MetadataStore, spec: TableSpec, *, exist_ok: bool) -> Ta
 
     info, _ = store.retrying(_create)
     return info  # type: ignore[no-any-return]
+
+
+def evolve_table(
+    conn: Connection, store: MetadataStore, spec: TableSpec
+) -> tuple[TableInfo, list[Change]]:
+    """Make ``spec`` the table's spec inside ``conn``'s transaction, if
+    :func:`~millstream.core.evolution.check_evolution` allows the change from the current one
+    (else :class:`~millstream.errors.IncompatibleChangeError`, nothing changed). Returns the
+    table as it now is and the changes (none: nothing was written).
+
+    A schema change is ONE compare-and-set on the table row (new spec, ``schema_version`` + 1)
+    plus the insert of that version's ``ms_table_schemas`` row; a retention change alone is
+    the compare-and-set only. The row is read without a lock: an update (or a writer's commit)
+    that lands in between makes the compare-and-set lose, and the caller's retry re-reads the
+    winner's spec and checks the change against it."""
+    existing = find_table(conn, spec.name)
+    assert existing is not None
+    changes = check_evolution(existing.spec, spec)
+    if not changes:
+        return existing, []
+    schema_changed = any(c.kind != "retention" for c in changes)
+    schema_version = existing.schema_version + (1 if schema_changed else 0)
+    row_version = cas_update(
+        conn,
+        s.tables,
+        {"name": spec.name},
+        existing.version,
+        {"spec": spec.to_json_dict(), "schema_version": schema_version},
+    )
+    if schema_changed:
+        conn.execute(
+            insert(s.table_schemas).values(
+                table_name=spec.name,
+                schema_version=schema_version,
+                spec=spec.to_json_dict(),
+                manifest_version=existing.manifest_version,
+                created_at=store.clock.now(),
+            )
+        )
+    info = TableInfo(
+        spec, existing.manifest_version, existing.created_at, row_version, schema_version
+    )
+    return info, changes
+
+
+def schema_history(conn: Connection, name: str) -> list[tuple[int, TableSpec, int]]:
+    """Every schema version of the table, oldest first: (schema version, spec, the manifest
+    version it took effect at)."""
+    rows = conn.execute(
+        select(
+            s.table_schemas.c.schema_version,
+            s.table_schemas.c.spec,
+            s.table_schemas.c.manifest_version,
+        )
+        .where(s.table_schemas.c.table_name == name)
+        .order_by(s.table_schemas.c.schema_version)
+    ).all()
+    return [(int(v), TableSpec.parse(sp), int(mv)) for v, sp, mv in rows]
+
+
+def _had_schema(conn: Connection, spec: TableSpec) -> bool:
+    """Whether ``spec`` (retention aside) is one of the table's earlier schema versions."""
+    return any(old.same_table(spec) for _, old, _ in schema_history(conn, spec.name))
 
 
 def find_table(
@@ -82,5 +167,9 @@ def list_tables(conn: Connection) -> list[TableInfo]:
 
 def table_info(r: Any) -> TableInfo:
     return TableInfo(
-        TableSpec.parse(r["spec"]), r["manifest_version"], r["created_at"], r["version"]
+        TableSpec.parse(r["spec"]),
+        r["manifest_version"],
+        r["created_at"],
+        r["version"],
+        r["schema_version"],
     )

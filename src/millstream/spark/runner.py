@@ -214,7 +214,9 @@ class DatastreamRunner:
     # -- bootstrap -------------------------------------------------------------------------
 
     def ensure_tables(self) -> None:
-        self.catalog.create_table(self.table_spec)
+        # The table as it is: its schema may have evolved since this runner's datastream spec
+        # was read (the sink reads the current spec per batch anyway).
+        self.table_spec = self.catalog.create_table(self.table_spec).spec
         self.catalog.create_table(dead_letter_spec(self.table_spec))
 
     def bootstrap(self) -> Bootstrap:

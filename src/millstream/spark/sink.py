@@ -29,13 +29,14 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 
 from millstream import faults
 from millstream.datastream import dead_letter_spec
-from millstream.errors import BadRecordError
+from millstream.errors import BadRecordError, TableNotFoundError
 from millstream.ingest.decode import RAW_SCHEMA, Decoded, dead_letter_rows, decode_records
 from millstream.ingest.formats import decoder_for
 from millstream.metastore.assignments import may_commit
 from millstream.metastore.store import MetadataStore
 from millstream.spark.options import SinkOptions
 from millstream.spark.sources import SELF_READ
+from millstream.spec import TableSpec
 from millstream.storage.deepstore import DeepStore
 from millstream.table.commit import (
     BatchCommit,
@@ -168,18 +169,30 @@ class SegmentSink(DataSourceStreamArrowWriter):
             # with the reader's optional columns (timestamp, headers) for metadata columns
             yield from _slices(pa.Table.from_batches([batch]))
 
-    def _decode(self, raw: pa.Table, stamps: dict[int, int]) -> Decoded:
+    def current_spec(self) -> TableSpec:
+        """The table's spec as it is now (one read of its row), which a write task decodes
+        and stages under: a schema change (``millstream datastream update``) reaches a
+        running writer at its next batch, without a restart. The ranges of a batch are
+        planned before its tasks start, so every record produced after the change was
+        acknowledged is decoded under it. Before the table exists (tests that stage without
+        one), the spec the sink was started with."""
+        try:
+            return self._store().get_table(self.spec.name).spec
+        except TableNotFoundError:
+            return self.spec
+
+    def _decode(self, spec: TableSpec, raw: pa.Table, stamps: dict[int, int]) -> Decoded:
         """Decode the task's records piece by piece: a small working set that the allocator
         reuses, instead of fresh memory for the whole task (which costs kernel time)."""
         rows: list[pa.Table] = []
         dead: list[tuple[int, int, bytes | None, bytes | None, str]] = []
         fmt = decoder_for(self.opts.source_config)  # the source's format; None: JSON
         for piece in self._record_pieces(raw, stamps):
-            d = decode_records(self.spec, piece, fmt)
+            d = decode_records(spec, piece, fmt)
             rows.append(d.rows)
             dead.extend(d.dead)
         if not rows:
-            return decode_records(self.spec, raw.select(RAW_SCHEMA.names[:4]).slice(0, 0))
+            return decode_records(spec, raw.select(RAW_SCHEMA.names[:4]).slice(0, 0))
         return Decoded(pa.concat_tables(rows) if len(rows) > 1 else rows[0], dead)
 
     def _store(self) -> MetadataStore:
@@ -198,13 +211,14 @@ class SegmentSink(DataSourceStreamArrowWriter):
         ranges = _ranges(raw)
         staged_at = time.time()  # before reading: no file of this task is older
         stamps: dict[int, int] = {}
-        decoded = self._decode(raw, stamps)
+        spec = self.current_spec() if ranges else self.spec
+        decoded = self._decode(spec, raw, stamps)
         read_ms = round(time.time() * 1000)  # the ingestion time of records without a stamp
         if decoded.dead and self.bad_records == "fail":
             p, o, _, _, err = min(decoded.dead, key=lambda d: (d[0], d[1]))
             raise BadRecordError(self.spec.name, p, o, err)
         deep = self._deep()
-        data = stage_rows(deep, self.spec, decoded.rows, name_hint=hint)
+        data = stage_rows(deep, spec, decoded.rows, name_hint=hint)
         dead = stage_rows(deep, self.dl_spec, dead_letter_rows(decoded.dead), name_hint=hint)
         faults.hit("after_stage", batch_id)
         with_records = set(data.row_counts) | set(dead.row_counts)

@@ -180,20 +180,24 @@ class MillstreamDataSource(DataSource):
         with Catalog.open(settings=Settings.from_options(opts)) as cat:
             return spark_ddl(cat.table(_table_name(opts)).spec)
 
-    def reader(self, schema: StructType) -> DataSourceReader:
+    def reader(self, schema: StructType | None) -> DataSourceReader:
         options = _options(self.options)
+        columns = None if schema is None else [f.name for f in schema.fields]
         if options.get("pushFilters", "false").lower() == "true":
-            return PushdownReader(options)
-        return MillstreamReader(options)
+            return PushdownReader(options, columns)
+        return MillstreamReader(options, columns)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         return SegmentSink(SinkOptions.from_options(self.options))
 
 
 class MillstreamReader(DataSourceReader):
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: dict[str, str], columns: list[str] | None = None) -> None:
         self.options = options
         self.table = _table_name(options)
+        #: The columns of the schema Spark planned with: a column added to the table since
+        #: (schema evolution) is left out, so the rows match the plan.
+        self.columns = columns
         #: Conditions the read applies before the merge (from Spark's pushed filters).
         self.conditions: list[Condition] = []
 
@@ -209,6 +213,8 @@ class MillstreamReader(DataSourceReader):
                 partitions=partition.partitions,
                 conditions=self.conditions,
             )
+        if self.columns is not None and table.column_names != self.columns:
+            table = table.select(self.columns)
         yield from table.to_batches(max_chunksize=65536)
 
 

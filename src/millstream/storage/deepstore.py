@@ -89,7 +89,17 @@ class DeepStore:
         )
         return int(self.fs.get_file_info(full).size or 0)
 
-    def read_parquet(self, path: str, *, columns: list[str] | None = None) -> pa.Table:
+    def read_parquet(
+        self, path: str, *, columns: list[str] | None = None, missing_ok: bool = False
+    ) -> pa.Table:
+        """The file's rows (``columns`` only, if given). ``missing_ok``: of ``columns``, read
+        those the file has (one written before its table's schema gained a column) instead
+        of failing on the others."""
+        if columns is not None and missing_ok:
+            with self.fs.open_input_file(self._abs(path)) as f:
+                pf = pq.ParquetFile(f)
+                have = set(pf.schema_arrow.names)
+                return pf.read(columns=[c for c in columns if c in have])
         return pq.read_table(self._abs(path), filesystem=self.fs, columns=columns)
 
     def exists(self, path: str) -> bool:

@@ -103,6 +103,27 @@ def _valid_rows(data: pa.Table, entries: list[Entry]) -> pa.Table:
     return data.filter(mask)
 
 
+def schema_key(schema: pa.Schema) -> tuple[tuple[str, str], ...]:
+    """A hashable fingerprint of ``schema`` (names and types), for cache keys."""
+    return tuple((f.name, str(f.type)) for f in schema)
+
+
+def conform(data: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A data file's rows in ``schema``: the table's current schema, which may be newer than
+    the one the file was written under (schema evolution). A column the file lacks (added
+    since) is all null; a column of a narrower type (widened since: int -> long, a decimal's
+    precision) is cast, which is lossless for every widening
+    :mod:`millstream.core.evolution` allows."""
+    if data.schema.names == schema.names:
+        return data.cast(schema)
+    have = set(data.schema.names)
+    arrays = [
+        data.column(f.name).cast(f.type) if f.name in have else pa.nulls(data.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
 def read_entries(
     deep: DeepStore,
     spec: TableSpec,
@@ -127,15 +148,21 @@ def read_entries(
         return schema.empty_table()
 
     wanted_columns = None if columns is None else schema.names
+    # The schema is part of every cache key: a file read before the table's schema evolved
+    # was conformed to the older schema.
+    shape = schema_key(schema)
 
     def decode(path: str, e: Entry) -> pa.Table:
         try:
-            data = deep.read_parquet(path, columns=wanted_columns)
+            if wanted_columns is None:
+                data = deep.read_parquet(path)
+            else:  # a file written under an older schema may lack some of them
+                data = deep.read_parquet(path, columns=wanted_columns, missing_ok=True)
         except (OSError, pa.ArrowInvalid) as exc:
             raise SegmentUnavailableError(
                 spec.name, e.name, path, str(exc).splitlines()[0]
             ) from exc
-        return data.select(schema.names).cast(schema)
+        return conform(data, schema)
 
     def load(item: tuple[str, list[Entry]]) -> pa.Table:
         path, file_entries = item
@@ -146,7 +173,7 @@ def read_entries(
         key = (
             "rows",
             path,
-            None if wanted_columns is None else tuple(wanted_columns),
+            shape,
             tuple(sorted((e.partition, e.start, e.end) for e in file_entries)),
         )
         return cache.get(key, lambda: _valid_rows(decode(path, file_entries[0]), file_entries))
@@ -384,6 +411,7 @@ def _by_partition(
             return None
         return (
             "sealed",
+            schema_key(spec.arrow_schema()),
             tuple(sorted((e.file_path, e.partition, e.start, e.end) for e in sealed_of[partition])),
             tuple(sorted(dv.file_path for dv in vectors_of[partition])),
         )

@@ -29,8 +29,7 @@ from millstream.ingest.sources import spec_reader
 from millstream.metastore.models import ShardAppend
 from millstream.metastore.rollback import rollback_partition
 from millstream.spark.runner import CommitLogTotals
-from millstream.spark.sink import append_commit_log
-from millstream.spark.sink import _row_counts
+from millstream.spark.sink import _row_counts, append_commit_log
 from millstream.table.commit import StagedWrite, commit_writes
 from millstream.table.writer import stage_rows
 

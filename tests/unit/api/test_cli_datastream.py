@@ -268,3 +268,48 @@ def test_the_token_from_the_option_or_environment_is_sent(
     assert with_option.exit_code == 0, with_option.output
     assert from_env.exit_code == 4  # INITIALIZING cannot pause: the call got through
     assert read.exit_code == 0
+
+
+# -- update (schema evolution) ----------------------------------------------------------------
+
+
+def _evolved(spec_file: Path, schema: str) -> Path:
+    f = spec_file.with_name("orders-v2.yaml")
+    f.write_text(spec_file.read_text().replace("schema: {id: long, status: string}", schema))
+    return f
+
+
+def test_update_prints_each_change_and_a_dry_run_changes_nothing(
+    run: Cli, created: None, catalog: Catalog, spec_file: Path
+) -> None:
+    new = _evolved(spec_file, "schema: {id: long, status: string, discount: double}")
+    before = store_snapshot(catalog.store)
+
+    dry = run("datastream", "update", "-f", str(new), "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "datastream orders would change (table schema version 1):" in dry.stdout
+    assert "+ column discount double" in dry.stdout
+    assert store_snapshot(catalog.store) == before
+
+    done = run("datastream", "update", "-f", str(new))
+    assert done.exit_code == 0, done.output
+    assert "datastream orders changed (table schema version 2):" in done.stdout
+    assert "+ column discount double" in done.stdout
+    assert catalog.table("orders").schema_version == 2
+
+    again = run.json("datastream", "update", "-f", str(new))
+    assert again["changes"] == [] and again["schema_version"] == 2
+
+
+def test_update_refuses_an_incompatible_change_with_exit_4_naming_column_and_rule(
+    run: Cli, created: None, catalog: Catalog, spec_file: Path
+) -> None:
+    new = _evolved(spec_file, "schema: {id: long, status: long}")
+    before = store_snapshot(catalog.store)
+
+    result = run("datastream", "update", "-f", str(new))
+
+    assert result.exit_code == 4
+    assert "column 'status'" in result.output
+    assert "string -> long is not a lossless widening" in result.output
+    assert store_snapshot(catalog.store) == before

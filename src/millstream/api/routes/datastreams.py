@@ -1,13 +1,14 @@
-"""``/datastreams``: create, list, show, pause/resume/stop (compare-and-set), delete."""
+"""``/datastreams``: create, list, show, update (schema evolution), pause/resume/stop
+(compare-and-set), delete."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Response, status
+from fastapi import APIRouter, Body, Depends, Query, Response, status
 
 from millstream.api.context import ApiContext, get_context
-from millstream.api.models import DatastreamOut, ErrorOut
+from millstream.api.models import ChangeOut, DatastreamOut, DatastreamUpdateOut, ErrorOut
 from millstream.core.lifecycle import Command
 from millstream.datastream import DatastreamSpec
 
@@ -68,6 +69,43 @@ def list_datastreams(ctx: Ctx) -> list[DatastreamOut]:
 @router.get("/{name}", response_model=DatastreamOut, responses=NOT_FOUND)
 def get_datastream(ctx: Ctx, name: str) -> DatastreamOut:
     return DatastreamOut.of(ctx.registry.get(name))
+
+
+@router.patch(
+    "/{name}",
+    response_model=DatastreamUpdateOut,
+    responses={
+        **NOT_FOUND,
+        409: {
+            "model": ErrorOut,
+            "description": "An incompatible change (IncompatibleChangeError): `field`, "
+            "`column` and `rule` say which and why; nothing was changed.",
+        },
+        422: {"model": ErrorOut, "description": "Invalid spec; `field` names the field."},
+    },
+)
+def update_datastream(
+    ctx: Ctx,
+    name: str,
+    spec: Annotated[dict[str, Any], SPEC_BODY],
+    dry_run: Annotated[
+        bool, Query(description="Check the change and list it; write nothing.")
+    ] = False,
+) -> DatastreamUpdateOut:
+    """Evolve the datastream's schema without downtime: the body is the whole new spec.
+    Compatible changes (a column added at the end, int -> long or int -> double, a decimal's
+    precision raised, retention) are applied in one transaction; the running writer picks them
+    up at its next batch, and rows written before read the new column as null. Anything else
+    is refused with 409 naming the field, the column and the rule."""
+    rec, changes, schema_version = ctx.registry.update(
+        name, DatastreamSpec.parse(spec), dry_run=dry_run
+    )
+    return DatastreamUpdateOut(
+        datastream=DatastreamOut.of(rec),
+        changes=[ChangeOut.of(c) for c in changes],
+        dry_run=dry_run,
+        schema_version=schema_version,
+    )
 
 
 @router.delete(
