@@ -93,7 +93,7 @@ MAX_BATCH = 8
 
 SEED = int(os.environ.get("MILLSTREAM_FAULT_SEED") or secrets.randbits(32))
 SETTINGS = settings(
-    max_examples=100,
+    max_examples=60,
     stateful_step_count=20,
     deadline=None,
     print_blob=True,
@@ -429,7 +429,7 @@ class ConcurrentWriters(RuleBasedStateMachine):
 
 
 def test_racing_writers_converge_persist_every_offset_once_and_never_strand_a_batch() -> None:
-    """Runs the campaign: 100 examples of up to 20 steps each, seeded (see module doc)."""
+    """Runs the campaign: 60 examples of up to 20 steps each, seeded (see module doc)."""
     print(f"concurrent-writers campaign seed: {SEED} (rerun with MILLSTREAM_FAULT_SEED={SEED})")
     campaign = seed(SEED)(get_state_machine_test(ConcurrentWriters, settings=SETTINGS))
     try:

@@ -93,7 +93,7 @@ TMP_ROOT = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 
 SEED = int(os.environ.get("MILLSTREAM_FAULT_SEED") or secrets.randbits(32))
 CAMPAIGN = settings(
-    max_examples=200,
+    max_examples=100,
     stateful_step_count=30,
     deadline=None,
     print_blob=True,
@@ -359,7 +359,7 @@ class Lifecycle(RuleBasedStateMachine):
 def test_lifecycle_under_interleaved_commands_and_late_completions_only_moves_legally(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Runs the campaign: 200 examples of up to 30 steps each, seeded (see module doc)."""
+    """Runs the campaign: 100 examples of up to 30 steps each, seeded (see module doc)."""
     print(f"lifecycle campaign seed: {SEED} (rerun with MILLSTREAM_FAULT_SEED={SEED})")
     monkeypatch.setattr(registry_module, "cas_update", recording_cas_update)
     campaign = seed(SEED)(get_state_machine_test(Lifecycle, settings=CAMPAIGN))
