@@ -207,7 +207,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
                 values = piece.column("value").combine_chunks()
                 if auto.absorbing(spec, values) != spec:
                     spec = self._absorb(partial(auto.absorbing, values=values))
-                    schema = spec.arrow_schema()
+                    schema = spec.arrow_schema(system_columns=True)
                     rows = [conform(r, schema) for r in rows]
             d = decode_records(spec, piece, fmt)
             rows.append(d.rows)

@@ -36,7 +36,7 @@ from millstream.ingest.decode import RAW_SCHEMA
 from millstream.ingest.sources import config_for
 from millstream.metastore.evolve import absorb
 from millstream.spark.options import SinkOptions
-from millstream.spark.sink import SegmentSink, StoreRegistry
+from millstream.spark.sink import DECODE_ROWS, SegmentSink, StoreRegistry
 from millstream.spark.sources import marker_batch
 from millstream.testing.schema_registry import TestSchemaRegistry
 
@@ -253,6 +253,29 @@ def test_auto_grows_the_table_at_the_batch_that_first_carries_a_new_writer_schem
     )
     assert cat.store.get_table("orders").schema_version == 2
     assert len(rows(cat)) == 9
+
+
+def test_rows_decoded_earlier_in_the_task_are_conformed_to_the_grown_spec(
+    cat: Catalog, registry: TestSchemaRegistry
+) -> None:
+    """A task decodes its records in pieces of DECODE_ROWS; when only a later piece carries
+    the new writer schema, the rows of the earlier pieces gain the new column (null) and the
+    widened type, and the task stages one file in the grown spec."""
+    options = start(cat, datastream(registry, "pieces"))
+    v1, v2 = Avro(registry, "pieces", V1_AVRO), Avro(registry, "pieces", V2_AVRO)
+    first = [v1({"id": 0, "customer": "a", "qty": 7})] * DECODE_ROWS  # one whole piece
+    later = [v2({"id": 1, "customer": "b", "qty": 2**35, "note": "n", "tags": None})] * 2
+    staged = SegmentSink(options).write(iter(records(0, 0, first + later)))
+    SegmentSink(options).commit([staged], 0)
+    got = cat.read_table("orders")
+    assert got.num_rows == DECODE_ROWS + 2
+    assert got.schema.field("qty").type == pa.int64()
+    counts = got.group_by(["id", "qty", "note"]).aggregate([("id", "count")]).to_pylist()
+    assert sorted(counts, key=lambda r: r["id"]) == [
+        {"id": 0, "qty": 7, "note": None, "id_count": DECODE_ROWS},
+        {"id": 1, "qty": 2**35, "note": "n", "id_count": 2},
+    ]
+    assert dead(cat) == []
 
 
 def test_auto_with_protobuf_adds_the_new_field(cat: Catalog, registry: TestSchemaRegistry) -> None:
