@@ -476,3 +476,21 @@ def test_schema_evolution_is_not_changed_by_an_update(
     with pytest.raises(IncompatibleChangeError) as exc:
         Registry(cat.store).update("orders", datastream(registry, "update", auto=True))
     assert exc.value.field == "source.schema_evolution"
+
+
+def test_without_auto_a_protobuf_value_that_does_not_fit_names_the_column(
+    cat: Catalog, registry: TestSchemaRegistry
+) -> None:
+    F = descriptor_pb2.FieldDescriptorProto
+    wide = [("id", F.TYPE_INT64), ("customer", F.TYPE_STRING), ("qty", F.TYPE_INT64)]
+    v2 = Proto(registry, "no-auto-proto", _message_class("millstream.evo3", wide))
+    options = start(cat, datastream(registry, "no-auto-proto", fmt="protobuf", auto=False))
+    batch = [
+        v2({"id": 1, "customer": "a", "qty": 5}),
+        v2({"id": 2, "customer": "b", "qty": 2**40}),
+    ]
+    SegmentSink(options).commit([SegmentSink(options).write(iter(records(0, 0, batch)))], 0)
+    assert cat.store.get_table("orders").schema_version == 1
+    assert rows(cat) == [{"id": 1, "customer": "a", "qty": 5}]
+    [(offset, error)] = dead(cat)
+    assert offset == 1 and error.startswith("column 'qty': "), error
