@@ -232,13 +232,13 @@ class SegmentSink(DataSourceStreamArrowWriter):
             current = self.current_spec()
             if propose(current) != current:
                 raise
-            log.warning(
+            log.info(
                 "schema_evolution auto: table %r: unknown commit outcome, re-read: landed",
                 self.spec.name,
             )
             return current
         if changes:
-            log.warning(
+            log.info(
                 "schema_evolution auto: table %r is now schema version %d: %s",
                 self.spec.name,
                 info.schema_version,
