@@ -146,8 +146,14 @@ def records(partition: int, lo: int, values: list[bytes]) -> list[pa.RecordBatch
 
 
 def datastream(
-    registry: TestSchemaRegistry, topic: str, *, fmt: str = "avro", auto: bool = True
+    registry: TestSchemaRegistry,
+    topic: str,
+    *,
+    fmt: str = "avro",
+    auto: bool = True,
+    metadata: dict[str, str] | None = None,
 ) -> DatastreamSpec:
+    extra = {"src_offset": "long"} if metadata else {}
     return DatastreamSpec.parse(
         {
             "name": "orders",
@@ -158,8 +164,9 @@ def datastream(
                 "format": fmt,
                 "schema_registry": {"url": registry.url},
                 **({"schema_evolution": "auto"} if auto else {}),
+                **({"metadata_columns": metadata} if metadata else {}),
             },
-            "schema": SCHEMA,
+            "schema": {**SCHEMA, **extra},
         }
     )
 
@@ -494,3 +501,19 @@ def test_without_auto_a_protobuf_value_that_does_not_fit_names_the_column(
     assert rows(cat) == [{"id": 1, "customer": "a", "qty": 5}]
     [(offset, error)] = dead(cat)
     assert offset == 1 and error.startswith("column 'qty': "), error
+
+
+def test_a_writer_field_named_like_a_metadata_column_is_not_absorbed(
+    cat: Catalog, registry: TestSchemaRegistry
+) -> None:
+    """``src_offset`` is filled from the record's offset: a writer field of that name (a
+    string here) neither changes its column nor stops the rest of the schema being absorbed."""
+    options = start(cat, datastream(registry, "meta", metadata={"offset": "src_offset"}))
+    v2 = Avro(registry, "meta", avro_with(NOTE, {"name": "src_offset", "type": "string"}))
+    batch = [v2({"id": 1, "customer": "a", "qty": 1, "note": "n", "src_offset": "x"})]
+    SegmentSink(options).commit([SegmentSink(options).write(iter(records(0, 0, batch)))], 0)
+    assert cat.store.get_table("orders").spec.columns == {
+        **SCHEMA,
+        "src_offset": "long",
+        "note": "string",
+    }

@@ -315,7 +315,9 @@ class SchemaDecoder:
                 grown = self._absorbed.get(key)
             if not done:
                 try:
-                    fields = self._writer_fields(sid, indexes)
+                    # a metadata column is filled from the record, not from a field
+                    filled = set(self.cfg.metadata.values())
+                    fields = [f for f in self._writer_fields(sid, indexes) if f.name not in filled]
                     grown = absorbing_spec(spec, fields)
                 except (SchemaNotFound, IndexError, KeyError):
                     grown = None  # its records are dead-lettered by parse, naming why
