@@ -72,6 +72,7 @@ CLAIMS = "src/millstream/metastore/claims.py"
 SWAPS = "src/millstream/metastore/swaps.py"
 GUARDS_TEST = "tests/contract/test_contract_manifest_guards.py"
 COMMIT_CAMPAIGN = "tests/fault/test_commit_path_campaign.py"
+AUTO = "tests/unit/ingest/test_schema_evolution_auto.py"
 
 
 def _guard_test(name: str) -> str:
@@ -1059,6 +1060,56 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         tests=(
             "tests/unit/sealing/test_schema_evolution_reads.py::test_old_segments_read_with_"
             "nulls_for_added_columns_and_widened_types",
+        ),
+    ),
+    Guard(
+        name="auto-refuses-incompatible-writer-schema",
+        file="src/millstream/ingest/formats/absorb.py",
+        what="schema_evolution auto: a writer schema the evolution rules refuse (string -> long, "
+        "long -> double) leaves the table as it is and its records that do not fit are "
+        "dead-lettered naming the field, the frontier advancing (not a batch that fails on "
+        "every retry)",
+        old="""\
+    check_evolution(spec, grown)
+    return grown
+""",
+        new="""\
+    return grown  # MUTATION: the rules are not asked before evolving
+""",
+        tests=(f"{AUTO}::test_auto_does_not_evolve_on_a_writer_schema_the_rules_refuse",),
+    ),
+    Guard(
+        name="auto-evolves-through-the-cas-path",
+        file="src/millstream/metastore/evolve.py",
+        what="schema_evolution auto changes the table through evolve_table (rules, compare-and-"
+        "set on the table row, schema version + 1 with its history row), as a manual update does",
+        old="""\
+        info, changes = evolve_with_dead_letter(conn, store, wanted)
+""",
+        new="""\
+        conn.execute(  # MUTATION: the spec written straight into the row
+            s.tables.update().where(s.tables.c.name == table).values(spec=wanted.to_json_dict())
+        )
+        info, changes = existing, [Change("add", None, None, None)]
+""",
+        tests=(
+            f"{AUTO}::test_auto_grows_the_table_at_the_batch_that_first_carries_a_new_writer_schema",
+            f"{AUTO}::test_two_tasks_racing_to_absorb_the_same_writer_schema_evolve_the_table_once",
+        ),
+    ),
+    Guard(
+        name="auto-decodes-under-the-evolved-spec",
+        file="src/millstream/spark/sink.py",
+        what="schema_evolution auto: the records of the piece that carries a new writer schema "
+        "are decoded under the grown spec, so none loses the new field's value",
+        old="""\
+                    spec = self._absorb(partial(auto.absorbing, values=values))
+""",
+        new="""\
+                    self._absorb(partial(auto.absorbing, values=values))  # MUTATION: old spec
+""",
+        tests=(
+            f"{AUTO}::test_auto_grows_the_table_at_the_batch_that_first_carries_a_new_writer_schema",
         ),
     ),
 )

@@ -146,6 +146,12 @@ class KafkaSource(_SchemaFormat):
         description="Record fields into columns the schema declares: {timestamp, key, headers, "
         "topic, partition, offset; with the debezium envelope op, ts_ms, source_ts_ms: column}.",
     )
+    schema_evolution: Literal["none", "auto"] = Field(
+        default="none",
+        description="auto (avro or protobuf with a schema_registry): a writer schema with fields "
+        "the table lacks grows the table (added at the end, nullable; lossless widenings "
+        "too) at the batch that first carries it; none: such fields are ignored.",
+    )
 
 
 class FilesSource(_Frozen):
@@ -298,6 +304,15 @@ class DatastreamSpec(_Frozen):
 
 def _check_envelope(source: KafkaSource, table: TableSpec) -> None:
     """``source.envelope`` and ``source.metadata_columns`` against the table."""
+    if source.schema_evolution == "auto" and (
+        source.format not in ("avro", "protobuf") or source.schema_registry is None
+    ):
+        raise InvalidSpecError(
+            "source.schema_evolution",
+            "auto needs format avro or protobuf with a schema_registry (the writer schema of "
+            f"each record is what the table grows to); not format {source.format}"
+            + ("" if source.format == "json" else " with a schema_file"),
+        )
     if source.envelope == "debezium":
         if not table.keyed:
             raise InvalidSpecError(

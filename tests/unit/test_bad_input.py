@@ -119,3 +119,40 @@ def test_staging_a_row_that_is_not_a_delete_without_the_comparison_value_is_refu
     assert "partition 3 offset 8" in str(info.value)
     assert "comparison column 'amount' is null" in str(info.value)
     assert cat.deep.list_files("tables/orders") == []
+
+
+@pytest.mark.parametrize(
+    ("value", "column"),
+    [
+        pytest.param(b'{"id": 1, "qty": 2147483648}', "qty", id="int_overflow"),
+        pytest.param(b'{"id": 1, "qty": 1.5}', "qty", id="fraction_for_int"),
+        pytest.param(b'{"id": 1, "total": 1e400}', "total", id="double_out_of_range"),
+        pytest.param(b'{"id": 1, "qty": 2, "ok": 3}', "ok", id="number_for_boolean"),
+        pytest.param(b'{"id": 99999999999999999999}', "id", id="long_overflow"),
+    ],
+)
+def test_a_json_value_that_does_not_fit_its_column_dead_letters_naming_the_column(
+    value: bytes, column: str
+) -> None:
+    """Arrow's JSON reader names the value only (``Failed to convert JSON to int32,
+    couldn't parse:2147483648``); the dead-letter reason names the column first."""
+    from millstream.ingest.decode import decode_records
+    from millstream.spec import TableSpec
+
+    spec = TableSpec.parse(
+        {"name": "t", "schema": {"id": "long", "qty": "int", "total": "double", "ok": "boolean"}}
+    )
+    good = b'{"id": 2, "qty": 3, "total": 1.5, "ok": true}'
+    raw = pa.table(
+        {
+            "partition": pa.array([0, 0], pa.int32()),
+            "offset": pa.array([0, 1], pa.int64()),
+            "key": pa.array([None, None], pa.binary()),
+            "value": pa.array([value, good], pa.binary()),
+        }
+    )
+    decoded = decode_records(spec, raw)
+    assert decoded.rows.column("id").to_pylist() == [2], "the good record is kept"
+    [(partition, offset, _, _, error)] = decoded.dead
+    assert (partition, offset) == (0, 0)
+    assert error.startswith(f"column {column!r}: "), error

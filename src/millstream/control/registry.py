@@ -16,7 +16,7 @@ from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control import events
 from millstream.core.evolution import Change, check_evolution
 from millstream.core.lifecycle import Command, State, check_transition, command_target
-from millstream.datastream import DatastreamSpec, dead_letter_spec
+from millstream.datastream import DatastreamSpec
 from millstream.errors import (
     AlreadyExistsError,
     IncompatibleChangeError,
@@ -26,6 +26,7 @@ from millstream.errors import (
 from millstream.metastore import schema as s
 from millstream.metastore import tables
 from millstream.metastore.cas import cas_update
+from millstream.metastore.evolve import evolve_with_dead_letter
 from millstream.metastore.store import MetadataStore
 
 
@@ -189,11 +190,8 @@ class Registry:
                 changes = check_evolution(table.spec, new_table)
                 schema_version = table.schema_version
             else:
-                info, changes = tables.evolve_table(conn, self.store, new_table)
+                info, changes = evolve_with_dead_letter(conn, self.store, new_table)
                 schema_version = info.schema_version
-                dl = tables.find_table(conn, spec.dead_letter_table, missing_ok=True)
-                if dl is not None:
-                    tables.evolve_table(conn, self.store, dead_letter_spec(new_table))
             if dry_run or not changes:
                 return rec, changes, schema_version
             cas_update(

@@ -14,11 +14,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +31,11 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 
 from millstream import faults
 from millstream.datastream import dead_letter_spec
-from millstream.errors import BadRecordError, TableNotFoundError
+from millstream.errors import BadRecordError, CommitStateUnknownError, TableNotFoundError
 from millstream.ingest.decode import RAW_SCHEMA, Decoded, dead_letter_rows, decode_records
-from millstream.ingest.formats import decoder_for
+from millstream.ingest.formats import absorber, decoder_for
 from millstream.metastore.assignments import may_commit
+from millstream.metastore.evolve import absorb
 from millstream.metastore.store import MetadataStore
 from millstream.spark.options import SinkOptions
 from millstream.spark.sources import SELF_READ
@@ -44,7 +47,10 @@ from millstream.table.commit import (
     StagedWrite,
     commit_writes,
 )
+from millstream.table.read import conform
 from millstream.table.writer import stage_rows
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -181,19 +187,64 @@ class SegmentSink(DataSourceStreamArrowWriter):
         except TableNotFoundError:
             return self.spec
 
-    def _decode(self, spec: TableSpec, raw: pa.Table, stamps: dict[int, int]) -> Decoded:
+    def _decode(
+        self, spec: TableSpec, raw: pa.Table, stamps: dict[int, int]
+    ) -> tuple[TableSpec, Decoded]:
         """Decode the task's records piece by piece: a small working set that the allocator
-        reuses, instead of fresh memory for the whole task (which costs kernel time)."""
+        reuses, instead of fresh memory for the whole task (which costs kernel time).
+
+        With ``schema_evolution: auto``, each piece's writer schemas are looked at BEFORE it
+        is decoded: if the table must grow to hold them, it grows (:meth:`_absorb`) and the
+        piece, and every later one, decodes under the grown spec; the rows of earlier pieces
+        (whose writer schemas needed nothing new) are conformed to it (nulls for the added
+        columns, lossless casts for widened ones). Returns the spec the rows are in."""
         rows: list[pa.Table] = []
         dead: list[tuple[int, int, bytes | None, bytes | None, str]] = []
         fmt = decoder_for(self.opts.source_config)  # the source's format; None: JSON
+        auto = absorber(self.opts.source_config)
         for piece in self._record_pieces(raw, stamps):
+            if auto is not None:
+                values = piece.column("value").combine_chunks()
+                if auto.absorbing(spec, values) != spec:
+                    spec = self._absorb(partial(auto.absorbing, values=values))
+                    schema = spec.arrow_schema(system_columns=True)
+                    rows = [conform(r, schema) for r in rows]
             d = decode_records(spec, piece, fmt)
             rows.append(d.rows)
             dead.extend(d.dead)
         if not rows:
-            return decode_records(spec, raw.select(RAW_SCHEMA.names[:4]).slice(0, 0))
-        return Decoded(pa.concat_tables(rows) if len(rows) > 1 else rows[0], dead)
+            return spec, decode_records(spec, raw.select(RAW_SCHEMA.names[:4]).slice(0, 0))
+        return spec, Decoded(pa.concat_tables(rows) if len(rows) > 1 else rows[0], dead)
+
+    def _absorb(self, propose: Callable[[TableSpec], TableSpec]) -> TableSpec:
+        """Grow the table to ``propose(its spec)`` through the one schema-change path
+        (:func:`millstream.metastore.evolve.absorb`: the rules, a compare-and-set on the
+        table row, its dead-letter table and datastream row in the same transaction) and
+        return its spec as it now is. Idempotent: a task that lost the race to another finds
+        the columns there. An unknown COMMIT outcome is reconciled by re-reading the table:
+        if the spec read holds what was proposed the change landed (here or elsewhere) and
+        the task goes on; if not, the error is raised (the task fails, nothing is staged, and
+        its retry looks again) instead of trying the change again blindly."""
+        store = self._store()
+        try:
+            info, changes = absorb(store, self.spec.name, propose)
+        except CommitStateUnknownError:
+            current = self.current_spec()
+            if propose(current) != current:
+                raise
+            log.info(
+                "schema_evolution auto: table %r: unknown commit outcome, re-read: landed",
+                self.spec.name,
+            )
+            return current
+        if changes:
+            log.info(
+                "schema_evolution auto: table %r is now schema version %d: %s",
+                self.spec.name,
+                info.schema_version,
+                "; ".join(c.describe() for c in changes),
+            )
+        return info.spec
 
     def _store(self) -> MetadataStore:
         return (self.stores if self.stores is not None else STORES).get(self.settings.metadata_url)
@@ -212,7 +263,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
         staged_at = time.time()  # before reading: no file of this task is older
         stamps: dict[int, int] = {}
         spec = self.current_spec() if ranges else self.spec
-        decoded = self._decode(spec, raw, stamps)
+        spec, decoded = self._decode(spec, raw, stamps)
         read_ms = round(time.time() * 1000)  # the ingestion time of records without a stamp
         if decoded.dead and self.bad_records == "fail":
             p, o, _, _, err = min(decoded.dead, key=lambda d: (d[0], d[1]))

@@ -332,6 +332,26 @@ def test_csv_files_match_columns_by_name_skip_headers_and_dead_letter_bad_rows(
         ),
         ({"kind": "kafka", "format": "csv"}, "source.format"),
         ({"kind": "files", "path": "/tmp", "format": "avro"}, "source.format"),
+        ({"kind": "kafka", "schema_evolution": "auto"}, "source.schema_evolution"),
+        (
+            {
+                "kind": "kafka",
+                "format": "avro",
+                "schema_file": __file__,
+                "schema_evolution": "auto",
+            },
+            "source.schema_evolution",
+        ),
+        ({"kind": "files", "path": "/tmp", "schema_evolution": "auto"}, "source.schema_evolution"),
+        (
+            {
+                "kind": "kafka",
+                "format": "avro",
+                "schema_registry": {"url": "http://r:1"},
+                "schema_evolution": "yes",
+            },
+            "source.schema_evolution",
+        ),
     ],
 )
 def test_format_spec_mistakes_name_the_field(source: dict[str, Any], field: str) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -28,8 +29,10 @@ import numpy as np
 import pyarrow as pa
 from google.protobuf import descriptor_pb2
 
-from millstream.errors import InvalidSpecError
+from millstream.errors import IncompatibleChangeError, InvalidSpecError
+from millstream.ingest.formats.absorb import WriterField, absorbing_spec
 from millstream.ingest.formats.avro import AvroSchemaPlan, decode_avro
+from millstream.ingest.formats.avro import writer_fields as avro_writer_fields
 from millstream.ingest.formats.csv import CsvDecoder
 from millstream.ingest.formats.envelope import EnvelopeDecoder
 from millstream.ingest.formats.fit import Parsed, concat
@@ -41,15 +44,20 @@ from millstream.ingest.formats.protobuf import (
     message_at,
     pool_with_well_known_types,
 )
+from millstream.ingest.formats.protobuf import writer_fields as proto_writer_fields
 from millstream.ingest.formats.registry import RegistryClient, SchemaNotFound
 from millstream.ingest.formats.wire import HEADER, message_indexes, split_frames
 from millstream.spec import TableSpec
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "EnvelopeDecoder",
     "FormatConfig",
     "Parsed",
     "RecordDecoder",
+    "SchemaDecoder",
+    "absorber",
     "decoder_for",
     "format_config",
 ]
@@ -75,6 +83,9 @@ class FormatConfig:
     metadata: dict[str, str] = field(default_factory=dict)
     #: the source's topic (the ``topic`` metadata column)
     topic: str | None = None
+    #: ``source.schema_evolution``: "auto" grows the table to hold a registry's writer
+    #: schemas (:meth:`SchemaDecoder.absorbing`); "none" ignores fields the table lacks
+    schema_evolution: str = "none"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,6 +136,7 @@ def format_config(fields: Mapping[str, Any]) -> dict[str, Any]:
         schema=schema,
         message_type=fields.get("message_type"),
         framing=str(framing),
+        schema_evolution=str(fields.get("schema_evolution") or "none"),
         **around,
     ).to_dict()
 
@@ -170,6 +182,8 @@ class SchemaDecoder:
         self._lock = threading.Lock()
         self._plans: dict[tuple[str, int, tuple[int, ...]], Any] = {}
         self._files: dict[int, Any] = {}
+        #: (table spec, schema id, message indexes) -> the spec absorbing it (None: refused)
+        self._absorbed: dict[tuple[str, int, tuple[int, ...]], TableSpec | None] = {}
 
     # -- schemas ------------------------------------------------------------------------
 
@@ -219,7 +233,11 @@ class SchemaDecoder:
 
     # -- values -------------------------------------------------------------------------
 
-    def parse(self, spec: TableSpec, values: pa.Array, keys: pa.Array) -> Parsed:
+    def _groups(
+        self, values: pa.Array
+    ) -> tuple[dict[tuple[int, tuple[int, ...]], tuple[list[int], list[bytes]]], dict[int, str]]:
+        """The values by writer schema: (schema id, message indexes) -> (positions, payloads),
+        and the values without a valid frame (position -> why)."""
         n = len(values)
         raw: list[bytes] = values.to_pylist()
         bad: dict[int, str] = {}
@@ -262,6 +280,68 @@ class SchemaDecoder:
                 g = groups.setdefault((int(sid), indexes), ([], []))
                 g[0].append(i)
                 g[1].append(payload[pos:] if pos else payload)
+        return groups, bad
+
+    # -- schema_evolution: auto ---------------------------------------------------------
+
+    def _writer_fields(self, schema_id: int, indexes: tuple[int, ...]) -> list[WriterField]:
+        assert self.registry is not None
+        if self.cfg.format == "avro":
+            found = self.registry.schema(schema_id)
+            if found.schema_type != "AVRO":
+                return []
+            return avro_writer_fields(found.schema)
+        return proto_writer_fields(message_at(self._proto_file(schema_id), indexes))
+
+    def absorbing(self, spec: TableSpec, values: pa.Array) -> TableSpec:
+        """``spec`` grown to hold the fields of every writer schema among ``values``
+        (:func:`~millstream.ingest.formats.absorb.absorbing_spec`, schema by schema in id
+        order); ``spec`` itself when they need nothing. A writer schema the table cannot
+        absorb changes nothing: a WARNING names its id, the field and the rule (once per
+        process and table spec), and its records decode as without ``auto``."""
+        if self.registry is None or self.cfg.schema is not None:
+            return spec
+        if self.cfg.format == "avro":  # the frame's id is the writer schema: no per-record step
+            ids = split_frames(values).schema_ids
+            keys: list[tuple[int, tuple[int, ...]]] = [
+                (int(sid), ()) for sid in np.unique(ids[ids >= 0]).tolist()
+            ]
+        else:
+            keys = list(self._groups(values)[0])
+        for sid, indexes in sorted(keys):
+            key = (json.dumps(spec.to_json_dict(), sort_keys=True), sid, indexes)
+            with self._lock:
+                done = key in self._absorbed
+                grown = self._absorbed.get(key)
+            if not done:
+                try:
+                    # a metadata column is filled from the record, not from a field
+                    filled = set(self.cfg.metadata.values())
+                    fields = [f for f in self._writer_fields(sid, indexes) if f.name not in filled]
+                    grown = absorbing_spec(spec, fields)
+                except (SchemaNotFound, IndexError, KeyError):
+                    grown = None  # its records are dead-lettered by parse, naming why
+                except IncompatibleChangeError as exc:
+                    log.warning(
+                        "schema_evolution auto: table %r does not absorb writer schema id %d "
+                        "(%s): %s; the table is left as it is, and records whose values do "
+                        "not fit are dead-lettered",
+                        spec.name,
+                        sid,
+                        exc.field,
+                        exc.rule,
+                    )
+                    grown = None
+                with self._lock:
+                    self._absorbed[key] = grown
+            if grown is not None:
+                spec = grown
+        return spec
+
+    # -- values -------------------------------------------------------------------------
+
+    def parse(self, spec: TableSpec, values: pa.Array, keys: pa.Array) -> Parsed:
+        groups, bad = self._groups(values)
         parts: list[Parsed] = [
             Parsed(spec.arrow_schema().empty_table(), np.zeros(0, dtype=np.int64), bad)
         ]
@@ -321,3 +401,14 @@ def decoder_for(source_config: Mapping[str, Any] | None) -> RecordDecoder | None
             assert found is not None
             _DECODERS[key] = found
         return found
+
+
+def absorber(source_config: Mapping[str, Any] | None) -> SchemaDecoder | None:
+    """The decoder whose :meth:`SchemaDecoder.absorbing` a write task asks before decoding,
+    when the source says ``schema_evolution: auto`` (None otherwise)."""
+    found = decoder_for(source_config)
+    if isinstance(found, EnvelopeDecoder):
+        found = found.inner
+    if not isinstance(found, SchemaDecoder) or found.cfg.schema_evolution != "auto":
+        return None
+    return found

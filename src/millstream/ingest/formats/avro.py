@@ -32,6 +32,7 @@ import json
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from functools import partial
 from operator import itemgetter
 from typing import Any
 
@@ -40,6 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from millstream.ingest.formats.absorb import WriterField
 from millstream.ingest.formats.fit import (
     Parsed,
     all_rejected,
@@ -507,3 +509,87 @@ def _decode_per_record(
             errors.setdefault(j, e)
     kept = positions[np.asarray(ok, dtype=np.int64)] if ok else np.zeros(0, dtype=np.int64)
     return drop_rows(Parsed(table, kept, bad), errors)
+
+
+# -- schema_evolution: auto -----------------------------------------------------------------
+
+#: The column type that holds each Avro kind (:func:`_avro_kind`); every kind is one its
+#: column type accepts (:data:`_ACCEPTS`), so a column made from it takes the field as is.
+COLUMN_OF_KIND: dict[str, str] = {
+    "string": "string",
+    "enum": "string",
+    "uuid": "string",
+    "long": "long",
+    "int": "int",
+    "double": "double",
+    "float": "double",
+    "boolean": "boolean",
+    "bytes": "binary",
+    "fixed": "binary",
+    "timestamp-millis": "timestamp",
+    "timestamp-micros": "timestamp",
+    "date": "date",
+}
+
+
+def column_type_of(t: Any) -> str | None:
+    """The column type that holds Avro type ``t`` (a union with null allowed), nested types
+    included: an array is a ``list``, a map a ``map<string,...>``, a record a ``struct``, the
+    decimal logical type a ``decimal(p,s)``. None: no column type does (a union of several
+    types, an empty record)."""
+    if isinstance(t, list):
+        rest = [b for b in t if b != "null"]
+        if len(rest) != 1:
+            return None
+        t = rest[0]
+    if isinstance(t, dict) and t.get("logicalType") == "decimal":
+        if t.get("type") not in ("bytes", "fixed") or "precision" not in t:
+            return None
+        return f"decimal({int(t['precision'])},{int(t.get('scale', 0))})"
+    kind, _ = _avro_kind(t)
+    if kind is not None:
+        return COLUMN_OF_KIND[kind]
+    if not isinstance(t, dict):
+        return None
+    base = t.get("type")
+    if base == "array":
+        inner = column_type_of(t.get("items"))
+        return None if inner is None else f"list<{inner}>"
+    if base == "map":
+        inner = column_type_of(t.get("values"))
+        return None if inner is None else f"map<string,{inner}>"
+    if base == "record" and t.get("fields"):
+        parts = [(f["name"], column_type_of(f["type"])) for f in t["fields"]]
+        if any(ft is None for _, ft in parts):
+            return None
+        return "struct<" + ",".join(f"{n}:{ft}" for n, ft in parts) + ">"
+    return None
+
+
+def _takes(t: Any, column: str) -> bool:
+    """Whether a column of type ``column`` takes Avro type ``t`` (what
+    :meth:`AvroSchemaPlan.of` checks: no mismatch for this field)."""
+    try:
+        col = parse_type(column)
+    except ValueError:
+        return False
+    if not isinstance(col, Scalar):
+        return _fits(t, col)
+    kind, _ = _avro_kind(t)
+    return kind is not None and kind in _ACCEPTS[col.name]
+
+
+def writer_fields(schema: Any) -> list[WriterField]:
+    """The top-level fields of an Avro writer schema, for :func:`absorbing_spec` (none when
+    the schema is no record)."""
+    if isinstance(schema, str):
+        schema = json.loads(schema)
+    if not isinstance(schema, dict) or schema.get("type") != "record":
+        return []
+    out: list[WriterField] = []
+    for f in schema.get("fields", []):
+        t = f["type"]
+        column = column_type_of(t)
+        why = "" if column else f"no column type holds Avro type {_type_name(t)}"
+        out.append(WriterField(f["name"], column, partial(_takes, t), why))
+    return out

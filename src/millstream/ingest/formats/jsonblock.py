@@ -12,6 +12,7 @@ import json
 import re
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
+from math import isfinite
 from typing import Any
 
 import numpy as np
@@ -202,7 +203,7 @@ def parse_robust(
             good.append(result)
             pieces.append(np.arange(lo, hi, dtype=np.int64))
         elif hi - lo == 1:
-            bad[lo] = _explain(values[lo].as_py(), result)
+            bad[lo] = _explain(values[lo].as_py(), result, schema)
         else:
             mid = (lo + hi) // 2
             stack.append((mid, hi))
@@ -212,7 +213,7 @@ def parse_robust(
     return table, positions, bad
 
 
-def _explain(raw: bytes | None, arrow_error: str) -> str:
+def _explain(raw: bytes | None, arrow_error: str, schema: pa.Schema | None = None) -> str:
     if not raw or not raw.strip():
         return "empty value"
     try:
@@ -233,7 +234,42 @@ def _explain(raw: bytes | None, arrow_error: str) -> str:
     if m:  # a value of the wrong type or shape: name its column first
         top = m.group(1).split("/")[1]
         return f"column {top!r}: {arrow_error}"
+    column = _culprit(raw, obj, schema) if schema is not None else None
+    if column is not None:  # Arrow names the value only ("Failed to convert JSON to int32")
+        return f"column {column!r}: {arrow_error}"
     return arrow_error
+
+
+def _culprit(raw: bytes, obj: dict[str, Any], schema: pa.Schema) -> str | None:
+    """The first column of ``schema`` whose value does not parse as its type: the record is
+    read again (as it is, flattened to one line) with one column at a time. A number too big
+    for a double fails every such read: its column is the one ``json`` reads as infinite.
+    None when no column is to blame."""
+    line = raw.replace(b"\n", b" ")
+
+    def fails(fields: list[pa.Field]) -> bool:
+        try:
+            pj.read_json(
+                pa.BufferReader(line),
+                parse_options=pj.ParseOptions(
+                    explicit_schema=pa.schema(fields), unexpected_field_behavior="ignore"
+                ),
+            )
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return True
+        return False
+
+    present = [f for f in schema if f.name in obj]
+    if fails([]):  # the record itself does not parse
+        return next(
+            (
+                f.name
+                for f in present
+                if isinstance(obj[f.name], float) and not isfinite(obj[f.name])
+            ),
+            None,
+        )
+    return next((f.name for f in present if fails([f])), None)
 
 
 _SHAPE_ERROR = re.compile(r"Column\((/[^)]*)\) changed from")

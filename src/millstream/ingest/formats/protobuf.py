@@ -17,6 +17,7 @@ import base64
 import dataclasses
 from dataclasses import dataclass
 from datetime import UTC
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from google.protobuf import (
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 
+from millstream.ingest.formats.absorb import WriterField
 from millstream.ingest.formats.fit import Parsed, all_rejected, assemble, drop_rows, fit_values
 from millstream.spec import TableSpec
 from millstream.types import ListType, MapType, Scalar, StructType, Type, arrow_type, parse_type
@@ -299,3 +301,75 @@ def decode_protobuf(
         errors.setdefault(j, e)
     kept = positions[np.asarray(ok, dtype=np.int64)] if ok else np.zeros(0, dtype=np.int64)
     return drop_rows(Parsed(table, kept, bad), errors)
+
+
+# -- schema_evolution: auto -----------------------------------------------------------------
+
+#: The column type that holds each Protobuf kind (:func:`_kind`); every kind is one its
+#: column type accepts (:data:`_ACCEPTS`). A ``uint64`` is a ``long``: a value above 2**63-1
+#: does not fit and dead-letters its record, naming the column, as without ``auto``.
+COLUMN_OF_KIND: dict[str, str] = {
+    "int": "int",
+    "long": "long",
+    "ulong": "long",
+    "double": "double",
+    "float": "double",
+    "boolean": "boolean",
+    "string": "string",
+    "bytes": "binary",
+    "enum": "string",
+    "timestamp": "timestamp",
+}
+
+#: Message nesting deeper than this (a recursive message) has no column type.
+_MAX_DEPTH = 16
+
+
+def column_type_of(f: FieldDescriptor, *, element: bool = False, depth: int = 0) -> str | None:
+    """The column type that holds field ``f`` (``element``: one element of it): a repeated
+    field is a ``list``, a map field with string keys a ``map<string,...>``, a message a
+    ``struct``. None: no column type does (a map with other keys, a recursive message)."""
+    if depth > _MAX_DEPTH:
+        return None
+    if _repeated(f) and not element:
+        if _is_map(f):
+            key = f.message_type.fields_by_name["key"]
+            value = f.message_type.fields_by_name["value"]
+            inner = column_type_of(value, element=True, depth=depth + 1)
+            if key.type != _T.TYPE_STRING or inner is None:
+                return None
+            return f"map<string,{inner}>"
+        inner = column_type_of(f, element=True, depth=depth + 1)
+        return None if inner is None else f"list<{inner}>"
+    kind, _ = _kind(f, element=True)
+    if kind is not None:
+        return COLUMN_OF_KIND[kind]
+    if f.type == _T.TYPE_MESSAGE and f.message_type.fields:
+        parts = [(g.name, column_type_of(g, depth=depth + 1)) for g in f.message_type.fields]
+        if any(t is None for _, t in parts):
+            return None
+        return "struct<" + ",".join(f"{n}:{t}" for n, t in parts) + ">"
+    return None
+
+
+def _takes(f: FieldDescriptor, column: str) -> bool:
+    """Whether a column of type ``column`` takes field ``f`` (what
+    :meth:`ProtoSchemaPlan.of` checks: no mismatch for this field)."""
+    try:
+        col = parse_type(column)
+    except ValueError:
+        return False
+    if not isinstance(col, Scalar):
+        return _fits(f, col)
+    kind, _ = _kind(f)
+    return kind is not None and kind in _ACCEPTS[col.name]
+
+
+def writer_fields(desc: Descriptor) -> list[WriterField]:
+    """The top-level fields of a message type, for :func:`absorbing_spec`."""
+    out: list[WriterField] = []
+    for f in desc.fields:
+        column = column_type_of(f)
+        why = "" if column else f"no column type holds Protobuf type {_type_name(f)}"
+        out.append(WriterField(f.name, column, partial(_takes, f), why))
+    return out
