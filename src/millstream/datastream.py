@@ -305,10 +305,10 @@ def _check_envelope(source: KafkaSource, table: TableSpec) -> None:
                 f"debezium needs a keyed table (table.mode upsert, partial or dedup with a "
                 f"primary_key), not {table.mode}: an append table cannot apply a delete",
             )
-        if source.format != "json":
+        if source.format not in ("json", "avro"):
             raise InvalidSpecError(
                 "source.envelope",
-                f"debezium is supported with format json only, not {source.format}",
+                f"debezium is supported with format json or avro only, not {source.format}",
             )
     allowed = {**KAFKA_METADATA, **(DEBEZIUM_METADATA if source.envelope else {})}
     seen: dict[str, str] = {}
