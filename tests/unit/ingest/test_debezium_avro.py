@@ -326,3 +326,53 @@ def test_the_spec_takes_avro_and_refuses_protobuf(source: dict[str, Any], ok: bo
     with pytest.raises(InvalidSpecError) as err:
         datastream(None, **fields)
     assert err.value.field == "source.envelope" and "json or avro" in str(err.value)
+
+
+def test_decimal_and_nested_after_columns_and_their_bad_values(registry) -> None:
+    """``after``'s decimal and list fields fill their columns; a decimal that overflows its
+    column dead-letters its event naming the column; a delete's row needs none of them."""
+    from decimal import Decimal
+
+    fields = [
+        {"name": "id", "type": "long"},
+        {
+            "name": "price",
+            "type": [
+                "null",
+                {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2},
+            ],
+            "default": None,
+        },
+        {"name": "tags", "type": ["null", {"type": "array", "items": "string"}], "default": None},
+    ]
+    enc = DebeziumAvroEncoder(registry.url, "nested", envelope=debezium_envelope(fields))
+    ds = DatastreamSpec.parse(
+        {
+            "name": "nested",
+            "source": {
+                "kind": "kafka",
+                "bootstrap_servers": "localhost:9092",
+                "topic": "nested",
+                "format": "avro",
+                "schema_registry": {"url": registry.url},
+                "envelope": "debezium",
+            },
+            "table": {"mode": "upsert", "primary_key": ["id"]},
+            "schema": {"id": "long", "price": "decimal(5,2)", "tags": "list<string>"},
+        }
+    )
+    good = {"id": 1, "price": Decimal("12.50"), "tags": ["a", "b"]}
+    events = [
+        (k(1), event("c", None, good, 1)),
+        (k(2), event("c", None, {"id": 2, "price": Decimal("1234.50"), "tags": []}, 2)),
+        (k(3), event("c", None, {"id": 3, "price": None, "tags": None}, 3)),
+        (k(3), event("d", {"id": 3, "price": Decimal("1234.50"), "tags": None}, None, 4)),
+    ]
+    d = decode(ds, as_avro(enc, events))
+    assert sorted(dead(d)) == [1]
+    assert dead(d)[1].startswith("column 'price': ") and "does not fit decimal(5,2)" in dead(d)[1]
+    assert [(r["id"], r["price"], r["tags"], r["_ms_tombstone"]) for r in by_offset(d)] == [
+        (1, Decimal("12.50"), ["a", "b"], False),
+        (3, None, None, False),
+        (3, None, None, True),
+    ]
