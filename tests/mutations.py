@@ -1112,6 +1112,78 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
             f"{AUTO}::test_auto_grows_the_table_at_the_batch_that_first_carries_a_new_writer_schema",
         ),
     ),
+    Guard(
+        name="debezium-delete-uses-befores-key",
+        file="src/millstream/ingest/formats/envelope.py",
+        what="a Debezium op d (JSON or Avro) deletes before's key, never after's (an event "
+        "that carries an after of another row must not delete that row)",
+        old="""\
+        columns[c] = pc.if_else(is_delete, key, value)
+""",
+        new="""\
+        columns[c] = pc.if_else(pc.is_null(value), key, value)  # MUTATION: after's key first
+""",
+        tests=(
+            "tests/unit/ingest/test_debezium.py::test_a_delete_takes_befores_key_never_afters_"
+            "nor_the_record_key",
+            "tests/unit/ingest/test_debezium_avro.py::test_a_delete_takes_befores_key_never_"
+            "afters_nor_the_record_key",
+        ),
+    ),
+    Guard(
+        name="debezium-avro-tombstone-reads-its-avro-key",
+        file="src/millstream/ingest/formats/envelope.py",
+        what="the tombstone after a Debezium Avro delete deletes the key its Avro record key "
+        "holds (read through the registry), not whatever the JSON rules make of Avro bytes",
+        old="""\
+        reader = getattr(self.inner, "record_key", None) if self.envelope else None
+""",
+        new="""\
+        reader = None  # MUTATION: record keys are read by the JSON rules only
+""",
+        tests=(
+            "tests/unit/ingest/test_debezium_avro.py::test_avro_events_decode_like_their_json_"
+            "twins_and_the_model",
+        ),
+    ),
+    Guard(
+        name="registry-error-never-dead-letters-a-key",
+        file="src/millstream/ingest/decode.py",
+        what="a registry that does not answer while a record key's schema is looked up fails "
+        "the batch (it is retried), never dead-letters the tombstone",
+        old="""\
+        except ValueError as exc:
+            raise _BadKey(str(exc)) from None
+""",
+        new="""\
+        except Exception as exc:  # MUTATION: a registry error makes the key bad
+            raise _BadKey(str(exc)) from None
+""",
+        tests=(
+            "tests/unit/ingest/test_debezium_avro.py::test_a_tombstone_key_is_never_dead_"
+            "lettered_while_the_registry_is_down",
+        ),
+    ),
+    Guard(
+        name="registry-down-waits-not-dead-letters",
+        file="src/millstream/ingest/formats/registry.py",
+        what="a registry answering 5xx is retried with backoff (the batch waits, then fails), "
+        "never taken for an unknown schema id (which dead-letters and moves the frontier)",
+        old="""\
+                if exc.code == 404:
+                    raise SchemaNotFound() from None
+""",
+        new="""\
+                if exc.code == 404 or exc.code >= 500:  # MUTATION: down = unknown id
+                    raise SchemaNotFound() from None
+""",
+        tests=(
+            "tests/unit/ingest/test_formats.py::test_a_registry_that_is_down_makes_the_batch_"
+            "wait_and_loses_nothing",
+            "tests/unit/ingest/test_debezium_avro.py::test_a_new_value_schema_waits_for_a_"
+            "registry_that_is_down",
+        ),
+    ),
 )
 
 

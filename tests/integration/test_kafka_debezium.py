@@ -1,4 +1,5 @@
-"""A Debezium JSON change stream over a real Kafka-protocol broker into an upsert table.
+"""A Debezium change stream (JSON, and Avro as Debezium's Avro converter writes it) over a real
+Kafka-protocol broker into an upsert table.
 
 Each key gets a prefix of ``create(ts=1), update(ts=2), delete(ts=3), tombstone,
 create(ts=4)`` (``k % 6`` steps: inserts, updates, deletes with their tombstones, re-created
@@ -8,7 +9,9 @@ with an unknown op. The comparison column is the envelope's ``source.ts_ms``; th
 offset, record timestamp and headers land in metadata columns (so the sink's own read of the
 ranges carries them). The table must equal the sequential model fed by rows built here from
 the produced events (no shared code with the decoder) and the rule spelled out per key; the
-dead-letter table holds exactly the unknown-op events.
+dead-letter table holds exactly the unknown-op events. The Avro variant produces the same
+events (unwrapped: Avro has no schema/payload wrapper) and keys with confluent-kafka's
+``AvroSerializer`` against the test schema registry; the model reads their JSON twins.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.local.tansu import TansuBroker
 from millstream.spark.runner import DatastreamRunner
+from millstream.testing.formats import DebeziumAvroEncoder
 from millstream.testing.model import Row, model_rows
+from millstream.testing.schema_registry import TestSchemaRegistry
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -80,7 +85,28 @@ def _records() -> list[tuple[int, bytes, bytes | None, list[tuple[str, bytes]]]]
     return out
 
 
-def _produce(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+def _as_avro(
+    records: list[tuple[int, bytes, bytes | None, list[tuple[str, bytes]]]],
+    enc: DebeziumAvroEncoder,
+) -> tuple[list[tuple[int, bytes, bytes | None, list[tuple[str, bytes]]]], dict[Any, Any]]:
+    """The same records with Avro keys and values (unwrapped), and wire bytes -> JSON twin."""
+    out: list[tuple[int, bytes, bytes | None, list[tuple[str, bytes]]]] = []
+    twin: dict[Any, Any] = {None: None}
+    for p, key, value, headers in records:
+        k = json.loads(key)
+        ev = None if value is None else json.loads(value)
+        wire_key = enc.key(k.get("payload", k))
+        wire_value = None if ev is None else enc.value(ev.get("payload", ev))
+        twin[wire_key], twin[wire_value] = key, value
+        out.append((p, wire_key, wire_value, headers))
+    return out, twin
+
+
+def _produce(
+    bootstrap: str,
+    topic: str,
+    records: list[tuple[int, bytes, bytes | None, list[tuple[str, bytes]]]] | None = None,
+) -> list[dict[str, Any]]:
     """Produce every record; what the broker acknowledged, with offsets and timestamps. One
     record per batch: Tansu's high watermark is exact only then."""
     from confluent_kafka import Producer
@@ -115,7 +141,7 @@ def _produce(bootstrap: str, topic: str) -> list[dict[str, Any]]:
             "log.connection.close": False,
         }
     )
-    records = _records()
+    records = _records() if records is None else records
     for p, key, value, headers in records:
         producer.produce(
             topic,
@@ -132,7 +158,10 @@ def _produce(bootstrap: str, topic: str) -> list[dict[str, Any]]:
     return acked
 
 
-def _spec(bootstrap: str, topic: str) -> DatastreamSpec:
+def _spec(bootstrap: str, topic: str, registry: str | None = None) -> DatastreamSpec:
+    fmt: dict[str, Any] = (
+        {"format": "avro", "schema_registry": {"url": registry}} if registry else {}
+    )
     return DatastreamSpec.parse(
         {
             "name": "items",
@@ -140,6 +169,7 @@ def _spec(bootstrap: str, topic: str) -> DatastreamSpec:
                 "kind": "kafka",
                 "bootstrap_servers": bootstrap,
                 "topic": topic,
+                **fmt,
                 "envelope": "debezium",
                 "metadata_columns": {
                     "op": "op",
@@ -204,17 +234,35 @@ def _present_by_rule(k: int) -> int | None:
     return {0: None, 1: 1, 2: 2, 3: None, 4: None, 5: 4}[k % 6]
 
 
+@pytest.mark.parametrize("fmt", ["json", "avro"])
 def test_debezium_stream_over_broker_equals_the_model(
-    kafka_broker: TansuBroker, spark: Any, tmp_path: Path
+    fmt: str, kafka_broker: TansuBroker, spark: Any, tmp_path: Path
 ) -> None:
-    topic = f"debezium-{uuid.uuid4().hex[:8]}"
+    topic = f"debezium-{fmt}-{uuid.uuid4().hex[:8]}"
     kafka_broker.create_topic(topic, PARTITIONS)
-    spec = _spec(kafka_broker.bootstrap, topic)
-    acked = _produce(kafka_broker.bootstrap, topic)
+    with TestSchemaRegistry() as registry:
+        if fmt == "avro":
+            records, twin = _as_avro(_records(), DebeziumAvroEncoder(registry.url, topic))
+            spec = _spec(kafka_broker.bootstrap, topic, registry.url)
+            acked = _produce(kafka_broker.bootstrap, topic, records)
+            twins = [{**r, "key": twin[r["key"]], "value": twin[r["value"]]} for r in acked]
+        else:
+            spec = _spec(kafka_broker.bootstrap, topic)
+            twins = acked = _produce(kafka_broker.bootstrap, topic)
+        _check(spec, acked, twins, tmp_path, spark)
+
+
+def _check(
+    spec: DatastreamSpec,
+    acked: list[dict[str, Any]],
+    twins: list[dict[str, Any]],
+    tmp_path: Path,
+    spark: Any,
+) -> None:
     ends = {
         p: 1 + max(r["offset"] for r in acked if r["partition"] == p) for p in range(PARTITIONS)
     }
-    rows, bad = _model_input(acked)
+    rows, bad = _model_input(twins)
     model = model_rows(spec.table_spec(), rows)
     assert sorted(r["id"] for r in model) == [
         k for k in range(KEYS) if _present_by_rule(k) is not None

@@ -27,6 +27,7 @@ from millstream.datastream import dead_letter_spec
 from millstream.ingest.formats import EnvelopeDecoder, RecordDecoder
 from millstream.ingest.formats.fit import cast_strings
 from millstream.ingest.formats.jsonblock import VIA_STRING, parse_json
+from millstream.ingest.formats.registry import SchemaNotFound
 from millstream.spec import (
     OFFSET_COL,
     PARTITION_COL,
@@ -107,7 +108,7 @@ def decode_records(spec: TableSpec, raw: pa.Table, fmt: RecordDecoder | None = N
 
     # Keys: fill from the record key where the value lacks them; a null key is a bad record.
     if spec.keyed:
-        good, key_errors = _fill_keys(spec, good, keys, row_index)
+        good, key_errors = _fill_keys(spec, good, keys, row_index, fmt)
         for j, e in key_errors.items():
             cast_errors.setdefault(j, e)
     # A record that is not a delete must carry the comparison value (a tombstone never does).
@@ -125,7 +126,7 @@ def decode_records(spec: TableSpec, raw: pa.Table, fmt: RecordDecoder | None = N
         kill(i, meta_bad[i])
         tombstones.remove(i)
     if tombstones:
-        stones, stone_errors = _tombstones(spec, tombstones, parts, offs, keys)
+        stones, stone_errors = _tombstones(spec, tombstones, parts, offs, keys, fmt)
         for i, e in stone_errors:
             kill(i, e)
         failed = {i for i, _ in stone_errors}
@@ -207,6 +208,29 @@ def _key_from_record(spec: TableSpec, key: bytes | None) -> dict[str, Any] | Non
     return None
 
 
+class _BadKey(ValueError):
+    """A record key the format reads itself (an Avro key) that it cannot read."""
+
+
+def _record_key(
+    spec: TableSpec, fmt: RecordDecoder | None, key: bytes | None
+) -> dict[str, Any] | None:
+    """The primary key a record key carries: read by the format when it reads keys itself
+    (Debezium's Avro keys, :meth:`EnvelopeDecoder.record_key`), else by the JSON rules. A
+    registry that does not answer raises (the batch fails): a key is never given up on
+    for that."""
+    if key is not None and isinstance(fmt, EnvelopeDecoder):
+        try:
+            found = fmt.record_key(spec, key)
+        except SchemaNotFound as exc:
+            raise _BadKey(str(exc) or "its schema id is unknown to the schema registry") from None
+        except ValueError as exc:
+            raise _BadKey(str(exc)) from None
+        if found is not None:
+            return found
+    return _key_from_record(spec, key)
+
+
 def _coerce(spec: TableSpec, column: str, value: Any) -> Any:
     if value is None:
         return None
@@ -218,7 +242,11 @@ def _coerce(spec: TableSpec, column: str, value: Any) -> Any:
 
 
 def _fill_keys(
-    spec: TableSpec, good: pa.Table, keys: pa.ChunkedArray, row_index: np.ndarray
+    spec: TableSpec,
+    good: pa.Table,
+    keys: pa.ChunkedArray,
+    row_index: np.ndarray,
+    fmt: RecordDecoder | None = None,
 ) -> tuple[pa.Table, dict[int, str]]:
     """Fill null key columns of ``good`` from the record keys (``keys[row_index[j]]`` is row
     ``j``'s); the keys are looked at only for rows that lack a key column."""
@@ -232,7 +260,7 @@ def _fill_keys(
     cols = {k: good.column(k).to_pylist() for k in spec.primary_key}
     for j in pc.indices_nonzero(missing).to_pylist():
         try:
-            from_key = _key_from_record(spec, keys[int(row_index[j])].as_py())
+            from_key = _record_key(spec, fmt, keys[int(row_index[j])].as_py())
             for k in spec.primary_key:
                 if cols[k][j] is None and from_key is not None:
                     cols[k][j] = _coerce(spec, k, from_key.get(k))
@@ -250,7 +278,12 @@ def _fill_keys(
 
 
 def _tombstones(
-    spec: TableSpec, idx: list[int], parts: Any, offs: Any, keys: pa.ChunkedArray
+    spec: TableSpec,
+    idx: list[int],
+    parts: Any,
+    offs: Any,
+    keys: pa.ChunkedArray,
+    fmt: RecordDecoder | None = None,
 ) -> tuple[pa.Table, list[tuple[int, str]]]:
     errors: list[tuple[int, str]] = []
     rows: list[dict[str, Any]] = []
@@ -258,13 +291,16 @@ def _tombstones(
         if not spec.keyed:
             errors.append((i, "null value (tombstone) in an append table"))
             continue
+        why = ""
         try:
-            key = _key_from_record(spec, keys[i].as_py())
+            key = _record_key(spec, fmt, keys[i].as_py())
             row = {k: _coerce(spec, k, key.get(k)) for k in spec.primary_key} if key else None
+        except _BadKey as exc:
+            row, why = None, f": {exc}"
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError, TypeError):
             row = None
         if row is None or any(v is None for v in row.values()):
-            errors.append((i, "tombstone without a usable record key"))
+            errors.append((i, f"tombstone without a usable record key{why}"))
             continue
         row.update({PARTITION_COL: int(parts[i]), OFFSET_COL: int(offs[i]), TOMBSTONE_COL: True})
         rows.append(row)

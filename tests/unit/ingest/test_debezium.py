@@ -311,7 +311,11 @@ def test_without_envelope_or_metadata_json_keeps_its_plain_decoder() -> None:
     ("change", "field", "words"),
     [
         ({"table": {"mode": "append"}}, "source.envelope", "keyed table"),
-        ({"source": {"format": "avro", "schema_file": __file__}}, "source.envelope", "json only"),
+        (
+            {"source": {"format": "protobuf", "schema_registry": {"url": "http://r:1"}}},
+            "source.envelope",
+            "json or avro",
+        ),
         ({"metadata": {"timestamp": "missing"}}, "source.metadata_columns.timestamp", "not in"),
         ({"metadata": {"timestamp": "name"}}, "source.metadata_columns.timestamp", "is string"),
         ({"metadata": {"headers": "qty"}}, "source.metadata_columns.headers", "string"),

@@ -25,16 +25,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import fastavro
 import numpy as np
 import pyarrow as pa
 from google.protobuf import descriptor_pb2
 
+from millstream.datastream import DEBEZIUM_METADATA
 from millstream.errors import IncompatibleChangeError, InvalidSpecError
 from millstream.ingest.formats.absorb import WriterField, absorbing_spec
-from millstream.ingest.formats.avro import AvroSchemaPlan, decode_avro
+from millstream.ingest.formats.avro import AvroSchemaPlan, decode_avro, read_each
 from millstream.ingest.formats.avro import writer_fields as avro_writer_fields
 from millstream.ingest.formats.csv import CsvDecoder
-from millstream.ingest.formats.envelope import EnvelopeDecoder
+from millstream.ingest.formats.envelope import (
+    DebeziumAvroPlan,
+    EnvelopeDecoder,
+    decode_debezium_avro,
+)
 from millstream.ingest.formats.fit import Parsed, concat
 from millstream.ingest.formats.protobuf import (
     ProtoSchemaPlan,
@@ -184,6 +190,12 @@ class SchemaDecoder:
         self._files: dict[int, Any] = {}
         #: (table spec, schema id, message indexes) -> the spec absorbing it (None: refused)
         self._absorbed: dict[tuple[str, int, tuple[int, ...]], TableSpec | None] = {}
+        self._key_schemas: dict[int, Any] = {}
+        self.debezium = cfg.envelope == "debezium"
+        if self.debezium and cfg.format != "avro":
+            raise ValueError(f"the debezium envelope is not supported with {cfg.format} values")
+        #: ``op`` / ``ts_ms`` / ``source_ts_ms`` -> column (debezium only)
+        self.envelope_columns = {f: c for f, c in cfg.metadata.items() if f in DEBEZIUM_METADATA}
 
     # -- schemas ------------------------------------------------------------------------
 
@@ -214,13 +226,18 @@ class SchemaDecoder:
             return plan
         if self.cfg.format == "avro":
             if self.cfg.schema is not None:
-                plan = AvroSchemaPlan.of(spec, self.cfg.schema)
+                text = self.cfg.schema
             else:
                 assert self.registry is not None
                 found = self.registry.schema(schema_id)
                 if found.schema_type != "AVRO":
                     raise SchemaNotFound(f"schema id {schema_id} is {found.schema_type}, not AVRO")
-                plan = AvroSchemaPlan.of(spec, found.schema)
+                text = found.schema
+            if self.debezium:
+                skip = set(self.cfg.metadata.values())
+                plan = DebeziumAvroPlan.of(spec, text, [c for c in spec.columns if c not in skip])
+            else:
+                plan = AvroSchemaPlan.of(spec, text)
         elif self.cfg.schema is not None:
             plan = ProtoSchemaPlan.of(
                 spec, _fixed_message(self.cfg.schema, self.cfg.message_type or "")
@@ -230,6 +247,37 @@ class SchemaDecoder:
         with self._lock:
             self._plans[key] = plan
         return plan
+
+    # -- record keys --------------------------------------------------------------------
+
+    def record_key(self, spec: TableSpec, key: bytes) -> dict[str, Any] | None:
+        """The primary key of a record key in the Confluent wire format holding Avro (what
+        Debezium's Avro converter writes: a record of the key columns, looked up by its
+        schema id like a value's); None when ``key`` is not such a key (no registry, not
+        framed): the JSON rules apply then. Raises :class:`SchemaNotFound` (an unknown id)
+        or ValueError (a key its schema does not read) for a bad key; a registry that does
+        not answer raises :class:`~millstream.errors.SourceReadError` (the batch fails)."""
+        if self.registry is None or self.cfg.format != "avro" or len(key) < HEADER or key[0] != 0:
+            return None
+        schema_id = int.from_bytes(key[1:HEADER], "big")
+        with self._lock:
+            parsed = self._key_schemas.get(schema_id)
+        if parsed is None:
+            found = self.registry.schema(schema_id)
+            if found.schema_type != "AVRO":
+                raise SchemaNotFound(f"key schema id {schema_id} is {found.schema_type}, not AVRO")
+            parsed = fastavro.parse_schema(json.loads(found.schema))
+            with self._lock:
+                self._key_schemas[schema_id] = parsed
+        records, _, bad = read_each(parsed, [key[HEADER:]], np.zeros(1, dtype=np.int64))
+        if bad:
+            raise ValueError(f"the Avro key (schema id {schema_id}) is bad: {bad[0]}")
+        obj = records[0]
+        if isinstance(obj, dict):
+            return {k: obj.get(k) for k in spec.primary_key}
+        if len(spec.primary_key) == 1:
+            return {spec.primary_key[0]: obj}
+        raise ValueError(f"the Avro key (schema id {schema_id}) is no record of the key columns")
 
     # -- values -------------------------------------------------------------------------
 
@@ -368,7 +416,11 @@ class SchemaDecoder:
                     )
                 )
                 continue
-            if self.cfg.format == "avro":
+            if self.debezium:
+                parts.append(
+                    decode_debezium_avro(spec, plan, payloads, where, self.envelope_columns)
+                )
+            elif self.cfg.format == "avro":
                 parts.append(decode_avro(spec, plan, payloads, where))
             else:
                 parts.append(decode_protobuf(spec, plan, payloads, where))

@@ -33,7 +33,6 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from functools import partial
-from operator import itemgetter
 from typing import Any
 
 import fastavro
@@ -456,12 +455,13 @@ def decode_avro(
     return concat(spec, parts)
 
 
-def _decode_per_record(
-    spec: TableSpec, plan: AvroSchemaPlan, payloads: list[bytes], positions: np.ndarray
-) -> Parsed:
-    """The reference path: one fastavro read per record."""
+def read_each(
+    schema: Any, payloads: list[bytes], positions: np.ndarray
+) -> tuple[list[Any], list[int], dict[int, str]]:
+    """One fastavro read per payload (each must be read to its last byte): the records, the
+    indexes (into ``payloads``) they came from, and the bad values by position with
+    fastavro's reason."""
     reader = fastavro.schemaless_reader
-    schema = plan.parsed
     records: list[Any] = []
     ok: list[int] = []
     bad: dict[int, str] = {}
@@ -489,24 +489,40 @@ def _decode_per_record(
             continue
         records.append(rec)
         ok.append(i)
-    n = len(records)
+    return records, ok, bad
+
+
+def field_columns(
+    plan: AvroSchemaPlan, records: list[Any]
+) -> tuple[dict[str, pa.Array], dict[int, str]]:
+    """The plan's fields of ``records`` (decoded by fastavro; None: no record, all its fields
+    null) as Arrow arrays, and the errors of the records whose nested or decimal values do not
+    fit their column."""
     columns: dict[str, pa.Array] = {}
-    if plan.fields and n:
-        get = itemgetter(*plan.fields)
-        rows = [get(r) for r in records]
-        cols = zip(*rows, strict=True) if len(plan.fields) > 1 else [tuple(rows)]
-        fit_errors: dict[int, str] = {}
-        for name, t, values in zip(plan.fields, plan.types, cols, strict=True):
-            if pa.types.is_decimal(t) or pa.types.is_nested(t):
-                columns[name], errs = fit_values(list(values), t, name)
-                for j, e in errs.items():
-                    fit_errors.setdefault(j, e)
-            else:
-                columns[name] = pa.array(values, t)
+    errors: dict[int, str] = {}
+    if not plan.fields or not records:
+        return columns, errors
+    for name, t in zip(plan.fields, plan.types, strict=True):
+        values = [None if r is None else r[name] for r in records]
+        if pa.types.is_decimal(t) or pa.types.is_nested(t):
+            columns[name], errs = fit_values(values, t, name)
+            for j, e in errs.items():
+                errors.setdefault(j, e)
+        else:
+            columns[name] = pa.array(values, t)
+    return columns, errors
+
+
+def _decode_per_record(
+    spec: TableSpec, plan: AvroSchemaPlan, payloads: list[bytes], positions: np.ndarray
+) -> Parsed:
+    """The reference path: one fastavro read per record."""
+    records, ok, bad = read_each(plan.parsed, payloads, positions)
+    n = len(records)
+    columns, fit_errors = field_columns(plan, records)
     table, errors = assemble(spec, n, columns)
-    if plan.fields and n:
-        for j, e in fit_errors.items():
-            errors.setdefault(j, e)
+    for j, e in fit_errors.items():
+        errors.setdefault(j, e)
     kept = positions[np.asarray(ok, dtype=np.int64)] if ok else np.zeros(0, dtype=np.int64)
     return drop_rows(Parsed(table, kept, bad), errors)
 

@@ -26,16 +26,21 @@ decoder fills the envelope's; ``decode_records`` fills the record's from the raw
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+import fastavro
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from millstream.datastream import DEBEZIUM_METADATA, KAFKA_METADATA
-from millstream.ingest.formats.fit import Parsed, assemble, drop_rows
+from millstream.ingest.formats.avro import AvroSchemaPlan, field_columns, read_each
+from millstream.ingest.formats.fit import Parsed, all_rejected, assemble, drop_rows
 from millstream.ingest.formats.jsonblock import json_schema, parse_json, parse_robust
 from millstream.spec import TableSpec
+from millstream.types import arrow_type
 
 if TYPE_CHECKING:
     from millstream.ingest.formats import RecordDecoder
@@ -66,9 +71,21 @@ class EnvelopeDecoder:
         """Record field -> column, for the fields that come from the record, not its value."""
         return {f: c for f, c in self.metadata.items() if f in KAFKA_METADATA}
 
+    def record_key(self, spec: TableSpec, key: bytes) -> dict[str, Any] | None:
+        """The primary key of a record key the format reads itself (an Avro key in the wire
+        format, Debezium's Avro converter); None: the JSON rules apply
+        (:func:`millstream.ingest.decode.decode_records`)."""
+        reader = getattr(self.inner, "record_key", None) if self.envelope else None
+        if reader is None:
+            return None
+        found: dict[str, Any] | None = reader(spec, key)
+        return found
+
     def parse(self, spec: TableSpec, values: pa.Array, keys: pa.Array) -> Parsed:
+        """Rows of ``values``: the inner format (with the Debezium envelope, Avro reads the
+        envelope itself), or JSON (with the envelope, :func:`parse_debezium`)."""
         skip = set(self.metadata.values())
-        if self.envelope == "debezium":
+        if self.envelope == "debezium" and self.inner is None:
             envelope = {f: c for f, c in self.metadata.items() if f in DEBEZIUM_METADATA}
             return parse_debezium(spec, values, envelope, skip)
         if self.inner is None:
@@ -104,9 +121,9 @@ def _epoch_ms(arr: pa.Array, column_type: str) -> pa.Array:
 def parse_debezium(
     spec: TableSpec, values: pa.Array, envelope_columns: dict[str, str], skip: set[str]
 ) -> Parsed:
-    """Debezium change events (see the module doc): rows, and which of them are deletes.
-    ``envelope_columns`` maps ``op`` / ``ts_ms`` / ``source_ts_ms`` to columns; ``skip``
-    (metadata columns) are not read from ``after``."""
+    """Debezium change events as JSON (see the module doc): rows, and which of them are
+    deletes. ``envelope_columns`` maps ``op`` / ``ts_ms`` / ``source_ts_ms`` to columns;
+    ``skip`` (metadata columns) are not read from ``after``."""
     row_columns = [c for c in spec.columns if c not in skip]
     parsed, positions, bad = parse_robust(values, debezium_schema(spec, row_columns))
     n = parsed.num_rows
@@ -117,7 +134,50 @@ def parse_debezium(
         top = parsed.column(name).combine_chunks()
         return pc.if_else(wrapped, pc.struct_field(payload, name), top)
 
-    op, after, before = pick("op"), pick("after"), pick("before")
+    after, before = pick("after"), pick("before")
+    events = Events(
+        op=pick("op"),
+        after={c: pc.struct_field(after, c) for c in row_columns},
+        has_after=pc.is_valid(after),
+        before={c: pc.struct_field(before, c) for c in spec.primary_key},
+        has_before=pc.is_valid(before),
+        ts_ms=pick("ts_ms"),
+        source_ts_ms=pc.struct_field(pick("source"), "ts_ms"),
+    )
+    return apply_debezium(spec, n, events, positions, bad, envelope_columns)
+
+
+@dataclass(frozen=True, slots=True)
+class Events:
+    """A batch of decoded change events, whatever their format, one entry per event:
+    ``op`` (null: missing), ``after``'s row columns (a column ``after`` lacks is absent)
+    and whether ``after`` is there, ``before``'s primary key columns (likewise) and whether
+    ``before`` is there, the event's ``ts_ms`` and ``source.ts_ms``."""
+
+    op: pa.Array
+    after: dict[str, pa.Array]
+    has_after: pa.Array
+    before: dict[str, pa.Array]
+    has_before: pa.Array
+    ts_ms: pa.Array
+    source_ts_ms: pa.Array
+
+
+def apply_debezium(
+    spec: TableSpec,
+    n: int,
+    events: Events,
+    positions: np.ndarray,
+    bad: dict[int, str],
+    envelope_columns: dict[str, str],
+    row_errors: dict[int, str] | None = None,
+) -> Parsed:
+    """The op rules, the same for every format: c/r/u rows are ``after``, a d row is
+    ``before``'s key (never ``after``'s, never the record key) marked as a delete, anything
+    else is a bad event naming the field. Row ``j`` is value ``positions[j]``; ``bad`` holds
+    the values the format could not read at all, ``row_errors`` the rows (by row) whose
+    values the format could not fit."""
+    op = events.op
     is_delete = pc.fill_null(pc.equal(op, DELETE_OP), False)
     is_upsert = pc.fill_null(pc.is_in(op, pa.array(UPSERT_OPS)), False)
 
@@ -136,32 +196,155 @@ def parse_debezium(
         pc.and_not(pc.is_valid(op), pc.or_(is_delete, is_upsert)),
         "field 'op': {op!r} is not a Debezium operation (c, r, u, d)",
     )
-    fail(pc.and_(is_upsert, pc.is_null(after)), "field 'after' is null for op {op!r}")
-    fail(pc.and_(is_delete, pc.is_null(before)), "field 'before' is null for op 'd': no key")
+    fail(pc.and_(is_upsert, pc.invert(events.has_after)), "field 'after' is null for op {op!r}")
+    fail(
+        pc.and_(is_delete, pc.invert(events.has_before)),
+        "field 'before' is null for op 'd': no key",
+    )
     columns: dict[str, pa.Array] = {}
-    for c in row_columns:
-        value = pc.struct_field(after, c)
-        if c in spec.primary_key:
-            # A delete's key is before's, never after's (null in a delete) nor the record's.
-            key = pc.struct_field(before, c)
-            fail(
-                pc.and_(is_delete, pc.and_(pc.is_valid(before), pc.is_null(key))),
-                f"field 'before' lacks primary key column {c!r} for op 'd'",
-            )
-            value = pc.if_else(is_delete, key, value)
-        else:
-            value = pc.if_else(is_delete, pa.nulls(n, value.type), value)
-        columns[c] = value
-    envelope = {
-        "op": op,
-        "ts_ms": pick("ts_ms"),
-        "source_ts_ms": pc.struct_field(pick("source"), "ts_ms"),
-    }
+    for c, value in events.after.items():
+        if c not in spec.primary_key:
+            columns[c] = pc.if_else(is_delete, pa.nulls(n, value.type), value)
+    for c in spec.primary_key:
+        # A delete's key is before's, never after's (null in a delete) nor the record's.
+        key = events.before.get(c)
+        if key is None:
+            key = pa.nulls(n, arrow_type(spec.columns[c]))
+        fail(
+            pc.and_(is_delete, pc.and_(events.has_before, pc.is_null(key))),
+            f"field 'before' lacks primary key column {c!r} for op 'd'",
+        )
+        value = events.after.get(c)
+        if value is None:
+            value = pa.nulls(n, key.type)
+        elif value.type != key.type:
+            value, key = _common(value, key, spec.columns[c])
+        columns[c] = pc.if_else(is_delete, key, value)
+    envelope = {"op": op, "ts_ms": events.ts_ms, "source_ts_ms": events.source_ts_ms}
     for field, column in envelope_columns.items():
         arr = envelope[field]
         columns[column] = arr if field == "op" else _epoch_ms(arr, spec.columns[column])
     table, fit_errors = assemble(spec, n, columns)
-    for j, e in fit_errors.items():
+    for j, e in [*fit_errors.items(), *(row_errors or {}).items()]:
         errors.setdefault(j, e)
     deletes = np.asarray(is_delete.to_numpy(zero_copy_only=False), dtype=bool)
     return drop_rows(Parsed(table, positions, bad, deletes), errors)
+
+
+def _common(a: pa.Array, b: pa.Array, column_type: str) -> tuple[pa.Array, pa.Array]:
+    """``after``'s and ``before``'s key values in one type (the column's) for ``if_else``."""
+    target = arrow_type(column_type)
+    return a.cast(target), b.cast(target)
+
+
+# -- Debezium over Avro -----------------------------------------------------------------
+
+
+def _branches(t: Any) -> list[Any]:
+    return list(t) if isinstance(t, list) else [t]
+
+
+def _is_kind(t: Any, kinds: tuple[str, ...]) -> bool:
+    """Whether Avro type ``t`` (or a union of null and it) is one of ``kinds``."""
+    rest = [b for b in _branches(t) if b != "null"]
+    if len(rest) != 1:
+        return False
+    b = rest[0]
+    if isinstance(b, dict) and b.get("logicalType") is None:
+        b = b.get("type")
+    return isinstance(b, str) and b in kinds
+
+
+@dataclass
+class DebeziumAvroPlan:
+    """How one Debezium ``Envelope`` writer schema fills the table: the envelope is read with
+    fastavro per record (its ``before``/``after`` are unions of null and a record, which the
+    block reader does not take), ``value`` says which fields of the row record (``before``'s
+    and ``after``'s) fill which columns."""
+
+    parsed: Any
+    value: AvroSchemaPlan | None
+    mismatch: str | None  # every event of this schema is bad for this reason
+
+    @classmethod
+    def of(cls, spec: TableSpec, schema: Any, row_columns: list[str]) -> DebeziumAvroPlan:
+        if isinstance(schema, str):
+            schema = json.loads(schema)
+        parsed = fastavro.parse_schema(schema)
+        if not isinstance(schema, dict) or schema.get("type") != "record":
+            return cls(parsed, None, "the Avro schema is not a record: not a Debezium envelope")
+        fields = {f["name"]: f["type"] for f in schema.get("fields", [])}
+        # The row record is defined in before's union (after refers to it by name), or
+        # in after's.
+        value = next(
+            (
+                b
+                for name in ("before", "after")
+                for b in _branches(fields.get(name))
+                if isinstance(b, dict) and b.get("type") == "record"
+            ),
+            None,
+        )
+        if value is None:
+            return cls(
+                parsed,
+                None,
+                "fields 'before' and 'after' hold no record: not a Debezium envelope",
+            )
+        for name, kinds in (("op", ("string", "enum")), ("ts_ms", ("long", "int"))):
+            if name in fields and not _is_kind(fields[name], kinds):
+                return cls(parsed, None, f"field {name!r}: Avro type is not {kinds[0]}")
+        source = [b for b in _branches(fields.get("source")) if isinstance(b, dict)]
+        source_ts = {f["name"]: f["type"] for f in source[0].get("fields", [])} if source else {}
+        if "ts_ms" in source_ts and not _is_kind(source_ts["ts_ms"], ("long", "int")):
+            return cls(parsed, None, "field 'source.ts_ms': Avro type is not long")
+        rows = TableSpec.parse(
+            {"name": spec.name, "schema": {c: spec.columns[c] for c in row_columns}}
+        )
+        try:
+            plan = AvroSchemaPlan.of(rows, value)
+        except Exception as exc:  # a row record that refers to types defined outside it
+            return cls(parsed, None, f"field 'after': its record cannot be read alone: {exc}")
+        if plan.mismatch is not None:
+            return cls(parsed, None, f"field 'after': {plan.mismatch}")
+        return cls(parsed, plan, None)
+
+
+def decode_debezium_avro(
+    spec: TableSpec,
+    plan: DebeziumAvroPlan,
+    payloads: list[bytes],
+    positions: np.ndarray,
+    envelope_columns: dict[str, str],
+) -> Parsed:
+    """Debezium change events as Avro (one writer schema): fastavro reads each envelope,
+    the op rules are :func:`apply_debezium`'s, as for JSON."""
+    if plan.mismatch is not None or plan.value is None:
+        return all_rejected(spec, positions, plan.mismatch or "not a Debezium envelope")
+    records, ok, bad = read_each(plan.parsed, payloads, positions)
+    n = len(records)
+    kept = positions[np.asarray(ok, dtype=np.int64)] if ok else np.zeros(0, dtype=np.int64)
+    afters = [r.get("after") for r in records]
+    befores = [r.get("before") for r in records]
+    after, row_errors = field_columns(plan.value, afters)
+    key_fields = [c for c in spec.primary_key if c in plan.value.fields]
+    before = {
+        c: pa.array(
+            [None if b is None else b.get(c) for b in befores],
+            plan.value.types[plan.value.fields.index(c)],
+        )
+        for c in key_fields
+    }
+    sources = [r.get("source") for r in records]
+    events = Events(
+        op=pa.array([r.get("op") for r in records], pa.string()),
+        after=after if n else {},
+        has_after=pa.array([a is not None for a in afters], pa.bool_()),
+        before=before,
+        has_before=pa.array([b is not None for b in befores], pa.bool_()),
+        ts_ms=pa.array([r.get("ts_ms") for r in records], pa.int64()),
+        source_ts_ms=pa.array(
+            [s.get("ts_ms") if isinstance(s, dict) else None for s in sources], pa.int64()
+        ),
+    )
+    return apply_debezium(spec, n, events, kept, bad, envelope_columns, row_errors)
