@@ -328,7 +328,6 @@ def test_the_spec_takes_avro_and_refuses_protobuf(source: dict[str, Any], ok: bo
     assert err.value.field == "source.envelope" and "json or avro" in str(err.value)
 
 
-
 def test_the_spec_refuses_schema_evolution_auto_with_the_envelope() -> None:
     """The writer schema of a Debezium topic is the envelope's: growing the table to its
     top-level fields (before, after, source, op...) would be wrong, so auto is refused."""
@@ -340,6 +339,7 @@ def test_the_spec_refuses_schema_evolution_auto_with_the_envelope() -> None:
     with pytest.raises(InvalidSpecError) as err:
         datastream(None, **fields)
     assert err.value.field == "source.schema_evolution" and "debezium" in str(err.value)
+
 
 def test_decimal_and_nested_after_columns_and_their_bad_values(registry) -> None:
     """``after``'s decimal and list fields fill their columns; a decimal that overflows its
