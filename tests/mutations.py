@@ -1184,6 +1184,19 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
             "registry_that_is_down",
         ),
     ),
+    Guard(
+        name="postgres-connect-times-out",
+        file="src/millstream/metastore/engine.py",
+        what="a new PostgreSQL connection gives up after CONNECT_TIMEOUT_SECONDS (a server "
+        "that accepts and never answers does not hang a heartbeat, a REST call or a commit)",
+        old="""\
+            url, pool_pre_ping=True, pool_size=4, max_overflow=4, connect_args=connect_args
+""",
+        new="""\
+            url, pool_pre_ping=True, pool_size=4, max_overflow=4  # MUTATION: no timeout
+""",
+        tests=("tests/unit/metastore/test_engine_connect_timeout.py",),
+    ),
 )
 
 

@@ -42,9 +42,22 @@ def sqlite_url(home: str | Path) -> str:
 _PING_ON_A_DEAD_CONNECTION = "can't change 'autocommit' now"
 
 
+#: Seconds a new PostgreSQL connection may take (TCP connect and the startup handshake). Without
+#: it a stalled network or a server that accepts but never answers hangs the caller (a REST
+#: call, a heartbeat, a commit) until the kernel gives up, minutes later; with it the call
+#: fails like any unreachable store and is retried by the caller's backoff. A URL may set its
+#: own (``?connect_timeout=N``).
+CONNECT_TIMEOUT_SECONDS = 10
+
+
 def make_engine(url: str, *, is_sqlite: bool) -> Engine:
     if not is_sqlite:
-        engine = create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=4)
+        connect_args = (
+            {} if "connect_timeout=" in url else {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+        )
+        engine = create_engine(
+            url, pool_pre_ping=True, pool_size=4, max_overflow=4, connect_args=connect_args
+        )
 
         @event.listens_for(engine, "handle_error")
         def _dead_ping(ctx: Any) -> None:
