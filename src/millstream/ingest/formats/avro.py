@@ -55,6 +55,7 @@ from millstream.types import (
     ListType,
     MapType,
     Scalar,
+    StructType,
     Type,
     arrow_type,
     parse_type,
@@ -553,6 +554,13 @@ def column_type_of(t: Any) -> str | None:
     included: an array is a ``list``, a map a ``map<string,...>``, a record a ``struct``, the
     decimal logical type a ``decimal(p,s)``. None: no column type does (a union of several
     types, an empty record)."""
+    found = _column_type(t)
+    return None if found is None else str(found)
+
+
+def _column_type(t: Any) -> Type | None:
+    """:func:`column_type_of` as a :mod:`millstream.types` type (its text is the canonical
+    one)."""
     if isinstance(t, list):
         rest = [b for b in t if b != "null"]
         if len(rest) != 1:
@@ -561,24 +569,22 @@ def column_type_of(t: Any) -> str | None:
     if isinstance(t, dict) and t.get("logicalType") == "decimal":
         if t.get("type") not in ("bytes", "fixed") or "precision" not in t:
             return None
-        return f"decimal({int(t['precision'])},{int(t.get('scale', 0))})"
+        return DecimalType(int(t["precision"]), int(t.get("scale", 0)))
     kind, _ = _avro_kind(t)
     if kind is not None:
-        return COLUMN_OF_KIND[kind]
+        return Scalar(COLUMN_OF_KIND[kind])
     if not isinstance(t, dict):
         return None
     base = t.get("type")
-    if base == "array":
-        inner = column_type_of(t.get("items"))
-        return None if inner is None else f"list<{inner}>"
-    if base == "map":
-        inner = column_type_of(t.get("values"))
-        return None if inner is None else f"map<string,{inner}>"
-    if base == "record" and t.get("fields"):
-        parts = [(f["name"], column_type_of(f["type"])) for f in t["fields"]]
-        if any(ft is None for _, ft in parts):
+    if base in ("array", "map"):
+        inner = _column_type(t.get("items" if base == "array" else "values"))
+        if inner is None:
             return None
-        return "struct<" + ",".join(f"{n}:{ft}" for n, ft in parts) + ">"
+        return ListType(inner) if base == "array" else MapType(inner)
+    if base == "record" and t.get("fields"):
+        parts = [(f["name"], _column_type(f["type"])) for f in t["fields"]]
+        fields = tuple((n, ft) for n, ft in parts if ft is not None)
+        return StructType(fields) if len(fields) == len(parts) else None
     return None
 
 

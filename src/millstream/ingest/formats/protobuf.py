@@ -325,30 +325,36 @@ COLUMN_OF_KIND: dict[str, str] = {
 _MAX_DEPTH = 16
 
 
-def column_type_of(f: FieldDescriptor, *, element: bool = False, depth: int = 0) -> str | None:
-    """The column type that holds field ``f`` (``element``: one element of it): a repeated
-    field is a ``list``, a map field with string keys a ``map<string,...>``, a message a
-    ``struct``. None: no column type does (a map with other keys, a recursive message)."""
+def column_type_of(f: FieldDescriptor) -> str | None:
+    """The column type that holds field ``f``: a repeated field is a ``list``, a map field
+    with string keys a ``map<string,...>``, a message a ``struct``. None: no column type does
+    (a map with other keys, a recursive message)."""
+    found = _column_type(f)
+    return None if found is None else str(found)
+
+
+def _column_type(f: FieldDescriptor, *, element: bool = False, depth: int = 0) -> Type | None:
+    """:func:`column_type_of` as a :mod:`millstream.types` type (its text is the canonical
+    one); ``element``: the type of one element of ``f``."""
     if depth > _MAX_DEPTH:
         return None
     if _repeated(f) and not element:
         if _is_map(f):
             key = f.message_type.fields_by_name["key"]
             value = f.message_type.fields_by_name["value"]
-            inner = column_type_of(value, element=True, depth=depth + 1)
+            inner = _column_type(value, element=True, depth=depth + 1)
             if key.type != _T.TYPE_STRING or inner is None:
                 return None
-            return f"map<string,{inner}>"
-        inner = column_type_of(f, element=True, depth=depth + 1)
-        return None if inner is None else f"list<{inner}>"
+            return MapType(inner)
+        inner = _column_type(f, element=True, depth=depth + 1)
+        return None if inner is None else ListType(inner)
     kind, _ = _kind(f, element=True)
     if kind is not None:
-        return COLUMN_OF_KIND[kind]
+        return Scalar(COLUMN_OF_KIND[kind])
     if f.type == _T.TYPE_MESSAGE and f.message_type.fields:
-        parts = [(g.name, column_type_of(g, depth=depth + 1)) for g in f.message_type.fields]
-        if any(t is None for _, t in parts):
-            return None
-        return "struct<" + ",".join(f"{n}:{t}" for n, t in parts) + ">"
+        parts = [(g.name, _column_type(g, depth=depth + 1)) for g in f.message_type.fields]
+        fields = tuple((n, t) for n, t in parts if t is not None)
+        return StructType(fields) if len(fields) == len(parts) else None
     return None
 
 
