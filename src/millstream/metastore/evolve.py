@@ -7,12 +7,12 @@ schema version are the same; the datastream's spec and its table never disagree.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, select
 
 from millstream.core.evolution import Change
-from millstream.datastream import dead_letter_spec
+from millstream.datastream import DatastreamSpec, dead_letter_spec
 from millstream.metastore import schema as s
 from millstream.metastore import tables
 from millstream.metastore.cas import cas_update
@@ -36,12 +36,6 @@ def evolve_with_dead_letter(
     return info, changes
 
 
-def _table_of(spec: dict[str, Any]) -> str:
-    """The table a datastream row's spec (as stored) writes."""
-    section = spec.get("table") or {}
-    return str(section.get("name") or spec.get("name"))
-
-
 def _datastreams_follow(conn: Connection, table: TableSpec, now: float) -> None:
     """The spec of every datastream writing ``table`` takes the table's columns (a
     compare-and-set on its row, in the caller's transaction)."""
@@ -49,7 +43,10 @@ def _datastreams_follow(conn: Connection, table: TableSpec, now: float) -> None:
         select(s.datastreams.c.name, s.datastreams.c.spec, s.datastreams.c.version)
     ).all()
     for name, spec, version in rows:
-        if _table_of(spec) != table.name or spec.get("schema") == table.columns:
+        if (
+            DatastreamSpec.parse(spec).table_name != table.name
+            or spec.get("schema") == table.columns
+        ):
             continue
         cas_update(
             conn,
