@@ -14,9 +14,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,7 +27,9 @@ import yaml
 
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
+from millstream.errors import TableNotFoundError
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
+from millstream.spark.runner import DatastreamRunner
 from millstream.testing.model import Row
 from millstream.testing.oracle import RawRecord, expected_table
 
@@ -214,6 +217,35 @@ def assert_table_matches_source(cat: Catalog, spec: DatastreamSpec, records: Seq
 
 def shard_uppers(cat: Catalog, table: str) -> dict[int, int]:
     return {s.partition: s.upper for s in cat.store.list_shards(table)}
+
+
+def uppers_or_empty(cat: Catalog, table: str) -> dict[int, int]:
+    """The shard uppers, {} until the writer has created the table."""
+    try:
+        return shard_uppers(cat, table)
+    except TableNotFoundError:
+        return {}
+
+
+@contextlib.contextmanager
+def writer_in_background(runner: DatastreamRunner, name: str) -> Iterator[list[BaseException]]:
+    """Run ``runner`` continuously on a thread named ``name``; yields the list its error (if
+    it raises) lands in. On exit the runner is stopped and its thread joined."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            runner.run(available_now=False)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    try:
+        yield errors
+    finally:
+        runner.stop()
+        thread.join(timeout=120)
 
 
 # -- the CLI as a subprocess ---------------------------------------------------------------

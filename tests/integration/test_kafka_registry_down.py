@@ -13,17 +13,21 @@ decode-level retry itself is in ``tests/unit/ingest/test_formats.py``.)
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from ingest_support import assert_same_rows, produce_exact, shard_uppers
+from ingest_support import (
+    assert_same_rows,
+    produce_exact,
+    shard_uppers,
+    uppers_or_empty,
+    writer_in_background,
+)
 
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
-from millstream.errors import TableNotFoundError
 from millstream.local.tansu import TansuBroker
 from millstream.spark.runner import DatastreamRunner
 from millstream.testing.cluster import wait_until
@@ -80,14 +84,6 @@ def _lot(
     return rows, twin
 
 
-def _uppers(cat: Catalog, table: str) -> dict[int, int]:
-    """The shard uppers ({} until the writer has created the table)."""
-    try:
-        return shard_uppers(cat, table)
-    except TableNotFoundError:
-        return {}
-
-
 def test_registry_down_the_batch_waits_and_the_frontier_does_not_skip(
     kafka_broker: TansuBroker, spark: Any, tmp_path: Path
 ) -> None:
@@ -119,41 +115,30 @@ def test_registry_down_the_batch_waits_and_the_frontier_does_not_skip(
 
     cat = Catalog.open(home=tmp_path / "home")
     runner = DatastreamRunner(spec, cat, spark, writer_id="w")
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            runner.run(available_now=False)
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name="writer-registry-down", daemon=True)
-    thread.start()
-    try:
-        wait_until(
-            "the first lot is ingested",
-            lambda: not errors and _uppers(cat, spec.table_name) == ends1,
-            timeout=240,
-        )
-        registry.stop()  # refused connections from now on
-        acked2 = produce_exact(kafka_broker.bootstrap, topic, second)
-        ends2 = {p: 1 + max(o for q, o, _, _ in acked2 if q == p) for p in range(PARTITIONS)}
-        assert all(ends2[p] > ends1[p] for p in range(PARTITIONS))
-        deadline = time.monotonic() + DOWN_SECONDS
-        while time.monotonic() < deadline:
-            assert not errors, errors
-            assert shard_uppers(cat, spec.table_name) == ends1, "committed past a record"
-            assert cat.read_table(spec.dead_letter_table).num_rows == 0, "dead-lettered"
-            time.sleep(0.5)
-        registry.start()  # the same port (TestSchemaRegistry keeps it)
-        wait_until(
-            "the second lot is ingested once the registry is back",
-            lambda: not errors and shard_uppers(cat, spec.table_name) == ends2,
-            timeout=240,
-        )
+    try:  # the writer stops first (it may be reading from the registry), then the registry
+        with writer_in_background(runner, "writer-registry-down") as errors:
+            wait_until(
+                "the first lot is ingested",
+                lambda: not errors and uppers_or_empty(cat, spec.table_name) == ends1,
+                timeout=240,
+            )
+            registry.stop()  # refused connections from now on
+            acked2 = produce_exact(kafka_broker.bootstrap, topic, second)
+            ends2 = {p: 1 + max(o for q, o, _, _ in acked2 if q == p) for p in range(PARTITIONS)}
+            assert all(ends2[p] > ends1[p] for p in range(PARTITIONS))
+            deadline = time.monotonic() + DOWN_SECONDS
+            while time.monotonic() < deadline:
+                assert not errors, errors
+                assert shard_uppers(cat, spec.table_name) == ends1, "committed past a record"
+                assert cat.read_table(spec.dead_letter_table).num_rows == 0, "dead-lettered"
+                time.sleep(0.5)
+            registry.start()  # the same port (TestSchemaRegistry keeps it)
+            wait_until(
+                "the second lot is ingested once the registry is back",
+                lambda: not errors and shard_uppers(cat, spec.table_name) == ends2,
+                timeout=240,
+            )
     finally:
-        runner.stop()
-        thread.join(timeout=120)
         registry.stop()
     assert not errors, errors
     assert runner.stats.restarts == 0, "the batch waited: the writer did not restart"

@@ -9,20 +9,19 @@ changes nothing."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from ingest_support import produce_exact
+from ingest_support import produce_exact, uppers_or_empty, writer_in_background
 
 from millstream.catalog import Catalog
 from millstream.control.registry import Registry
 from millstream.datastream import DatastreamSpec
-from millstream.errors import IncompatibleChangeError, TableNotFoundError
+from millstream.errors import IncompatibleChangeError
 from millstream.local.tansu import TansuBroker
 from millstream.spark.runner import DatastreamRunner
+from millstream.testing.cluster import wait_until
 from millstream.testing.model import canonical
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
@@ -32,17 +31,12 @@ PER_PARTITION = 300
 
 
 def _wait_for_uppers(cat: Catalog, table: str, ends: dict[int, int], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    uppers: dict[int, int] = {}
-    while time.monotonic() < deadline:
-        try:
-            uppers = {s.partition: s.upper for s in cat.store.list_shards(table)}
-        except TableNotFoundError:  # the writer has not created it yet
-            uppers = {}
-        if all(uppers.get(p, 0) >= end for p, end in ends.items()):
-            return
-        time.sleep(0.5)
-    pytest.fail(f"the writer did not reach {ends} within {timeout}s: {uppers}")
+    wait_until(
+        f"the writer reaches {ends}",
+        lambda: all(uppers_or_empty(cat, table).get(p, 0) >= end for p, end in ends.items()),
+        timeout=timeout,
+        diagnostics=lambda: f"uppers {uppers_or_empty(cat, table)}",
+    )
 
 
 def _produce(broker: TansuBroker, topic: str, first_id: int, **extra: Any) -> list[Any]:
@@ -78,17 +72,7 @@ def test_a_column_added_and_a_type_widened_during_continuous_ingestion_lose_noth
     registry = Registry(cat.store)
     registry.create(spec)
     runner = DatastreamRunner(spec, cat, spark, writer_id="w")
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            runner.run(available_now=False)
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name="writer-evolving", daemon=True)
-    thread.start()
-    try:
+    with writer_in_background(runner, "writer-evolving") as errors:
         before = _produce(kafka_broker, topic, 0)
         ends = {p: max(o for q, o, _, _ in before if q == p) + 1 for p in range(PARTITIONS)}
         _wait_for_uppers(cat, "evolving", ends, timeout=180)
@@ -115,9 +99,6 @@ def test_a_column_added_and_a_type_widened_during_continuous_ingestion_lose_noth
         assert (refused.value.column, refused.value.field) == ("qty", "schema.qty")
         assert cat.table("evolving") == table_before
         assert registry.get("evolving") == rec_before
-    finally:
-        runner.stop()
-        thread.join(timeout=120)
     assert not errors, errors
     assert runner.stats.restarts == 0, "the writer picked the change up without a restart"
 
