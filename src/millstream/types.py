@@ -283,6 +283,12 @@ def has_decimal(t: pa.DataType) -> bool:
     return any(has_decimal(t.field(i).type) for i in range(t.num_fields))
 
 
+def overflowing_decimal_text(value: pa.Scalar) -> str:
+    """The text of a decimal scalar that may not fit its own type (one
+    :func:`decimal_overflow` found): read through a type wide enough to hold it."""
+    return str(value.cast(pa.decimal256(2 * MAX_PRECISION, value.type.scale)).as_py())
+
+
 def decimal_overflow(arr: pa.Array) -> np.ndarray:
     """Which values of ``arr`` hold a decimal (anywhere inside) with more integer digits
     than its type's precision allows. Arrow does not check this everywhere (its JSON reader

@@ -16,7 +16,7 @@ from millstream.metastore.store import MetadataStore
 from millstream.spec import OFFSET_COL, PARTITION_COL, TableSpec
 from millstream.storage.deepstore import DeepStore, table_data_prefix
 from millstream.table.commit import StagedFile, StagedWrite, commit_writes
-from millstream.types import decimal_overflow, has_decimal
+from millstream.types import decimal_overflow, has_decimal, overflowing_decimal_text
 
 __all__ = ["StagedFile", "commit_staged", "stage_rows"]
 
@@ -39,7 +39,7 @@ def _refuse_decimal_overflow(spec: TableSpec, rows: pa.Table) -> None:
 
 def _shown(value: pa.Scalar) -> str:
     if pa.types.is_decimal(value.type):
-        return str(value.cast(pa.decimal256(76, value.type.scale)).as_py())
+        return overflowing_decimal_text(value)
     return repr(value.as_py())
 
 

@@ -17,7 +17,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from millstream.spec import TableSpec
-from millstream.types import arrow_type, decimal_overflow, from_arrow, has_decimal
+from millstream.types import (
+    arrow_type,
+    decimal_overflow,
+    from_arrow,
+    has_decimal,
+    overflowing_decimal_text,
+)
 
 
 @dataclass(slots=True)
@@ -97,8 +103,7 @@ def _no_overflow(
     errors = dict(errors)
     values = arr.to_pylist() if not pa.types.is_decimal(arr.type) else None
     for i in np.flatnonzero(over).tolist():
-        shown = arr.cast(pa.decimal256(76, arr.type.scale))[i] if values is None else values[i]
-        text = shown.as_py() if values is None else shown
+        text = overflowing_decimal_text(arr[i]) if values is None else values[i]
         errors.setdefault(
             i, f"column {name!r}: decimal overflow: {text} does not fit {from_arrow(arr.type)}"
         )
