@@ -30,6 +30,10 @@ partition-affine), written once as JSON-lines files, one subdirectory per partit
 (f) Avro vs JSON (``ingest_formats.py``): the same records decoded by the sink's decoder as
     JSON and as Confluent-framed Avro (confluent-kafka's AvroSerializer, the test schema
     registry), one process, rows/s of each and the ratio; ``--formats-only`` runs just this.
+(g) Catch-up through Kafka, JSON against Avro (``ingest_kafka.py``): the same records produced
+    into a Tansu broker twice, as JSON and as Confluent-framed Avro, each caught up by the
+    kafka source into its own upsert table at (a)'s batch, alternating over 3 rounds; medians
+    of rows/s and their ratio, each table held to the oracle. ``--skip g`` leaves it out.
 (e) Freshness (``ingest_freshness.py``): a Tansu broker, a producer at a steady rate into a
     4-partition topic, a DatastreamRunner on the kafka source (500 ms trigger), and a sampler
     that every 50 ms notes the last acknowledged offset per partition and the shard uppers. The
@@ -73,6 +77,7 @@ from ingest_catchup import millstream_catch_up, verify, warm_up
 from ingest_formats import formats_catch_up
 from ingest_freshness import freshness
 from ingest_input import make_input
+from ingest_kafka import kafka_catch_up
 from ingest_observe import event_log_config, spark_jobs
 from ingest_profile import (
     fused_probe,
@@ -96,7 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tws-timeout", type=float, default=240.0)
     ap.add_argument("--fresh-rate", type=float, default=20_000.0)
     ap.add_argument("--fresh-seconds", type=float, default=None, help="60 s; quick 20 s")
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: a,b,c,d,e,f")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: a,b,c,d,e,f,g")
     ap.add_argument(
         "--formats-only", action="store_true", help="only (f): Avro vs JSON decode, no Spark"
     )
@@ -197,6 +202,14 @@ def run(
             log(f"instrumented re-run: {res['timed']['rows_s']:,.0f} rows/s")
             res["fused"] = fused_probe(spark, inp, base, args.batch)
             log(f"fused read+decode+stage tasks: {res['fused']['rows_s']:,.0f} rows/s")
+        if "g" not in skip:
+            res["g"] = kafka_catch_up(spark, catalog, inp, base, args.batch, log)
+            g = res["g"]
+            log(
+                f"(g) kafka catch-up medians: avro {g['avro']['median_rows_s']:,.0f} rows/s, "
+                f"json {g['json']['median_rows_s']:,.0f} rows/s: avro/json = "
+                f"{g['avro_over_json']:.2f}"
+            )
         if "d" not in skip:
             res["d"] = tws_upsert(spark, inp, base, tws_rows, args.tws_timeout)
             log(f"(d) transformWithStateInPandas: {res['d']['rows_s']:,.0f} rows/s")
