@@ -19,6 +19,9 @@ partition-affine), written once as JSON-lines files, one subdirectory per partit
     first, so JVM start and Python-worker start are excluded), rows/s over the whole input; the
     table is read back and its row count checked against
     ``millstream.testing.oracle.expected_table``.
+(a2) Catch-up of a running datastream (``ingest_catchup.py``): the same datastream runs on an
+    empty input until warm, then the whole input appears at once (files renamed into place);
+    rows/s from then until the shard uppers cover it, the table held to the oracle.
 (b) Local ceiling (``ingest_baselines.py``): one process, ``pyarrow.json.read_json`` +
     ``pyarrow.parquet.write_table``.
 (c) Plain pandas upsert loop (``ingest_baselines.py``): ``pd.read_json(lines=True,
@@ -73,10 +76,10 @@ from typing import Any
 
 import common
 from ingest_baselines import ceiling, pandas_upsert
-from ingest_catchup import millstream_catch_up, verify, warm_up
+from ingest_catchup import millstream_catch_up, running_catch_up, verify, warm_up
 from ingest_formats import formats_catch_up
 from ingest_freshness import freshness
-from ingest_input import make_input
+from ingest_input import adaptive_batch, make_input
 from ingest_kafka import kafka_catch_up
 from ingest_observe import event_log_config, spark_jobs
 from ingest_profile import (
@@ -94,7 +97,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=None, help="input rows (default 1,000,000)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 100k rows, 20 s freshness")
-    ap.add_argument("--batch", type=int, default=250_000, help="max_records_per_batch for (a)")
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=0,
+        help="max_records_per_batch for (a) and (g); 0 (default): unset, the adaptive budget",
+    )
     ap.add_argument("--file-rows", type=int, default=50_000, help="lines per input file")
     ap.add_argument("--pandas-chunk", type=int, default=100_000)
     ap.add_argument("--tws-rows", type=int, default=None, help="subset for (d) (20k; quick 4k)")
@@ -109,6 +117,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
     ap.add_argument("--no-event-log", action="store_true", help="no Spark event log (profile)")
+    ap.add_argument(
+        "--no-profile", action="store_true", help="(a) and (a2) without the profiling re-runs"
+    )
     return ap.parse_args(argv)
 
 
@@ -184,26 +195,35 @@ def run(
         catalog = Catalog.open(home=base / "home")
         res["warm_up_s"] = warm_up(spark, catalog, inp, base)
         log(f"spark started in {res['spark_start_s']:.1f}s, warm-up run {res['warm_up_s']:.1f}s")
+        tasks = max(1, int(spark.sparkContext.defaultParallelism))
+        batch = args.batch or None  # None: the product's default, the adaptive budget
+        planned = batch or adaptive_batch(inp, tasks)  # what (a)'s batches plan
+        res["planned_batch"] = planned
         if "a" not in skip:
-            res["a"] = millstream_catch_up(spark, catalog, inp, args.batch)
+            res["a"] = millstream_catch_up(spark, catalog, inp, batch)
             log(f"(a) millstream: {res['a']['rows_s']:,.0f} rows/s; verifying")
             assert pandas_result is not None
             res["a"]["verify"] = verify(catalog, inp, pandas_result)
             log(f"(a) verify: {res['a']['verify']}")
-            tasks = max(1, int(spark.sparkContext.defaultParallelism))
-            res["profile"] = profile_batch(inp, base, args.batch, tasks)
-            res["source_only"] = source_only(spark, inp, base, args.batch)
-            log(f"source alone into noop: {res['source_only']['rows_s']:,.0f} rows/s")
-            res["a"]["jobs"] = spark_jobs(event_dir, res["a"]["query_id"])
-            res["source_only"]["jobs"] = spark_jobs(event_dir, res["source_only"]["query_id"])
-            res["timed"] = instrumented_run(spark, inp, base, args.batch)
-            res["timed"]["jobs"] = spark_jobs(event_dir, res["timed"]["query_id"])
-            res["timed"]["summary"] = summarize_timed(res["timed"])
-            log(f"instrumented re-run: {res['timed']['rows_s']:,.0f} rows/s")
-            res["fused"] = fused_probe(spark, inp, base, args.batch)
-            log(f"fused read+decode+stage tasks: {res['fused']['rows_s']:,.0f} rows/s")
+            res["a2"] = running_catch_up(spark, catalog, inp, base, batch)
+            log(
+                f"(a2) running datastream, one backlog: {res['a2']['rows_s']:,.0f} rows/s "
+                f"(batches {res['a2']['batches']})"
+            )
+            if not args.no_profile:
+                res["profile"] = profile_batch(inp, base, planned, tasks)
+                res["source_only"] = source_only(spark, inp, base, planned)
+                log(f"source alone into noop: {res['source_only']['rows_s']:,.0f} rows/s")
+                res["a"]["jobs"] = spark_jobs(event_dir, res["a"]["query_id"])
+                res["source_only"]["jobs"] = spark_jobs(event_dir, res["source_only"]["query_id"])
+                res["timed"] = instrumented_run(spark, inp, base, batch)
+                res["timed"]["jobs"] = spark_jobs(event_dir, res["timed"]["query_id"])
+                res["timed"]["summary"] = summarize_timed(res["timed"])
+                log(f"instrumented re-run: {res['timed']['rows_s']:,.0f} rows/s")
+                res["fused"] = fused_probe(spark, inp, base, planned)
+                log(f"fused read+decode+stage tasks: {res['fused']['rows_s']:,.0f} rows/s")
         if "g" not in skip:
-            res["g"] = kafka_catch_up(spark, catalog, inp, base, args.batch, log)
+            res["g"] = kafka_catch_up(spark, catalog, inp, base, batch, log)
             g = res["g"]
             log(
                 f"(g) kafka catch-up medians: avro {g['avro']['median_rows_s']:,.0f} rows/s, "

@@ -123,7 +123,6 @@ def freshness(
                 "source": {"kind": "kafka", "bootstrap_servers": broker.bootstrap, "topic": topic},
                 "table": UPSERT_TABLE,
                 "schema": ORDERS_SCHEMA,
-                "max_records_per_batch": 100_000,
                 "trigger_interval": "500ms",
             }
         )

@@ -100,20 +100,28 @@ UPSERT_TABLE = {
 }
 
 
-def files_spec(name: str, path: Path, batch: int) -> Any:
-    """The datastream of (a): the ``files`` source into an upsert table."""
+def files_spec(name: str, path: Path, batch: int | None) -> Any:
+    """The datastream of (a): the ``files`` source into an upsert table (``batch`` None:
+    ``max_records_per_batch`` unset, the adaptive budget)."""
     from millstream.datastream import DatastreamSpec
     from millstream.ingest.sources.generator import ORDERS_SCHEMA
 
-    return DatastreamSpec.parse(
-        {
-            "name": name,
-            "source": {"kind": "files", "path": str(path)},
-            "table": UPSERT_TABLE,
-            "schema": ORDERS_SCHEMA,
-            "max_records_per_batch": batch,
-        }
-    )
+    fields: dict[str, Any] = {
+        "name": name,
+        "source": {"kind": "files", "path": str(path)},
+        "table": UPSERT_TABLE,
+        "schema": ORDERS_SCHEMA,
+    }
+    if batch is not None:
+        fields["max_records_per_batch"] = batch
+    return DatastreamSpec.parse(fields)
+
+
+def adaptive_batch(inp: Input, tasks: int) -> int:
+    """The records per batch the adaptive budget plans over ``inp`` with ``tasks`` tasks."""
+    from millstream.spark.sources import StreamReader
+
+    return StreamReader(source_options(files_spec("orders", inp.root, None), tasks=tasks)).budget()
 
 
 def source_options(spec: Any, **fields: Any) -> Any:
@@ -127,6 +135,7 @@ def source_options(spec: Any, **fields: Any) -> Any:
         kind,
         config,
         max_records_per_batch=spec.max_records_per_batch,
+        task_memory_mb=spec.task_memory_mb,
         starting_offsets=spec.source.starting_offsets,
         **fields,
     )

@@ -69,22 +69,22 @@ def _produce(
     return time.perf_counter() - t0
 
 
-def _spec(name: str, bootstrap: str, topic: str, fmt: str, registry: str, batch: int) -> Any:
+def _spec(name: str, bootstrap: str, topic: str, fmt: str, registry: str, batch: int | None) -> Any:
     from millstream.datastream import DatastreamSpec
     from millstream.ingest.sources.generator import ORDERS_SCHEMA
 
     source: dict[str, Any] = {"kind": "kafka", "bootstrap_servers": bootstrap, "topic": topic}
     if fmt == "avro":
         source |= {"format": "avro", "schema_registry": {"url": registry}}
-    return DatastreamSpec.parse(
-        {
-            "name": name,
-            "source": source,
-            "table": {"name": name, **UPSERT_TABLE},
-            "schema": ORDERS_SCHEMA,
-            "max_records_per_batch": batch,
-        }
-    )
+    fields: dict[str, Any] = {
+        "name": name,
+        "source": source,
+        "table": {"name": name, **UPSERT_TABLE},
+        "schema": ORDERS_SCHEMA,
+    }
+    if batch is not None:
+        fields["max_records_per_batch"] = batch
+    return DatastreamSpec.parse(fields)
 
 
 def expected_rows(inp: Input) -> int:
@@ -107,7 +107,7 @@ def kafka_catch_up(
     catalog: Any,
     inp: Input,
     base: Path,
-    batch: int,
+    batch: int | None,
     log: Callable[[str], None],
     rounds: int = 3,
 ) -> dict[str, Any]:

@@ -102,9 +102,9 @@ class TimedSink(SegmentSink):
         self.bench_log = bench_log
         self.read_decode_s = 0.0
 
-    def _decode(self, raw: Any) -> Any:
+    def _decode(self, spec: Any, raw: Any, stamps: Any) -> Any:
         t = time.time()
-        out = super()._decode(raw)
+        out = super()._decode(spec, raw, stamps)
         self.read_decode_s = time.time() - t
         return out
 
@@ -179,7 +179,7 @@ class TimedSource(StreamSource):
         )
 
 
-def instrumented_run(spark: Any, inp: Input, base: Path, batch: int) -> dict[str, Any]:
+def instrumented_run(spark: Any, inp: Input, base: Path, batch: int | None) -> dict[str, Any]:
     """(a) again, into a fresh catalog, with the timed source and sink: the query is built as
     DatastreamRunner.start builds it (same options, same trigger)."""
     from millstream.catalog import Catalog

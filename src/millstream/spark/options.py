@@ -100,12 +100,15 @@ class CommitGate:
 class SourceOptions:
     """The stream source: ``kind`` and ``config`` (see :mod:`millstream.ingest.sources`),
     ``start_offsets`` (the shard uppers), ``starting_offsets`` (earliest|latest, for a
-    partition with no start), ``max_records_per_batch``, ``tasks`` (Spark tasks per batch),
-    ``ranges_only`` (send range markers only; the sink reads the records itself)."""
+    partition with no start), ``max_records_per_batch`` (None: the adaptive budget,
+    :func:`~millstream.ingest.sources.base.adaptive_budget` of ``task_memory_mb``), ``tasks``
+    (Spark tasks per batch), ``ranges_only`` (send range markers only; the sink reads the
+    records itself)."""
 
     kind: str
     config: dict[str, Any]
-    max_records_per_batch: int = 100_000
+    max_records_per_batch: int | None = None
+    task_memory_mb: int = 256
     starting_offsets: str = "earliest"
     start_offsets: dict[int, int] = field(default_factory=dict)
     tasks: int = 2
@@ -115,8 +118,10 @@ class SourceOptions:
     settings: Settings | None = None
 
     def __post_init__(self) -> None:
-        if self.max_records_per_batch < 1:
+        if self.max_records_per_batch is not None and self.max_records_per_batch < 1:
             raise InvalidSpecError("max_records_per_batch", "must be at least 1")
+        if self.task_memory_mb < 1:
+            raise InvalidSpecError("task_memory_mb", "must be at least 1")
         if self.starting_offsets not in ("earliest", "latest"):
             raise InvalidSpecError(
                 "startingOffsets", f"{self.starting_offsets!r} is not earliest or latest"
@@ -131,7 +136,8 @@ class SourceOptions:
         out = {
             "sourceKind": self.kind,
             "sourceConfig": json.dumps(self.config),
-            "maxRecordsPerBatch": str(self.max_records_per_batch),
+            "maxRecordsPerBatch": str(self.max_records_per_batch or ""),
+            "taskMemoryMb": str(self.task_memory_mb),
             "startingOffsets": self.starting_offsets,
             "startOffsets": json.dumps(encode_offsets(self.start_offsets)),
             "tasks": str(self.tasks),
@@ -151,7 +157,8 @@ class SourceOptions:
         return cls(
             kind=o["sourceKind"],
             config=_json(o, "sourceConfig", {}),
-            max_records_per_batch=_int(o, "maxRecordsPerBatch", 100_000),
+            max_records_per_batch=_int(o, "maxRecordsPerBatch", 0) or None,
+            task_memory_mb=_int(o, "taskMemoryMb", 256),
             starting_offsets=o.get("startingOffsets", "earliest"),
             start_offsets=decode_offsets(_json(o, "startOffsets", {})),
             tasks=_int(o, "tasks", 2),

@@ -266,6 +266,7 @@ class DatastreamRunner:
             kind,
             config,
             max_records_per_batch=self.spec.max_records_per_batch,
+            task_memory_mb=self.spec.task_memory_mb,
             starting_offsets=self.spec.source.starting_offsets,
             start_offsets=boot.uppers,
             tasks=max(1, int(self.spark.sparkContext.defaultParallelism)),

@@ -2,8 +2,10 @@
 Spark's Python Data Source API (options: :class:`millstream.spark.options.SourceOptions`).
 
 Offsets are ``{partition: offset}`` (JSON keys are strings). Admission control comes from
-``ReadMaxRows(max_records_per_batch)``; ``SupportsTriggerAvailableNow`` pins the target so
-``trigger(availableNow=True)`` still runs in bounded batches. Every planned range
+``ReadMaxRows(max_records_per_batch)`` where the spec sets it and otherwise from the adaptive
+budget (:meth:`StreamReader.budget`: what the batch's write tasks hold in their memory);
+``SupportsTriggerAvailableNow`` pins the target so ``trigger(availableNow=True)`` still runs
+in bounded batches. Every planned range
 ``[lo, hi)`` of a partition yields one *marker* row besides its records, so the sink learns
 every range, even one with no records (offsets need not be contiguous), and the frontier
 always advances over the whole range.
@@ -34,6 +36,7 @@ from pyspark.sql.streaming.datasource import (
 from millstream.ingest.decode import RAW_SCHEMA
 from millstream.ingest.sources.base import (
     PartitionReader,
+    adaptive_budget,
     decode_offsets,
     encode_offsets,
     raw_columns,
@@ -88,7 +91,21 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return encode_offsets(self._fill_new_partitions(dict(self.opts.start_offsets), latest))
 
     def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_records_per_batch is None:
+            return ReadAllAvailable()  # bounded in latestOffset by the adaptive budget
         return ReadMaxRows(self.opts.max_records_per_batch)
+
+    def budget(self) -> int:
+        """Records a batch may plan: ``max_records_per_batch`` if the spec sets it, else the
+        adaptive budget (what the batch's write tasks hold in ``task_memory_mb`` each)."""
+        if self.opts.max_records_per_batch is not None:
+            return self.opts.max_records_per_batch
+        size = self.source.record_bytes()
+        return adaptive_budget(
+            self.opts.tasks,
+            self.opts.task_memory_mb << 20,
+            size if size is not None else self.source.typical_record_bytes,
+        )
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self.source.latest_offsets()
@@ -98,11 +115,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         latest = self._target if self._target is not None else self.source.latest_offsets()
         begin = self._fill_new_partitions(begin, latest)
         latest = {p: max(latest.get(p, o), o) for p, o in begin.items()}
-        if isinstance(limit, ReadAllAvailable):
+        if isinstance(limit, ReadMaxRows):
+            budget = limit.max_rows
+        elif isinstance(limit, ReadAllAvailable) and self.opts.max_records_per_batch is not None:
             return encode_offsets(self._follow_shards(begin, latest))
-        budget = (
-            limit.max_rows if isinstance(limit, ReadMaxRows) else self.opts.max_records_per_batch
-        )
+        else:
+            budget = self.budget()
         return encode_offsets(self._follow_shards(begin, split_budget(begin, latest, budget)))
 
     def _follow_shards(self, begin: dict[int, int], end: dict[int, int]) -> dict[int, int]:

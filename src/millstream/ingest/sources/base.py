@@ -44,6 +44,9 @@ class PartitionReader:
     #: source's record time: Kafka's record timestamp). Sources without one (files,
     #: generator) leave it out, and the writer records its ingestion time instead.
     record_timestamps: ClassVar[bool] = False
+    #: What a record is assumed to weigh (bytes of value) where :meth:`record_bytes` cannot
+    #: tell: the adaptive batch budget divides a task's memory by it.
+    typical_record_bytes: ClassVar[int] = 1024
 
     def __init__(self, config: Any, *, start_offsets: Mapping[int, int] | None = None) -> None:
         self.config = config
@@ -62,6 +65,11 @@ class PartitionReader:
 
     def latest_offsets(self) -> dict[int, int]:
         raise NotImplementedError
+
+    def record_bytes(self) -> float | None:
+        """Mean size in bytes of a record's value, where the source knows it cheaply (the
+        files source from its line index); None: :attr:`typical_record_bytes` is assumed."""
+        return None
 
     def read_range(self, partition: int, lo: int, hi: int) -> Iterator[pa.RecordBatch]:
         """Records of ``partition`` with offsets in ``[lo, hi)`` as batches of
@@ -122,6 +130,24 @@ def split_budget(start: dict[int, int], latest: dict[int, int], budget: int) -> 
         share = max(1, budget * lag // total) if lag else 0
         end[p] = start.get(p, latest[p]) + min(lag, share)
     return end
+
+
+#: A decoded row in a write task weighs about this many times its raw value (Arrow columns,
+#: offsets and validity, and the piece being decoded beside the rows kept).
+DECODED_PER_RAW_BYTE = 2
+#: The adaptive budget never plans fewer records than this per batch.
+MIN_ADAPTIVE_BATCH = 1_000
+
+
+def adaptive_budget(tasks: int, task_memory_bytes: int, record_bytes: float) -> int:
+    """Records per batch when ``max_records_per_batch`` is not set: as many as ``tasks``
+    write tasks hold in ``task_memory_bytes`` each, a record weighing
+    :data:`DECODED_PER_RAW_BYTE` times ``record_bytes`` once decoded (at least
+    :data:`MIN_ADAPTIVE_BATCH`). A batch takes what is there up to this budget, so a caught-up
+    datastream's batches stay as small as what arrives per trigger, and one that is behind
+    catches up in a few large batches instead of many small ones."""
+    per_record = max(16.0, float(record_bytes)) * DECODED_PER_RAW_BYTE
+    return max(MIN_ADAPTIVE_BATCH, int(max(1, tasks) * task_memory_bytes // per_record))
 
 
 def raw_columns(batch: pa.RecordBatch) -> list[pa.Array]:

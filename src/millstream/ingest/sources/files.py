@@ -181,6 +181,16 @@ class FilesReader(PartitionReader):
     def _count(self, f: Path) -> int:
         return max(0, len(self._index(f)) - 1 - int(self.config.header_lines))
 
+    def record_bytes(self) -> float | None:
+        """Mean line length over the files (sizes from ``stat``, line counts from the cached
+        line indexes that :meth:`latest_offsets` builds anyway)."""
+        size = lines = 0
+        for p in self.list_partitions():
+            for f in self._files(p):
+                size += f.stat().st_size
+                lines += self._count(f)
+        return size / lines if lines else None
+
     def list_partitions(self) -> list[int]:
         return sorted(int(d.name) for d in self.root.iterdir() if d.is_dir() and d.name.isdigit())
 

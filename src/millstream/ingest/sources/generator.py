@@ -120,6 +120,7 @@ class GeneratorReader(PartitionReader):
 
     kind = "generator"
     Config = GeneratorConfig
+    typical_record_bytes = 160  # an orders JSON object is 110-140 bytes
 
     def __init__(
         self, config: GeneratorConfig, *, start_offsets: dict[int, int] | None = None

@@ -1,0 +1,127 @@
+"""Adaptive micro-batches: unset ``max_records_per_batch``, a batch plans what its write tasks
+hold in ``task_memory_mb``, sized by what the source's records weigh; caught up, it plans
+what is there. The stream source's planner is driven as Spark drives it (``getDefaultReadLimit``
+then ``latestOffset``), without a SparkSession."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from millstream.datastream import DatastreamSpec
+from millstream.ingest.sources.base import DECODED_PER_RAW_BYTE, adaptive_budget, decode_offsets
+from millstream.ingest.sources.generator import ORDERS_SCHEMA
+from millstream.spark.options import SourceOptions
+from millstream.spark.sources import StreamReader
+
+MIB = 1 << 20
+
+
+def _files(root: Path, partitions: int, lines: int, width: int) -> Path:
+    """``partitions`` partitions of ``lines`` lines, each ``width`` bytes with its newline."""
+    for p in range(partitions):
+        d = root / str(p)
+        d.mkdir(parents=True)
+        line = b'{"v":"' + b"x" * (width - 9) + b'"}\n'
+        assert len(line) == width
+        (d / "part-0.json").write_bytes(line * lines)
+    return root
+
+
+def _reader(
+    root: Path, *, task_memory_mb: int = 256, max_records_per_batch: int | None = None
+) -> StreamReader:
+    return StreamReader(
+        SourceOptions(
+            "files",
+            {"path": str(root)},
+            tasks=2,
+            task_memory_mb=task_memory_mb,
+            max_records_per_batch=max_records_per_batch,
+        )
+    )
+
+
+def _planned(reader: StreamReader, start: dict[int, int]) -> int:
+    """Records of the next batch from ``start``, planned as Spark plans it."""
+    end = decode_offsets(
+        reader.latestOffset({str(p): o for p, o in start.items()}, reader.getDefaultReadLimit())
+    )
+    return sum(end[p] - start.get(p, 0) for p in end)
+
+
+def _full(planned: int, budget: int, partitions: int = 4) -> bool:
+    """A batch of the whole budget: its share per partition rounds down."""
+    return budget - partitions < planned <= budget
+
+
+def test_a_datastream_that_is_behind_plans_what_its_tasks_hold_in_memory(tmp_path: Path) -> None:
+    root = _files(tmp_path, 4, 20_000, 100)  # 80,000 records of 100 bytes
+    reader = _reader(root, task_memory_mb=1)
+    assert isinstance(reader.getDefaultReadLimit(), ReadAllAvailable)
+    expect = 2 * MIB // (100 * DECODED_PER_RAW_BYTE)  # 10,485
+    assert reader.budget() == expect
+    assert _full(_planned(reader, dict.fromkeys(range(4), 0)), expect)
+    # More memory per task: larger batches, in proportion.
+    assert _full(_planned(_reader(root, task_memory_mb=4), dict.fromkeys(range(4), 0)), 4 * expect)
+
+
+def test_the_budget_follows_the_size_of_records_not_their_count(tmp_path: Path) -> None:
+    small = _reader(_files(tmp_path / "small", 2, 10_000, 100), task_memory_mb=1)
+    large = _reader(_files(tmp_path / "large", 2, 10_000, 400), task_memory_mb=1)
+    assert abs(large.budget() * 4 - small.budget()) <= 4
+
+
+def test_a_caught_up_datastream_plans_what_arrived_and_nothing_is_skipped(tmp_path: Path) -> None:
+    root = _files(tmp_path, 4, 20_000, 100)
+    reader = _reader(root, task_memory_mb=1)
+    # 300 records behind on each partition: far below the budget, all of them in one batch.
+    start = dict.fromkeys(range(4), 19_700)
+    assert _planned(reader, start) == 1_200
+    # Batch after batch from the start, every record is planned once and the batches end
+    # at the end of the input.
+    start, batches = dict.fromkeys(range(4), 0), 0
+    while sum(start.values()) < 80_000:
+        end = decode_offsets(
+            reader.latestOffset({str(p): o for p, o in start.items()}, reader.getDefaultReadLimit())
+        )
+        assert all(end[p] >= start[p] for p in end)
+        start, batches = end, batches + 1
+    assert start == dict.fromkeys(range(4), 20_000)
+    assert batches == -(-80_000 // (reader.budget() - 3))  # every batch but the last is full
+
+
+def test_available_now_is_bounded_by_the_adaptive_budget_too(tmp_path: Path) -> None:
+    root = _files(tmp_path, 4, 20_000, 100)
+    reader = _reader(root, task_memory_mb=1)
+    reader.prepareForTriggerAvailableNow()
+    assert _full(_planned(reader, dict.fromkeys(range(4), 0)), reader.budget())
+
+
+def test_max_records_per_batch_caps_a_batch_when_the_spec_sets_it(tmp_path: Path) -> None:
+    root = _files(tmp_path, 4, 20_000, 100)
+    reader = _reader(root, max_records_per_batch=500)
+    limit = reader.getDefaultReadLimit()
+    assert isinstance(limit, ReadMaxRows) and limit.max_rows == 500
+    assert _planned(reader, dict.fromkeys(range(4), 0)) == 500
+
+
+def test_a_source_that_cannot_measure_its_records_assumes_its_typical_size() -> None:
+    reader = StreamReader(
+        SourceOptions("generator", {"partitions": 2, "total": 10_000_000}, tasks=2)
+    )
+    assert reader.source.record_bytes() is None
+    assert reader.budget() == adaptive_budget(2, 256 * MIB, 160) == 1_677_721
+
+
+def test_a_spec_without_a_batch_size_is_adaptive_and_round_trips_through_spark_options() -> None:
+    spec = DatastreamSpec.parse(
+        {"name": "o", "source": {"kind": "generator"}, "schema": dict(ORDERS_SCHEMA)}
+    )
+    assert spec.max_records_per_batch is None and spec.task_memory_mb == 256
+    for opts in (
+        SourceOptions("generator", {}, task_memory_mb=64),
+        SourceOptions("generator", {}, max_records_per_batch=7),
+    ):
+        assert SourceOptions.from_options(opts.to_options()) == opts
