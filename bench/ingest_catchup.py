@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from ingest_input import Input, files_spec, oracle_rows, write_files
-from ingest_observe import cpu_delta, process_cpu, progress
+from ingest_observe import cpu_delta, peak_rss_mb, process_cpu, progress
 
 
 def warm_up(spark: Any, catalog: Any, inp: Input, base: Path) -> float:
@@ -162,4 +162,5 @@ def running_catch_up(
         "batch": batch,
         "batches": [c["rows"] for c in commits],
         "table_rows": table,
+        "peak_task_worker_rss_mb": peak_rss_mb("Python workers (read + write tasks)"),
     }

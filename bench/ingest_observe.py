@@ -77,6 +77,24 @@ def process_cpu() -> dict[int, tuple[str, float]]:
     return out
 
 
+def peak_rss_mb(kind: str) -> float | None:
+    """The largest peak RSS (``VmHWM``) in MiB among this process's descendants of ``kind``
+    (a :func:`_process_kind` name), None if there is none. Spark reuses its Python workers,
+    so a worker's peak is that of the largest task it ran."""
+    peaks = []
+    for pid, (k, _) in process_cpu().items():
+        if k != kind:
+            continue
+        try:
+            status = (Path("/proc") / str(pid) / "status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                peaks.append(int(line.split()[1]) / 1024)
+    return max(peaks) if peaks else None
+
+
 def cpu_delta(
     before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
 ) -> dict[str, float]:

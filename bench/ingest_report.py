@@ -65,6 +65,7 @@ def report(res: dict[str, Any], log: Callable[[str], None]) -> None:
             f"{'(a2) catch-up of a running datastream, one backlog':58} "
             f"{a2['rows_s']:>12,.0f} {a2['seconds']:>9.2f}  {sum(a2['cpu_s'].values()):.1f} "
             f"CPU-s, committed batches {a2['batches']}, table {a2['table_rows']:,} rows = oracle"
+            f"; peak RSS of a task's Python worker {a2['peak_task_worker_rss_mb'] or 0:.0f} MiB"
         )
     if b:
         log(

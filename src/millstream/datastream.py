@@ -232,7 +232,7 @@ class DatastreamSpec(_Frozen):
     #: hold in ``task_memory_mb`` each: large batches while behind, small ones once caught up)
     max_records_per_batch: int | None = Field(default=None, ge=1, le=50_000_000)
     #: memory a write task may fill with its decoded rows, for the adaptive batch budget
-    task_memory_mb: int = Field(default=256, ge=16, le=65_536)
+    task_memory_mb: int = Field(default=512, ge=16, le=65_536)
     trigger_interval: str = "500ms"
     replicas: int = Field(default=1, ge=1, le=16)
     replica_mode: Literal["standby", "active-active"] = "standby"

@@ -108,7 +108,7 @@ class SourceOptions:
     kind: str
     config: dict[str, Any]
     max_records_per_batch: int | None = None
-    task_memory_mb: int = 256
+    task_memory_mb: int = 512
     starting_offsets: str = "earliest"
     start_offsets: dict[int, int] = field(default_factory=dict)
     tasks: int = 2
@@ -158,7 +158,7 @@ class SourceOptions:
             kind=o["sourceKind"],
             config=_json(o, "sourceConfig", {}),
             max_records_per_batch=_int(o, "maxRecordsPerBatch", 0) or None,
-            task_memory_mb=_int(o, "taskMemoryMb", 256),
+            task_memory_mb=_int(o, "taskMemoryMb", 512),
             starting_offsets=o.get("startingOffsets", "earliest"),
             start_offsets=decode_offsets(_json(o, "startOffsets", {})),
             tasks=_int(o, "tasks", 2),

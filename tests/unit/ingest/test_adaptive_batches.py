@@ -60,7 +60,7 @@ def test_a_datastream_that_is_behind_plans_what_its_tasks_hold_in_memory(tmp_pat
     root = _files(tmp_path, 4, 20_000, 100)  # 80,000 records of 100 bytes
     reader = _reader(root, task_memory_mb=1)
     assert isinstance(reader.getDefaultReadLimit(), ReadAllAvailable)
-    expect = 2 * MIB // (100 * DECODED_PER_RAW_BYTE)  # 10,485
+    expect = 2 * MIB // (100 * DECODED_PER_RAW_BYTE)  # 5,242
     assert reader.budget() == expect
     assert _full(_planned(reader, dict.fromkeys(range(4), 0)), expect)
     # More memory per task: larger batches, in proportion.
@@ -112,14 +112,14 @@ def test_a_source_that_cannot_measure_its_records_assumes_its_typical_size() -> 
         SourceOptions("generator", {"partitions": 2, "total": 10_000_000}, tasks=2)
     )
     assert reader.source.record_bytes() is None
-    assert reader.budget() == adaptive_budget(2, 256 * MIB, 160) == 1_677_721
+    assert reader.budget() == adaptive_budget(2, 512 * MIB, 160) == 1_677_721
 
 
 def test_a_spec_without_a_batch_size_is_adaptive_and_round_trips_through_spark_options() -> None:
     spec = DatastreamSpec.parse(
         {"name": "o", "source": {"kind": "generator"}, "schema": dict(ORDERS_SCHEMA)}
     )
-    assert spec.max_records_per_batch is None and spec.task_memory_mb == 256
+    assert spec.max_records_per_batch is None and spec.task_memory_mb == 512
     for opts in (
         SourceOptions("generator", {}, task_memory_mb=64),
         SourceOptions("generator", {}, max_records_per_batch=7),
