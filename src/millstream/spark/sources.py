@@ -35,6 +35,7 @@ from pyspark.sql.streaming.datasource import (
 
 from millstream.ingest.decode import RAW_SCHEMA
 from millstream.ingest.sources.base import (
+    MIN_ADAPTIVE_BATCH,
     PartitionReader,
     adaptive_budget,
     decode_offsets,
@@ -120,7 +121,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         elif isinstance(limit, ReadAllAvailable) and self.opts.max_records_per_batch is not None:
             return encode_offsets(self._follow_shards(begin, latest))
         else:
-            budget = self.budget()
+            # Caught up (what a trigger mostly finds): the budget, which never plans fewer
+            # than MIN_ADAPTIVE_BATCH, cannot bind, so the source need not size its records.
+            backlog = sum(latest[p] - o for p, o in begin.items())
+            budget = backlog if backlog <= MIN_ADAPTIVE_BATCH else self.budget()
         return encode_offsets(self._follow_shards(begin, split_budget(begin, latest, budget)))
 
     def _follow_shards(self, begin: dict[int, int], end: dict[int, int]) -> dict[int, int]:
