@@ -304,6 +304,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
         # CommitStateUnknownError propagates only when a re-read did not show the batch
         # persisted; the staged files are then kept (only GC, which checks references, may
         # delete them) and the query fails and restarts from the shard uppers.
+        started = time.perf_counter()
         result = commit_writes(
             store,
             deep,
@@ -317,7 +318,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
             max_staged_age=self.opts.max_staged_age,
             raise_for_gaps=False,
         )
-        self._record(batchId, result)
+        self._record(batchId, result, commit_s=time.perf_counter() - started)
         if self.seal_inline:
             self._seal_inline()
         faults.hit("after_commit", batchId)
@@ -377,7 +378,11 @@ class SegmentSink(DataSourceStreamArrowWriter):
             now=time.time(),
         )
 
-    def _record(self, batch_id: int, result: BatchCommit | None) -> None:
+    def _record(
+        self, batch_id: int, result: BatchCommit | None, *, commit_s: float | None = None
+    ) -> None:
+        """Append the batch's line to the commit log; ``commit_s`` is how long the metadata
+        commit took (:func:`commit_writes`: the transaction and deleting unreferenced files)."""
         if not self.stats_file:
             return
         if result is None:
@@ -397,6 +402,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
                 "lost_race": table.lost_race,
                 "retries": table.retries,
                 "reconciled": result.reconciled,
+                "commit_s": None if commit_s is None else round(commit_s, 4),
                 "outcomes": {str(s.partition): s.decision.outcome.value for s in table.shards},
                 "uppers": {str(s.partition): s.decision.new_upper for s in table.shards},
                 **_row_counts(result),
