@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -102,6 +102,26 @@ def _slices(table: pa.Table) -> Iterator[pa.Table]:
         yield table.slice(i, DECODE_ROWS)
 
 
+def _coalesced(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Table]:
+    """Pieces of at most :data:`DECODE_ROWS` records made of consecutive ``batches`` of one
+    schema. A reader yields a batch per range at least, and a decode call costs ~1.4 ms
+    whatever its size: decoding each range on its own made a task's decode time grow with
+    the partitions it read (256 ranges of 400 records: 0.36 s) instead of with its records."""
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        if pending and batch.schema != pending[0].schema:
+            yield from _slices(pa.Table.from_batches(pending))
+            pending, rows = [], 0
+        pending.append(batch)
+        rows += batch.num_rows
+        if rows >= DECODE_ROWS:
+            yield from _slices(pa.Table.from_batches(pending))
+            pending, rows = [], 0
+    if pending:
+        yield from _slices(pa.Table.from_batches(pending))
+
+
 class StoreRegistry:
     """The metadata stores of one process, by URL. Spark builds a fresh sink object for every
     micro-batch's commit, in a Python worker it reuses across batches; keeping the store (its
@@ -171,9 +191,8 @@ class SegmentSink(DataSourceStreamArrowWriter):
                 strict=True,
             )
         )
-        for batch in self.opts.source_reader().read_records(ranges, last_record_ms=stamps):
-            # with the reader's optional columns (timestamp, headers) for metadata columns
-            yield from _slices(pa.Table.from_batches([batch]))
+        # with the reader's optional columns (timestamp, headers) for metadata columns
+        yield from _coalesced(self.opts.source_reader().read_records(ranges, last_record_ms=stamps))
 
     def current_spec(self) -> TableSpec:
         """The table's spec as it is now (one read of its row), which a write task decodes
