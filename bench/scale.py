@@ -534,7 +534,8 @@ def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
         )
         idle = tree_summary(tree(worker.pid))
         log(
-            f"(b) idle worker: {idle['rss_mb']:.0f} MB RSS, {idle['python_processes']} Python processes"
+            f"(b) idle worker: {idle['pss_mb']:.0f} MB PSS ({idle['rss_mb']:.0f} MB RSS), "
+            f"{idle['python_processes']} Python processes"
         )
         producer = Producer(broker.bootstrap, args.rate).start()
         sample_thread.start()
@@ -566,7 +567,8 @@ def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
             ready_s = time.time() - t_add
             time.sleep(2)
             others = {"broker": [broker.pid or 0], "bench (producer, sampler)": [os.getpid()]}
-            cpu0 = sum(p["cpu_s"] for p in tree(worker.pid))
+            procs0 = {p["pid"]: p for p in tree(worker.pid)}
+            cpu0 = sum(p["cpu_s"] for p in procs0.values())
             other0 = {k: cpu_seconds(v) for k, v in others.items()}
             busy0 = machine_busy()
             load0 = common.load()
@@ -577,7 +579,12 @@ def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
                 time.sleep(min(5.0, args.seconds / 6))
                 rss.append(tree_summary(tree(worker.pid)))
             until = time.time()
-            cpu1 = sum(p["cpu_s"] for p in tree(worker.pid))
+            procs1 = tree(worker.pid)
+            cpu1 = sum(p["cpu_s"] for p in procs1)
+            cpu_kinds: dict[str, float] = {}
+            for p in procs1:  # CPU in the window by process kind (exited ones are not in it)
+                before = procs0[p["pid"]]["cpu_s"] if p["pid"] in procs0 else 0.0
+                cpu_kinds[p["kind"]] = cpu_kinds.get(p["kind"], 0.0) + p["cpu_s"] - before
             other1 = {k: cpu_seconds(v) for k, v in others.items()}
             busy1 = machine_busy()
             time.sleep(args.tail)  # let the last samples of the window become visible
@@ -603,6 +610,9 @@ def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
                 "load_start": load0,
                 "load_end": common.load(),
                 "worker_cpu_cores": (cpu1 - cpu0) / (until - since),
+                "worker_cpu_cores_by_kind": {
+                    k: v / (until - since) for k, v in sorted(cpu_kinds.items())
+                },
                 "other_cpu_cores": {k: (other1[k] - other0[k]) / (until - since) for k in others},
                 "machine_busy": (busy1[0] - busy0[0]) / max(1.0, busy1[1] - busy0[1]),
                 "pss_mb_last": rss[-1]["pss_mb"],
@@ -711,10 +721,12 @@ def report(res: dict[str, Any], log: Any) -> None:
                 f"{'yes' if s['caught_up'] else 'NO':>9} {s['load_start'][0]:>5}->{s['load_end'][0]:<5}"
             )
         for s in b["steps"]:
-            log(f"  {s['datastreams']:>2} datastreams, PSS by process kind:")
+            log(f"  {s['datastreams']:>2} datastreams, PSS and CPU by process kind:")
             for k, v in sorted(s["kinds"].items(), key=lambda kv: -kv[1]["pss_mb"]):
+                cores = s["worker_cpu_cores_by_kind"].get(k, 0.0)
                 log(
-                    f"     {v['count']:>3} x {k}: {v['pss_mb']:,.0f} MB ({v['rss_mb']:,.0f} MB RSS)"
+                    f"     {v['count']:>3} x {k}: {v['pss_mb']:,.0f} MB ({v['rss_mb']:,.0f} MB "
+                    f"RSS), {cores:.2f} cores"
                 )
         at = [s for s in b["steps"] if s["datastreams"] == TARGET_STREAMS]
         if at:
