@@ -42,6 +42,7 @@ MUTATING_MODULES = {
 #: changing manifest rows too.
 PRIMITIVES = {
     "insert_entry",
+    "insert_entries",
     "insert_delete_vector",
     "update_entry",
     "remove_delete_vector",
@@ -62,7 +63,7 @@ def _mutates_manifest(call: ast.Call) -> bool:
     name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
     if name in PRIMITIVES:
         return True
-    if name == "cas_update":  # cas_update(conn, table, key, version, values)
+    if name in ("cas_update", "cas_update_many"):  # cas_update(conn, table, ...)
         return len(call.args) > 1 and _names_manifest_table(call.args[1])
     if name not in ("insert", "update", "delete"):
         return False
@@ -97,6 +98,8 @@ def test_the_check_finds_every_form_of_manifest_mutation() -> None:
         "conn.exec_driver_sql('UPDATE ms_entries SET state = 1')",
         "conn.execute(sqlalchemy.delete(s.tables))",
         "cas_update(conn, s.shards, {'table_name': t}, 3, {'upper': 9})",
+        "cas_update_many(conn, s.shards, rows)",
+        "insert_entries(conn, entries)",
         "update_entry(conn, e.id, e.row_version, {'state': 'ONLINE'})",
         "manifest.publish_version(conn, info, 'seal', now)",
     ):

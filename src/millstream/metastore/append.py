@@ -5,15 +5,15 @@ version) in one transaction, for one table or for a table and its dead-letter ta
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, insert
 
 from millstream.core.frontier import Decision, Outcome, decide
 from millstream.errors import InvalidSpecError, WriterFencedError
 from millstream.metastore import schema as s
-from millstream.metastore.cas import cas_update
-from millstream.metastore.manifest import insert_entry, publish_version
+from millstream.metastore.cas import CasRow, cas_update_many
+from millstream.metastore.manifest import insert_entries, publish_version
 from millstream.metastore.models import AppendResult, SegmentState, Shard, ShardAppend, ShardResult
 from millstream.metastore.shards import shards_of
 
@@ -104,6 +104,12 @@ def append_txn(
     now = store.clock.now()
     results: list[ShardResult] = []
     files: set[str] = set()
+    # Collected per partition, then written with one statement each (entries, new shards,
+    # compare-and-sets of the existing shards): a statement per partition made a commit's
+    # cost grow with the partitions a batch touched rather than with its rows.
+    entries: list[dict[str, Any]] = []
+    new_shards: list[dict[str, Any]] = []
+    moved: list[CasRow] = []
     for a, sh, d in decisions:
         seq: int | None = None
         if not d.appends:
@@ -113,21 +119,22 @@ def append_txn(
         if a.file_path is not None and a.row_count > 0:
             seq = next_seq
             assert new_version is not None
-            insert_entry(
-                conn,
-                table=table,
-                partition=a.partition,
-                seq=seq,
-                file_path=a.file_path,
-                start=d.start,
-                end=d.end,
-                state=SegmentState.CONSUMING,
-                row_count=a.row_count,
-                size_bytes=a.size_bytes,
-                added_version=new_version,
-                now=now,
-                writer_id=writer_id,
-                batch_id=batch_id,
+            entries.append(
+                {
+                    "table": table,
+                    "partition": a.partition,
+                    "seq": seq,
+                    "file_path": a.file_path,
+                    "start": d.start,
+                    "end": d.end,
+                    "state": SegmentState.CONSUMING,
+                    "row_count": a.row_count,
+                    "size_bytes": a.size_bytes,
+                    "added_version": new_version,
+                    "now": now,
+                    "writer_id": writer_id,
+                    "batch_id": batch_id,
+                }
             )
             files.add(a.file_path)
             next_seq += 1
@@ -137,26 +144,31 @@ def append_txn(
         if last_ms is None and sh is not None:
             last_ms = sh.last_record_ms
         if sh is None:
-            conn.execute(
-                insert(s.shards).values(
-                    table_name=table,
-                    partition=a.partition,
-                    upper=d.new_upper,
-                    epoch=0,
-                    next_seq=next_seq,
-                    version=1,
-                    last_record_ms=last_ms,
-                )
+            new_shards.append(
+                {
+                    "table_name": table,
+                    "partition": a.partition,
+                    "upper": d.new_upper,
+                    "epoch": 0,
+                    "next_seq": next_seq,
+                    "version": 1,
+                    "last_record_ms": last_ms,
+                }
             )
         else:
-            cas_update(
-                conn,
-                s.shards,
-                {"table_name": table, "partition": a.partition},
-                sh.version,
-                {"upper": d.new_upper, "next_seq": next_seq, "last_record_ms": last_ms},
+            moved.append(
+                CasRow(
+                    {"table_name": table, "partition": a.partition},
+                    sh.version,
+                    {"upper": d.new_upper, "next_seq": next_seq, "last_record_ms": last_ms},
+                )
             )
         results.append(ShardResult(a.partition, d, seq))
+
+    insert_entries(conn, entries)
+    if new_shards:
+        conn.execute(insert(s.shards), new_shards)
+    cas_update_many(conn, s.shards, moved)
 
     if new_version is not None:
         publish_version(conn, info, "append", now, writer_id=writer_id, batch_id=batch_id)

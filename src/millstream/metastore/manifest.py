@@ -112,6 +112,37 @@ def insert_entry(
     return int(key[0])
 
 
+def insert_entries(conn: Connection, entries: Sequence[Mapping[str, Any]]) -> None:
+    """:func:`insert_entry` for several entries in one statement executed for each (a commit
+    adds one entry per partition with records: a statement built and sent per entry cost
+    ~0.4 ms each). Each mapping holds :func:`insert_entry`'s keyword arguments."""
+    if not entries:
+        return
+    conn.execute(
+        insert(s.entries),
+        [
+            {
+                "table_name": e["table"],
+                "partition": e["partition"],
+                "seq": e["seq"],
+                "file_path": e["file_path"],
+                "start_offset": e["start"],
+                "end_offset": e["end"],
+                "state": SegmentState(e["state"]).value,
+                "row_count": e["row_count"],
+                "size_bytes": e["size_bytes"],
+                "added_version": e["added_version"],
+                "removed_version": None,
+                "writer_id": e.get("writer_id"),
+                "batch_id": e.get("batch_id"),
+                "created_at": e["now"],
+                "version": 1,
+            }
+            for e in entries
+        ],
+    )
+
+
 def insert_delete_vector(
     conn: Connection,
     *,

@@ -119,17 +119,27 @@ def decode_offsets(offsets: Mapping[str, Any] | None) -> dict[int, int]:
 
 
 def split_budget(start: dict[int, int], latest: dict[int, int], budget: int) -> dict[int, int]:
-    """End offsets admitting at most ``budget`` offsets over all partitions, shared in
-    proportion to each partition's backlog (every partition with a backlog moves)."""
+    """End offsets admitting ``budget`` offsets over all partitions, shared in proportion to
+    each partition's backlog (largest remainders first, so the shares add up to the budget)
+    and every partition with a backlog moving (by one offset at least, even if that takes
+    more than the budget: more partitions with a backlog than the budget holds).
+
+    Rounding each share down instead left up to one offset per partition unread per batch,
+    so with many partitions a catch-up of N budgets took N + 1 batches (256 partitions,
+    1M rows, 100,000 a batch: an 11th batch of ~2,500 rows, ~0.4 s)."""
     backlog = {p: max(0, latest[p] - start.get(p, latest[p])) for p in latest}
     total = sum(backlog.values())
     if total <= budget:
         return dict(latest)
-    end = {}
-    for p, lag in backlog.items():
-        share = max(1, budget * lag // total) if lag else 0
-        end[p] = start.get(p, latest[p]) + min(lag, share)
-    return end
+    share = {p: budget * lag // total for p, lag in backlog.items()}
+    left = budget - sum(share.values())
+    by_remainder = sorted(backlog, key=lambda p: (-(budget * backlog[p] % total), p))
+    for p in by_remainder[:left]:
+        share[p] += 1
+    return {
+        p: start.get(p, latest[p]) + min(lag, max(1, share[p]) if lag else 0)
+        for p, lag in backlog.items()
+    }
 
 
 #: A record in a write task weighs about this many times its raw value: its decoded Arrow

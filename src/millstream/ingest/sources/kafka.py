@@ -25,7 +25,14 @@ from confluent_kafka import Consumer, TopicPartition
 
 from millstream.errors import InvalidSpecError, SourceReadError
 from millstream.ingest.formats import format_config
-from millstream.ingest.sources.base import PartitionReader, records_batch
+from millstream.ingest.sources.base import (
+    EXTRA_NAMES,
+    RECORD_NAMES,
+    PartitionReader,
+    last_timestamp,
+    raw_columns,
+    records_batch,
+)
 
 CONSUME_BATCH = 10_000
 STALL_TIMEOUT_S = 60.0
@@ -187,6 +194,129 @@ class KafkaReader(PartitionReader):
                 yield from self._consume(c, partition, lo, hi)
             finally:
                 c.unassign()
+
+    def read_records(
+        self,
+        ranges: list[tuple[int, int, int]],
+        *,
+        last_record_ms: dict[int, int] | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        """Every range of a write task through ONE assignment of one consumer: the client
+        fetches all the task's partitions in each fetch request, so a task waits for the
+        broker about once, not once per range. Read one range at a time, each cost at least a
+        fetch round trip (a broker that holds a fetch for ``fetch.wait.max.ms``, as Tansu
+        does, made that 100 ms per range), and a task's time grew with its partitions rather
+        than its records (bench/scale.py: 4 datastreams of 4 partitions held the worker's two
+        task slots ~0.2 s per task for a few hundred records). Batches come out per range, in
+        the order of ``ranges``, as :meth:`read_range` would give them."""
+        todo = [(p, lo, hi) for p, lo, hi in ranges if hi > lo]
+        if len({p for p, _, _ in todo}) != len(todo):  # a partition twice: one at a time
+            yield from super().read_records(ranges, last_record_ms=last_record_ms)
+            return
+        if not todo:
+            return
+        with self._pool.lease(self.conf) as c:
+            tps = [TopicPartition(self.topic, p, lo) for p, lo, _ in todo]
+            c.assign(tps)
+            try:
+                got = self._consume_all(c, todo)
+            finally:
+                c.resume(tps)  # a pooled consumer keeps a partition's pause past unassign()
+                c.unassign()
+        for p, _, _ in todo:
+            for batch in got[p]:
+                if last_record_ms is not None:
+                    stamp = last_timestamp(batch)
+                    if stamp is not None:
+                        last_record_ms[p] = stamp
+                yield pa.RecordBatch.from_arrays(
+                    [
+                        *raw_columns(batch),
+                        *(batch.column(n) for n in EXTRA_NAMES if n in batch.schema.names),
+                    ],
+                    names=[*RECORD_NAMES, *(n for n in EXTRA_NAMES if n in batch.schema.names)],
+                )
+
+    def _consume_all(
+        self, c: Any, ranges: list[tuple[int, int, int]]
+    ) -> dict[int, list[pa.RecordBatch]]:
+        """The records of ``ranges`` (one per partition, all assigned to ``c``) as
+        :meth:`read_range` batches per partition."""
+        bounds = {p: (lo, hi) for p, lo, hi in ranges}
+        position = {p: lo for p, lo, _ in ranges}
+        rows: dict[
+            int, tuple[list[int], list[Any], list[Any], list[Any], list[str | None] | None]
+        ] = {p: ([], [], [], [], [] if self.headers else None) for p in bounds}
+        got: dict[int, list[pa.RecordBatch]] = {p: [] for p in bounds}
+
+        def flush(p: int) -> None:
+            offsets, keys, values, stamps, headers = rows[p]
+            if offsets:
+                got[p].append(records_batch(p, offsets, keys, values, stamps, headers))
+                rows[p] = ([], [], [], [], [] if self.headers else None)
+
+        last_progress = time.monotonic()
+        while any(position[p] < hi for p, (_, hi) in bounds.items()):
+            # consume() returns once it has num_messages: ask for what the ranges still lack
+            # (a finished partition is paused, so the rest of its fetch does not count)
+            left = sum(max(0, hi - position[p]) for p, (_, hi) in bounds.items())
+            msgs = c.consume(num_messages=min(CONSUME_BATCH, left), timeout=0.5)
+            done_before = {p for p, (_, hi) in bounds.items() if position[p] >= hi}
+            for m in msgs:
+                p = m.partition()
+                if m.error() is not None:
+                    raise SourceReadError(
+                        f"kafka topic {self.topic!r}", str(m.error()), partition=p, topic=self.topic
+                    )
+                o = m.offset()
+                lo, hi = bounds.get(p, (0, 0))
+                if o < lo or o >= hi:
+                    if p in position:
+                        position[p] = max(position[p], o + 1)
+                    continue
+                offsets, keys, values, stamps, headers = rows[p]
+                offsets.append(o)
+                keys.append(m.key())
+                values.append(m.value())
+                kind, stamp = m.timestamp()
+                stamps.append(None if kind == _NO_TIMESTAMP else int(stamp))
+                if headers is not None:
+                    headers.append(headers_json(m.headers()))
+                position[p] = o + 1
+                if len(offsets) >= CONSUME_BATCH:
+                    flush(p)
+            done = [
+                p for p, (_, hi) in bounds.items() if position[p] >= hi and p not in done_before
+            ]
+            if done:  # no more fetches of what is read: the others' fetches get the bytes
+                c.pause([TopicPartition(self.topic, p) for p in done])
+            if msgs:
+                last_progress = time.monotonic()
+                continue
+            open_ = [p for p, (_, hi) in bounds.items() if position[p] < hi]
+            at = c.position([TopicPartition(self.topic, p) for p in open_])
+            for tp in at:  # the rest of a range is control records (transaction markers)
+                if tp.offset >= bounds[tp.partition][1]:
+                    position[tp.partition] = bounds[tp.partition][1]
+            if time.monotonic() - last_progress > STALL_TIMEOUT_S:
+                for p in open_:
+                    if position[p] >= bounds[p][1]:
+                        continue
+                    tp = TopicPartition(self.topic, p)
+                    low, high = c.get_watermark_offsets(tp, timeout=10)
+                    if position[p] >= low and high >= bounds[p][1]:
+                        position[p] = bounds[p][1]  # compacted or markers: nothing more
+                        continue
+                    raise SourceReadError(
+                        f"kafka topic {self.topic!r}",
+                        f"no progress at offset {position[p]} for {STALL_TIMEOUT_S:.0f}s "
+                        f"(watermarks {low}..{high})",
+                        partition=p,
+                        topic=self.topic,
+                    )
+        for p in bounds:
+            flush(p)
+        return got
 
     def _consume(self, c: Any, partition: int, lo: int, hi: int) -> Iterator[pa.RecordBatch]:
         tp = TopicPartition(self.topic, partition)

@@ -1,0 +1,788 @@
+"""Scale benchmark: what grows with the number of partitions and of datastreams on one worker.
+
+Run from the repository root (not part of CI; about 12 minutes, ``--quick`` about 5)::
+
+    .venv/bin/python bench/scale.py                      # both parts, 3 rounds of part A
+    .venv/bin/python bench/scale.py --quick              # 200,000 rows, 1 round, 20 s steps
+    .venv/bin/python bench/scale.py --skip b --json /tmp/scale.json
+    # options: --rows N, --rounds N, --partitions 4,64,256, --streams 1,4,8,16,
+    #          --rate R (per datastream), --seconds S (per step), --skip a|b, --keep
+
+**(a) Partitions: catch-up and commit latency.** The same total input (``--rows``, default
+1,000,000 records of the generator's orders stream, ``ORDERS_SCHEMA``, seed 7, keys
+partition-affine) is written as the ``files`` source's JSON-lines files (``ingest_input.py``:
+one subdirectory per partition, 50,000 lines per file) once per partition count (4, 64 and
+256 partitions). Each is caught up by ``DatastreamRunner(files source -> upsert table)
+.run(available_now=True)`` at DEFAULT settings (``max_records_per_batch`` 100,000: 10
+micro-batches of 1M rows), in one SparkSession warmed by a tiny datastream first. Per run:
+rows/s over the whole input (wall time of ``run()``), and per micro-batch the sink's metadata
+commit time (``commit_s`` of its ``commits.jsonl``: the one transaction of compare-and-append
+for the table and its dead-letter table, plus deleting unreferenced staged files) and Spark's
+``addBatch`` / ``triggerExecution``. The partition counts run interleaved, ``--rounds`` times;
+the figure is the median per partition count, and the ratios 64/4 and 256/4 are of those
+medians (the per-round ratios are printed too). The first round's tables are read back and
+their row counts checked against ``millstream.testing.oracle``.
+
+**(b) Datastreams on one worker.** Real processes, as ``bench/failover.py`` starts them
+(``millstream.testing.cluster``): a Tansu broker, ``millstream controller``, ONE
+``millstream worker`` (``local[2]``), a SQLite metadata store. Datastreams are added in steps
+(1, 4, 8, 16 in all), each on its own 4-partition topic with the end-to-end tests' spec
+(``orders_spec``: upsert, 500 ms trigger, ``max_records_per_batch`` 5,000). A producer thread
+in this process writes generator orders into every topic at ``--rate`` (1,000) records/s each.
+Once every datastream of a step runs and is caught up, the step is measured for ``--seconds``
+(60): the worker's RSS (summed over its process tree: the driver, Spark's JVM, every Python
+worker, source and sink runner), the number of Python processes in that tree and their kinds,
+the tree's CPU use, and per datastream the produce-ack -> visible freshness, sampled as
+``ingest_freshness.py`` does (every 50 ms: the last acknowledged offset per partition and the
+shard uppers; a sample's latency is the first time its shard's upper passes it minus its ack
+time), plus the batches committed and the median commit time.
+
+Prints both tables and the verdicts against issue 15's targets (64 partitions catch up at
+>= 0.8x the rows/s of 4 partitions; 8 datastreams on one worker each keep p99 freshness <=
+2 s at 1,000 rows/s). The script waits up to 3 minutes for a quiet machine (``--no-wait``
+skips it), stops everything it started (the query and SparkSession; the worker, controller
+and broker by PID) and removes its temporary directory unless ``--keep``. Results go to
+``bench/results/scale-<time>.json`` and ``--json PATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import os
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import common
+from ingest_input import UPSERT_TABLE, write_files
+from ingest_observe import progress
+
+TARGET_PARTITION_RATIO = 0.8  # 64 partitions catch up at >= 0.8x the rows/s of 4
+TARGET_STREAMS = 8  # datastreams on one worker ...
+TARGET_P99_S = 2.0  # ... each keeping p99 freshness <= 2 s ...
+TARGET_RATE = 1000.0  # ... at 1,000 rows/s
+SEED = 7
+FILE_ROWS = 50_000
+TOPIC_PARTITIONS = 4
+
+# ---------------------------------------------------------------------------------------------
+# (a) partitions
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SplitInput:
+    partitions: int
+    root: Path
+    rows: int
+    expected_rows: int | None = None
+
+
+def make_split_input(base: Path, rows: int, partitions: int, *, oracle: bool) -> SplitInput:
+    """``rows`` generator orders over ``partitions`` partitions, as JSON-lines files (a
+    tombstone becomes a delete record, as in ``ingest_input.py``)."""
+    from ingest_input import _line
+
+    from millstream.ingest.sources.generator import (
+        ORDERS_SCHEMA,
+        GeneratorConfig,
+        generate,
+        partition_total,
+    )
+    from millstream.spec import TableSpec
+    from millstream.testing.oracle import expected_table
+
+    cfg = GeneratorConfig(seed=SEED, partitions=partitions, key_cardinality=max(1000, rows // 5))
+    root = base / f"input-{partitions}"
+    spec = TableSpec.parse({"name": "orders", "schema": ORDERS_SCHEMA, **UPSERT_TABLE})
+    expected = 0
+    for p in range(partitions):
+        n = partition_total(rows, partitions, p)
+        assert n is not None
+        lines = [_line(o, k, v) for o, k, v in generate(cfg, p, 0, n)]
+        write_files(root, {p: lines}, FILE_ROWS)
+        if oracle:  # keys are partition-affine: the model per partition adds up
+            got, bad = expected_table(spec, ((p, o, None, v) for o, v in enumerate(lines)))
+            assert not bad, f"the oracle found bad records in partition {p}"
+            expected += len(got)
+    return SplitInput(partitions, root, rows, expected if oracle else None)
+
+
+def files_spec(name: str, root: Path) -> Any:
+    """The files source into an upsert table, at DEFAULT settings (no batch size given)."""
+    from millstream.datastream import DatastreamSpec
+    from millstream.ingest.sources.generator import ORDERS_SCHEMA
+
+    return DatastreamSpec.parse(
+        {
+            "name": name,
+            "source": {"kind": "files", "path": str(root)},
+            "table": UPSERT_TABLE,
+            "schema": ORDERS_SCHEMA,
+        }
+    )
+
+
+def catch_up(spark: Any, catalog: Any, inp: SplitInput, name: str) -> dict[str, Any]:
+    from millstream.spark.runner import DatastreamRunner
+
+    runner = DatastreamRunner(files_spec(name, inp.root), catalog, spark, writer_id="bench")
+    t0 = time.perf_counter()
+    runner.run(available_now=True)
+    s = time.perf_counter() - t0
+    commits = [c for c in runner.commits() if c.get("version") is not None]
+    commit_s = [float(c["commit_s"]) for c in commits if c.get("commit_s") is not None]
+    prog = [p for p in progress(runner.query) if p["duration_ms"].get("addBatch")]
+    add = [p["duration_ms"]["addBatch"] / 1000 for p in prog]
+    trig = [p["duration_ms"].get("triggerExecution", 0) / 1000 for p in prog]
+    return {
+        "name": name,
+        "partitions": inp.partitions,
+        "rows": inp.rows,
+        "seconds": s,
+        "rows_s": inp.rows / s,
+        "batches": len(commits),
+        "committed_rows": sum(int(c.get("rows") or 0) for c in commits),
+        "commit_s": commit_s,
+        "commit_s_median": statistics.median(commit_s) if commit_s else float("nan"),
+        "commit_s_max": max(commit_s) if commit_s else float("nan"),
+        "add_batch_s_median": statistics.median(add) if add else float("nan"),
+        "trigger_s_median": statistics.median(trig) if trig else float("nan"),
+    }
+
+
+def part_a(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
+    from millstream.catalog import Catalog
+    from millstream.spark.session import spark_session
+
+    counts = [int(x) for x in args.partitions.split(",")]
+    inputs: dict[int, SplitInput] = {}
+    t0 = time.perf_counter()
+    for n in counts:
+        inputs[n] = make_split_input(base, args.rows, n, oracle=not args.no_verify)
+        log(
+            f"(a) input: {args.rows:,} rows over {n} partitions ({inputs[n].expected_rows} rows expected)"
+        )
+    gen_s = time.perf_counter() - t0
+    spark = spark_session(app_name="millstream-bench-scale")
+    runs: list[dict[str, Any]] = []
+    try:
+        catalog = Catalog.open(home=base / "home-a")
+        warm = make_split_input(base / "warm", 2000, counts[-1], oracle=False)
+        w0 = time.perf_counter()
+        catch_up(spark, catalog, warm, "warmup")
+        log(f"(a) warm-up run over {counts[-1]} partitions: {time.perf_counter() - w0:.1f}s")
+        for r in range(1, args.rounds + 1):
+            for n in counts:
+                res = catch_up(spark, catalog, inputs[n], f"p{n}_r{r}")
+                res["round"] = r
+                if r == 1 and inputs[n].expected_rows is not None:
+                    rows = catalog.read_table(res["name"]).num_rows
+                    dead = catalog.read_table(f"{res['name']}__dead_letter").num_rows
+                    res["table_rows"], res["dead_letter_rows"] = rows, dead
+                    res["matches_oracle"] = rows == inputs[n].expected_rows and dead == 0
+                runs.append(res)
+                log(
+                    f"(a) round {r}, {n:>3} partitions: {res['rows_s']:>9,.0f} rows/s "
+                    f"({res['seconds']:.2f}s, {res['batches']} batches, commit median "
+                    f"{res['commit_s_median'] * 1000:.0f} ms, max {res['commit_s_max'] * 1000:.0f} ms"
+                    + (
+                        f", oracle {'ok' if res['matches_oracle'] else 'MISMATCH'}"
+                        if "matches_oracle" in res
+                        else ""
+                    )
+                    + ")"
+                )
+        catalog.close()
+    finally:
+        spark.stop()
+    med = {n: statistics.median(x["rows_s"] for x in runs if x["partitions"] == n) for n in counts}
+    ratios = {f"{n}/{counts[0]}": common.ratio(med[n], med[counts[0]]) for n in counts[1:]}
+    per_round = {
+        f"{n}/{counts[0]}": [
+            common.ratio(
+                next(x["rows_s"] for x in runs if x["partitions"] == n and x["round"] == r),
+                next(x["rows_s"] for x in runs if x["partitions"] == counts[0] and x["round"] == r),
+            )
+            for r in range(1, args.rounds + 1)
+        ]
+        for n in counts[1:]
+    }
+    return {
+        "rows": args.rows,
+        "input_seconds": gen_s,
+        "runs": runs,
+        "median_rows_s": med,
+        "ratios": ratios,
+        "ratios_per_round": per_round,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) datastreams on one worker
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Acks:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: (topic, partition) -> (last acknowledged offset, ack time)
+    last: dict[tuple[str, int], tuple[int, float]] = field(default_factory=dict)
+    #: (topic, partition) -> one past the last acknowledged offset
+    ends: dict[tuple[str, int], int] = field(default_factory=dict)
+    count: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Producer:
+    """Writes generator orders into every topic of :attr:`topics` at ``rate`` records/s each
+    (round-robin over the topics' partitions) from a thread, noting each partition's last
+    acknowledged offset and when it was acknowledged."""
+
+    def __init__(self, bootstrap: str, rate: float) -> None:
+        from confluent_kafka import Producer as KafkaProducer
+
+        from millstream.ingest.sources.generator import GeneratorConfig, generate
+
+        self.rate = rate
+        self.topics: list[str] = []
+        self.acks = Acks()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        cfg = GeneratorConfig(seed=SEED, partitions=TOPIC_PARTITIONS, key_cardinality=20_000)
+        self.records = {
+            p: [(k, v) for _, k, v in generate(cfg, p, 0, 20_000)] for p in range(TOPIC_PARTITIONS)
+        }
+        self.producer = KafkaProducer(
+            {"bootstrap.servers": bootstrap, "linger.ms": 20, "log.connection.close": False}
+        )
+        self.thread = threading.Thread(target=self._run, name="scale-producer", daemon=True)
+
+    def add(self, topics: list[str]) -> None:
+        with self._lock:
+            self.topics = [*self.topics, *topics]
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        now = time.time()
+        if err is not None:
+            self.acks.errors.append(str(err))
+            return
+        key = (msg.topic(), msg.partition())
+        with self.acks.lock:
+            self.acks.count += 1
+            o = msg.offset()
+            if o > self.acks.last.get(key, (-1, 0.0))[0]:
+                self.acks.last[key] = (o, now)
+                self.acks.ends[key] = o + 1
+
+    def _run(self) -> None:
+        sent: dict[str, int] = {}
+        started: dict[str, float] = {}
+        while not self._stop.is_set():
+            with self._lock:
+                topics = self.topics
+            now = time.time()
+            for topic in topics:
+                t0 = started.setdefault(topic, now)
+                due = int(self.rate * (now - t0))
+                n = sent.get(topic, 0)
+                while n < due:
+                    p = n % TOPIC_PARTITIONS
+                    recs = self.records[p]
+                    key, value = recs[(n // TOPIC_PARTITIONS) % len(recs)]
+                    try:
+                        self.producer.produce(
+                            topic, value=value, key=key, partition=p, on_delivery=self._on_delivery
+                        )
+                    except BufferError:
+                        self.producer.poll(0.01)
+                        continue
+                    n += 1
+                sent[topic] = n
+            self.producer.poll(0)
+            time.sleep(0.005)
+        self.producer.flush(30)
+
+    def start(self) -> Producer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(60)
+
+    def snapshot(
+        self,
+    ) -> tuple[dict[tuple[str, int], tuple[int, float]], dict[tuple[str, int], int]]:
+        with self.acks.lock:
+            return dict(self.acks.last), dict(self.acks.ends)
+
+
+def all_uppers(store: Any) -> dict[tuple[str, int], int]:
+    """Every shard upper, (table, partition) -> upper, in one read."""
+    from sqlalchemy import select
+
+    from millstream.metastore import schema as s
+
+    sh = s.shards
+    with store.read() as conn:
+        rows = conn.execute(select(sh.c.table_name, sh.c.partition, sh.c.upper)).all()
+    return {(str(t), int(p)): int(u) for t, p, u in rows}
+
+
+# -- the worker's process tree ------------------------------------------------------------------
+
+
+def _kind(cmd: str) -> str:
+    """What a process of the worker's tree is, from its command line (a forked Python worker
+    has its daemon's command line)."""
+    argv = cmd.split()
+    if not argv:
+        return "?"
+    if "java" in Path(argv[0]).name:
+        return "JVM"
+    if "-m" in argv[:-1]:
+        module = argv[argv.index("-m") + 1]
+        rest = [a for a in argv[argv.index("-m") + 2 :] if a.startswith("pyspark")]
+        return " ".join(["python -m", module, *rest])
+    if len(argv) > 1 and Path(argv[1]).name == "millstream":
+        return "millstream " + " ".join(argv[2:3]) + " (driver)"
+    return " ".join(Path(a).name for a in argv[:2])
+
+
+def _pss_kb(pid: int) -> int:
+    """Proportional set size: shared pages (a forked Python worker shares its daemon's) are
+    split between the processes sharing them, so summing it does not count them twice."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return 0
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in pids:
+        with contextlib.suppress(OSError, IndexError):
+            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(f[11]) + int(f[12])) / tick
+    return total
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat."""
+    f = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = f[3] + f[4]
+    return float(sum(f) - idle), float(sum(f))
+
+
+def tree(pid: int) -> list[dict[str, Any]]:
+    """The process ``pid`` and its descendants: pid, kind, RSS (bytes), CPU seconds, python."""
+    from millstream.testing.cluster import descendants
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    tick = os.sysconf("SC_CLK_TCK")
+    out = []
+    for p in [pid, *descendants(pid)]:
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            rss_pages = int(Path(f"/proc/{p}/statm").read_text().split()[1])
+            pss_kb = _pss_kb(p)
+            cmd = (
+                Path(f"/proc/{p}/cmdline")
+                .read_bytes()
+                .replace(b"\0", b" ")
+                .decode(errors="replace")
+            )
+            exe = os.readlink(f"/proc/{p}/exe")
+        except OSError:
+            continue
+        if not cmd.strip():
+            continue  # a zombie
+        out.append(
+            {
+                "pid": p,
+                "kind": _kind(cmd),
+                "rss": rss_pages * page,
+                "pss": pss_kb * 1024,
+                "cpu_s": (int(stat[11]) + int(stat[12])) / tick,
+                "python": "python" in Path(exe).name,
+            }
+        )
+    return out
+
+
+def tree_summary(procs: list[dict[str, Any]]) -> dict[str, Any]:
+    kinds: dict[str, dict[str, float]] = {}
+    for p in procs:
+        k = kinds.setdefault(p["kind"], {"count": 0, "rss_mb": 0.0, "pss_mb": 0.0})
+        k["count"] += 1
+        k["rss_mb"] += p["rss"] / 2**20
+        k["pss_mb"] += p["pss"] / 2**20
+    return {
+        "rss_mb": sum(p["rss"] for p in procs) / 2**20,
+        "pss_mb": sum(p["pss"] for p in procs) / 2**20,
+        "processes": len(procs),
+        "python_processes": sum(1 for p in procs if p["python"]),
+        "kinds": kinds,
+    }
+
+
+# -- freshness ---------------------------------------------------------------------------------
+
+
+def latencies(
+    samples: list[
+        tuple[float, dict[tuple[str, int], tuple[int, float]], dict[tuple[str, int], int]]
+    ],
+    table: str,
+    topic: str,
+    since: float,
+    until: float,
+) -> tuple[list[float], int]:
+    """Latencies of the distinct (partition, last acked offset) acknowledged in [since,
+    until): first sample time at which the shard upper passes the offset, minus the ack time.
+    Returns (latencies, how many never became visible)."""
+    import bisect
+
+    times = [t for t, _, _ in samples]
+    seen: dict[tuple[int, int], float] = {}
+    for _, last, _ in samples:
+        for (tp, p), (o, t_ack) in last.items():
+            if tp == topic and since <= t_ack < until:
+                seen.setdefault((p, o), t_ack)
+    running: dict[int, list[int]] = {}
+    for p in {p for p, _ in seen}:
+        best, col = -1, []
+        for _, _, u in samples:
+            best = max(best, u.get((table, p), -1))
+            col.append(best)
+        running[p] = col
+    out: list[float] = []
+    unresolved = 0
+    for (p, o), t_ack in seen.items():
+        i = max(bisect.bisect_right(running[p], o), bisect.bisect_left(times, t_ack))
+        if i >= len(samples):
+            unresolved += 1
+        else:
+            out.append(times[i] - t_ack)
+    return out, unresolved
+
+
+def commit_stats(home: Path, worker: str, ds: str, since: float, until: float) -> dict[str, Any]:
+    import json
+
+    path = home / "workers" / worker / ds / "commits.jsonl"
+    lines = []
+    with contextlib.suppress(OSError):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                lines.append(json.loads(line))
+    window = [c for c in lines if since <= c.get("at", 0) < until and c.get("version") is not None]
+    cs = [c["commit_s"] for c in window if c.get("commit_s") is not None]
+    return {
+        "batches": len(window),
+        "rows": sum(int(c.get("rows") or 0) for c in window),
+        "commit_s_median": statistics.median(cs) if cs else float("nan"),
+    }
+
+
+def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
+    from millstream.local.tansu import TansuBroker
+    from millstream.metastore.store import MetadataStore
+    from millstream.testing.cluster import Api, Cluster, orders_spec, wait_until
+
+    home = base / "home-b"
+    home.mkdir(parents=True)
+    url = f"sqlite:///{home / 'metadata.db'}"
+    broker = TansuBroker(base / "tansu").start()
+    cluster = Cluster(home=home, metadata_url=url)
+    store = MetadataStore(url)
+    producer: Producer | None = None
+    steps: list[dict[str, Any]] = []
+    samples: list[Any] = []
+    sampling = threading.Event()
+    stop_sampler = threading.Event()
+
+    def sampler() -> None:
+        while not stop_sampler.is_set():
+            if sampling.is_set():
+                assert producer is not None
+                last, _ = producer.snapshot()
+                with contextlib.suppress(Exception):
+                    samples.append((time.time(), last, all_uppers(store)))
+            time.sleep(0.05)
+
+    sample_thread = threading.Thread(target=sampler, name="scale-sampler", daemon=True)
+    try:
+        diag = cluster.diagnostics
+        ctl = cluster.controller()
+        api = Api(ctl.url)
+        wait_until("the controller leads", lambda: api.get("/health")["leader"], timeout=60)
+        worker = cluster.worker("w1", ctl.url)
+        wait_until(
+            "the worker heartbeats",
+            lambda: api.workers().get("w1", {}).get("alive"),
+            timeout=300,
+            diagnostics=diag,
+        )
+        idle = tree_summary(tree(worker.pid))
+        log(
+            f"(b) idle worker: {idle['pss_mb']:.0f} MB PSS ({idle['rss_mb']:.0f} MB RSS), "
+            f"{idle['python_processes']} Python processes"
+        )
+        producer = Producer(broker.bootstrap, args.rate).start()
+        sample_thread.start()
+        names: list[str] = []
+        for target in [int(x) for x in args.streams.split(",")]:
+            new = [f"s{i:02d}" for i in range(len(names), target)]
+            for n in new:
+                broker.create_topic(n, TOPIC_PARTITIONS)
+            producer.add(new)
+            for n in new:
+                r = api.post("/datastreams", orders_spec(n, broker.bootstrap, n))
+                assert r.status_code == 201, r.text
+            names += new
+            t_add = time.time()
+            caught = True
+            try:
+                wait_until(
+                    f"{target} datastreams run and are caught up",
+                    functools.partial(all_caught_up, api, list(names), producer, store),
+                    timeout=args.catch_up_timeout,
+                    interval=1.0,
+                    diagnostics=diag,
+                )
+            except AssertionError:
+                caught = False
+                log(
+                    f"(b) {target} datastreams: NOT caught up after {args.catch_up_timeout:.0f}s; measuring anyway"
+                )
+            ready_s = time.time() - t_add
+            time.sleep(2)
+            others = {"broker": [broker.pid or 0], "bench (producer, sampler)": [os.getpid()]}
+            procs0 = {p["pid"]: p for p in tree(worker.pid)}
+            cpu0 = sum(p["cpu_s"] for p in procs0.values())
+            other0 = {k: cpu_seconds(v) for k, v in others.items()}
+            busy0 = machine_busy()
+            load0 = common.load()
+            sampling.set()
+            since = time.time()
+            rss: list[dict[str, Any]] = []
+            while time.time() - since < args.seconds:
+                time.sleep(min(5.0, args.seconds / 6))
+                rss.append(tree_summary(tree(worker.pid)))
+            until = time.time()
+            procs1 = tree(worker.pid)
+            cpu1 = sum(p["cpu_s"] for p in procs1)
+            cpu_kinds: dict[str, float] = {}
+            for p in procs1:  # CPU in the window by process kind (exited ones are not in it)
+                before = procs0[p["pid"]]["cpu_s"] if p["pid"] in procs0 else 0.0
+                cpu_kinds[p["kind"]] = cpu_kinds.get(p["kind"], 0.0) + p["cpu_s"] - before
+            other1 = {k: cpu_seconds(v) for k, v in others.items()}
+            busy1 = machine_busy()
+            time.sleep(args.tail)  # let the last samples of the window become visible
+            sampling.clear()
+            per_ds = {}
+            for n in names:
+                lat, unresolved = latencies(samples, n, n, since, until)
+                per_ds[n] = {
+                    "samples": len(lat),
+                    "unresolved": unresolved,
+                    "p50_s": common.percentile(lat, 50, "nearest"),
+                    "p99_s": common.percentile(lat, 99, "nearest"),
+                    "max_s": max(lat) if lat else float("nan"),
+                    **commit_stats(home, "w1", n, since, until),
+                }
+            samples.clear()
+            peak = max(rss, key=lambda x: x["rss_mb"])
+            step = {
+                "datastreams": target,
+                "caught_up": caught,
+                "ready_s": ready_s,
+                "window_s": until - since,
+                "load_start": load0,
+                "load_end": common.load(),
+                "worker_cpu_cores": (cpu1 - cpu0) / (until - since),
+                "worker_cpu_cores_by_kind": {
+                    k: v / (until - since) for k, v in sorted(cpu_kinds.items())
+                },
+                "other_cpu_cores": {k: (other1[k] - other0[k]) / (until - since) for k in others},
+                "machine_busy": (busy1[0] - busy0[0]) / max(1.0, busy1[1] - busy0[1]),
+                "pss_mb_last": rss[-1]["pss_mb"],
+                "rss_mb_last": rss[-1]["rss_mb"],
+                "rss_mb_peak": peak["rss_mb"],
+                "python_processes": rss[-1]["python_processes"],
+                "processes": rss[-1]["processes"],
+                "kinds": rss[-1]["kinds"],
+                "per_datastream": per_ds,
+                "p99_s_worst": max(d["p99_s"] for d in per_ds.values()),
+                "p99_s_median": statistics.median(d["p99_s"] for d in per_ds.values()),
+                "p50_s_median": statistics.median(d["p50_s"] for d in per_ds.values()),
+                "produce_errors": len(producer.acks.errors),
+            }
+            steps.append(step)
+            log(
+                f"(b) {target:>2} datastreams: PSS {step['pss_mb_last']:,.0f} MB, "
+                f"{step['python_processes']} Python processes, worker CPU "
+                f"{step['worker_cpu_cores']:.2f} cores, p50 {step['p50_s_median']:.2f}s, p99 "
+                f"median {step['p99_s_median']:.2f}s worst {step['p99_s_worst']:.2f}s "
+                f"(ready after {ready_s:.0f}s, load {load0[0]} -> {step['load_end'][0]})"
+            )
+        api.close()
+    except BaseException:
+        print(cluster.diagnostics(), file=sys.stderr)
+        raise
+    finally:
+        stop_sampler.set()
+        if producer is not None:
+            producer.stop()
+        cluster.close()
+        store.dispose()
+        broker.stop()
+    return {"idle": idle, "rate_per_datastream": args.rate, "steps": steps}
+
+
+def all_caught_up(api: Any, names: list[str], producer: Producer, store: Any) -> bool:
+    if not all(api.state(n) == "READY" and api.running_writers(n) == {"w1"} for n in names):
+        return False
+    _, ends = producer.snapshot()
+    uppers = all_uppers(store)
+    lag = 0
+    for n in names:
+        for p in range(TOPIC_PARTITIONS):
+            lag = max(lag, ends.get((n, p), 0) - uppers.get((n, p), 0))
+    return lag <= producer.rate / TOPIC_PARTITIONS  # under a second of records
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+
+
+def report(res: dict[str, Any], log: Any) -> None:
+    log("")
+    log(f"machine: {res['machine']}")
+    log(f"load average at start {res['load_start']}, at end {res['load_end']}")
+    a = res.get("a")
+    if a:
+        rounds = max(x["round"] for x in a["runs"])
+        log(f"\n(a) catch-up of {a['rows']:,} rows at default settings (median of {rounds} rounds)")
+        log(
+            f"{'partitions':>10} {'rows/s (runs)':>34} {'median':>9} {'batches':>7} {'commit p50':>10} {'commit max':>10} {'addBatch p50':>12}"
+        )
+        for n, med in a["median_rows_s"].items():
+            runs = [x for x in a["runs"] if x["partitions"] == int(n)]
+            cs = [c for x in runs for c in x["commit_s"]]
+            each = ", ".join(f"{x['rows_s']:,.0f}" for x in runs)
+            log(
+                f"{n:>10} {each:>34} {med:>9,.0f} "
+                f"{runs[0]['batches']:>7} {statistics.median(cs) * 1000:>8.0f}ms "
+                f"{max(cs) * 1000:>8.0f}ms {statistics.median(x['add_batch_s_median'] for x in runs):>11.2f}s"
+            )
+        for k, v in a["ratios"].items():
+            log(
+                f"ratio {k}: {v:.2f} (per round: {', '.join(f'{x:.2f}' for x in a['ratios_per_round'][k])})"
+            )
+        r64 = a["ratios"].get("64/4")
+        if r64 is not None:
+            log(
+                f"target 64/4 >= {TARGET_PARTITION_RATIO}: {common.verdict(r64 >= TARGET_PARTITION_RATIO)} ({r64:.2f})"
+            )
+    b = res.get("b")
+    if b:
+        log(f"\n(b) datastreams on one worker at {b['rate_per_datastream']:,.0f} rows/s each")
+        idle = b["idle"]
+        log(
+            f"idle worker: {idle['pss_mb']:.0f} MB PSS ({idle['rss_mb']:.0f} MB RSS), "
+            f"{idle['python_processes']} Python processes"
+        )
+        log(
+            f"{'streams':>7} {'PSS MB':>7} {'RSS MB':>7} {'py procs':>8} {'worker CPU':>10} "
+            f"{'broker+bench':>12} {'machine':>7} {'p50 med':>8} {'p99 med':>8} "
+            f"{'p99 worst':>9} {'batches/s':>9} {'commit p50':>10} {'caught up':>9} {'load':>11}"
+        )
+        for s in b["steps"]:
+            per = s["per_datastream"].values()
+            cs = [d["commit_s_median"] for d in per]
+            bps = sum(d["batches"] for d in per) / s["window_s"]
+            log(
+                f"{s['datastreams']:>7} {s['pss_mb_last']:>7,.0f} {s['rss_mb_last']:>7,.0f} "
+                f"{s['python_processes']:>8} {s['worker_cpu_cores']:>10.2f} "
+                f"{sum(s['other_cpu_cores'].values()):>12.2f} {s['machine_busy']:>7.0%} "
+                f"{s['p50_s_median']:>7.2f}s {s['p99_s_median']:>7.2f}s {s['p99_s_worst']:>8.2f}s "
+                f"{bps:>9.1f} {statistics.median(cs) * 1000:>8.0f}ms "
+                f"{'yes' if s['caught_up'] else 'NO':>9} {s['load_start'][0]:>5}->{s['load_end'][0]:<5}"
+            )
+        for s in b["steps"]:
+            log(f"  {s['datastreams']:>2} datastreams, PSS and CPU by process kind:")
+            for k, v in sorted(s["kinds"].items(), key=lambda kv: -kv[1]["pss_mb"]):
+                cores = s["worker_cpu_cores_by_kind"].get(k, 0.0)
+                log(
+                    f"     {v['count']:>3} x {k}: {v['pss_mb']:,.0f} MB ({v['rss_mb']:,.0f} MB "
+                    f"RSS), {cores:.2f} cores"
+                )
+        at = [s for s in b["steps"] if s["datastreams"] == TARGET_STREAMS]
+        if at:
+            worst = at[0]["p99_s_worst"]
+            log(
+                f"target {TARGET_STREAMS} datastreams, each p99 <= {TARGET_P99_S}s at {TARGET_RATE:,.0f} rows/s: {common.verdict(worst <= TARGET_P99_S)} (worst p99 {worst:.2f}s)"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="200k rows, 1 round, 20 s steps")
+    ap.add_argument("--rows", type=int, default=None, help="(a) input rows (1,000,000)")
+    ap.add_argument("--rounds", type=int, default=None, help="(a) rounds (3; quick 1)")
+    ap.add_argument("--partitions", default="4,64,256", help="(a) partition counts, first = base")
+    ap.add_argument("--no-verify", action="store_true", help="(a) skip the oracle check")
+    ap.add_argument("--streams", default="1,4,8,16", help="(b) datastreams in all, per step")
+    ap.add_argument("--rate", type=float, default=TARGET_RATE, help="(b) records/s per datastream")
+    ap.add_argument(
+        "--seconds", type=float, default=None, help="(b) window per step (60; quick 20)"
+    )
+    ap.add_argument("--tail", type=float, default=8.0, help="(b) seconds sampled after a window")
+    ap.add_argument("--catch-up-timeout", type=float, default=240.0)
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: a,b")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
+    args = ap.parse_args(argv)
+    args.rows = args.rows or (200_000 if args.quick else 1_000_000)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.seconds = args.seconds or (20.0 if args.quick else 60.0)
+    skip = set(filter(None, args.skip.split(",")))
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    log = common.log_stamped
+    load_start, waited = (common.load(), 0.0) if args.no_wait else common.wait_for_quiet(log)
+    res: dict[str, Any] = {
+        "command": common.command_line("scale.py"),
+        "machine": common.machine("pyspark", "pyarrow"),
+        "load_start": load_start,
+        "load_wait_s": waited,
+    }
+    with common.workdir("millstream-bench-scale-", keep=args.keep, say=log) as base:
+        if "a" not in skip:
+            res["a"] = part_a(args, base, log)
+        if "b" not in skip:
+            res["b"] = part_b(args, base, log)
+    res["load_end"] = common.load()
+    report(res, log)
+    out = common.write_json(common.RESULTS / f"scale-{time.strftime('%H%M%S')}.json", res)
+    if args.json is not None:
+        common.write_json(args.json, res)
+    log(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
