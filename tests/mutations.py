@@ -73,6 +73,7 @@ SWAPS = "src/millstream/metastore/swaps.py"
 GUARDS_TEST = "tests/contract/test_contract_manifest_guards.py"
 COMMIT_CAMPAIGN = "tests/fault/test_commit_path_campaign.py"
 AUTO = "tests/unit/ingest/test_schema_evolution_auto.py"
+FOOTERS_TEST = "tests/unit/table/test_sealed_reads_trust_only_proven_footers.py"
 
 
 def _guard_test(name: str) -> str:
@@ -1211,6 +1212,79 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         tests=(
             "tests/unit/metastore/test_commit_many_partitions.py::"
             "test_cas_update_many_moves_every_row_or_none",
+        ),
+    ),
+    Guard(
+        name="footer-proves-rows-in-entry-range",
+        file="src/millstream/table/footer.py",
+        what="a sealed file is read without its offsets only if its footer's offsets lie in "
+        "its entry's range (rows outside it are masked)",
+        old="""\
+    if lo < entry.start or hi >= entry.end:
+        return False
+""",
+        new="""\
+    if False:  # MUTATION: rows outside the entry's range pass
+        return False
+""",
+        tests=(
+            f"{FOOTERS_TEST}::test_a_sealed_file_with_rows_below_its_entrys_start_still_shows_"
+            "only_the_entrys_rows",
+        ),
+    ),
+    Guard(
+        name="footer-proves-one-partition",
+        file="src/millstream/table/footer.py",
+        what="a sealed file is read without its offsets only if its footer shows the entry's "
+        "partition alone (another partition's rows in a shared file are left out)",
+        old="""\
+    if partitions != (entry.partition, entry.partition):
+        return False
+""",
+        new="""\
+    if False:  # MUTATION: another partition's rows pass
+        return False
+""",
+        tests=(
+            f"{FOOTERS_TEST}::test_a_sealed_entrys_file_holding_another_partitions_rows_shows_"
+            "only_its_own",
+        ),
+    ),
+    Guard(
+        name="footer-proves-no-vector-row",
+        file="src/millstream/table/footer.py",
+        what="a sealed file is read without its offsets only if no delete-vector offset of its "
+        "partition lies within its offsets (the rows a vector names are dropped)",
+        old="""\
+    if deleted is None or len(deleted) == 0:
+        return True
+""",
+        new="""\
+    if True:  # MUTATION: a vector's rows pass
+        return True
+""",
+        tests=(
+            f"{FOOTERS_TEST}::test_rows_a_delete_vector_names_and_tombstones_are_dropped_from_"
+            "sealed_rows",
+        ),
+    ),
+    Guard(
+        name="one-row-per-key-and-partition",
+        file="src/millstream/core/final.py",
+        what="a sealed read of a table not partitioned by key takes a key's row in its highest "
+        "partition only while no (key, partition) holds two rows (else it merges by offset)",
+        old="""\
+        if pc.any(pc.and_(same_key, same_partition)).as_py():
+            return None
+""",
+        new="""\
+        if False:  # MUTATION: two rows of a key in one partition, the later file's wins
+            return None
+""",
+        tests=(
+            f"{FOOTERS_TEST}::test_two_rows_of_a_key_in_one_partition_are_ordered_by_offset_"
+            "not_by_file",
+            "tests/unit/core/test_final_merge.py",
         ),
     ),
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -101,6 +102,21 @@ class DeepStore:
                 have = set(pf.schema_arrow.names)
                 return pf.read(columns=[c for c in columns if c in have])
         return pq.read_table(self._abs(path), filesystem=self.fs, columns=columns)
+
+    def read_parquet_choosing(
+        self, path: str, choose: Callable[[pq.FileMetaData], Sequence[str] | None]
+    ) -> pa.Table:
+        """The file's rows, of the columns ``choose`` picks once it has seen the file's footer
+        (None: every column), with one open of the file (on S3 the footer costs no request of
+        its own). Of the chosen columns, those the file lacks (written before its table gained
+        them) are left out, as with ``missing_ok``."""
+        with self.fs.open_input_file(self._abs(path)) as f:
+            pf = pq.ParquetFile(f)
+            chosen = choose(pf.metadata)
+            if chosen is None:
+                return pf.read()
+            have = set(pf.schema_arrow.names)
+            return pf.read(columns=[c for c in chosen if c in have])
 
     def exists(self, path: str) -> bool:
         return bool(self.fs.get_file_info(self._abs(path)).type == pafs.FileType.File)

@@ -19,13 +19,16 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
+from millstream.core.final import resolve_one_per_partition
 from millstream.core.merge import deletes, resolve
 from millstream.errors import SegmentUnavailableError
 from millstream.metastore.models import DeleteVector, Entry, Manifest, SegmentState
 from millstream.spec import OFFSET_COL, PARTITION_COL, SYSTEM_COLUMNS, TableSpec
 from millstream.storage.deepstore import DeepStore
 from millstream.table.cache import ReadCache
+from millstream.table.footer import rows_proven_valid
 
 READ_THREADS = 8
 
@@ -124,6 +127,26 @@ def conform(data: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def _decode(
+    deep: DeepStore,
+    spec: TableSpec,
+    path: str,
+    entry: Entry,
+    choose: Callable[[pq.FileMetaData], Sequence[str] | None],
+) -> pa.Table:
+    """``entry``'s data file, of the columns ``choose`` picks from its footer (see
+    :func:`conform`); a file that cannot be read raises :class:`SegmentUnavailableError`
+    naming the segment."""
+    try:
+        # A file written under an older schema may lack some of the columns.
+        data = deep.read_parquet_choosing(path, choose)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise SegmentUnavailableError(
+            spec.name, entry.name, path, str(exc).splitlines()[0]
+        ) from exc
+    return data
+
+
 def read_entries(
     deep: DeepStore,
     spec: TableSpec,
@@ -153,16 +176,7 @@ def read_entries(
     shape = schema_key(schema)
 
     def decode(path: str, e: Entry) -> pa.Table:
-        try:
-            if wanted_columns is None:
-                data = deep.read_parquet(path)
-            else:  # a file written under an older schema may lack some of them
-                data = deep.read_parquet(path, columns=wanted_columns, missing_ok=True)
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise SegmentUnavailableError(
-                spec.name, e.name, path, str(exc).splitlines()[0]
-            ) from exc
-        return conform(data, schema)
+        return conform(_decode(deep, spec, path, e, lambda _: wanted_columns), schema)
 
     def load(item: tuple[str, list[Entry]]) -> pa.Table:
         path, file_entries = item
@@ -177,6 +191,53 @@ def read_entries(
             tuple(sorted((e.partition, e.start, e.end) for e in file_entries)),
         )
         return cache.get(key, lambda: _valid_rows(decode(path, file_entries[0]), file_entries))
+
+    return pa.concat_tables(_parallel_map("files", load, sorted(by_file.items())))
+
+
+def read_sealed_rows(
+    deep: DeepStore,
+    spec: TableSpec,
+    entries: Iterable[Entry],
+    deleted: dict[int, pa.Array],
+    *,
+    offsets: bool,
+) -> pa.Table:
+    """The valid rows of ``entries`` minus the (partition, offset) rows in ``deleted``, with
+    the table's columns, ``_ms_partition`` and ``_ms_tombstone``, and ``_ms_offset`` only if
+    ``offsets``. Without it, a file holding one entry whose footer proves its rows valid and
+    untouched by ``deleted`` (:func:`~millstream.table.footer.rows_proven_valid`) is read
+    without its ``_ms_offset`` column, and needs neither mask nor vector; any other file is
+    read whole, checked and filtered row by row, and loses the column after."""
+    by_file: dict[str, list[Entry]] = defaultdict(list)
+    for e in entries:
+        if e.file_path is not None:
+            by_file[e.file_path].append(e)
+    full = spec.arrow_schema(system_columns=True)
+    schema = full if offsets else pa.schema([f for f in full if f.name != OFFSET_COL])
+    if not by_file:
+        return schema.empty_table()
+    names: list[str] = schema.names
+
+    def load(item: tuple[str, list[Entry]]) -> pa.Table:
+        path, file_entries = item
+        entry = file_entries[0]
+        proven: list[bool] = []
+
+        def choose(metadata: pq.FileMetaData) -> Sequence[str] | None:
+            if offsets or len(file_entries) != 1:
+                return None
+            if not rows_proven_valid(metadata, entry, deleted.get(entry.partition)):
+                return None
+            proven.append(True)
+            return names
+
+        data = _decode(deep, spec, path, entry, choose)
+        if proven:
+            return conform(data, schema)
+        data = _valid_rows(conform(data, full), file_entries)
+        mine = {p: deleted[p] for p in {e.partition for e in file_entries} if p in deleted}
+        return drop_deleted(data, mine).select(names)
 
     return pa.concat_tables(_parallel_map("files", load, sorted(by_file.items())))
 
@@ -318,13 +379,13 @@ def read_manifest(
         wanted = set(partitions)
         entries = tuple(e for e in entries if e.partition in wanted)
         vectors = tuple(dv for dv in vectors if dv.partition in wanted)
-    if spec.keyed and spec.partitioned_by_key:
-        rows = _by_partition(deep, spec, entries, vectors, use_delete_vectors, conditions, cache)
-    else:
-        rows = _merged(deep, spec, entries, vectors, use_delete_vectors, conditions, cache)
+    read = _by_partition if spec.keyed and spec.partitioned_by_key else _merged
+    rows = read(
+        deep, spec, entries, vectors, use_delete_vectors, conditions, cache, include_system_columns
+    )
     if include_system_columns:
         return rows
-    return rows.drop_columns(list(SYSTEM_COLUMNS))
+    return rows.drop_columns([c for c in SYSTEM_COLUMNS if c in rows.column_names])
 
 
 def _merged(
@@ -335,8 +396,29 @@ def _merged(
     use_delete_vectors: bool,
     conditions: Sequence[Condition],
     cache: ReadCache | None,
+    system_columns: bool,
 ) -> pa.Table:
-    """The rows of ``entries`` minus ``vectors``' rows, filtered, merged by the engine."""
+    """The rows of ``entries`` minus ``vectors``' rows, filtered, merged by the engine. An
+    upsert table (without a comparison column) whose entries are all sealed is first read as
+    one row per key and partition (:mod:`millstream.core.final`), without the offsets the
+    footers prove unneeded unless ``system_columns``; only if that does not hold (a key twice in
+    a partition) is it merged by offset."""
+    if (
+        cache is None
+        and spec.mode == "upsert"
+        and spec.comparison_column is None
+        and entries
+        and all(e.state is SegmentState.ONLINE for e in entries)
+    ):
+        deleted = read_delete_vectors(deep, vectors) if use_delete_vectors and vectors else {}
+        sealed = read_sealed_rows(deep, spec, entries, deleted, offsets=system_columns)
+        if conditions:
+            sealed = sealed.filter(_expression(conditions))
+        merged = resolve_one_per_partition(spec, sealed)
+        if merged is not None:
+            return merged
+        if OFFSET_COL in sealed.column_names:
+            return resolve(spec, sealed)
     raw = read_entries(deep, spec, entries, cache=cache)
     if use_delete_vectors and vectors:
         raw = drop_deleted(raw, read_delete_vectors(deep, vectors, cache=cache))
@@ -378,12 +460,15 @@ def _by_partition(
     use_delete_vectors: bool,
     conditions: Sequence[Condition],
     cache: ReadCache | None,
+    system_columns: bool,
 ) -> pa.Table:
     """A ``partitioned_by_key`` table: each partition merged alone (its keys occur in no other
     partition), the partitions in parallel. Where a partition's sealed rows are final
     (:func:`_final_split`, every delete vector read), only its newer rows are merged, and the
     sealed rows of the keys they hold are dropped (one hash anti-join); the rest are kept as
-    they are."""
+    they are. Without ``system_columns`` (and without ``cache``) such sealed rows are read
+    without the offsets their footers prove unneeded (:func:`read_sealed_rows`), and every
+    partition comes without system columns."""
     sealed_of: dict[int, list[Entry]] = defaultdict(list)
     newer_entries: list[Entry] = []
     for e in entries:
@@ -453,7 +538,8 @@ def _by_partition(
         newer_keys = newer.select(keys).group_by(keys).aggregate([])
         kept = final.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
         kept = kept.select(final.column_names).cast(final.schema)
-        return pa.concat_tables([kept, resolve(spec, newer).cast(final.schema)])
+        winners = resolve(spec, newer).select(final.column_names).cast(final.schema)
+        return pa.concat_tables([kept, winners])
 
     def incremental(partition: int, sealed: pa.Table, mine: list[Entry]) -> pa.Table | None:
         """A cached reader's read of a partition whose sealed rows are final: the merge of its
@@ -485,12 +571,38 @@ def _by_partition(
         cache.put(("merged", skey), merged, tag=tag)
         return merged
 
+    def lean(partition: int) -> pa.Table | None:
+        """A final partition read by a new reader that wants no system columns: its sealed
+        rows without the offsets their footers prove unneeded. None if a delete vector is
+        unreadable or a newer row has a null key (the partition is merged in full then)."""
+        newer = newer_of(partition)
+        if any(newer.column(k).null_count for k in keys):
+            return None
+        unreadable: list[int] = []
+        deleted = read_delete_vectors(deep, vectors_of[partition], unreadable=unreadable)
+        if unreadable:
+            return None
+        sealed = read_sealed_rows(deep, spec, sealed_of[partition], deleted, offsets=False)
+        if conditions:
+            sealed = sealed.filter(_expression(conditions))
+        return over_final(_without_deletes(spec, sealed), newer)
+
+    user_columns = spec.arrow_schema().names
+
     def one(partition: int) -> pa.Table:
+        rows = merged_partition(partition)
+        return rows if system_columns else rows.select(user_columns)
+
+    def merged_partition(partition: int) -> pa.Table:
         mine_newer = [e for e in newer_entries if e.partition == partition]
         mine = [*sealed_of[partition], *mine_newer]
+        split = _final_split(spec, mine) if use_delete_vectors else None
+        if split is not None and cache is None and not system_columns:
+            got = lean(partition)
+            if got is not None:
+                return got
         unreadable: list[int] = []
         sealed = sealed_rows(partition, unreadable)
-        split = _final_split(spec, mine) if use_delete_vectors else None
         if split is not None and not unreadable:
             got = incremental(partition, sealed, mine_newer)
             if got is not None:

@@ -1,0 +1,62 @@
+"""The upsert merge of rows that hold at most one row per (key, partition).
+
+An upsert table without a comparison column orders a key's rows by position (partition, then
+offset) and keeps the last. Each partition's sealed rows, once its delete vectors are applied,
+hold one row per key (:mod:`millstream.sealing.keyindex`), so across a sealed table a key's
+rows differ by partition and its winner is its row in the highest partition: one sort by
+(key, partition) finds every winner, in the key order :func:`~millstream.core.merge.resolve`
+returns, without the offsets. Nothing here takes that property on trust: the sort shows every
+pair of rows with the same key and partition, and then only the offsets can order them, so
+the caller merges in full.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from millstream.core.merge import deletes
+from millstream.spec import PARTITION_COL, TOMBSTONE_COL, TableSpec
+
+
+def _same_as_next(column: pa.Array) -> pa.Array:
+    """Whether each value but the last equals the next one (two nulls are equal, as they are
+    one group to a hash aggregation)."""
+    a, b = column.slice(0, len(column) - 1), column.slice(1)
+    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
+    return pc.or_(pc.fill_null(pc.equal(a, b), False), both_null)
+
+
+def resolve_one_per_partition(spec: TableSpec, rows: pa.Table) -> pa.Table | None:
+    """:func:`~millstream.core.merge.resolve` of an upsert table without a comparison column,
+    for ``rows`` holding at most one row per (key, partition): each key's row in its highest
+    partition unless that row is a delete, ordered by key (nulls last). ``rows`` needs the
+    table's columns, ``_ms_partition`` and ``_ms_tombstone``; ``_ms_offset`` and any other
+    column are carried along. None if two rows share a key and a partition (the caller must
+    merge by offset then)."""
+    if spec.mode != "upsert" or spec.comparison_column is not None:
+        raise ValueError(f"table {spec.name!r} is not an upsert table ordered by position")
+    n = rows.num_rows
+    if n == 0:
+        return rows
+    keys = list(spec.primary_key)
+    by_key = [(k, "ascending", "at_end") for k in keys]
+    order = pc.sort_indices(
+        rows.select([*keys, PARTITION_COL]), sort_keys=[*by_key, (PARTITION_COL, "ascending")]
+    )
+    if n == 1:
+        last = pa.array([True])
+    else:
+        ordered = rows.select([*keys, PARTITION_COL]).take(order).combine_chunks()
+        same_key = _same_as_next(ordered.column(keys[0]).chunk(0))
+        for k in keys[1:]:
+            same_key = pc.and_(same_key, _same_as_next(ordered.column(k).chunk(0)))
+        same_partition = _same_as_next(ordered.column(PARTITION_COL).chunk(0))
+        if pc.any(pc.and_(same_key, same_partition)).as_py():
+            return None
+        # A row is its key's winner when the next row (sorted) has another key.
+        last = pa.concat_arrays([pc.invert(same_key), pa.array([True])])
+    winners = pc.filter(order, last)
+    flags = [c for c in (TOMBSTONE_COL, spec.delete_column) if c is not None]
+    dropped = deletes(spec, rows.select(flags).take(winners))
+    return rows.take(pc.filter(winners, pc.invert(dropped)))

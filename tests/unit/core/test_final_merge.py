@@ -1,0 +1,87 @@
+"""``resolve_one_per_partition`` is ``resolve`` for rows holding one row per (key, partition):
+the same rows in the same order, over random keys (two key columns, nulls among them),
+partitions, deletes and row orders; and it refuses (None) rows where a key repeats within a
+partition, since only offsets can order those."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pyarrow as pa
+import pytest
+
+from millstream.core.final import resolve_one_per_partition
+from millstream.core.merge import resolve
+from millstream.spec import TableSpec
+
+SPEC = TableSpec.parse(
+    {
+        "name": "t",
+        "schema": {"a": "long", "b": "string", "v": "long", "d": "boolean"},
+        "primary_key": ["a", "b"],
+        "mode": "upsert",
+        "delete_column": "d",
+    }
+)
+
+
+def _rows(rnd: random.Random, n_keys: int, repeat_in_partition: bool) -> pa.Table:
+    keys = [
+        (rnd.choice([None, *range(4)]), rnd.choice([None, "x", "y", "z"])) for _ in range(n_keys)
+    ]
+    rows = []
+    for a, b in dict.fromkeys(keys):
+        for p in rnd.sample(range(4), rnd.randint(1, 4)):
+            rows.append((a, b, p))
+    if repeat_in_partition and rows:
+        rows.append(rnd.choice(rows))
+    rnd.shuffle(rows)
+    offsets = {p: 0 for p in range(4)}
+    out = []
+    for a, b, p in rows:
+        out.append(
+            {
+                "a": a,
+                "b": b,
+                "v": rnd.randrange(100),
+                "d": rnd.choice([None, False, False, True]),
+                "_ms_partition": p,
+                "_ms_offset": offsets[p],
+                "_ms_tombstone": rnd.random() < 0.15,
+            }
+        )
+        offsets[p] += 1
+    return pa.Table.from_pylist(out, schema=SPEC.arrow_schema(system_columns=True))
+
+
+@pytest.mark.parametrize("round_", range(40))
+def test_one_row_per_key_and_partition_resolves_like_the_merge(round_: int) -> None:
+    seed = int(os.environ.get("MILLSTREAM_TEST_SEED", random.randrange(1 << 30))) + round_
+    try:
+        rnd = random.Random(seed)
+        rows = _rows(rnd, rnd.randint(0, 30), False)
+        chunked = pa.concat_tables(
+            [rows.slice(0, rows.num_rows // 2), rows.slice(rows.num_rows // 2)]
+        )
+        got = resolve_one_per_partition(SPEC, chunked)
+        assert got is not None
+        assert got.to_pylist() == resolve(SPEC, rows).to_pylist()
+        lean = resolve_one_per_partition(SPEC, chunked.drop_columns(["_ms_offset"]))
+        assert lean is not None
+        assert lean.to_pylist() == resolve(SPEC, rows).drop_columns(["_ms_offset"]).to_pylist()
+    except BaseException:
+        print(f"re-run with MILLSTREAM_TEST_SEED={seed - round_}")
+        raise
+
+
+@pytest.mark.parametrize("round_", range(10))
+def test_a_key_twice_in_one_partition_is_left_to_the_merge(round_: int) -> None:
+    seed = int(os.environ.get("MILLSTREAM_TEST_SEED", random.randrange(1 << 30))) + round_
+    try:
+        rnd = random.Random(seed)
+        rows = _rows(rnd, rnd.randint(1, 30), True)
+        assert resolve_one_per_partition(SPEC, rows) is None
+    except BaseException:
+        print(f"re-run with MILLSTREAM_TEST_SEED={seed - round_}")
+        raise
