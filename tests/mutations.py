@@ -298,9 +298,11 @@ GUARDS: tuple[Guard, ...] = (
         what="Sealer: the uploaded files stay after a CommitStateUnknownError",
         old="""\
             if not swapping or isinstance(exc, SegmentChangedError | CommitConflictError):
+                # The swap never ran, or it refused (precondition) or gave up (lost every
 """,
         new="""\
             if True:  # MUTATION: the uploaded files are deleted after every failure
+                # The swap never ran, or it refused (precondition) or gave up (lost every
 """,
         tests=(
             _guard_test(
@@ -350,13 +352,34 @@ GUARDS: tuple[Guard, ...] = (
         what="Sealer: once the swap may have run, only a proven non-landing deletes the files",
         old="""\
             if not swapping or isinstance(exc, SegmentChangedError | CommitConflictError):
+                # The swap never ran, or it refused (precondition) or gave up (lost every
 """,
         new="""\
             if not isinstance(exc, CommitStateUnknownError):  # MUTATION: the old rule
+                # The swap never ran, or it refused (precondition) or gave up (lost every
 """,
         tests=(
             _guard_test(
                 "test_an_interrupt_during_a_seals_commit_keeps_the_file_the_swap_may_reference"
+            ),
+        ),
+    ),
+    Guard(
+        name="compaction-keeps-files-after-interrupted-commit",
+        file="src/millstream/sealing/sealer.py",
+        what="Sealer: once a compaction's swap may have run, only a proven non-landing "
+        "deletes the compacted file and its delete vector",
+        old="""\
+            # As for a seal: files are deleted only if the swap provably did not land.
+            if not swapping or isinstance(exc, SegmentChangedError | CommitConflictError):
+""",
+        new="""\
+            # As for a seal: files are deleted only if the swap provably did not land.
+            if not isinstance(exc, CommitStateUnknownError):  # MUTATION: the old rule
+""",
+        tests=(
+            _guard_test(
+                "test_an_interrupt_during_a_compactions_commit_keeps_the_files_the_swap_references"
             ),
         ),
     ),

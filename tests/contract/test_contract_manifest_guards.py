@@ -33,6 +33,7 @@ from millstream.metastore.claims import DEFAULT_CLAIM_TTL, claim_run
 from millstream.metastore.models import SegmentState, ShardAppend
 from millstream.metastore.rollback import rollback_partition
 from millstream.sealing import reingest as reingest_module
+from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.reingest import reingest_segment
 from millstream.sealing.sealer import Sealer, SealFaults
 from millstream.storage.deepstore import table_data_prefix
@@ -490,6 +491,36 @@ def test_an_interrupt_during_a_seals_commit_keeps_the_file_the_swap_may_referenc
     with pytest.raises(KeyboardInterrupt):
         Sealer(pipe.catalog, TABLE, faults=faults).seal_partition(0, force=True)
     assert pipe.entries(0) == [(0, SegmentState.ONLINE)], "the swap landed"
+    pipe.assert_reads_every_row_once()
+
+
+def test_an_interrupt_during_a_compactions_commit_keeps_the_files_the_swap_references(
+    pipe: Pipeline,
+) -> None:
+    """The compaction twin of the seal's rule: once the swap may have run, only a proven
+    non-landing (a refused precondition, every compare-and-set lost) deletes the uploaded
+    files. Deleting them after an interrupt that came once the swap landed would leave the
+    manifest naming a compacted file that is gone: every row of the partition unreadable."""
+    policy = CompactionPolicy(min_segments=2, size_ratio=100.0)  # merge them all
+    sealer = Sealer(pipe.catalog, TABLE, compaction=policy)
+    assert sealer.seal_partition(0, force=True) is not None
+    for _ in range(2):
+        pipe.batch(0)
+        assert sealer.seal_partition(0, force=True) is not None
+    assert len(pipe.entries(0)) == 3, "three sealed segments to compact"
+
+    def interrupt_after_landing(landed: bool) -> None:
+        if landed:
+            pipe.catalog.store.on_commit = None
+            raise KeyboardInterrupt
+
+    sealer.faults = _at(
+        "before_compact_swap",
+        lambda: setattr(pipe.catalog.store, "on_commit", interrupt_after_landing),
+    )
+    with pytest.raises(KeyboardInterrupt):
+        sealer.compact_partition(0)
+    assert len(pipe.entries(0)) == 1, "the swap landed"
     pipe.assert_reads_every_row_once()
 
 
