@@ -60,6 +60,7 @@ def _producer_loop(
     cursors = dict.fromkeys(range(PARTITIONS), 0)
     sent = 0
     t0 = time.time()
+    out["t0"] = t0
     while not stop.is_set():
         elapsed = time.time() - t0
         if elapsed >= seconds:
@@ -203,6 +204,8 @@ def freshness(
         after_spark.append(broker.stop)
 
     latencies, unresolved = latencies_of(samples)
+    tail = tail_episodes(samples, pout.get("t0", samples[0][0] if samples else 0.0))
+    gaps = batch_gaps(batches_progress, pout.get("t0", 0.0))
     lat = sorted(latencies)
     batches = [p for p in batches_progress if p["input_rows"]]
     trig = [p["duration_ms"].get("triggerExecution", 0) / 1000 for p in batches]
@@ -223,6 +226,11 @@ def freshness(
         "batch_rows_median": statistics.median(committed) if committed else 0,
         "batch_seconds_median": statistics.median(trig) if trig else 0.0,
         "batch_seconds_p99": percentile(trig, 99, "nearest") if trig else 0.0,
+        # Where the tail is: spans (seconds after the first produce) in which records took
+        # more than 1.5 s to become visible, and the micro-batches that started more than 1 s
+        # after the one before (the trigger is 500 ms) or took more than 1 s.
+        "slow_episodes": tail,
+        "batch_gaps": gaps,
         "batch_duration_ms_median": {
             k: statistics.median(p["duration_ms"].get(k, 0) for p in batches)
             for k in ("triggerExecution", "latestOffset", "walCommit", "addBatch", "commitOffsets")
@@ -258,3 +266,64 @@ def latencies_of(samples: list[Sample]) -> tuple[list[float], int]:
         else:
             out.append(times[i] - t_ack)
     return out, unresolved
+
+
+def tail_episodes(samples: list[Sample], t0: float, slow_s: float = 1.5) -> list[dict[str, float]]:
+    """Spans of acks (seconds after ``t0``) whose records took more than ``slow_s`` to become
+    visible, merged when less than a second apart: where the p99 comes from."""
+    times = [t for t, _, _ in samples]
+    running: dict[int, list[int]] = {}
+    for p in {p for _, last, _ in samples for p in last}:
+        best, col = -1, []
+        for _, _, u in samples:
+            best = max(best, u.get(p, -1))
+            col.append(best)
+        running[p] = col
+    slow: list[tuple[float, float]] = []
+    seen: set[tuple[int, int]] = set()
+    for _, last, _ in samples:
+        for p, (o, t_ack) in last.items():
+            if (p, o) in seen:
+                continue
+            seen.add((p, o))
+            i = max(bisect.bisect_right(running[p], o), bisect.bisect_left(times, t_ack))
+            if i < len(samples) and times[i] - t_ack > slow_s:
+                slow.append((t_ack - t0, times[i] - t_ack))
+    slow.sort()
+    episodes: list[dict[str, float]] = []
+    for at, lat in slow:
+        if episodes and at - episodes[-1]["end"] < 1.0:
+            episodes[-1]["end"] = round(at, 2)
+            episodes[-1]["worst"] = round(max(episodes[-1]["worst"], lat), 2)
+            episodes[-1]["acks"] += 1
+        else:
+            episodes.append(
+                {"start": round(at, 2), "end": round(at, 2), "worst": round(lat, 2), "acks": 1}
+            )
+    return episodes
+
+
+def batch_gaps(batches: list[dict[str, Any]], t0: float) -> list[dict[str, Any]]:
+    """Micro-batches that started more than 1 s after the previous one, or took more than
+    1 s, with their start (seconds after ``t0``) and ``durationMs``."""
+    from datetime import datetime
+
+    out: list[dict[str, Any]] = []
+    prev: float | None = None
+    for b in batches:
+        stamp = b.get("timestamp")
+        if not stamp:
+            continue
+        at = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        took = b["duration_ms"].get("triggerExecution", 0) / 1000
+        if (prev is not None and at - prev > 1.0) or took > 1.0:
+            out.append(
+                {
+                    "start": round(at - t0, 2),
+                    "after_previous_s": None if prev is None else round(at - prev, 2),
+                    "rows": b.get("input_rows"),
+                    "duration_ms": b["duration_ms"],
+                }
+            )
+        prev = at
+    return out

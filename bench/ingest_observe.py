@@ -20,6 +20,7 @@ def progress(query: Any) -> list[dict[str, Any]]:
                 "batch": d.get("batchId"),
                 "input_rows": d.get("numInputRows"),
                 "duration_ms": d.get("durationMs", {}),
+                "timestamp": d.get("timestamp"),
             }
         )
     return out

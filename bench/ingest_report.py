@@ -239,3 +239,13 @@ def report(res: dict[str, Any], log: Callable[[str], None]) -> None:
             f"{e['batch_seconds_p99']:.2f}s); median durationMs {e['batch_duration_ms_median']}; "
             f"query start {e['query_start_s']:.1f}s (excluded: the topic was primed first)"
         )
+        for ep in e.get("slow_episodes", []):
+            log(
+                f"    records acked {ep['start']:.1f}-{ep['end']:.1f} s into the run took up to "
+                f"{ep['worst']:.2f} s to become visible ({ep['acks']} samples over 1.5 s)"
+            )
+        for g in e.get("batch_gaps", []):
+            log(
+                f"    micro-batch at {g['start']:.1f} s: {g['after_previous_s']} s after the one "
+                f"before, durationMs {g['duration_ms']}"
+            )
