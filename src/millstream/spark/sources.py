@@ -53,13 +53,6 @@ RAW_DDL = (
     "range_lo bigint, range_hi bigint, is_marker boolean"
 )
 
-#: Offsets one write task takes before a batch spreads over another: a task costs a fixed
-#: ~0.1-0.2 CPU-s (two Python worker calls, the source's marker read and the sink's write,
-#: plus the JVM's scheduling) while decoding and staging this many records takes a few ms, so
-#: a caught-up datastream's small batch (500 records at 1,000 rows/s and a 500 ms trigger)
-#: split over ``tasks`` tasks paid that cost ``tasks`` times for nothing (bench/scale.py (b)).
-SMALL_TASK_RECORDS = 8_192
-
 #: The value of a marker whose range the sink must read itself (``ranges_only`` sources).
 SELF_READ = b"millstream:read-range"
 
@@ -163,8 +156,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges = [
             (p, begin.get(p, hi), hi) for p, hi in sorted(stop.items()) if hi > begin.get(p, hi)
         ]
-        records = sum(hi - lo for _, lo, hi in ranges)
-        n = max(1, min(self.opts.tasks, len(ranges), -(-records // SMALL_TASK_RECORDS)))
+        n = max(1, min(self.opts.tasks, len(ranges)))
         buckets: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
         load = [0] * n
         for r in sorted(ranges, key=lambda r: r[2] - r[1], reverse=True):

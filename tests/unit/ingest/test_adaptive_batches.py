@@ -13,7 +13,7 @@ from millstream.datastream import DatastreamSpec
 from millstream.ingest.sources.base import DECODED_PER_RAW_BYTE, adaptive_budget, decode_offsets
 from millstream.ingest.sources.generator import ORDERS_SCHEMA
 from millstream.spark.options import SourceOptions
-from millstream.spark.sources import SMALL_TASK_RECORDS, RangeTask, StreamReader
+from millstream.spark.sources import StreamReader
 
 MIB = 1 << 20
 
@@ -127,35 +127,3 @@ def test_a_spec_without_a_batch_size_is_adaptive_and_round_trips_through_spark_o
         SourceOptions("generator", {}, max_records_per_batch=7),
     ):
         assert SourceOptions.from_options(opts.to_options()) == opts
-
-
-def _tasks(reader: StreamReader, start: dict[int, int]) -> list[list[tuple[int, int, int]]]:
-    """The write tasks of the next batch from ``start``, planned as Spark plans them."""
-    begin = {str(p): o for p, o in start.items()}
-    end = reader.latestOffset(begin, reader.getDefaultReadLimit())
-    tasks = reader.partitions(begin, end)
-    assert all(isinstance(t, RangeTask) for t in tasks)
-    return [t.ranges for t in tasks if isinstance(t, RangeTask)]
-
-
-def test_a_small_batch_is_one_write_task_with_every_range(tmp_path: Path) -> None:
-    """A caught-up datastream's batch of a few hundred records runs as ONE task (one source
-    read and one sink write in Python), not one per executor core: each task costs a fixed
-    ~0.1-0.2 CPU-s, so splitting a small batch made a low-rate datastream's cost grow with
-    the cores, not the records."""
-    root = _files(tmp_path, 4, 20_000, 100)
-    reader = _reader(root, task_memory_mb=64)
-    start = dict.fromkeys(range(4), 19_875)  # 500 records behind, 125 a partition
-    (task,) = _tasks(reader, start)
-    assert task == [(p, 19_875, 20_000) for p in range(4)]
-
-
-def test_a_large_batch_spreads_over_every_task(tmp_path: Path) -> None:
-    root = _files(tmp_path, 4, 20_000, 100)
-    reader = _reader(root, task_memory_mb=64)
-    tasks = _tasks(reader, dict.fromkeys(range(4), 0))  # 80,000 records
-    assert len(tasks) == 2
-    assert sorted(r for t in tasks for r in t) == [(p, 0, 20_000) for p in range(4)]
-    # Just past one task's share: two tasks again.
-    lo = 20_000 - (SMALL_TASK_RECORDS // 4 + 1)
-    assert len(_tasks(reader, dict.fromkeys(range(4), lo))) == 2
