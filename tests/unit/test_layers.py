@@ -119,3 +119,19 @@ def test_no_import_inside_a_function_except_the_documented_lazy_ones() -> None:
                     f"src/millstream/{rel}:{line}: lazy import without a '# lazy: why' comment"
                 )
     assert not offenders, "\n".join(offenders)
+
+
+def test_a_streaming_querys_source_process_does_not_load_the_metadata_store() -> None:
+    """Spark starts a fresh Python process for every streaming query's source, and it imports
+    ``millstream.spark.sources``. The metadata store (SQLAlchemy, ~0.45 s and tens of MB) is
+    not needed there: ``spark.options`` once reached it through ``table.gc`` for a constant,
+    which every query's start and every datastream's memory paid for."""
+    code = (
+        "import sys, millstream.spark.sources; "
+        "print(sorted(m for m in ('sqlalchemy', 'millstream.metastore.store', 'pandas', "
+        "'fastapi') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]", out.stdout

@@ -24,7 +24,7 @@ from millstream.ingest.sources import PartitionReader, reader_for
 from millstream.ingest.sources.base import decode_offsets, encode_offsets
 from millstream.sealing.thresholds import Thresholds
 from millstream.spec import TableSpec
-from millstream.table.gc import MAX_STAGED_AGE_SECONDS
+from millstream.table.limits import MAX_STAGED_AGE_SECONDS
 
 
 class Options(dict[str, str]):

@@ -5,11 +5,8 @@ from __future__ import annotations
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.metastore.store import MetadataStore
 from millstream.storage.deepstore import DeepStore, StoredFile, table_data_prefix
-
-DEFAULT_GRACE_SECONDS = 3600.0
-#: A commit refuses staged files older than this (``millstream.table.commit``), so garbage
-#: collection with a grace period above it never deletes a file a commit is about to reference.
-MAX_STAGED_AGE_SECONDS = DEFAULT_GRACE_SECONDS / 2
+from millstream.table.limits import DEFAULT_GRACE_SECONDS as DEFAULT_GRACE_SECONDS
+from millstream.table.limits import MAX_STAGED_AGE_SECONDS as MAX_STAGED_AGE_SECONDS
 
 
 def collect_garbage(
