@@ -244,6 +244,13 @@ def latencies_of(samples: list[Sample]) -> tuple[list[float], int]:
     """For every distinct (partition, last acked offset) seen by the sampler: the first sample
     time at which that partition's shard upper exceeds the offset, minus the ack time.
     Returns (latencies, how many never became visible)."""
+    visible = _visible(samples)
+    return [lat for _, lat in visible if lat is not None], sum(lat is None for _, lat in visible)
+
+
+def _visible(samples: list[Sample]) -> list[tuple[float, float | None]]:
+    """(ack time, seconds until visible or None if never) of every distinct (partition, last
+    acked offset) the sampler saw."""
     times = [t for t, _, _ in samples]
     seen: dict[tuple[int, int], float] = {}
     for _, last, _ in samples:
@@ -257,38 +264,17 @@ def latencies_of(samples: list[Sample]) -> tuple[list[float], int]:
             best = max(best, u.get(p, -1))
             col.append(best)
         running[p] = col
-    out: list[float] = []
-    unresolved = 0
+    out: list[tuple[float, float | None]] = []
     for (p, o), t_ack in seen.items():
         i = max(bisect.bisect_right(running[p], o), bisect.bisect_left(times, t_ack))
-        if i >= len(samples):
-            unresolved += 1
-        else:
-            out.append(times[i] - t_ack)
-    return out, unresolved
+        out.append((t_ack, None if i >= len(samples) else times[i] - t_ack))
+    return out
 
 
 def tail_episodes(samples: list[Sample], t0: float, slow_s: float = 1.5) -> list[dict[str, float]]:
     """Spans of acks (seconds after ``t0``) whose records took more than ``slow_s`` to become
     visible, merged when less than a second apart: where the p99 comes from."""
-    times = [t for t, _, _ in samples]
-    running: dict[int, list[int]] = {}
-    for p in {p for _, last, _ in samples for p in last}:
-        best, col = -1, []
-        for _, _, u in samples:
-            best = max(best, u.get(p, -1))
-            col.append(best)
-        running[p] = col
-    slow: list[tuple[float, float]] = []
-    seen: set[tuple[int, int]] = set()
-    for _, last, _ in samples:
-        for p, (o, t_ack) in last.items():
-            if (p, o) in seen:
-                continue
-            seen.add((p, o))
-            i = max(bisect.bisect_right(running[p], o), bisect.bisect_left(times, t_ack))
-            if i < len(samples) and times[i] - t_ack > slow_s:
-                slow.append((t_ack - t0, times[i] - t_ack))
+    slow = [(t - t0, lat) for t, lat in _visible(samples) if lat is not None and lat > slow_s]
     slow.sort()
     episodes: list[dict[str, float]] = []
     for at, lat in slow:
