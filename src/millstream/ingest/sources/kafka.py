@@ -274,16 +274,9 @@ class KafkaReader(PartitionReader):
                     if p in position:
                         position[p] = max(position[p], o + 1)
                     continue
-                offsets, keys, values, stamps, headers = rows[p]
-                offsets.append(o)
-                keys.append(m.key())
-                values.append(m.value())
-                kind, stamp = m.timestamp()
-                stamps.append(None if kind == _NO_TIMESTAMP else int(stamp))
-                if headers is not None:
-                    headers.append(headers_json(m.headers()))
+                _append(m, *rows[p])
                 position[p] = o + 1
-                if len(offsets) >= CONSUME_BATCH:
+                if len(rows[p][0]) >= CONSUME_BATCH:
                     flush(p)
             done = [
                 p for p, (_, hi) in bounds.items() if position[p] >= hi and p not in done_before
@@ -341,13 +334,7 @@ class KafkaReader(PartitionReader):
                 if o < lo or o >= hi:
                     position = max(position, o + 1)
                     continue
-                offsets.append(o)
-                keys.append(m.key())
-                values.append(m.value())
-                kind, stamp = m.timestamp()
-                stamps.append(None if kind == _NO_TIMESTAMP else int(stamp))
-                if headers is not None:
-                    headers.append(headers_json(m.headers()))
+                _append(m, offsets, keys, values, stamps, headers)
             if offsets:
                 position = offsets[-1] + 1
                 last_progress = time.monotonic()
@@ -369,6 +356,24 @@ class KafkaReader(PartitionReader):
                     partition=partition,
                     topic=self.topic,
                 )
+
+
+def _append(
+    m: Any,
+    offsets: list[int],
+    keys: list[Any],
+    values: list[Any],
+    stamps: list[Any],
+    headers: list[str | None] | None,
+) -> None:
+    """One consumed message into a batch's columns (see :func:`records_batch`)."""
+    offsets.append(m.offset())
+    keys.append(m.key())
+    values.append(m.value())
+    kind, stamp = m.timestamp()
+    stamps.append(None if kind == _NO_TIMESTAMP else int(stamp))
+    if headers is not None:
+        headers.append(headers_json(m.headers()))
 
 
 def headers_json(headers: list[tuple[str, bytes | None]] | None) -> str:
