@@ -1413,7 +1413,10 @@ def run_tests(copy: Path, guard: Guard) -> Run:
         return Run(-1, took, f"timed out after {RUN_TIMEOUT:.0f}s", "")
     took = time.monotonic() - started
     out = proc.stdout.strip().splitlines()
-    tail = "\n".join(out[-25:] + proc.stderr.strip().splitlines()[-10:])
+    # pytest's "E " lines (the assertion and its message) come before the captured output,
+    # which can be long (a campaign's log): keep them, or a BROKEN run does not say why.
+    errors = [line for line in out if line.startswith("E ")][:20]
+    tail = "\n".join(errors + out[-25:] + proc.stderr.strip().splitlines()[-10:])
     return Run(proc.returncode, took, tail, out[-1] if out else "")
 
 
