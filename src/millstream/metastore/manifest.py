@@ -70,6 +70,42 @@ T = TypeVar("T")
 # -- primitives (inside a caller's transaction) ---------------------------------------------
 
 
+def _entry_row(
+    *,
+    table: str,
+    partition: int,
+    seq: int,
+    file_path: str | None,
+    start: int,
+    end: int,
+    state: SegmentState,
+    row_count: int,
+    size_bytes: int,
+    added_version: int,
+    now: float,
+    writer_id: str | None = None,
+    batch_id: int | None = None,
+) -> dict[str, Any]:
+    """The ``ms_entries`` row of a new entry visible from ``added_version`` on."""
+    return {
+        "table_name": table,
+        "partition": partition,
+        "seq": seq,
+        "file_path": file_path,
+        "start_offset": start,
+        "end_offset": end,
+        "state": SegmentState(state).value,
+        "row_count": row_count,
+        "size_bytes": size_bytes,
+        "added_version": added_version,
+        "removed_version": None,
+        "writer_id": writer_id,
+        "batch_id": batch_id,
+        "created_at": now,
+        "version": 1,
+    }
+
+
 def insert_entry(
     conn: Connection,
     *,
@@ -88,26 +124,22 @@ def insert_entry(
     batch_id: int | None = None,
 ) -> int:
     """Add a manifest entry visible from ``added_version`` on; returns its id."""
-    res = conn.execute(
-        insert(s.entries).values(
-            table_name=table,
-            partition=partition,
-            seq=seq,
-            file_path=file_path,
-            start_offset=start,
-            end_offset=end,
-            state=state.value,
-            row_count=row_count,
-            size_bytes=size_bytes,
-            added_version=added_version,
-            removed_version=None,
-            writer_id=writer_id,
-            batch_id=batch_id,
-            created_at=now,
-            version=1,
-        )
+    row = _entry_row(
+        table=table,
+        partition=partition,
+        seq=seq,
+        file_path=file_path,
+        start=start,
+        end=end,
+        state=state,
+        row_count=row_count,
+        size_bytes=size_bytes,
+        added_version=added_version,
+        now=now,
+        writer_id=writer_id,
+        batch_id=batch_id,
     )
-    key = res.inserted_primary_key
+    key = conn.execute(insert(s.entries).values(**row)).inserted_primary_key
     assert key is not None
     return int(key[0])
 
@@ -116,31 +148,8 @@ def insert_entries(conn: Connection, entries: Sequence[Mapping[str, Any]]) -> No
     """:func:`insert_entry` for several entries in one statement executed for each (a commit
     adds one entry per partition with records: a statement built and sent per entry cost
     ~0.4 ms each). Each mapping holds :func:`insert_entry`'s keyword arguments."""
-    if not entries:
-        return
-    conn.execute(
-        insert(s.entries),
-        [
-            {
-                "table_name": e["table"],
-                "partition": e["partition"],
-                "seq": e["seq"],
-                "file_path": e["file_path"],
-                "start_offset": e["start"],
-                "end_offset": e["end"],
-                "state": SegmentState(e["state"]).value,
-                "row_count": e["row_count"],
-                "size_bytes": e["size_bytes"],
-                "added_version": e["added_version"],
-                "removed_version": None,
-                "writer_id": e.get("writer_id"),
-                "batch_id": e.get("batch_id"),
-                "created_at": e["now"],
-                "version": 1,
-            }
-            for e in entries
-        ],
-    )
+    if entries:
+        conn.execute(insert(s.entries), [_entry_row(**e) for e in entries])
 
 
 def insert_delete_vector(
