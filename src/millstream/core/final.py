@@ -8,10 +8,18 @@ rows differ by partition and its winner is its row in the highest partition: one
 returns, without the offsets. Nothing here takes that property on trust: the sort shows every
 pair of rows with the same key and partition, and then only the offsets can order them, so
 the caller merges in full.
+
+Most such tables hold each key in one partition only (a producer keys its records to a
+partition), without saying so (``partitioned_by_key``). Then every row is its key's winner,
+and proving that every key occurs once is all the merge there is: for a single key column of
+integers, one sort of the key values alone (numpy's, vectorized), not of row indices, and no
+reordering of the rows, which then come as read, partition by partition (as a table
+partitioned by key returns them).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -27,18 +35,37 @@ def _same_as_next(column: pa.Array) -> pa.Array:
     return pc.or_(pc.fill_null(pc.equal(a, b), False), both_null)
 
 
+def keys_distinct(spec: TableSpec, rows: pa.Table) -> bool:
+    """Whether no two of ``rows`` have the same key, where that is cheap to prove: a single key
+    column of integers without nulls. False when it cannot tell (the caller then sorts)."""
+    if len(spec.primary_key) != 1:
+        return False
+    column = rows.column(spec.primary_key[0])
+    if column.null_count or not pa.types.is_integer(column.type):
+        return False
+    values = np.sort(column.to_numpy())
+    return not bool(np.any(values[1:] == values[:-1]))
+
+
 def resolve_one_per_partition(spec: TableSpec, rows: pa.Table) -> pa.Table | None:
     """:func:`~millstream.core.merge.resolve` of an upsert table without a comparison column,
     for ``rows`` holding at most one row per (key, partition): each key's row in its highest
-    partition unless that row is a delete, ordered by key (nulls last). ``rows`` needs the
-    table's columns, ``_ms_partition`` and ``_ms_tombstone``; ``_ms_offset`` and any other
-    column are carried along. None if two rows share a key and a partition (the caller must
-    merge by offset then)."""
+    partition unless that row is a delete. Ordered by key (nulls last), unless every key occurs
+    once (:func:`keys_distinct`): then the rows that are not deletes, in the order of ``rows``.
+    ``rows`` needs the table's columns, ``_ms_partition`` and ``_ms_tombstone``; ``_ms_offset``
+    and any other column are carried along. None if two rows share a key and a partition (the
+    caller must merge by offset then)."""
     if spec.mode != "upsert" or spec.comparison_column is not None:
         raise ValueError(f"table {spec.name!r} is not an upsert table ordered by position")
     n = rows.num_rows
     if n == 0:
         return rows
+    flags = [c for c in (TOMBSTONE_COL, spec.delete_column) if c is not None]
+    if keys_distinct(spec, rows):
+        dropped = deletes(spec, rows.select(flags))
+        if not pc.any(dropped).as_py():
+            return rows  # nothing to drop: no copy
+        return rows.filter(pc.invert(dropped))
     keys = list(spec.primary_key)
     by_key = [(k, "ascending", "at_end") for k in keys]
     order = pc.sort_indices(
@@ -57,6 +84,5 @@ def resolve_one_per_partition(spec: TableSpec, rows: pa.Table) -> pa.Table | Non
         # A row is its key's winner when the next row (sorted) has another key.
         last = pa.concat_arrays([pc.invert(same_key), pa.array([True])])
     winners = pc.filter(order, last)
-    flags = [c for c in (TOMBSTONE_COL, spec.delete_column) if c is not None]
     dropped = deletes(spec, rows.select(flags).take(winners))
     return rows.take(pc.filter(winners, pc.invert(dropped)))

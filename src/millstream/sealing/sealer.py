@@ -71,7 +71,7 @@ from millstream.sealing.keyindex import IndexCache, KeyIndex, Reflects
 from millstream.sealing.planning import due, pending_run, shortfall
 from millstream.sealing.thresholds import Thresholds
 from millstream.spec import OFFSET_COL
-from millstream.storage.deepstore import table_data_prefix
+from millstream.storage.deepstore import dictionary_columns, table_data_prefix
 from millstream.table.read import read_entries
 
 log = logging.getLogger(__name__)
@@ -377,7 +377,9 @@ class Sealer:
             prefix = table_data_prefix(self.table)
             tag = f"p{partition}-s{plan.window[0].seq}-{uuid.uuid4().hex}"
             path = f"{prefix}/compacted-{tag}.parquet"
-            size = self.catalog.deep.write_parquet(path, rows, row_group_size=ROW_GROUP_ROWS)
+            size = self.catalog.deep.write_parquet(
+                path, rows, row_group_size=ROW_GROUP_ROWS, dictionary=dictionary_columns(rows)
+            )
             if len(before):
                 dv_path = f"{prefix}/dv-compacted-{tag}.parquet"
                 self.catalog.deep.write_parquet(
@@ -485,7 +487,12 @@ class Sealer:
             prefix = table_data_prefix(self.table)
             tag = f"p{partition}-s{run[0].seq}-{uuid.uuid4().hex}"
             path = f"{prefix}/sealed-{tag}.parquet"
-            size = self.catalog.deep.write_parquet(path, sealed_rows, row_group_size=ROW_GROUP_ROWS)
+            size = self.catalog.deep.write_parquet(
+                path,
+                sealed_rows,
+                row_group_size=ROW_GROUP_ROWS,
+                dictionary=dictionary_columns(sealed_rows),
+            )
             if index is not None and len(dropped):
                 dv_path = f"{prefix}/dv-{tag}.parquet"
                 self.catalog.deep.write_parquet(

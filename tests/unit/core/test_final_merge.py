@@ -1,7 +1,8 @@
 """``resolve_one_per_partition`` is ``resolve`` for rows holding one row per (key, partition):
 the same rows in the same order, over random keys (two key columns, nulls among them),
-partitions, deletes and row orders; and it refuses (None) rows where a key repeats within a
-partition, since only offsets can order those."""
+partitions, deletes and row orders; the same rows, in the order read, for a single integer key
+whose keys may or may not all be distinct; and it refuses (None) rows where a key repeats
+within a partition, since only offsets can order those."""
 
 from __future__ import annotations
 
@@ -70,6 +71,66 @@ def test_one_row_per_key_and_partition_resolves_like_the_merge(round_: int) -> N
         lean = resolve_one_per_partition(SPEC, chunked.drop_columns(["_ms_offset"]))
         assert lean is not None
         assert lean.to_pylist() == resolve(SPEC, rows).drop_columns(["_ms_offset"]).to_pylist()
+    except BaseException:
+        print(f"re-run with MILLSTREAM_TEST_SEED={seed - round_}")
+        raise
+
+
+ONE_KEY = TableSpec.parse(
+    {
+        "name": "t",
+        "schema": {"k": "long", "v": "long", "d": "boolean"},
+        "primary_key": ["k"],
+        "mode": "upsert",
+        "delete_column": "d",
+    }
+)
+
+
+def _one_key_rows(rnd: random.Random, n_keys: int, spread: bool) -> pa.Table:
+    """One row per (key, partition); each key in one partition unless ``spread``."""
+    rows = []
+    for k in rnd.sample(range(-50, 1000), n_keys):
+        for p in rnd.sample(range(4), rnd.randint(1, 4) if spread else 1):
+            rows.append((k, p))
+    rnd.shuffle(rows)
+    offsets = {p: 0 for p in range(4)}
+    out = []
+    for k, p in rows:
+        out.append(
+            {
+                "k": k,
+                "v": rnd.randrange(100),
+                "d": rnd.choice([None, False, False, True]),
+                "_ms_partition": p,
+                "_ms_offset": offsets[p],
+                "_ms_tombstone": rnd.random() < 0.15,
+            }
+        )
+        offsets[p] += 1
+    return pa.Table.from_pylist(out, schema=ONE_KEY.arrow_schema(system_columns=True))
+
+
+@pytest.mark.parametrize("spread", [False, True], ids=["one_partition_a_key", "spread"])
+@pytest.mark.parametrize("round_", range(15))
+def test_a_single_integer_key_resolves_to_the_merges_rows(round_: int, spread: bool) -> None:
+    """Keys that each occur once come back as read (nothing to merge, nothing reordered); a key
+    in several partitions still resolves to its row in the highest one."""
+    seed = int(os.environ.get("MILLSTREAM_TEST_SEED", random.randrange(1 << 30))) + round_
+    try:
+        rnd = random.Random(seed)
+        rows = _one_key_rows(rnd, rnd.randint(0, 40), spread)
+        chunked = pa.concat_tables(
+            [rows.slice(0, rows.num_rows // 2), rows.slice(rows.num_rows // 2)]
+        )
+        got = resolve_one_per_partition(ONE_KEY, chunked.drop_columns(["_ms_offset"]))
+        assert got is not None
+        expected = resolve(ONE_KEY, rows).drop_columns(["_ms_offset"])
+        assert got.sort_by("k").to_pylist() == expected.to_pylist()
+        if not spread:  # every row its key's winner: the deletes dropped, the order kept
+            read = rows.drop_columns(["_ms_offset"]).to_pylist()
+            kept = [r for r in read if not r["_ms_tombstone"] and not r["d"]]
+            assert got.to_pylist() == kept
     except BaseException:
         print(f"re-run with MILLSTREAM_TEST_SEED={seed - round_}")
         raise
