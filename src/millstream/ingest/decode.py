@@ -36,21 +36,6 @@ from millstream.spec import (
 )
 from millstream.types import arrow_type
 
-#: Raw record columns every Millstream stream source yields. ``[range_lo, range_hi)`` is the
-#: source range of the record's task; marker rows (``is_marker``) carry a range with no record,
-#: so empty ranges still advance the frontier.
-RAW_SCHEMA = pa.schema(
-    [
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("range_lo", pa.int64()),
-        ("range_hi", pa.int64()),
-        ("is_marker", pa.bool_()),
-    ]
-)
-
 
 @dataclass(frozen=True, slots=True)
 class Decoded:

@@ -30,10 +30,10 @@ from millstream.errors import (
     SourceRangeGoneError,
     StagedFileExpiredError,
 )
-from millstream.ingest.decode import RAW_SCHEMA, decode_records
+from millstream.ingest.decode import decode_records
 from millstream.ingest.formats import decoder_for
 from millstream.ingest.sources import config_for, reader_for
-from millstream.ingest.sources.base import PartitionReader
+from millstream.ingest.sources.base import RAW_SCHEMA, PartitionReader
 from millstream.metastore.models import Entry, SegmentState
 from millstream.metastore.swaps import replace_entry
 from millstream.sealing.keyindex import comparison_floor_below

@@ -16,15 +16,17 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from millstream.config import Settings
 from millstream.errors import InvalidSpecError
 from millstream.ingest.sources import PartitionReader, reader_for
 from millstream.ingest.sources.base import decode_offsets, encode_offsets
 from millstream.sealing.thresholds import Thresholds
-from millstream.spec import TableSpec
 from millstream.table.limits import MAX_STAGED_AGE_SECONDS
+
+if TYPE_CHECKING:  # the source process (every query start) does without pydantic
+    from millstream.config import Settings
+    from millstream.spec import TableSpec
 
 
 class Options(dict[str, str]):
@@ -154,6 +156,12 @@ class SourceOptions:
         if not o.get("sourceKind"):
             raise InvalidSpecError("sourceKind", "name the source kind (kafka, files, generator)")
         gate = CommitGate.from_options(o)
+        settings = None
+        if gate is not None:  # a standby's source follows the shards in the metadata store
+            # lazy: pydantic (0.1-0.2 s) only for a gated source, not every query's start
+            from millstream.config import Settings
+
+            settings = Settings.from_options(o)
         return cls(
             kind=o["sourceKind"],
             config=_json(o, "sourceConfig", {}),
@@ -164,7 +172,7 @@ class SourceOptions:
             tasks=_int(o, "tasks", 2),
             ranges_only=o.get("rangesOnly", "false").lower() == "true",
             gate=gate,
-            settings=Settings.from_options(o) if gate is not None else None,
+            settings=settings,
         )
 
 
@@ -234,6 +242,10 @@ class SinkOptions:
         if not o.get("tableSpec"):
             raise InvalidSpecError("tableSpec", "the sink needs the table's spec (JSON)")
         seal = _json(o, "sealInline", None)
+        # lazy: the spec (pydantic, YAML) is the sink's, not the query's source process's
+        from millstream.config import Settings
+        from millstream.spec import TableSpec
+
         return cls(
             settings=Settings.from_options(o),
             table_spec=TableSpec.parse(_json(o, "tableSpec", {})),

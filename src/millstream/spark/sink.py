@@ -32,8 +32,9 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from millstream import faults
 from millstream.datastream import dead_letter_spec
 from millstream.errors import BadRecordError, CommitStateUnknownError, TableNotFoundError
-from millstream.ingest.decode import RAW_SCHEMA, Decoded, dead_letter_rows, decode_records
+from millstream.ingest.decode import Decoded, dead_letter_rows, decode_records
 from millstream.ingest.formats import absorber, decoder_for
+from millstream.ingest.sources.base import RAW_SCHEMA
 from millstream.metastore.assignments import may_commit
 from millstream.metastore.evolve import absorb
 from millstream.metastore.store import MetadataStore

@@ -33,9 +33,9 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from millstream.ingest.decode import RAW_SCHEMA
 from millstream.ingest.sources.base import (
     MIN_ADAPTIVE_BATCH,
+    RAW_SCHEMA,
     PartitionReader,
     adaptive_budget,
     decode_offsets,

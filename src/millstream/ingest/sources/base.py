@@ -18,8 +18,20 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from millstream.ingest.decode import RAW_SCHEMA
-
+#: Raw record columns every Millstream stream source yields. ``[range_lo, range_hi)`` is the
+#: source range of the record's task; marker rows (``is_marker``) carry a range with no record,
+#: so empty ranges still advance the frontier.
+RAW_SCHEMA = pa.schema(
+    [
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("range_lo", pa.int64()),
+        ("range_hi", pa.int64()),
+        ("is_marker", pa.bool_()),
+    ]
+)
 #: The names of a :meth:`PartitionReader.read_range` batch's columns.
 RECORD_NAMES = RAW_SCHEMA.names[:4]
 #: The optional fifth column of a batch of a source with record timestamps (epoch ms).

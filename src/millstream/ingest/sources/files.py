@@ -25,7 +25,6 @@ import numpy as np
 import pyarrow as pa
 
 from millstream.errors import InvalidSpecError, SourceReadError
-from millstream.ingest.formats import format_config
 from millstream.ingest.sources.base import PartitionReader
 
 CHUNK = 32768
@@ -160,6 +159,10 @@ class FilesReader(PartitionReader):
 
     @classmethod
     def config_from_spec(cls, fields: dict[str, Any]) -> FilesConfig:
+        # lazy: the decoders' libraries (fastavro, protobuf, pydantic) are not for the
+        # query's source process, which plans offsets only
+        from millstream.ingest.formats import format_config
+
         return FilesConfig(fields["path"], format_config(fields))
 
     def __getstate__(self) -> dict[str, Any]:

@@ -24,7 +24,6 @@ import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
 
 from millstream.errors import InvalidSpecError, SourceReadError
-from millstream.ingest.formats import format_config
 from millstream.ingest.sources.base import (
     EXTRA_NAMES,
     RECORD_NAMES,
@@ -144,6 +143,10 @@ class KafkaReader(PartitionReader):
 
     @classmethod
     def config_from_spec(cls, fields: dict[str, Any]) -> KafkaConfig:
+        # lazy: the decoders' libraries (fastavro, protobuf, pydantic) are not for the
+        # query's source process, which plans offsets only
+        from millstream.ingest.formats import format_config
+
         return KafkaConfig(
             fields["bootstrap_servers"],
             fields["topic"],
