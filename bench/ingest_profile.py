@@ -271,7 +271,8 @@ def summarize_timed(t: dict[str, Any]) -> dict[str, Any]:
 
 def fused_task(args: tuple[dict[str, str], str, Any, str]) -> dict[str, float]:
     """One write task done in ONE Python worker: read the range, decode, stage Parquet."""
-    from millstream.ingest.decode import RAW_SCHEMA, decode_records
+    from millstream.ingest.decode import decode_records
+    from millstream.ingest.sources.base import RAW_SCHEMA
     from millstream.spec import TableSpec
     from millstream.storage.deepstore import DeepStore
     from millstream.table.writer import stage_rows
@@ -338,7 +339,8 @@ def profile_batch(inp: Input, base: Path, batch: int, tasks: int) -> dict[str, A
     source process pays for its first offsets (indexing every file)."""
     from millstream.catalog import Catalog
     from millstream.datastream import dead_letter_spec
-    from millstream.ingest.decode import RAW_SCHEMA, dead_letter_rows, decode_records
+    from millstream.ingest.decode import dead_letter_rows, decode_records
+    from millstream.ingest.sources.base import RAW_SCHEMA
     from millstream.ingest.sources.files import FilesConfig, FilesReader, LineIndexCache
     from millstream.spark.sink import _ranges
     from millstream.table.writer import stage_rows

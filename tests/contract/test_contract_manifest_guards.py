@@ -26,8 +26,9 @@ from millstream.errors import (
     ShardGapError,
     StagedFileExpiredError,
 )
-from millstream.ingest.decode import RAW_SCHEMA, dead_letter_rows, decode_records
+from millstream.ingest.decode import dead_letter_rows, decode_records
 from millstream.ingest.sources import spec_reader
+from millstream.ingest.sources.base import RAW_SCHEMA
 from millstream.metastore import append as append_module
 from millstream.metastore.claims import DEFAULT_CLAIM_TTL, claim_run
 from millstream.metastore.models import SegmentState, ShardAppend

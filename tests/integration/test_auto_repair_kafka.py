@@ -16,8 +16,9 @@ from millstream.catalog import Catalog
 from millstream.control.controller import Controller, ControlSettings
 from millstream.datastream import DatastreamSpec
 from millstream.errors import SegmentUnavailableError
-from millstream.ingest.decode import RAW_SCHEMA, decode_records
+from millstream.ingest.decode import decode_records
 from millstream.ingest.sources import spec_reader
+from millstream.ingest.sources.base import RAW_SCHEMA
 from millstream.metastore.jobs import SUCCEEDED, reingest_jobs
 from millstream.sealing.sealer import Sealer
 from millstream.table.writer import commit_staged, stage_rows

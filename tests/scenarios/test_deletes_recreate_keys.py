@@ -33,8 +33,9 @@ import pytest
 
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
-from millstream.ingest.decode import RAW_SCHEMA, decode_records
+from millstream.ingest.decode import decode_records
 from millstream.ingest.sources import spec_reader
+from millstream.ingest.sources.base import RAW_SCHEMA
 from millstream.sealing.reingest import reingest_segment
 from millstream.sealing.sealer import Sealer
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec

@@ -24,8 +24,9 @@ from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller
 from millstream.datastream import DatastreamSpec
-from millstream.ingest.decode import RAW_SCHEMA, dead_letter_rows, decode_records
+from millstream.ingest.decode import dead_letter_rows, decode_records
 from millstream.ingest.sources import spec_reader
+from millstream.ingest.sources.base import RAW_SCHEMA
 from millstream.metastore.models import ShardAppend
 from millstream.metastore.rollback import rollback_partition
 from millstream.spark.runner import CommitLogTotals

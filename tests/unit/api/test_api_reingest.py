@@ -15,9 +15,10 @@ from millstream.catalog import Catalog
 from millstream.control.controller import Controller
 from millstream.datastream import DatastreamSpec
 from millstream.errors import SegmentUnavailableError
-from millstream.ingest.decode import RAW_SCHEMA, decode_records
+from millstream.ingest.decode import decode_records
 from millstream.ingest.formats import decoder_for
 from millstream.ingest.sources import config_for, reader_for
+from millstream.ingest.sources.base import RAW_SCHEMA
 from millstream.metastore.jobs import start_reingest
 from millstream.sealing.sealer import Sealer
 from millstream.table.writer import commit_staged, stage_rows

@@ -32,8 +32,8 @@ from millstream.catalog import Catalog
 from millstream.control.registry import Registry
 from millstream.datastream import DatastreamSpec, dead_letter_spec
 from millstream.errors import CommitStateUnknownError, IncompatibleChangeError
-from millstream.ingest.decode import RAW_SCHEMA
 from millstream.ingest.sources import config_for
+from millstream.ingest.sources.base import RAW_SCHEMA
 from millstream.metastore.evolve import absorb
 from millstream.spark.options import SinkOptions
 from millstream.spark.sink import DECODE_ROWS, SegmentSink, StoreRegistry
