@@ -881,14 +881,29 @@ GUARDS: tuple[Guard, ...] = (
         what="a partitioned_by_key read that keeps a partition's sealed rows unmerged drops "
         "those of keys with newer (unsealed) rows",
         old="""\
-        kept = final.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
+            kept = final.filter(pc.invert(found))  # newer keys hold no null (callers check)
 """,
         new="""\
-        kept = final  # MUTATION: a key's sealed row stays beside its newer rows
+            kept = final  # MUTATION: a key's sealed row stays beside its newer rows
 """,
         tests=(
             "tests/unit/sealing/test_compaction.py::test_a_partitioned_by_key_read_skips_the_"
             "merge_only_where_sealed_rows_are_final",
+        ),
+    ),
+    Guard(
+        name="unmerged-read-drops-superseded-sealed-rows-of-a-composite-key",
+        file="src/millstream/table/read.py",
+        what="the same, for a key of several columns (a hash anti-join)",
+        old="""\
+            kept = final.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
+""",
+        new="""\
+            kept = final  # MUTATION: a key's sealed row stays beside its newer rows
+""",
+        tests=(
+            "tests/unit/sealing/test_compaction.py::test_a_two_column_key_partitioned_by_key_"
+            "read_drops_sealed_rows_newer_rows_supersede",
         ),
     ),
     Guard(

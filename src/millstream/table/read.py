@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from millstream.core.final import resolve_one_per_partition
+from millstream.core.final import keys_distinct, resolve_one_per_partition
 from millstream.core.merge import deletes, resolve
 from millstream.errors import SegmentUnavailableError
 from millstream.metastore.models import DeleteVector, Entry, Manifest, SegmentState
@@ -31,6 +31,9 @@ from millstream.table.cache import ReadCache
 from millstream.table.footer import rows_proven_valid
 
 READ_THREADS = 8
+#: A cached reader's merged partition is made one piece again past this many (each poll adds
+#: one: the rows of keys it changed).
+MAX_MERGED_CHUNKS = 16
 
 log = logging.getLogger(__name__)
 
@@ -465,8 +468,8 @@ def _by_partition(
     """A ``partitioned_by_key`` table: each partition merged alone (its keys occur in no other
     partition), the partitions in parallel. Where a partition's sealed rows are final
     (:func:`_final_split`, every delete vector read), only its newer rows are merged, and the
-    sealed rows of the keys they hold are dropped (one hash anti-join); the rest are kept as
-    they are. Without ``system_columns`` (and without ``cache``) such sealed rows are read
+    sealed rows of the keys they hold are dropped (one hash set of a single key column, else
+    a hash anti-join); the rest are kept as they are. Without ``system_columns`` (and without ``cache``) such sealed rows are read
     without the offsets their footers prove unneeded (:func:`read_sealed_rows`), and every
     partition comes without system columns."""
     sealed_of: dict[int, list[Entry]] = defaultdict(list)
@@ -480,14 +483,39 @@ def _by_partition(
     for dv in vectors:
         vectors_of[dv.partition].append(dv)
     keys = list(spec.primary_key)
-    # Unsealed rows of every partition share the micro-batches' files: read each file once.
-    newer_all = read_entries(deep, spec, newer_entries, cache=cache)
-    if conditions:
-        newer_all = newer_all.filter(_expression(conditions))
-    newer_part = newer_all.column(PARTITION_COL)
+    newer_in_file: dict[str, list[Entry]] = defaultdict(list)
+    for e in newer_entries:
+        if e.file_path is not None:
+            newer_in_file[e.file_path].append(e)
+    lock = threading.Lock()
+    newer_all: list[pa.Table] = []
+
+    def all_newer() -> pa.Table:
+        """Every partition's unsealed rows: they share the micro-batches' files, so each file
+        is read once, for all partitions (on first use: a cached reader's poll rarely needs
+        it, see :func:`newer_since`)."""
+        with lock:
+            if not newer_all:
+                rows = read_entries(deep, spec, newer_entries, cache=cache)
+                newer_all.append(rows.filter(_expression(conditions)) if conditions else rows)
+            return newer_all[0]
 
     def newer_of(partition: int) -> pa.Table:
-        return newer_all.filter(pc.equal(newer_part, partition))
+        rows = all_newer()
+        return rows.filter(pc.equal(rows.column(PARTITION_COL), partition))
+
+    def newer_since(partition: int, since: Sequence[Entry]) -> pa.Table:
+        """The rows of ``partition``'s newer entries ``since`` (from its lowest start up), from
+        their files alone, each read as :func:`all_newer` reads it (so from ``cache``)."""
+        files = sorted({e.file_path for e in since if e.file_path is not None})
+        rows = read_entries(deep, spec, [e for f in files for e in newer_in_file[f]], cache=cache)
+        if conditions:
+            rows = rows.filter(_expression(conditions))
+        mask = pc.and_(
+            pc.equal(rows.column(PARTITION_COL), partition),
+            pc.greater_equal(rows.column(OFFSET_COL), min(e.start for e in since)),
+        )
+        return rows.filter(mask)
 
     def sealed_key(partition: int) -> tuple[Any, ...] | None:
         """What a partition's sealed rows are computed from, for ``cache``: between two seals
@@ -535,10 +563,19 @@ def _by_partition(
         a delete is dropped either way, so ``final`` comes without deletes."""
         if not newer.num_rows:
             return final
-        newer_keys = newer.select(keys).group_by(keys).aggregate([])
-        kept = final.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
-        kept = kept.select(final.column_names).cast(final.schema)
-        winners = resolve(spec, newer).select(final.column_names).cast(final.schema)
+        if len(keys) == 1:  # one hash set of the newer keys, no join (the poll's main cost)
+            key = keys[0]
+            found = pc.is_in(final.column(key), value_set=newer.column(key).combine_chunks())
+            kept = final.filter(pc.invert(found))  # newer keys hold no null (callers check)
+        else:
+            newer_keys = newer.select(keys).group_by(keys).aggregate([])
+            kept = final.join(newer_keys, keys=keys, join_type="left anti", use_threads=False)
+            kept = kept.select(final.column_names).cast(final.schema)
+        # A poll's few newer rows mostly hold each key once: each is then its key's winner.
+        latest = (
+            _without_deletes(spec, newer) if keys_distinct(spec, newer) else resolve(spec, newer)
+        )
+        winners = latest.select(final.column_names).cast(final.schema)
         return pa.concat_tables([kept, winners])
 
     def incremental(partition: int, sealed: pa.Table, mine: list[Entry]) -> pa.Table | None:
@@ -560,14 +597,14 @@ def _by_partition(
                 base, since = prev, len(prev_tag)
                 if since == len(tag):
                     return prev
-        delta = newer_of(partition)
-        if since:
-            delta = delta.filter(pc.greater_equal(delta.column(OFFSET_COL), mine[since].start))
+        delta = newer_since(partition, mine[since:]) if since else newer_of(partition)
         if any(delta.column(k).null_count for k in keys):
             return None
         if base is None:
             base = final_rows(partition, sealed)
         merged = over_final(base, delta)
+        if merged.num_columns and merged.column(0).num_chunks > MAX_MERGED_CHUNKS:
+            merged = merged.combine_chunks()  # each poll adds a piece; filters slow with many
         cache.put(("merged", skey), merged, tag=tag)
         return merged
 
