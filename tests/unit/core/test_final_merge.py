@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -37,14 +38,19 @@ def _rows(rnd: random.Random, n_keys: int, repeat_in_partition: bool) -> pa.Tabl
             rows.append((a, b, p))
     if repeat_in_partition and rows:
         rows.append(rnd.choice(rows))
+    return _table(rnd, SPEC, [({"a": a, "b": b}, p) for a, b, p in rows])
+
+
+def _table(rnd: random.Random, spec: TableSpec, rows: list[tuple[dict[str, Any], int]]) -> pa.Table:
+    """``rows`` (key columns, partition) in a random order, each with a random value, delete
+    flag and tombstone, at the next offset of its partition."""
     rnd.shuffle(rows)
     offsets = {p: 0 for p in range(4)}
     out = []
-    for a, b, p in rows:
+    for key, p in rows:
         out.append(
             {
-                "a": a,
-                "b": b,
+                **key,
                 "v": rnd.randrange(100),
                 "d": rnd.choice([None, False, False, True]),
                 "_ms_partition": p,
@@ -53,7 +59,12 @@ def _rows(rnd: random.Random, n_keys: int, repeat_in_partition: bool) -> pa.Tabl
             }
         )
         offsets[p] += 1
-    return pa.Table.from_pylist(out, schema=SPEC.arrow_schema(system_columns=True))
+    return pa.Table.from_pylist(out, schema=spec.arrow_schema(system_columns=True))
+
+
+def _in_two_chunks(rows: pa.Table) -> pa.Table:
+    """The same rows as a table of two chunks, as a read of two files gives them."""
+    return pa.concat_tables([rows.slice(0, rows.num_rows // 2), rows.slice(rows.num_rows // 2)])
 
 
 @pytest.mark.parametrize("round_", range(40))
@@ -62,9 +73,7 @@ def test_one_row_per_key_and_partition_resolves_like_the_merge(round_: int) -> N
     try:
         rnd = random.Random(seed)
         rows = _rows(rnd, rnd.randint(0, 30), False)
-        chunked = pa.concat_tables(
-            [rows.slice(0, rows.num_rows // 2), rows.slice(rows.num_rows // 2)]
-        )
+        chunked = _in_two_chunks(rows)
         got = resolve_one_per_partition(SPEC, chunked)
         assert got is not None
         assert got.to_pylist() == resolve(SPEC, rows).to_pylist()
@@ -89,26 +98,11 @@ ONE_KEY = TableSpec.parse(
 
 def _one_key_rows(rnd: random.Random, n_keys: int, spread: bool) -> pa.Table:
     """One row per (key, partition); each key in one partition unless ``spread``."""
-    rows = []
+    rows: list[tuple[dict[str, Any], int]] = []
     for k in rnd.sample(range(-50, 1000), n_keys):
         for p in rnd.sample(range(4), rnd.randint(1, 4) if spread else 1):
-            rows.append((k, p))
-    rnd.shuffle(rows)
-    offsets = {p: 0 for p in range(4)}
-    out = []
-    for k, p in rows:
-        out.append(
-            {
-                "k": k,
-                "v": rnd.randrange(100),
-                "d": rnd.choice([None, False, False, True]),
-                "_ms_partition": p,
-                "_ms_offset": offsets[p],
-                "_ms_tombstone": rnd.random() < 0.15,
-            }
-        )
-        offsets[p] += 1
-    return pa.Table.from_pylist(out, schema=ONE_KEY.arrow_schema(system_columns=True))
+            rows.append(({"k": k}, p))
+    return _table(rnd, ONE_KEY, rows)
 
 
 @pytest.mark.parametrize("spread", [False, True], ids=["one_partition_a_key", "spread"])
@@ -120,9 +114,7 @@ def test_a_single_integer_key_resolves_to_the_merges_rows(round_: int, spread: b
     try:
         rnd = random.Random(seed)
         rows = _one_key_rows(rnd, rnd.randint(0, 40), spread)
-        chunked = pa.concat_tables(
-            [rows.slice(0, rows.num_rows // 2), rows.slice(rows.num_rows // 2)]
-        )
+        chunked = _in_two_chunks(rows)
         got = resolve_one_per_partition(ONE_KEY, chunked.drop_columns(["_ms_offset"]))
         assert got is not None
         expected = resolve(ONE_KEY, rows).drop_columns(["_ms_offset"])
