@@ -489,6 +489,7 @@ def _by_partition(
             newer_in_file[e.file_path].append(e)
     lock = threading.Lock()
     newer_all: list[pa.Table] = []
+    of_files: dict[tuple[str, ...], pa.Table] = {}
 
     def all_newer() -> pa.Table:
         """Every partition's unsealed rows: they share the micro-batches' files, so each file
@@ -507,10 +508,15 @@ def _by_partition(
     def newer_since(partition: int, since: Sequence[Entry]) -> pa.Table:
         """The rows of ``partition``'s newer entries ``since`` (from its lowest start up), from
         their files alone, each read as :func:`all_newer` reads it (so from ``cache``)."""
-        files = sorted({e.file_path for e in since if e.file_path is not None})
-        rows = read_entries(deep, spec, [e for f in files for e in newer_in_file[f]], cache=cache)
-        if conditions:
-            rows = rows.filter(_expression(conditions))
+        files = tuple(sorted({e.file_path for e in since if e.file_path is not None}))
+        with lock:  # the partitions' threads ask for the same new files at once: read them once
+            rows = of_files.get(files)
+            if rows is None:
+                chosen = [e for f in files for e in newer_in_file[f]]
+                rows = read_entries(deep, spec, chosen, cache=cache)
+                if conditions:
+                    rows = rows.filter(_expression(conditions))
+                of_files[files] = rows
         mask = pc.and_(
             pc.equal(rows.column(PARTITION_COL), partition),
             pc.greater_equal(rows.column(OFFSET_COL), min(e.start for e in since)),
