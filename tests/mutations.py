@@ -1331,10 +1331,23 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         what="a sealed read of a table not partitioned by key returns its rows unmerged only "
         "when a sort of the key values shows every key once",
         old="""\
-    return not bool(np.any(values[1:] == values[:-1]))
+    return not bool(np.any(ordered[1:] == ordered[:-1]))
 """,
         new="""\
     return True  # MUTATION: every key taken to be in one partition
+""",
+        tests=("tests/unit/core/test_final_merge.py",),
+    ),
+    Guard(
+        name="dense-keys-proven-distinct-by-counting-their-marks",
+        file="src/millstream/core/final.py",
+        what="dense integer keys are taken to be distinct only when the bitmap of their span "
+        "holds as many marks as there are keys",
+        old="""\
+        return int(np.count_nonzero(seen)) == n
+""",
+        new="""\
+        return True  # MUTATION: a bitmap filled, never counted
 """,
         tests=("tests/unit/core/test_final_merge.py",),
     ),

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from millstream.core.final import resolve_one_per_partition
+from millstream.core.final import keys_distinct, resolve_one_per_partition
 from millstream.core.merge import resolve
 from millstream.spec import TableSpec
 
@@ -96,24 +96,31 @@ ONE_KEY = TableSpec.parse(
 )
 
 
-def _one_key_rows(rnd: random.Random, n_keys: int, spread: bool) -> pa.Table:
-    """One row per (key, partition); each key in one partition unless ``spread``."""
+def _one_key_rows(rnd: random.Random, n_keys: int, spread: bool, dense: bool) -> pa.Table:
+    """One row per (key, partition); each key in one partition unless ``spread``. ``dense``
+    keys lie close together (proven distinct by a bitmap), others far apart (by a sort);
+    either near the ends of a long."""
     rows: list[tuple[dict[str, Any], int]] = []
-    for k in rnd.sample(range(-50, 1000), n_keys):
+    step = 1 if dense else 10**15
+    low = rnd.choice([-(2**63), -50, 2**63 - 2 * n_keys * step])
+    for k in rnd.sample(range(low, low + 2 * n_keys * step, step), n_keys):
         for p in rnd.sample(range(4), rnd.randint(1, 4) if spread else 1):
             rows.append(({"k": k}, p))
     return _table(rnd, ONE_KEY, rows)
 
 
+@pytest.mark.parametrize("dense", [True, False], ids=["dense_keys", "sparse_keys"])
 @pytest.mark.parametrize("spread", [False, True], ids=["one_partition_a_key", "spread"])
 @pytest.mark.parametrize("round_", range(15))
-def test_a_single_integer_key_resolves_to_the_merges_rows(round_: int, spread: bool) -> None:
+def test_a_single_integer_key_resolves_to_the_merges_rows(
+    round_: int, spread: bool, dense: bool
+) -> None:
     """Keys that each occur once come back as read (nothing to merge, nothing reordered); a key
     in several partitions still resolves to its row in the highest one."""
     seed = int(os.environ.get("MILLSTREAM_TEST_SEED", random.randrange(1 << 30))) + round_
     try:
         rnd = random.Random(seed)
-        rows = _one_key_rows(rnd, rnd.randint(0, 40), spread)
+        rows = _one_key_rows(rnd, rnd.randint(0, 40), spread, dense)
         chunked = _in_two_chunks(rows)
         got = resolve_one_per_partition(ONE_KEY, chunked.drop_columns(["_ms_offset"]))
         assert got is not None
@@ -138,3 +145,27 @@ def test_a_key_twice_in_one_partition_is_left_to_the_merge(round_: int) -> None:
     except BaseException:
         print(f"re-run with MILLSTREAM_TEST_SEED={seed - round_}")
         raise
+
+
+@pytest.mark.parametrize(
+    ("arrow_type", "values", "distinct"),
+    [
+        (pa.int8(), list(range(-128, 128)), True),  # the whole type: span = count
+        (pa.int8(), [*range(-128, 127), -128], False),
+        (pa.int64(), [-(2**63), -(2**63) + 1, 2**63 - 1], True),  # sorted, not a bitmap
+        (pa.int64(), [2**63 - 3, 2**63 - 1, 2**63 - 2, 2**63 - 1], False),
+        (pa.uint64(), [2**64 - 1, 2**64 - 2, 2**64 - 3], True),
+        (pa.uint64(), [2**64 - 1, 2**64 - 2, 2**64 - 1], False),
+        (pa.int32(), [5, 7, 9, 11, 5 + 8 * 4 - 1], True),  # a span of 8 per key: the bitmap
+        (pa.int32(), [5, 7, 9, 11, 7], False),
+        (pa.int64(), [3, None, 4], False),  # a null key: cannot tell
+        (pa.int64(), [], True),
+        (pa.int64(), [42], True),
+    ],
+)
+def test_keys_distinct_at_the_ends_of_each_integer_type(
+    arrow_type: pa.DataType, values: list[int | None], distinct: bool
+) -> None:
+    spec = ONE_KEY
+    rows = pa.table({"k": pa.array(values, arrow_type)})
+    assert keys_distinct(spec, rows) is distinct
