@@ -69,11 +69,14 @@ MAX_WRITERS = 4
 SCHEMA = {"id": "long", "amount": "double", "label": "string", "ts": "timestamp"}
 
 
-def table_spec(name: str, *, partitioned_by_key: bool = False) -> TableSpec:
+def table_spec(
+    name: str, *, partitioned_by_key: bool = False, string_key: bool = False
+) -> TableSpec:
+    """The benches' upsert table; ``string_key``: its ``id`` a string (``order-<n>``)."""
     return TableSpec.parse(
         {
             "name": name,
-            "schema": SCHEMA,
+            "schema": SCHEMA | {"id": "string"} if string_key else SCHEMA,
             "primary_key": ["id"],
             "mode": "upsert",
             "partitioned_by_key": partitioned_by_key,
@@ -446,16 +449,22 @@ def _read_once(
     rec("  restore order (sort_by)", _timed(last.sort_by, [(merge.IDX, "ascending")])[0])
 
 
+def _string_ids(ids: np.ndarray) -> pa.Array:
+    return pc.binary_join_element_wise("order-", pa.array(ids).cast(pa.string()), "")
+
+
 def build_read_table(
-    cat: Catalog, s: Settings, *, partitioned_by_key: bool = False
+    cat: Catalog, s: Settings, *, partitioned_by_key: bool = False, string_key: bool = False
 ) -> tuple[float, int]:
     """Write keys x updates rows as ``read_commits`` commits over ``read_partitions`` partitions.
 
     Keys are partition-affine (key k lives on partition k % P). Each partition's stream is
     ``updates`` rounds; every round updates each of the partition's keys once, in a fresh
-    random order, so the last update of a key is in the last round.
+    random order, so the last update of a key is in the last round. ``string_key``: key k is
+    the string ``order-<k>``.
     """
-    spec = cat.create_table(table_spec(READ_TABLE, partitioned_by_key=partitioned_by_key)).spec
+    named = table_spec(READ_TABLE, partitioned_by_key=partitioned_by_key, string_key=string_key)
+    spec = cat.create_table(named).spec
     n_part = s.read_partitions
     keys_per_part = s.read_keys // n_part
     stream_len = keys_per_part * s.read_updates
@@ -482,7 +491,7 @@ def build_read_table(
             parts.append(
                 pa.table(
                     {
-                        "id": ids,
+                        "id": _string_ids(ids) if string_key else ids,
                         "amount": rnd.astype(np.float64),  # = the update round
                         "label": pa.array(labels[ids % 997]),
                         "ts": pa.array(1_700_000_000_000_000 + off, pa.timestamp("us", tz="UTC")),

@@ -16,6 +16,8 @@ partitions, keys partition-affine, every key's last update in the last round. It
 3. **Sealed, by key**: the same table declared ``partitioned_by_key`` (its keys are
    partition-affine), sealed: each partition is read alone, in parallel, and needs no merge
    (its sealed rows are final).
+4. **Sealed, string key**: the same rows with the key a string (``order-<id>``), not
+   partitioned by key, sealed: against plain Parquet of its own live rows.
 
 Baselines, measured in the same run, each the median of the repetitions, page cache warm:
 
@@ -127,6 +129,22 @@ def main(argv: list[str] | None = None) -> int:
             after = cat.read_table(READ_TABLE)
             assert after.sort_by("id").equals(current.sort_by("id")), "by key: another table"
             phases["sealed, by key"] = measure(cat, live_file, repeats)
+
+        # The same rows keyed by a string (order-<id>), not partitioned by key, sealed: its
+        # own plain live rows (the key column is a string there too).
+        with Catalog.open(home=Path(tmp) / "home-string") as cat:
+            build_read_table(cat, s, string_key=True)
+            string_rows = cat.read_table(READ_TABLE)
+            sealer = Sealer(cat, READ_TABLE)
+            for p in range(s.read_partitions):
+                while sealer.seal_partition(p, force=True) is not None:
+                    pass
+            after = cat.read_table(READ_TABLE)
+            assert after.sort_by("id").equals(string_rows.sort_by("id")), "string key: changed"
+            assert after.num_rows == keys, (after.num_rows, keys)
+            string_live = Path(tmp) / "live-string.parquet"
+            pq.write_table(string_rows, string_live, compression="zstd")
+            phases["sealed, string key"] = measure(cat, string_live, repeats)
 
     table = Table(
         title=f"reading {keys:,} live rows of {total:,} written (ms, median of {repeats})"

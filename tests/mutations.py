@@ -1351,6 +1351,32 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
 """,
         tests=("tests/unit/core/test_final_merge.py",),
     ),
+    Guard(
+        name="a-string-key-counted-distinct-before-skipping-the-merge",
+        file="src/millstream/core/final.py",
+        what="a single key column that is not an integer is taken to be distinct only when its "
+        "distinct values are as many as the rows",
+        old="""\
+        return bool(len(pc.unique(column)) == rows.num_rows)
+""",
+        new="""\
+        return True  # MUTATION: every string key taken to be in one partition
+""",
+        tests=("tests/unit/core/test_final_merge.py",),
+    ),
+    Guard(
+        name="a-composite-key-counted-distinct-before-skipping-the-merge",
+        file="src/millstream/core/final.py",
+        what="a key of several columns is taken to be distinct only when its groups are as "
+        "many as the rows",
+        old="""\
+        return bool(rows.select(names).group_by(names).aggregate([]).num_rows == rows.num_rows)
+""",
+        new="""\
+        return True  # MUTATION: every composite key taken to be in one partition
+""",
+        tests=("tests/unit/core/test_final_merge.py",),
+    ),
 )
 
 

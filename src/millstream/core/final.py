@@ -12,9 +12,10 @@ the caller merges in full.
 Most such tables hold each key in one partition only (a producer keys its records to a
 partition), without saying so (``partitioned_by_key``). Then every row is its key's winner,
 and proving that every key occurs once is all the merge there is: for a single key column of
-integers, one sort of the key values alone (numpy's, vectorized), not of row indices, and no
-reordering of the rows, which then come as read, partition by partition (as a table
-partitioned by key returns them).
+integers, one pass over the key values alone (a bitmap of their span, or numpy's sort), not a
+sort of row indices; for other keys, a count of their distinct values by hashing. No rows are
+reordered: they come as read, partition by partition (as a table partitioned by key returns
+them).
 """
 
 from __future__ import annotations
@@ -41,17 +42,23 @@ DENSE_SPAN = 8
 
 
 def keys_distinct(spec: TableSpec, rows: pa.Table) -> bool:
-    """Whether no two of ``rows`` have the same key, where that is cheap to prove: a single key
-    column of integers without nulls. False when it cannot tell (the caller then sorts).
+    """Whether no two of ``rows`` have the same key. False when it cannot tell: a key column
+    holds a null (the caller then sorts, which groups nulls).
 
-    Dense keys (ids handed out in order: the values span at most :data:`DENSE_SPAN` times
-    their count) are marked in a bitmap of their span, a quarter of a sort's time; they are
-    distinct when as many marks are set as there are keys. Others are sorted."""
-    if len(spec.primary_key) != 1:
+    A single key column of integers: dense keys (ids handed out in order: the values span at
+    most :data:`DENSE_SPAN` times their count) are marked in a bitmap of their span, a quarter
+    of a sort's time, and are distinct when as many marks are set as there are keys; others
+    are sorted. Any other key (a string, several columns) is hashed: its distinct values are
+    counted (``unique``, or a grouping for several columns), several times cheaper than the
+    sort of strings and row indices the caller would do."""
+    names = list(spec.primary_key)
+    if not names or any(rows.column(k).null_count for k in names):
         return False
-    column = rows.column(spec.primary_key[0])
-    if column.null_count or not pa.types.is_integer(column.type):
-        return False
+    if len(names) > 1:
+        return bool(rows.select(names).group_by(names).aggregate([]).num_rows == rows.num_rows)
+    column = rows.column(names[0])
+    if not pa.types.is_integer(column.type):
+        return bool(len(pc.unique(column)) == rows.num_rows)
     values = column.to_numpy()
     n = len(values)
     if n < 2:
