@@ -1377,6 +1377,19 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
 """,
         tests=("tests/unit/core/test_final_merge.py",),
     ),
+    Guard(
+        name="dense-key-winner-is-its-highest-position",
+        file="src/millstream/core/merge.py",
+        what="the array over a dense integer key's span keeps each key's row at the highest "
+        "(partition, offset), whatever order the rows arrived in",
+        old="""\
+            np.maximum.at(best, places, packed)
+""",
+        new="""\
+            best[places] = packed  # MUTATION: the last row to arrive wins
+""",
+        tests=("tests/unit/core/test_merge_dense_keys.py",),
+    ),
 )
 
 

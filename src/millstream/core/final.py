@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from millstream.core.merge import deletes
+from millstream.core.merge import deletes, dense_places
 from millstream.spec import PARTITION_COL, TOMBSTONE_COL, TableSpec
 
 
@@ -36,21 +36,16 @@ def _same_as_next(column: pa.Array) -> pa.Array:
     return pc.or_(pc.fill_null(pc.equal(a, b), False), both_null)
 
 
-#: Keys whose values span at most this many times their count are proven distinct by a
-#: bitmap of the span (one byte a value: 8 bytes a key at most), not a sort.
-DENSE_SPAN = 8
-
-
 def keys_distinct(spec: TableSpec, rows: pa.Table) -> bool:
     """Whether no two of ``rows`` have the same key. False when it cannot tell: a key column
     holds a null (the caller then sorts, which groups nulls).
 
     A single key column of integers: dense keys (ids handed out in order: the values span at
-    most :data:`DENSE_SPAN` times their count) are marked in a bitmap of their span, a quarter
-    of a sort's time, and are distinct when as many marks are set as there are keys; others
-    are sorted. Any other key (a string, several columns) is hashed: its distinct values are
-    counted (``unique``, or a grouping for several columns), several times cheaper than the
-    sort of strings and row indices the caller would do."""
+    most :data:`~millstream.core.merge.DENSE_SPAN` times their count) are marked in a bitmap
+    of their span, a quarter of a sort's time, and are distinct when as many marks are set as
+    there are keys; others are sorted. Any other key (a string, several columns) is hashed:
+    its distinct values are counted (``unique``, or a grouping for several columns), several
+    times cheaper than the sort of strings and row indices the caller would do."""
     names = list(spec.primary_key)
     if not names or any(rows.column(k).null_count for k in names):
         return False
@@ -59,21 +54,18 @@ def keys_distinct(spec: TableSpec, rows: pa.Table) -> bool:
     column = rows.column(names[0])
     if not pa.types.is_integer(column.type):
         return bool(len(pc.unique(column)) == rows.num_rows)
-    values = column.to_numpy()
-    n = len(values)
+    n = len(column)
     if n < 2:
         return True
-    low, high = values.min(), values.max()
-    span = int(high) - int(low) + 1  # Python integers: no overflow at the type's ends
-    if span < n:
-        return False  # fewer possible values than keys
-    if span <= DENSE_SPAN * n:
-        # Each value's place in the span, as a non-negative int64 (it is < span <= 8n).
-        at = values.astype(np.int64) - np.int64(low) if values.dtype != np.uint64 else values - low
+    dense = dense_places(column)
+    if dense is not None:
+        places, span = dense
+        if span < n:
+            return False  # fewer possible values than keys
         seen = np.zeros(span, np.bool_)
-        seen[at] = True
+        seen[places] = True
         return int(np.count_nonzero(seen)) == n
-    ordered = np.sort(values)
+    ordered = np.sort(column.to_numpy())
     return not bool(np.any(ordered[1:] == ordered[:-1]))
 
 

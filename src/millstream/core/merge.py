@@ -80,6 +80,25 @@ def resolve(spec: TableSpec, rows: pa.Table) -> pa.Table:
 #: Bits of the int64 :func:`_by_position` packs a row's position and index into.
 PACK_BITS = 62
 POS = "__ms_pos"
+#: Integer keys whose values span at most this many times the rows are dense (ids handed out
+#: in order): an array over their span, indexed by value, stands in for a hash table.
+DENSE_SPAN = 8
+
+
+def dense_places(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, int] | None:
+    """For a column of integers without nulls whose values span at most :data:`DENSE_SPAN`
+    times its length: each value's place in the span (value - lowest, int64) and the span.
+    None for any other column."""
+    if column.null_count or not pa.types.is_integer(column.type) or len(column) == 0:
+        return None
+    values = column.to_numpy()
+    low, high = values.min(), values.max()
+    span = int(high) - int(low) + 1  # Python integers: no overflow at the type's ends
+    if span > DENSE_SPAN * len(values):
+        return None
+    if values.dtype == np.uint64:  # low may exceed int64; the places (< span) do not
+        return (values - low).astype(np.int64), span
+    return values.astype(np.int64) - np.int64(low), span
 
 
 def _by_position(spec: TableSpec, rows: pa.Table) -> pa.Table | None:
@@ -91,6 +110,8 @@ def _by_position(spec: TableSpec, rows: pa.Table) -> pa.Table | None:
     disjoint offset ranges); one hash aggregation takes each key's highest, whose low bits are
     the winning row's index. Only the winners (one per key) are sorted, by key, as
     :func:`resolve` orders them (with no delete, dedup keeps exactly each key's first row).
+    A single dense integer key (:func:`dense_places`) needs neither: an array over the keys'
+    span keeps each key's highest (lowest) packed value, in key order.
     None if the positions and indexes need more than
     :data:`PACK_BITS` bits (offsets spread over more than about 2**40 with 1M rows, say), or a
     position is null: the general path handles those."""
@@ -111,6 +132,22 @@ def _by_position(spec: TableSpec, rows: pa.Table) -> pa.Table | None:
     packed = ((p * span + o) << row_bits) | np.arange(n, dtype=np.int64)
     keys = list(spec.primary_key)
     agg = "max" if spec.mode == "upsert" else "min"
+    dense = dense_places(rows.column(keys[0])) if len(keys) == 1 else None
+    if dense is not None:
+        # Each key's highest (lowest) packed value in an array indexed by the key's place:
+        # no hash table, and the winners come out in key order (packed values are >= 0).
+        places, span = dense
+        if agg == "max":
+            best = np.full(span, -1, np.int64)
+            np.maximum.at(best, places, packed)
+            picked = best[best >= 0]
+        else:
+            unset = np.iinfo(np.int64).max
+            best = np.full(span, unset, np.int64)
+            np.minimum.at(best, places, packed)
+            picked = best[best != unset]
+        winners = rows.take(pa.array(picked & ((1 << row_bits) - 1)))
+        return winners.filter(pc.invert(deletes(spec, winners)))
     picked = (
         rows.select(keys)
         .append_column(POS, pa.array(packed))
