@@ -55,10 +55,6 @@ RAW_DDL = (
 
 #: The value of a marker whose range the sink must read itself (``ranges_only`` sources).
 SELF_READ = b"millstream:read-range"
-#: A micro-batch of fewer records is planned as one task: a task costs each Python worker it
-#: runs in (the source's and the sink's) tens of milliseconds of CPU whatever it holds, and a
-#: few thousand records decode in a few milliseconds (issue 15: the fixed cost per batch).
-ONE_TASK_RECORDS = 5_000
 
 
 class RangeTask(InputPartition):
@@ -160,9 +156,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges = [
             (p, begin.get(p, hi), hi) for p, hi in sorted(stop.items()) if hi > begin.get(p, hi)
         ]
-        records = sum(hi - lo for _, lo, hi in ranges)
-        tasks = 1 if records < ONE_TASK_RECORDS else self.opts.tasks
-        n = max(1, min(tasks, len(ranges)))
+        n = max(1, min(self.opts.tasks, len(ranges)))
         buckets: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
         load = [0] * n
         for r in sorted(ranges, key=lambda r: r[2] - r[1], reverse=True):

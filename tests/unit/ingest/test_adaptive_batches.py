@@ -13,7 +13,7 @@ from millstream.datastream import DatastreamSpec
 from millstream.ingest.sources.base import DECODED_PER_RAW_BYTE, adaptive_budget, decode_offsets
 from millstream.ingest.sources.generator import ORDERS_SCHEMA
 from millstream.spark.options import SourceOptions
-from millstream.spark.sources import RangeTask, StreamReader
+from millstream.spark.sources import StreamReader
 
 MIB = 1 << 20
 
@@ -127,25 +127,3 @@ def test_a_spec_without_a_batch_size_is_adaptive_and_round_trips_through_spark_o
         SourceOptions("generator", {}, max_records_per_batch=7),
     ):
         assert SourceOptions.from_options(opts.to_options()) == opts
-
-
-def test_a_small_batch_is_one_task_and_a_large_one_spreads_over_every_task(
-    tmp_path: Path,
-) -> None:
-    """A task costs each Python worker it runs in tens of milliseconds whatever it holds: a
-    caught-up datastream's small batch is planned as one task holding every range, a large
-    one over every task, the longest ranges first, nothing planned twice or left out."""
-    reader = _reader(_files(tmp_path, 4, 20_000, 100))
-    start = {str(p): 0 for p in range(4)}
-
-    def planned(end: dict[str, int]) -> list[list[tuple[int, int, int]]]:
-        tasks = reader.partitions(start, end)
-        assert all(isinstance(t, RangeTask) for t in tasks)
-        return [t.ranges for t in tasks if isinstance(t, RangeTask)]
-
-    assert planned({str(p): 1_000 for p in range(4)}) == [[(p, 0, 1_000) for p in range(4)]]
-    ends = [9_000, 1_000, 2_000, 3_000]
-    assert planned({str(p): end for p, end in enumerate(ends)}) == [
-        [(0, 0, 9_000)],
-        [(p, 0, ends[p]) for p in (1, 2, 3)],
-    ]
