@@ -11,6 +11,11 @@ current rows (written every tenth read). Run from the repository root::
 
     .venv/bin/python bench/poll.py                # 60 batches of 2,500 rows
     .venv/bin/python bench/poll.py --batches 20   # quicker
+    .venv/bin/python bench/poll.py --batch-rows 5000 --seal-every 4   # as bench/soak.py's poll
+
+``--seal-every N`` seals one partition (in turn) after every N-th batch and compacts it, as
+the soak's background sealer does (there each partition seals about every 16 polls), so the
+polls that follow a seal re-read that partition's sealed rows.
 
 It prints the median and p90 of the poll's read and of the plain read, and their ratio.
 """
@@ -31,6 +36,7 @@ import pyarrow.parquet as pq
 from rich.console import Console
 
 from millstream.catalog import Catalog
+from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.sealer import Sealer
 from millstream.spec import TableSpec
 from millstream.table.writer import commit_staged, stage_rows
@@ -80,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=60, help="micro-batches, one read each")
     parser.add_argument("--batch-rows", type=int, default=2_500)
+    parser.add_argument(
+        "--seal-every", type=int, default=0, help="seal a partition after every N-th batch"
+    )
     parser.add_argument("--json", type=Path, default=None, help="save the figures here")
     args = parser.parse_args(argv)
     console = Console(soft_wrap=True)
@@ -96,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                 commit_staged(
                     cat.store, cat.deep, "t", stage_rows(cat.deep, spec, rows), ranges, {}
                 )
-            sealer = Sealer(cat, "t")
+            sealer = Sealer(cat, "t", compaction=CompactionPolicy())
             for p in range(PARTITIONS):
                 while sealer.seal_partition(p, force=True) is not None:
                     pass
@@ -109,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
                     rows, ranges = batch(rng, spec, offsets, args.batch_rows)
                     staged = stage_rows(cat.deep, spec, rows)
                     commit_staged(cat.store, cat.deep, "t", staged, ranges, {})
+                    if args.seal_every and (i + 1) % args.seal_every == 0:
+                        p = (i // args.seal_every) % PARTITIONS
+                        sealer.seal_partition(p, force=True)
+                        sealer.compact_partition(p)
                     t0 = time.perf_counter()
                     current = reader.read_table("t")
                     reads.append((time.perf_counter() - t0) * 1000)
