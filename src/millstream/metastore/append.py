@@ -5,6 +5,7 @@ version) in one transaction, for one table or for a table and its dead-letter ta
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, insert
@@ -30,15 +31,7 @@ def compare_and_append(
     batch_id: int | None,
 ) -> AppendResult:
     """One table's batch in one transaction (see :meth:`MetadataStore.compare_and_append`)."""
-    parts = [a.partition for a in appends]
-    if len(set(parts)) != len(parts):
-        raise InvalidSpecError("appends", "lists a partition twice")
-    for a in appends:
-        if a.lo > a.hi:
-            raise InvalidSpecError(
-                "appends", f"partition {a.partition}: [{a.lo}, {a.hi}) is reversed"
-            )
-    ordered = sorted(appends, key=lambda a: a.partition)
+    ordered = checked_appends(appends)
     result, retries = store.retrying(append_txn, store, table, ordered, writer_id, batch_id)
     assert isinstance(result, AppendResult)
     return AppendResult(
@@ -55,14 +48,11 @@ def commit_batch(
     precondition: Callable[[], None] | None = None,
 ) -> dict[str, AppendResult]:
     """Several tables' batches in one transaction (see :meth:`MetadataStore.commit_batch`)."""
-    for appends in changes.values():
-        if len({a.partition for a in appends}) != len(appends):
-            raise InvalidSpecError("appends", "lists a partition twice")
+    ordered = {t: checked_appends(a) for t, a in sorted(changes.items())}
 
     def _txn(conn: Connection) -> dict[str, AppendResult]:
         results = {
-            t: append_txn(conn, store, t, sorted(a, key=lambda x: x.partition), writer_id, batch_id)
-            for t, a in sorted(changes.items())
+            t: append_txn(conn, store, t, a, writer_id, batch_id) for t, a in ordered.items()
         }
         if precondition is not None:
             precondition()  # last, with every lock held: right before COMMIT
@@ -75,6 +65,27 @@ def commit_batch(
     }
 
 
+def checked_appends(appends: Sequence[ShardAppend]) -> list[ShardAppend]:
+    """``appends`` sorted by (partition, lo), refused (:class:`InvalidSpecError`) unless each
+    range is ordered and the ranges of one partition follow each other without a gap or an
+    overlap: a batch may split a partition's range over several write tasks, and the pieces
+    then commit one after the other, as one range would."""
+    ordered = sorted(appends, key=lambda a: (a.partition, a.lo, a.hi))
+    for a in ordered:
+        if a.lo > a.hi:
+            raise InvalidSpecError(
+                "appends", f"partition {a.partition}: [{a.lo}, {a.hi}) is reversed"
+            )
+    for a, b in pairwise(ordered):
+        if a.partition == b.partition and a.hi != b.lo:
+            raise InvalidSpecError(
+                "appends",
+                f"partition {a.partition}: [{a.lo}, {a.hi}) and [{b.lo}, {b.hi}) "
+                + ("overlap" if b.lo < a.hi else "leave a gap"),
+            )
+    return ordered
+
+
 def append_txn(
     conn: Connection,
     store: MetadataStore,
@@ -83,20 +94,24 @@ def append_txn(
     writer_id: str | None,
     batch_id: int | None,
 ) -> AppendResult:
-    """Decide and record one table's ``appends`` (sorted by partition) inside ``conn``'s
-    transaction. A stale epoch on any shard raises :class:`WriterFencedError`."""
+    """Decide and record one table's ``appends`` (from :func:`checked_appends`: sorted by
+    partition and offset, a partition's pieces contiguous) inside ``conn``'s transaction. A
+    partition's pieces are decided one after the other, each against the upper the one before
+    left (a piece a peer already persisted drops, the next one commits from there), and its
+    shard is compare-and-set once, to the last piece's upper. A stale epoch on any shard
+    raises :class:`WriterFencedError`."""
     info = store.table_row(conn, table, lock=True)
-    current = shards_of(conn, table, [a.partition for a in appends])
+    current = shards_of(conn, table, sorted({a.partition for a in appends}))
     decisions: list[tuple[ShardAppend, Shard | None, Decision]] = []
+    running: dict[int, tuple[int, int]] = {}  # partition -> (upper, epoch) after its pieces so far
     for a in appends:
         sh = current.get(a.partition)
-        if sh is None:
-            # A brand-new shard starts where its first batch starts.
-            d = decide(upper=a.lo, epoch=0, lo=a.lo, hi=a.hi, writer_epoch=a.epoch)
-        else:
-            d = decide(upper=sh.upper, epoch=sh.epoch, lo=a.lo, hi=a.hi, writer_epoch=a.epoch)
+        # A brand-new shard starts where its first batch starts.
+        upper, epoch = running.get(a.partition, (sh.upper, sh.epoch) if sh else (a.lo, 0))
+        d = decide(upper=upper, epoch=epoch, lo=a.lo, hi=a.hi, writer_epoch=a.epoch)
         if d.outcome is Outcome.FENCED:
-            raise WriterFencedError(table, a.partition, a.epoch, sh.epoch if sh else 0)
+            raise WriterFencedError(table, a.partition, a.epoch, epoch)
+        running[a.partition] = (d.new_upper, epoch)
         decisions.append((a, sh, d))
 
     changed = any(d.appends for _, _, d in decisions)
@@ -108,14 +123,16 @@ def append_txn(
     # compare-and-sets of the existing shards): a statement per partition made a commit's
     # cost grow with the partitions a batch touched rather than with its rows.
     entries: list[dict[str, Any]] = []
-    new_shards: list[dict[str, Any]] = []
-    moved: list[CasRow] = []
+    #: partition -> (its shard as read, its new upper, next_seq, last_record_ms) once a piece
+    #: of it appends
+    advanced: dict[int, tuple[Shard | None, int, int, int | None]] = {}
     for a, sh, d in decisions:
         seq: int | None = None
         if not d.appends:
             results.append(ShardResult(a.partition, d, None))
             continue
-        next_seq = sh.next_seq if sh else 0
+        before = advanced.get(a.partition)
+        next_seq = before[2] if before else sh.next_seq if sh else 0
         if a.file_path is not None and a.row_count > 0:
             seq = next_seq
             assert new_version is not None
@@ -141,14 +158,20 @@ def append_txn(
         # The timestamp of the last record below the new upper: this range's last record,
         # or (a range without records: markers, compacted offsets) the one recorded before.
         last_ms = a.last_record_ms
-        if last_ms is None and sh is not None:
-            last_ms = sh.last_record_ms
+        if last_ms is None:
+            last_ms = before[3] if before else sh.last_record_ms if sh else None
+        advanced[a.partition] = (sh, d.new_upper, next_seq, last_ms)
+        results.append(ShardResult(a.partition, d, seq))
+
+    new_shards: list[dict[str, Any]] = []
+    moved: list[CasRow] = []
+    for partition, (sh, upper, next_seq, last_ms) in advanced.items():
         if sh is None:
             new_shards.append(
                 {
                     "table_name": table,
-                    "partition": a.partition,
-                    "upper": d.new_upper,
+                    "partition": partition,
+                    "upper": upper,
                     "epoch": 0,
                     "next_seq": next_seq,
                     "version": 1,
@@ -158,12 +181,11 @@ def append_txn(
         else:
             moved.append(
                 CasRow(
-                    {"table_name": table, "partition": a.partition},
+                    {"table_name": table, "partition": partition},
                     sh.version,
-                    {"upper": d.new_upper, "next_seq": next_seq, "last_record_ms": last_ms},
+                    {"upper": upper, "next_seq": next_seq, "last_record_ms": last_ms},
                 )
             )
-        results.append(ShardResult(a.partition, d, seq))
 
     insert_entries(conn, entries)
     if new_shards:

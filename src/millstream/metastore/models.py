@@ -172,7 +172,9 @@ class AppendResult:
         raise KeyError(partition)
 
     def raise_for_gaps(self, appends: list[ShardAppend]) -> None:
-        los = {a.partition: a.lo for a in appends}
+        los: dict[int, int] = {}  # a partition split over several tasks: its lowest piece
+        for a in appends:
+            los[a.partition] = min(a.lo, los.get(a.partition, a.lo))
         gaps = {
             s.partition: (s.decision.new_upper, los[s.partition])
             for s in self.shards

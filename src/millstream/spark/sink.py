@@ -457,15 +457,15 @@ def _row_counts(result: BatchCommit) -> dict[str, dict[str, int]]:
     records consumed (rows plus bad records) and the bad records dead-lettered. A range
     trimmed at the upper counts the records the task staged (an upper bound)."""
     appended = {s.partition for s in result.table.shards if s.decision.appends}
-    dead = {a.partition: a.row_count for a in result.dead_letter_appends}
     consumed: dict[str, int] = {}
     dead_lettered: dict[str, int] = {}
+    # A partition split over several write tasks has an append per piece: they add up.
     for a in result.appends:
-        if a.partition not in appended:
-            continue
-        d = dead.get(a.partition, 0)
-        if a.row_count + d:
-            consumed[str(a.partition)] = a.row_count + d
-        if d:
-            dead_lettered[str(a.partition)] = d
+        if a.partition in appended and a.row_count:
+            consumed[str(a.partition)] = consumed.get(str(a.partition), 0) + a.row_count
+    for a in result.dead_letter_appends:
+        if a.partition in appended and a.row_count:
+            p = str(a.partition)
+            consumed[p] = consumed.get(p, 0) + a.row_count
+            dead_lettered[p] = dead_lettered.get(p, 0) + a.row_count
     return {"consumed": consumed, "dead_lettered": dead_lettered}

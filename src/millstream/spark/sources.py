@@ -55,6 +55,36 @@ RAW_DDL = (
 
 #: The value of a marker whose range the sink must read itself (``ranges_only`` sources).
 SELF_READ = b"millstream:read-range"
+#: A partition's range is split over several write tasks (when a batch has fewer partitions
+#: than tasks) only into pieces of at least this many records: a task costs its Python
+#: workers ~0.1-0.2 CPU-s whatever it holds, which a smaller piece would not repay, and a
+#: caught-up datastream's small batches stay one piece per partition.
+SPLIT_MIN_RECORDS = 50_000
+
+
+def plan_tasks(ranges: list[tuple[int, int, int]], tasks: int) -> list[list[tuple[int, int, int]]]:
+    """A batch's ``(partition, lo, hi)`` ranges as the ranges of at most ``tasks`` write tasks,
+    balanced longest first. With fewer ranges than tasks (a topic of one partition, say), the
+    longest range is halved while it leaves pieces of at least :data:`SPLIT_MIN_RECORDS`, so a
+    catch-up uses every core; the pieces of a partition then go to different tasks, and the
+    commit chains them (:func:`millstream.metastore.append.checked_appends`)."""
+    pieces = list(ranges)
+    while len(pieces) < tasks:
+        longest = max(pieces, key=lambda r: r[2] - r[1], default=None)
+        if longest is None or longest[2] - longest[1] < 2 * SPLIT_MIN_RECORDS:
+            break
+        p, lo, hi = longest
+        mid = lo + (hi - lo) // 2
+        pieces.remove(longest)
+        pieces += [(p, lo, mid), (p, mid, hi)]
+    n = max(1, min(tasks, len(pieces)))
+    buckets: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
+    load = [0] * n
+    for r in sorted(pieces, key=lambda r: r[2] - r[1], reverse=True):
+        i = load.index(min(load))
+        buckets[i].append(r)
+        load[i] += r[2] - r[1]
+    return [sorted(b) for b in buckets if b]
 
 
 class RangeTask(InputPartition):
@@ -156,14 +186,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges = [
             (p, begin.get(p, hi), hi) for p, hi in sorted(stop.items()) if hi > begin.get(p, hi)
         ]
-        n = max(1, min(self.opts.tasks, len(ranges)))
-        buckets: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
-        load = [0] * n
-        for r in sorted(ranges, key=lambda r: r[2] - r[1], reverse=True):
-            i = load.index(min(load))
-            buckets[i].append(r)
-            load[i] += r[2] - r[1]
-        return [RangeTask(sorted(b)) for b in buckets if b]
+        return [RangeTask(b) for b in plan_tasks(ranges, self.opts.tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangeTask)
