@@ -13,8 +13,8 @@ import pytest
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
+from millstream.spark.options import SPLIT_MIN_RECORDS
 from millstream.spark.runner import DatastreamRunner
-from millstream.spark.sources import SPLIT_MIN_RECORDS
 from millstream.testing.model import canonical
 from millstream.testing.oracle import expected_table
 

@@ -98,14 +98,22 @@ class CommitGate:
         )
 
 
+#: A partition's range is split over several write tasks (when a batch has fewer partitions
+#: than tasks) only into pieces of at least this many records: a task costs its Python
+#: workers ~0.1-0.2 CPU-s whatever it holds, which a smaller piece would not repay, and a
+#: caught-up datastream's small batches stay one piece per partition.
+SPLIT_MIN_RECORDS = 50_000
+
+
 @dataclass(frozen=True, slots=True)
 class SourceOptions:
     """The stream source: ``kind`` and ``config`` (see :mod:`millstream.ingest.sources`),
     ``start_offsets`` (the shard uppers), ``starting_offsets`` (earliest|latest, for a
     partition with no start), ``max_records_per_batch`` (None: the adaptive budget,
     :func:`~millstream.ingest.sources.base.adaptive_budget` of ``task_memory_mb``), ``tasks``
-    (Spark tasks per batch), ``ranges_only`` (send range markers only; the sink reads the
-    records itself)."""
+    (Spark tasks per batch), ``split_min_records`` (a partition's range is split over
+    several tasks only into pieces of at least this many records), ``ranges_only`` (send
+    range markers only; the sink reads the records itself)."""
 
     kind: str
     config: dict[str, Any]
@@ -114,6 +122,7 @@ class SourceOptions:
     starting_offsets: str = "earliest"
     start_offsets: dict[int, int] = field(default_factory=dict)
     tasks: int = 2
+    split_min_records: int = SPLIT_MIN_RECORDS
     ranges_only: bool = False
     gate: CommitGate | None = None
     #: where the gate's metadata store is (with a gate only)
@@ -124,6 +133,8 @@ class SourceOptions:
             raise InvalidSpecError("max_records_per_batch", "must be at least 1")
         if self.task_memory_mb < 1:
             raise InvalidSpecError("task_memory_mb", "must be at least 1")
+        if self.split_min_records < 1:
+            raise InvalidSpecError("splitMinRecords", "must be at least 1")
         if self.starting_offsets not in ("earliest", "latest"):
             raise InvalidSpecError(
                 "startingOffsets", f"{self.starting_offsets!r} is not earliest or latest"
@@ -143,6 +154,7 @@ class SourceOptions:
             "startingOffsets": self.starting_offsets,
             "startOffsets": json.dumps(encode_offsets(self.start_offsets)),
             "tasks": str(self.tasks),
+            "splitMinRecords": str(self.split_min_records),
             "rangesOnly": str(self.ranges_only).lower(),
         }
         if self.gate is not None:
@@ -170,6 +182,7 @@ class SourceOptions:
             starting_offsets=o.get("startingOffsets", "earliest"),
             start_offsets=decode_offsets(_json(o, "startOffsets", {})),
             tasks=_int(o, "tasks", 2),
+            split_min_records=_int(o, "splitMinRecords", SPLIT_MIN_RECORDS),
             ranges_only=o.get("rangesOnly", "false").lower() == "true",
             gate=gate,
             settings=settings,

@@ -43,7 +43,7 @@ from millstream.ingest.sources.base import (
     raw_columns,
     split_budget,
 )
-from millstream.spark.options import SourceOptions
+from millstream.spark.options import SPLIT_MIN_RECORDS, SourceOptions
 
 #: The Spark format name of the stream source.
 FORMAT = "millstream_source"
@@ -55,23 +55,20 @@ RAW_DDL = (
 
 #: The value of a marker whose range the sink must read itself (``ranges_only`` sources).
 SELF_READ = b"millstream:read-range"
-#: A partition's range is split over several write tasks (when a batch has fewer partitions
-#: than tasks) only into pieces of at least this many records: a task costs its Python
-#: workers ~0.1-0.2 CPU-s whatever it holds, which a smaller piece would not repay, and a
-#: caught-up datastream's small batches stay one piece per partition.
-SPLIT_MIN_RECORDS = 50_000
 
 
-def plan_tasks(ranges: list[tuple[int, int, int]], tasks: int) -> list[list[tuple[int, int, int]]]:
+def plan_tasks(
+    ranges: list[tuple[int, int, int]], tasks: int, split_min: int = SPLIT_MIN_RECORDS
+) -> list[list[tuple[int, int, int]]]:
     """A batch's ``(partition, lo, hi)`` ranges as the ranges of at most ``tasks`` write tasks,
     balanced longest first. With fewer ranges than tasks (a topic of one partition, say), the
-    longest range is halved while it leaves pieces of at least :data:`SPLIT_MIN_RECORDS`, so a
+    longest range is halved while it leaves pieces of at least ``split_min`` records, so a
     catch-up uses every core; the pieces of a partition then go to different tasks, and the
     commit chains them (:func:`millstream.metastore.append.checked_appends`)."""
     pieces = list(ranges)
     while len(pieces) < tasks:
         longest = max(pieces, key=lambda r: r[2] - r[1], default=None)
-        if longest is None or longest[2] - longest[1] < 2 * SPLIT_MIN_RECORDS:
+        if longest is None or longest[2] - longest[1] < 2 * split_min:
             break
         p, lo, hi = longest
         mid = lo + (hi - lo) // 2
@@ -186,7 +183,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges = [
             (p, begin.get(p, hi), hi) for p, hi in sorted(stop.items()) if hi > begin.get(p, hi)
         ]
-        return [RangeTask(b) for b in plan_tasks(ranges, self.opts.tasks)]
+        return [
+            RangeTask(b) for b in plan_tasks(ranges, self.opts.tasks, self.opts.split_min_records)
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangeTask)

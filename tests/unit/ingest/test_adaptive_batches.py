@@ -14,8 +14,8 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from millstream.datastream import DatastreamSpec
 from millstream.ingest.sources.base import DECODED_PER_RAW_BYTE, adaptive_budget, decode_offsets
 from millstream.ingest.sources.generator import ORDERS_SCHEMA
-from millstream.spark.options import SourceOptions
-from millstream.spark.sources import SPLIT_MIN_RECORDS, RangeTask, StreamReader, plan_tasks
+from millstream.spark.options import SPLIT_MIN_RECORDS, SourceOptions
+from millstream.spark.sources import RangeTask, StreamReader, plan_tasks
 
 MIB = 1 << 20
 

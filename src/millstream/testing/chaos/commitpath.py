@@ -93,7 +93,7 @@ from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.reingest import reingest_segment
 from millstream.sealing.sealer import FAULT_POINTS, Sealer, SealFaults
 from millstream.sealing.thresholds import Thresholds
-from millstream.spark.options import SinkOptions, SourceOptions
+from millstream.spark.options import SPLIT_MIN_RECORDS, SinkOptions, SourceOptions
 from millstream.spark.runner import bootstrap
 from millstream.spark.sink import SegmentSink, SinkMessage, StoreRegistry
 from millstream.spark.sources import StreamReader
@@ -314,6 +314,9 @@ def _writer(sch: Schedule, name: str, rng: random.Random, *, clean: bool = False
                 max_records_per_batch=rng.choice([4, 11, 30, 90]),
                 start_offsets=boot.uppers,
                 tasks=rng.choice([1, 2]),
+                # Small pieces: a batch of fewer partitions than tasks splits a partition's
+                # range over both tasks, and the commit chains the pieces (guard 78).
+                split_min_records=rng.choice([1, 3, SPLIT_MIN_RECORDS]),
                 ranges_only=True,
             )
             sink = SinkOptions(
