@@ -81,6 +81,15 @@ def measure(cat: Catalog, live_file: Path, repeats: int) -> dict[str, float]:
     return out
 
 
+def seal_all(sealer: Sealer, partitions: int, *, compact: bool = False) -> None:
+    """Seal every partition's segments (and compact each partition's sealed ones)."""
+    for p in range(partitions):
+        while sealer.seal_partition(p, force=True) is not None:
+            pass
+        while compact and sealer.compact_partition(p) is not None:
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="40k keys, 2 repetitions")
@@ -108,10 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             pq.write_table(current, live_file, compression="zstd")
             phases["unsealed"] = measure(cat, live_file, repeats)
 
-            sealer = Sealer(cat, READ_TABLE)
-            for p in range(s.read_partitions):
-                while sealer.seal_partition(p, force=True) is not None:
-                    pass
+            seal_all(Sealer(cat, READ_TABLE), s.read_partitions)
             after = cat.read_table(READ_TABLE)
             assert after.sort_by("id").equals(current.sort_by("id")), "sealing changed the table"
             phases["sealed"] = measure(cat, live_file, repeats)
@@ -120,12 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         # (and compacted: nothing to merge after one seal per partition).
         with Catalog.open(home=Path(tmp) / "home-by-key") as cat:
             build_read_table(cat, s, partitioned_by_key=True)
-            sealer = Sealer(cat, READ_TABLE, compaction=CompactionPolicy(min_segments=2))
-            for p in range(s.read_partitions):
-                while sealer.seal_partition(p, force=True) is not None:
-                    pass
-                while sealer.compact_partition(p) is not None:
-                    pass
+            policy = CompactionPolicy(min_segments=2)
+            seal_all(Sealer(cat, READ_TABLE, compaction=policy), s.read_partitions, compact=True)
             after = cat.read_table(READ_TABLE)
             assert after.sort_by("id").equals(current.sort_by("id")), "by key: another table"
             phases["sealed, by key"] = measure(cat, live_file, repeats)
@@ -135,10 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         with Catalog.open(home=Path(tmp) / "home-string") as cat:
             build_read_table(cat, s, string_key=True)
             string_rows = cat.read_table(READ_TABLE)
-            sealer = Sealer(cat, READ_TABLE)
-            for p in range(s.read_partitions):
-                while sealer.seal_partition(p, force=True) is not None:
-                    pass
+            seal_all(Sealer(cat, READ_TABLE), s.read_partitions)
             after = cat.read_table(READ_TABLE)
             assert after.sort_by("id").equals(string_rows.sort_by("id")), "string key: changed"
             assert after.num_rows == keys, (after.num_rows, keys)
