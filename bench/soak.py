@@ -25,6 +25,7 @@ hour. Run from the repository root::
     .venv/bin/python bench/soak.py                 # 30 minutes at 5,000 rows/s
     .venv/bin/python bench/soak.py --minutes 90    # longer
     .venv/bin/python bench/soak.py --quick         # 4 minutes at 2,000 rows/s, to try it
+    .venv/bin/python bench/soak.py --summary run.json   # the summary of a run saved by --json
 
 Garbage collection's grace period and the staged-file age limit are shortened with the
 retention (``--grace``, default 300 s: a file nothing references goes 5 minutes after it was
@@ -263,8 +264,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep", type=Path, default=None, help="run in this new directory and keep it"
     )
+    parser.add_argument(
+        "--summary", type=Path, default=None, help="print the summary of a run saved by --json"
+    )
     parser.add_argument("--child", nargs=2, metavar=("HOME", "SPEC"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.summary is not None:
+        saved = json.loads(args.summary.read_text())
+        summarize(Console(soft_wrap=True), saved["samples"], saved["args"]["retention"], {})
+        return 0
     if args.child:
         return child(Path(args.child[0]), Path(args.child[1]), args.maintenance, args.grace)
     if args.quick:
@@ -346,10 +354,41 @@ def main(argv: list[str] | None = None) -> int:
     if len(samples) < 3:
         console.print("too few samples")
         return 1
+    result: dict[str, Any] = {"args": vars(args), "samples": samples}
+    summarize(console, samples, args.retention, result)
+    if args.json is not None:
+        common.write_json(args.json, {"machine": common.machine("pyarrow"), **result})
+    return 0
+
+
+def third_range(samples: list[dict[str, float]], name: str, third: int) -> str:
+    """``name``'s lowest and highest value over one third (1: middle, 2: last) of the run."""
+    end = samples[-1]["t"]
+    ys = [x[name] for x in samples if third * end / 3 <= x["t"] <= (third + 1) * end / 3]
+    return f"{min(ys):,.0f}-{max(ys):,.0f}" if ys else "-"
+
+
+def summarize(
+    console: Console, samples: list[dict[str, float]], retention: str, result: dict[str, Any]
+) -> None:
+    """Print (and put in ``result``) each figure's growth over the last two thirds and the
+    read's ratio at every sample after the retention window. A figure is flat when it grows
+    by under 5% of its value an hour (the issue's rule: a falling figure is not growth); the
+    ranges of the middle and last thirds show a sawtooth (seals, compaction, GC) that a
+    straight line over 20 minutes can tilt either way."""
     table = Table(title="growth over the last two thirds of the run")
-    for col in ("figure", "at the end", "per hour", "per hour, share", "flat (<5%/h)"):
+    columns = (
+        "figure",
+        "at the end",
+        "per hour",
+        "per hour, share",
+        "middle third",
+        "last third",
+        "growth < 5%/h",
+    )
+    for col in columns:
         table.add_column(col, justify="left" if col == "figure" else "right")
-    result: dict[str, Any] = {"args": vars(args), "samples": samples, "growth": {}}
+    result["growth"] = {}
     for name in FIGURES:
         slope, share = growth(samples, name)
         result["growth"][name] = {"per_hour": slope, "share_per_hour": share}
@@ -358,7 +397,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{samples[-1][name]:,.1f}",
             f"{slope:+,.1f}",
             f"{share:+.1%}",
-            common.verdict(abs(share) < 0.05),
+            third_range(samples, name, 1),
+            third_range(samples, name, 2),
+            common.verdict(share < 0.05),
         )
     console.print(table)
     last = samples[-1]
@@ -376,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         f"ms); a new reader without a cache {last['cold read ms']:.0f} ms = {cold:.2f}x those"
     )
     # The read's target holds at every sample after the retention window, not just the last.
-    window = parse_duration(args.retention, field="--retention")
+    window = parse_duration(retention, field="--retention")
     after = [x for x in samples if window is None or x["t"] >= window.total_seconds()]
     which = "after the retention window"
     if not after:
@@ -395,9 +436,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{ratios[-1]:.2f}x; within 1.5x at {within} of {len(ratios)}: "
         f"{common.verdict(within == len(ratios))}"
     )
-    if args.json is not None:
-        common.write_json(args.json, {"machine": common.machine("pyarrow"), **result})
-    return 0
 
 
 if __name__ == "__main__":
