@@ -166,10 +166,12 @@ class AppendResult:
         return any(s.decision.lost_race for s in self.shards)
 
     def outcome(self, partition: int) -> Outcome:
-        for s in self.shards:
-            if s.partition == partition:
-                return s.decision.outcome
-        raise KeyError(partition)
+        """The partition's outcome; for a partition split over several write tasks, its
+        last piece's (a dropped piece below one that committed: the shard moved)."""
+        found = [s.decision.outcome for s in self.shards if s.partition == partition]
+        if not found:
+            raise KeyError(partition)
+        return found[-1]
 
     def raise_for_gaps(self, appends: list[ShardAppend]) -> None:
         los: dict[int, int] = {}  # a partition split over several tasks: its lowest piece

@@ -456,15 +456,16 @@ def _row_counts(result: BatchCommit) -> dict[str, dict[str, int]]:
     """Per partition whose range this commit appended (not dropped as already persisted): the
     records consumed (rows plus bad records) and the bad records dead-lettered. A range
     trimmed at the upper counts the records the task staged (an upper bound)."""
-    appended = {s.partition for s in result.table.shards if s.decision.appends}
+    # An appended range ends where its shard's decision ends; a partition split over several
+    # write tasks has a piece per task, and only the pieces that appended count.
+    appended = {(s.partition, s.decision.end) for s in result.table.shards if s.decision.appends}
     consumed: dict[str, int] = {}
     dead_lettered: dict[str, int] = {}
-    # A partition split over several write tasks has an append per piece: they add up.
     for a in result.appends:
-        if a.partition in appended and a.row_count:
+        if (a.partition, a.hi) in appended and a.row_count:
             consumed[str(a.partition)] = consumed.get(str(a.partition), 0) + a.row_count
     for a in result.dead_letter_appends:
-        if a.partition in appended and a.row_count:
+        if (a.partition, a.hi) in appended and a.row_count:
             p = str(a.partition)
             consumed[p] = consumed.get(p, 0) + a.row_count
             dead_lettered[p] = dead_lettered.get(p, 0) + a.row_count

@@ -54,6 +54,24 @@ def _write(source_dir: Path, partition: int, lines: list[str]) -> None:
 def _ingest(catalog: Catalog, spec: DatastreamSpec, partition: int, lo: int, hi: int) -> Any:
     """What a write task and the sink's commit do for one range (no Spark): read, decode,
     stage the rows and the bad records, commit both tables in one transaction."""
+    return _ingest_pieces(catalog, spec, partition, [(lo, hi)])
+
+
+def _ingest_pieces(
+    catalog: Catalog, spec: DatastreamSpec, partition: int, pieces: list[tuple[int, int]]
+) -> Any:
+    """One batch whose write tasks each staged one piece of the partition's range."""
+    writes = [_staged(catalog, spec, partition, lo, hi) for lo, hi in pieces]
+    return commit_writes(
+        catalog.store,
+        catalog.deep,
+        spec.table_name,
+        writes,
+        dead_letter_table=spec.dead_letter_table,
+    )
+
+
+def _staged(catalog: Catalog, spec: DatastreamSpec, partition: int, lo: int, hi: int) -> Any:
     batches = list(spec_reader(spec.source).read_range(partition, lo, hi))
     raw = pa.Table.from_batches(batches).select(["partition", "offset", "key", "value"])
     n = raw.num_rows
@@ -64,13 +82,7 @@ def _ingest(catalog: Catalog, spec: DatastreamSpec, partition: int, lo: int, hi:
     data = stage_rows(catalog.deep, catalog.table(spec.table_name).spec, decoded.rows)
     dl_spec = catalog.table(spec.dead_letter_table).spec
     dead = stage_rows(catalog.deep, dl_spec, dead_letter_rows(decoded.dead))
-    return commit_writes(
-        catalog.store,
-        catalog.deep,
-        spec.table_name,
-        [StagedWrite({partition: (lo, hi)}, data, dead)],
-        dead_letter_table=spec.dead_letter_table,
-    )
+    return StagedWrite({partition: (lo, hi)}, data, dead)
 
 
 @pytest.fixture
@@ -267,3 +279,18 @@ def test_a_rotated_commit_log_is_bounded_on_disk_and_its_totals_lose_no_line(
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["commits.jsonl", "commits.jsonl.1"]
     assert all((tmp_path / f).stat().st_size <= 2_000 + 200 for f in files)
+
+
+def test_a_split_partition_counts_only_the_pieces_that_appended(
+    catalog: Catalog, orders: DatastreamSpec
+) -> None:
+    """A batch that split partition 0 over two tasks, after a peer committed it up to 20:
+    the first piece (the two bad records among its 15) is dropped, the second trimmed; only
+    the second counts, as the records its task staged (an upper bound)."""
+    _ingest(catalog, orders, 0, 0, 20)
+
+    result = _ingest_pieces(catalog, orders, 0, [(0, 15), (15, 42)])
+
+    assert [s.decision.outcome.value for s in result.table.shards] == ["drop", "trim"]
+    assert result.table.outcome(0).value == "trim"  # the shard moved: its last piece says so
+    assert _row_counts(result) == {"consumed": {"0": 27}, "dead_lettered": {}}
