@@ -83,18 +83,23 @@ POS = "__ms_pos"
 #: Integer keys whose values span at most this many times the rows are dense (ids handed out
 #: in order): an array over their span, indexed by value, stands in for a hash table.
 DENSE_SPAN = 8
+#: The merge's array holds an int64 per value of the span: at most this many per row keeps it
+#: within twice the packed positions it picks from (16 bytes a row), however large the read.
+MERGE_DENSE_SPAN = 2
 
 
-def dense_places(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, int] | None:
-    """For a column of integers without nulls whose values span at most :data:`DENSE_SPAN`
-    times its length: each value's place in the span (value - lowest, int64) and the span.
-    None for any other column."""
+def dense_places(
+    column: pa.ChunkedArray | pa.Array, max_span: int | None = None
+) -> tuple[np.ndarray, int] | None:
+    """For a column of integers without nulls whose values span at most ``max_span``
+    (:data:`DENSE_SPAN` if None) times its length: each value's place in the span (value -
+    lowest, int64) and the span. None for any other column."""
     if column.null_count or not pa.types.is_integer(column.type) or len(column) == 0:
         return None
     values = column.to_numpy()
     low, high = values.min(), values.max()
     span = int(high) - int(low) + 1  # Python integers: no overflow at the type's ends
-    if span > DENSE_SPAN * len(values):
+    if span > (DENSE_SPAN if max_span is None else max_span) * len(values):
         return None
     if values.dtype == np.uint64:  # low may exceed int64; the places (< span) do not
         return (values - low).astype(np.int64), span
@@ -110,8 +115,9 @@ def _by_position(spec: TableSpec, rows: pa.Table) -> pa.Table | None:
     disjoint offset ranges); one hash aggregation takes each key's highest, whose low bits are
     the winning row's index. Only the winners (one per key) are sorted, by key, as
     :func:`resolve` orders them (with no delete, dedup keeps exactly each key's first row).
-    A single dense integer key (:func:`dense_places`) needs neither: an array over the keys'
-    span keeps each key's highest (lowest) packed value, in key order.
+    A single dense integer key (:func:`dense_places`, within :data:`MERGE_DENSE_SPAN`) needs
+    neither: an array over the keys' span keeps each key's highest (lowest) packed value, in
+    key order.
     None if the positions and indexes need more than
     :data:`PACK_BITS` bits (offsets spread over more than about 2**40 with 1M rows, say), or a
     position is null: the general path handles those."""
@@ -132,7 +138,7 @@ def _by_position(spec: TableSpec, rows: pa.Table) -> pa.Table | None:
     packed = ((p * span + o) << row_bits) | np.arange(n, dtype=np.int64)
     keys = list(spec.primary_key)
     agg = "max" if spec.mode == "upsert" else "min"
-    dense = dense_places(rows.column(keys[0])) if len(keys) == 1 else None
+    dense = dense_places(rows.column(keys[0]), MERGE_DENSE_SPAN) if len(keys) == 1 else None
     if dense is not None:
         # Each key's highest (lowest) packed value in an array indexed by the key's place:
         # no hash table, and the winners come out in key order (packed values are >= 0).

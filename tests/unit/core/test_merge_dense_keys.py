@@ -72,9 +72,10 @@ def test_dense_integer_keys_resolve_like_the_hash_aggregation(
         rnd = random.Random(seed)
         spec = _spec(mode, key_type)
         rows = _rows(rnd, spec, arrow_type, rnd.choice(lows))
-        assert merge.dense_places(rows.column("k")) is not None  # the array path is taken
+        # the array path is taken
+        assert merge.dense_places(rows.column("k"), merge.MERGE_DENSE_SPAN) is not None
         got = merge.resolve(spec, rows)
-        monkeypatch.setattr(merge, "DENSE_SPAN", 0)  # no key is dense: the hash path
+        monkeypatch.setattr(merge, "MERGE_DENSE_SPAN", 0)  # no key is dense: the hash path
         expected = merge.resolve(spec, rows)
         monkeypatch.undo()
         assert got.to_pylist() == expected.to_pylist()
@@ -96,3 +97,13 @@ def test_keys_spread_wider_than_the_rows_are_not_dense() -> None:
     assert merge.dense_places(pa.array([0, 10**6])) is None
     assert merge.dense_places(pa.array([1, None, 2])) is None
     assert merge.dense_places(pa.array(["a", "b"])) is None
+
+
+def test_the_merge_takes_the_array_only_for_keys_spanning_at_most_twice_the_rows() -> None:
+    """The merge's array holds an int64 per value of the span: keys spread wider than twice
+    the rows (still dense enough for the bitmap that proves keys distinct) are hashed, so a
+    large read never allocates more than 16 bytes a row for it."""
+    keys = pa.array([0, 5, 10, 15])  # a span of 16 values for 4 rows
+    assert merge.dense_places(keys) is not None
+    assert merge.dense_places(keys, merge.MERGE_DENSE_SPAN) is None
+    assert merge.dense_places(pa.array([0, 3, 5, 7]), merge.MERGE_DENSE_SPAN) is not None
