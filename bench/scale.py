@@ -13,8 +13,9 @@ Run from the repository root (not part of CI; about 12 minutes, ``--quick`` abou
 partition-affine) is written as the ``files`` source's JSON-lines files (``ingest_input.py``:
 one subdirectory per partition, 50,000 lines per file) once per partition count (4, 64 and
 256 partitions). Each is caught up by ``DatastreamRunner(files source -> upsert table)
-.run(available_now=True)`` at DEFAULT settings (``max_records_per_batch`` 100,000: 10
-micro-batches of 1M rows), in one SparkSession warmed by a tiny datastream first. Per run:
+.run(available_now=True)`` at DEFAULT settings (adaptive batches: the 1M rows fit one
+micro-batch; a partition fewer than the write tasks has its range split over them), in one
+SparkSession warmed by a tiny datastream first (the input is one file per partition). Per run:
 rows/s over the whole input (wall time of ``run()``), and per micro-batch the sink's metadata
 commit time (``commit_s`` of its ``commits.jsonl``: the one transaction of compare-and-append
 for the table and its dead-letter table, plus deleting unreferenced staged files) and Spark's
