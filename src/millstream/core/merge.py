@@ -89,17 +89,17 @@ MERGE_DENSE_SPAN = 2
 
 
 def dense_places(
-    column: pa.ChunkedArray | pa.Array, max_span: int | None = None
+    column: pa.ChunkedArray | pa.Array, max_span: int = DENSE_SPAN
 ) -> tuple[np.ndarray, int] | None:
-    """For a column of integers without nulls whose values span at most ``max_span``
-    (:data:`DENSE_SPAN` if None) times its length: each value's place in the span (value -
-    lowest, int64) and the span. None for any other column."""
+    """For a column of integers without nulls whose values span at most ``max_span`` times
+    its length: each value's place in the span (value - lowest, int64) and the span. None for
+    any other column."""
     if column.null_count or not pa.types.is_integer(column.type) or len(column) == 0:
         return None
     values = column.to_numpy()
     low, high = values.min(), values.max()
     span = int(high) - int(low) + 1  # Python integers: no overflow at the type's ends
-    if span > (DENSE_SPAN if max_span is None else max_span) * len(values):
+    if span > max_span * len(values):
         return None
     if values.dtype == np.uint64:  # low may exceed int64; the places (< span) do not
         return (values - low).astype(np.int64), span
