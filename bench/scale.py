@@ -6,7 +6,8 @@ Run from the repository root (not part of CI; about 12 minutes, ``--quick`` abou
     .venv/bin/python bench/scale.py --quick              # 200,000 rows, 1 round, 20 s steps
     .venv/bin/python bench/scale.py --skip b --json /tmp/scale.json
     # options: --rows N, --rounds N, --partitions 4,64,256, --streams 1,4,8,16,
-    #          --rate R (per datastream), --seconds S (per step), --skip a|b, --keep
+    #          --rate R (per datastream), --seconds S (per step), --shared-query,
+    #          --skip a|b, --keep
 
 **(a) Partitions: catch-up and commit latency.** The same total input (``--rows``, default
 1,000,000 records of the generator's orders stream, ``ORDERS_SCHEMA``, seed 7, keys
@@ -526,7 +527,9 @@ def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
         ctl = cluster.controller()
         api = Api(ctl.url)
         wait_until("the controller leads", lambda: api.get("/health")["leader"], timeout=60)
-        worker = cluster.worker("w1", ctl.url)
+        worker = cluster.worker(
+            "w1", ctl.url, extra_args=["--shared-query"] if args.shared_query else None
+        )
         wait_until(
             "the worker heartbeats",
             lambda: api.workers().get("w1", {}).get("alive"),
@@ -647,7 +650,12 @@ def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
         cluster.close()
         store.dispose()
         broker.stop()
-    return {"idle": idle, "rate_per_datastream": args.rate, "steps": steps}
+    return {
+        "idle": idle,
+        "rate_per_datastream": args.rate,
+        "shared_query": args.shared_query,
+        "steps": steps,
+    }
 
 
 def all_caught_up(api: Any, names: list[str], producer: Producer, store: Any) -> bool:
@@ -698,7 +706,11 @@ def report(res: dict[str, Any], log: Any) -> None:
             )
     b = res.get("b")
     if b:
-        log(f"\n(b) datastreams on one worker at {b['rate_per_datastream']:,.0f} rows/s each")
+        mode = "one shared query" if b.get("shared_query") else "a query per datastream"
+        log(
+            f"\n(b) datastreams on one worker at {b['rate_per_datastream']:,.0f} rows/s each, "
+            f"{mode}"
+        )
         idle = b["idle"]
         log(
             f"idle worker: {idle['pss_mb']:.0f} MB PSS ({idle['rss_mb']:.0f} MB RSS), "
@@ -750,6 +762,11 @@ def main(argv: list[str] | None = None) -> int:
         "--seconds", type=float, default=None, help="(b) window per step (60; quick 20)"
     )
     ap.add_argument("--tail", type=float, default=8.0, help="(b) seconds sampled after a window")
+    ap.add_argument(
+        "--shared-query",
+        action="store_true",
+        help="(b) the worker runs all its datastreams in one query (millstream worker --shared-query)",
+    )
     ap.add_argument("--catch-up-timeout", type=float, default=240.0)
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: a,b")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")

@@ -1404,6 +1404,21 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         tests=("tests/contract/test_contract_split_ranges.py",),
         select="sqlite-local",
     ),
+    Guard(
+        name="a-shared-querys-members-commit-on-their-own",
+        file="src/millstream/spark/sink.py",
+        what="in a shared query, a member whose commit fails (fenced, gapped) does not keep "
+        "the members after it from committing the batch",
+        old="""\
+                log.warning("batch %s of datastream %s did not commit: %s", batchId, name, exc)
+                errors.append(exc)
+""",
+        new="""\
+                raise  # MUTATION: the first failure ends the batch's commit
+""",
+        tests=("tests/contract/test_contract_shared_query.py",),
+        select="sqlite-local",
+    ),
 )
 
 

@@ -177,6 +177,15 @@ def worker(
         typer.Option("--token", envvar="MILLSTREAM_API_TOKEN", help="Bearer token, if needed."),
     ] = None,
     master: MasterOpt = None,
+    shared_query: Annotated[
+        bool,
+        typer.Option(
+            "--shared-query/--query-per-datastream",
+            help="Run all the worker's writers in one streaming query (a micro-batch's fixed "
+            "cost paid once per trigger for all of them; adding, pausing or removing a "
+            "datastream restarts it) or each in a query of its own.",
+        ),
+    ] = False,
     output: OutputOpt = OutputFormat.text,
 ) -> None:
     """Run a worker: the writers the controller assigns to it, on one SparkSession.
@@ -202,7 +211,11 @@ def worker(
         )
         spark = spark_session(master=master)  # before our handlers: Spark takes SIGINT
         w = Worker(
-            catalog, spark, worker_id=worker_id, settings=ControlSettings(**remote["control"])
+            catalog,
+            spark,
+            worker_id=worker_id,
+            settings=ControlSettings(**remote["control"]),
+            shared_query=shared_query,
         )
         try:
             with ServiceGroup() as group:

@@ -8,6 +8,13 @@ Each :meth:`Worker.tick` reads the stored assignments and datastream states and 
   continues exactly there;
 * not assigned (stop, delete, rebalance) -> the writer is stopped and released.
 
+With ``shared_query`` the writers of all its READY datastreams run in ONE streaming query
+(:mod:`millstream.spark.shared`): a micro-batch's fixed cost is paid once per trigger for all
+of them instead of once per datastream. The membership is fixed for the query's life, so a
+change to it (a datastream added, paused, stopped, or back from its backoff) restarts the
+shared query; a member's error takes that member out (ERROR, or a backoff) and the others
+run on.
+
 It then heartbeats its status and the writers it runs. The worker reports RUNNING only when
 every writer it hosts, standbys included, holds its state-directory lock.
 
@@ -50,6 +57,7 @@ from millstream.sealing.sealer import Sealer, SealFaults
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.options import CommitGate
 from millstream.spark.runner import CommitLogTotals, DatastreamRunner
+from millstream.spark.shared import SharedQueryMemberError, SharedQueryRunner
 from millstream.storage.statedir import StateDirCleaner, StateDirectory
 from millstream.supervise import Backoff, LoopStatus, SupervisedLoop, Supervisor
 
@@ -92,6 +100,7 @@ class Worker:
         clock: Clock = SYSTEM_CLOCK,
         state_root: Path | None = None,
         url: str | None = None,
+        shared_query: bool = False,
     ) -> None:
         self.catalog = catalog
         self.spark = spark
@@ -102,6 +111,10 @@ class Worker:
         self.registry = Registry(catalog.store, clock=clock)
         self.url = url
         self.writers: dict[str, _Writer] = {}
+        #: Run every writer in one streaming query (see the module's docstring).
+        self.shared_query = shared_query
+        self.shared: SharedQueryRunner | None = None
+        self.shared_thread: threading.Thread | None = None
         self.sealers: dict[str, Sealer] = {}
         #: Per datastream: rows its writers committed here, from their commit logs (kept
         #: for the worker's life, so the counters it reports never go down).
@@ -147,6 +160,11 @@ class Worker:
             if w == self.id
         }
         states = {r.name: r for r in self.registry.list()}
+        if self.shared_query:
+            self._reconcile_shared(mine, states)
+            self._clean_state_dirs()
+            self._heartbeat()
+            return
         for ds, role in mine.items():
             rec = states.get(ds)
             should_run = rec is not None and rec.state is State.READY
@@ -162,6 +180,111 @@ class Worker:
                 self._stop_writer(ds)
         self._clean_state_dirs()
         self._heartbeat()
+
+    # -- one shared query for every writer ---------------------------------------------------
+
+    def _reconcile_shared(self, mine: dict[str, str], states: dict[str, Any]) -> None:
+        """Restart the shared query when the datastreams it should run differ from those it
+        runs: READY and assigned here, less those waiting out a failure's backoff."""
+        ready = {
+            ds: role
+            for ds, role in mine.items()
+            if (rec := states.get(ds)) is not None and rec.state is State.READY
+        }
+        for ds, role in ready.items():
+            if ds in self.writers:
+                self.writers[ds].role = role
+        wanted = {ds for ds in ready if self._may_restart(self.writers.get(ds))}
+        running = self.shared_thread is not None and self.shared_thread.is_alive()
+        members = set(self.shared.members) if self.shared is not None and running else set()
+        gone = set(self.writers) - set(ready)
+        if members == wanted and not gone and (running or not wanted):
+            return
+        self._stop_shared()
+        for ds in gone:
+            self.writers.pop(ds)
+        if wanted:
+            self._start_shared({ds: ready[ds] for ds in sorted(wanted)})
+
+    def _start_shared(self, wanted: dict[str, str]) -> None:
+        runners: list[DatastreamRunner] = []
+        members: list[_Writer] = []
+        for ds, role in wanted.items():
+            rec = self.registry.get(ds)
+            w = self.writers.get(ds)
+            if w is None:
+                w = self.writers[ds] = _Writer(ds, role, StateDirectory(self.state_root, ds))
+            w.failures = w.failures + 1 if w.error else 0
+            w.error = w.failed_at = None
+            w.done = threading.Event()
+            try:
+                w.state_dir.lock()
+            except StateDirLockedError as exc:
+                log.info("writer %s waits for its state directory: %s", ds, exc)
+                continue  # listed, not locked: the worker reports STARTING (KAFKA-8187)
+            w.locked = True
+            gate = CommitGate(
+                ds, self.id, rec.spec.table_spec().name, takeover_ttl=self.settings.takeover_ttl
+            )
+            w.runner = DatastreamRunner(
+                rec.spec,
+                self.catalog,
+                self.spark,
+                writer_id=self.id,
+                state_dir=w.state_dir,
+                commit_gate=gate if rec.spec.replica_mode == "standby" else None,
+            )
+            runners.append(w.runner)
+            members.append(w)
+        if not runners:
+            return
+        shared = SharedQueryRunner(
+            runners, self.spark, StateDirectory(self.state_root, "_shared-query")
+        )
+
+        def _run() -> None:
+            try:
+                shared.run()
+            except SharedQueryMemberError as exc:
+                hopeless = isinstance(exc.error, MillstreamError) or (
+                    isinstance(exc.error, Exception) and _bad_record(exc.error)
+                )
+                self._member_failed(exc.member, str(exc), fail=hopeless)
+            except Exception as exc:  # the query's own: every member waits out a backoff
+                for w in members:
+                    self._member_failed(w.datastream, str(exc) or repr(exc), fail=False)
+            finally:
+                for w in members:
+                    w.done.set()
+
+        thread = threading.Thread(target=_run, name="writer-shared-query", daemon=True)
+        for w in members:
+            w.thread = thread
+        self.shared, self.shared_thread = shared, thread
+        thread.start()
+
+    def _member_failed(self, ds: str, error: str, *, fail: bool) -> None:
+        """Record a member's failure (its backoff starts now); with ``fail`` (restarting
+        cannot help, as for a writer of its own) the datastream goes to ERROR."""
+        w = self.writers.get(ds)
+        error = error.splitlines()[0][:2000]
+        log.error("writer %s on %s failed: %s", ds, self.id, error)
+        if w is not None:
+            w.error, w.failed_at = error, self.clock.now()
+        if fail:
+            self.registry.fail(ds, error)
+
+    def _stop_shared(self) -> None:
+        """Stop the shared query (if any) and release its members' state directories."""
+        if self.shared is not None:
+            self.shared.stop()
+        if self.shared_thread is not None:
+            self.shared_thread.join(timeout=60)
+        self.shared = self.shared_thread = None
+        for w in self.writers.values():
+            if w.locked:
+                w.state_dir.unlock()
+                w.locked = False
 
     def _clean_state_dirs(self) -> None:
         """Delete this worker's state directories that no writer holds and that were idle
@@ -398,6 +521,7 @@ class Worker:
             self._stop.wait(self.settings.tick_seconds)
         self.seal_loop.stop()  # lets a seal in progress finish first
         self.beat_loop.stop()  # before the last heartbeat, which says STOPPED
+        self._stop_shared()
         for ds in list(self.writers):
             self._stop_writer(ds)
         for sealer in self.sealers.values():

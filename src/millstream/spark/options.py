@@ -9,6 +9,8 @@ and read back by ``from_options``; no other module reads or writes a Millstream 
   records, the source the sink reads ranges of, inline sealing.
 * :class:`CommitGate`: in both when a worker runs a writer as one replica of several: a
   standby commits (and plans past the shard uppers) only when the active is gone.
+* :class:`GroupSourceOptions` / :class:`GroupSinkOptions`: several datastreams in one query
+  (a worker's shared query), one member's source or sink options per datastream.
 """
 
 from __future__ import annotations
@@ -273,3 +275,46 @@ class SinkOptions:
             gate=CommitGate.from_options(o),
             max_staged_age=float(o.get("maxStagedAge") or MAX_STAGED_AGE_SECONDS),
         )
+
+
+def _members(options: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    members = _json(Options(options), "members", None)
+    if not isinstance(members, dict) or not members:
+        raise InvalidSpecError("members", "a shared query names at least one datastream")
+    return {str(k): v for k, v in members.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSourceOptions:
+    """The source of a shared query: each member datastream's :class:`SourceOptions`, by name."""
+
+    members: dict[str, SourceOptions]
+
+    def __post_init__(self) -> None:
+        if not self.members:
+            raise InvalidSpecError("members", "a shared query names at least one datastream")
+
+    def to_options(self) -> dict[str, str]:
+        return {"members": json.dumps({n: o.to_options() for n, o in self.members.items()})}
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> GroupSourceOptions:
+        return cls({n: SourceOptions.from_options(o) for n, o in _members(options).items()})
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSinkOptions:
+    """The sink of a shared query: each member datastream's :class:`SinkOptions`, by name."""
+
+    members: dict[str, SinkOptions]
+
+    def __post_init__(self) -> None:
+        if not self.members:
+            raise InvalidSpecError("members", "a shared query names at least one datastream")
+
+    def to_options(self) -> dict[str, str]:
+        return {"members": json.dumps({n: o.to_options() for n, o in self.members.items()})}
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> GroupSinkOptions:
+        return cls({n: SinkOptions.from_options(o) for n, o in _members(options).items()})

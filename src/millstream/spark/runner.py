@@ -258,6 +258,28 @@ class DatastreamRunner:
         self.ensure_tables()
         boot = self.bootstrap()
         self.prepare_checkpoint(boot)
+        source, sink = self.query_options(boot)
+        writer = (
+            self.spark.readStream.format(SOURCE_FORMAT)
+            .options(**source.to_options())
+            .load()
+            .writeStream.format("millstream")
+            .options(**sink.to_options())
+            .option("checkpointLocation", str(self.checkpoint))
+            .queryName(f"millstream-{self.spec.name}-{self.writer_id}")
+        )
+        if available_now:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(
+                processingTime=f"{int(self.spec.trigger_seconds * 1000)} milliseconds"
+            )
+        self.query = writer.start()
+        return self.query
+
+    def query_options(self, boot: Bootstrap) -> tuple[SourceOptions, SinkOptions]:
+        """The source's and the sink's options of this writer's query, started at ``boot``
+        (the shard uppers and epochs): the query's own, or its member's in a shared query."""
         kind, config = config_for(self.spec.source)
         settings = self.catalog.settings
         # The sink reads each planned range itself; the source sends only the range markers.
@@ -288,23 +310,7 @@ class DatastreamRunner:
             gate=self.commit_gate,
             max_staged_age=self.max_staged_age,
         )
-        writer = (
-            self.spark.readStream.format(SOURCE_FORMAT)
-            .options(**source.to_options())
-            .load()
-            .writeStream.format("millstream")
-            .options(**sink.to_options())
-            .option("checkpointLocation", str(self.checkpoint))
-            .queryName(f"millstream-{self.spec.name}-{self.writer_id}")
-        )
-        if available_now:
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(
-                processingTime=f"{int(self.spec.trigger_seconds * 1000)} milliseconds"
-            )
-        self.query = writer.start()
-        return self.query
+        return source, sink
 
     def run(
         self,

@@ -20,8 +20,8 @@ Ranges are fixed by the batch's offsets, so a replayed batch re-reads exactly th
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -43,7 +43,9 @@ from millstream.ingest.sources.base import (
     raw_columns,
     split_budget,
 )
-from millstream.spark.options import SPLIT_MIN_RECORDS, SourceOptions
+from millstream.spark.options import SPLIT_MIN_RECORDS, GroupSourceOptions, SourceOptions
+
+T = TypeVar("T")
 
 #: The Spark format name of the stream source.
 FORMAT = "millstream_source"
@@ -55,6 +57,15 @@ RAW_DDL = (
 
 #: The value of a marker whose range the sink must read itself (``ranges_only`` sources).
 SELF_READ = b"millstream:read-range"
+
+#: The Spark format name of a shared query's source (several datastreams in one query).
+GROUP_FORMAT = "millstream_group_source"
+#: A shared query's rows: the raw rows plus the member datastream each belongs to.
+GROUP_DDL = RAW_DDL + ", member string"
+GROUP_SCHEMA = RAW_SCHEMA.append(pa.field("member", pa.string()))
+#: The note a member's error carries out of a shared query (its Python worker's traceback
+#: reaches the driver as text), so the worker knows whose error it was.
+MEMBER_NOTE = "in the shared query's member datastream {!r}"
 
 
 def plan_tasks(
@@ -209,6 +220,125 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, Any]) -> None:
         pass
+
+
+class GroupTask(InputPartition):
+    """One Spark task of a shared query: ``(member, ranges)`` of one or more datastreams."""
+
+    def __init__(self, parts: list[tuple[str, list[tuple[int, int, int]]]]) -> None:
+        super().__init__(parts)
+        self.parts = parts
+
+
+def plan_group_tasks(
+    members: list[tuple[str, list[list[tuple[int, int, int]]]]], tasks: int
+) -> list[list[tuple[str, list[tuple[int, int, int]]]]]:
+    """Each member's write tasks (:func:`plan_tasks`) packed into at most ``tasks`` tasks of the
+    shared query, balanced longest first: the query runs ``tasks`` tasks a batch, however many
+    datastreams it holds."""
+    pieces = [
+        (sum(hi - lo for _, lo, hi in bucket), name, bucket)
+        for name, buckets in members
+        for bucket in buckets
+    ]
+    n = max(1, min(tasks, len(pieces)))
+    out: list[list[tuple[str, list[tuple[int, int, int]]]]] = [[] for _ in range(n)]
+    load = [0] * n
+    for size, name, bucket in sorted(pieces, key=lambda t: (-t[0], t[1])):
+        i = load.index(min(load))
+        out[i].append((name, bucket))
+        load[i] += size
+    return [sorted(t) for t in out if t]
+
+
+class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The source of a shared query: a :class:`StreamReader` per member datastream, each
+    planning as it would alone (its budget, its standby gate); offsets are
+    ``{datastream: {partition: offset}}``. A member's error carries :data:`MEMBER_NOTE`."""
+
+    def __init__(self, options: GroupSourceOptions) -> None:
+        self.opts = options
+        self.members = {n: StreamReader(o) for n, o in sorted(options.members.items())}
+        self.tasks = max(o.tasks for o in options.members.values())
+
+    def initialOffset(self) -> dict[str, Any]:
+        return {n: _noted(n, r.initialOffset) for n, r in self.members.items()}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadAllAvailable()  # each member applies its own limit
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        for n, r in self.members.items():
+            _noted(n, r.prepareForTriggerAvailableNow)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for n, r in self.members.items():
+            try:
+                # a member the checkpoint does not know yet starts where it would alone
+                begin = start.get(n) or r.initialOffset()
+                out[n] = r.latestOffset(begin, r.getDefaultReadLimit())
+            except Exception as exc:
+                exc.add_note(MEMBER_NOTE.format(n))
+                raise
+        return out
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        planned: list[tuple[str, list[list[tuple[int, int, int]]]]] = []
+        for n, r in self.members.items():
+            stop = decode_offsets(end.get(n) or {})
+            begin = decode_offsets(start.get(n) or encode_offsets(stop))
+            ranges = [
+                (p, begin.get(p, hi), hi) for p, hi in sorted(stop.items()) if hi > begin.get(p, hi)
+            ]
+            if ranges:
+                planned.append((n, plan_tasks(ranges, r.opts.tasks, r.opts.split_min_records)))
+        return [GroupTask(t) for t in plan_group_tasks(planned, self.tasks)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, GroupTask)
+        for n, ranges in partition.parts:
+            try:
+                for batch in self.members[n].read(RangeTask(ranges)):
+                    yield with_member(batch, n)
+            except Exception as exc:
+                exc.add_note(MEMBER_NOTE.format(n))
+                raise
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass
+
+
+def _noted(member: str, call: Callable[[], T]) -> T:
+    """``call()``; an error it raises carries :data:`MEMBER_NOTE` naming ``member``."""
+    try:
+        return call()
+    except Exception as exc:
+        exc.add_note(MEMBER_NOTE.format(member))
+        raise
+
+
+def with_member(batch: pa.RecordBatch, member: str) -> pa.RecordBatch:
+    """A raw batch of ``member`` as a shared query's batch (:data:`GROUP_SCHEMA`)."""
+    n = batch.num_rows
+    return pa.RecordBatch.from_arrays(
+        [*batch.columns, pa.array([member] * n, pa.string())], schema=GROUP_SCHEMA
+    )
+
+
+class GroupStreamSource(DataSource):
+    """``spark.readStream.format("millstream_group_source")`` with
+    :class:`~millstream.spark.options.GroupSourceOptions`: several datastreams in one query."""
+
+    @classmethod
+    def name(cls) -> str:
+        return GROUP_FORMAT
+
+    def schema(self) -> str:
+        return GROUP_DDL
+
+    def streamReader(self, schema: object) -> DataSourceStreamReader:
+        return GroupStreamReader(GroupSourceOptions.from_options(self.options))
 
 
 class StreamSource(DataSource):

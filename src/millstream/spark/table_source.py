@@ -53,9 +53,9 @@ from pyspark.sql.types import StructType
 from millstream.catalog import PIN_SECONDS, Catalog
 from millstream.config import Settings
 from millstream.errors import InvalidSpecError
-from millstream.spark.options import Options, SinkOptions
-from millstream.spark.sink import SegmentSink
-from millstream.spark.sources import StreamSource
+from millstream.spark.options import GroupSinkOptions, Options, SinkOptions
+from millstream.spark.sink import GroupSink, SegmentSink
+from millstream.spark.sources import GROUP_DDL, GroupStreamSource, StreamSource
 from millstream.spec import TableSpec
 from millstream.table.read import Condition
 from millstream.types import DecimalType, ListType, MapType, Scalar, Type, parse_type
@@ -191,6 +191,25 @@ class MillstreamDataSource(DataSource):
         return SegmentSink(SinkOptions.from_options(self.options))
 
 
+#: The Spark format name of a shared query's sink.
+GROUP_SINK_FORMAT = "millstream_group"
+
+
+class MillstreamGroupSink(DataSource):
+    """The streaming sink of a shared query (several datastreams in one query), with
+    :class:`~millstream.spark.options.GroupSinkOptions`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return GROUP_SINK_FORMAT
+
+    def schema(self) -> str:
+        return GROUP_DDL
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return GroupSink(GroupSinkOptions.from_options(self.options))
+
+
 class MillstreamReader(DataSourceReader):
     def __init__(self, options: dict[str, str], columns: list[str] | None = None) -> None:
         self.options = options
@@ -274,7 +293,7 @@ def register(spark: SparkSession) -> None:
     """Register the ``millstream`` data source (batch reads, streaming sink) and the stream
     source ``millstream_source`` (idempotent; one thread at a time)."""
     with _REGISTER_LOCK:
-        for ds in (MillstreamDataSource, StreamSource):
+        for ds in (MillstreamDataSource, StreamSource, MillstreamGroupSink, GroupStreamSource):
             spark.dataSource.register(ds)
 
 

@@ -258,9 +258,11 @@ class Cluster:
         *,
         master: str = "local[2]",
         env: dict[str, str] | None = None,
+        extra_args: list[str] | None = None,
     ) -> Service:
         """Start worker ``worker_id`` (again: same log file, appended); ``env`` is added to
-        its environment (``MILLSTREAM_SEAL_FAULTS`` ...)."""
+        its environment (``MILLSTREAM_SEAL_FAULTS`` ...), ``extra_args`` to its command line
+        (``--shared-query`` ...)."""
         args = [
             str(MILLSTREAM_BIN),
             "worker",
@@ -270,6 +272,7 @@ class Cluster:
             worker_id,
             "--master",
             master,
+            *(extra_args or []),
         ]
         svc = Service(
             worker_id,
