@@ -6,7 +6,7 @@ Run from the repository root (not part of CI; about 12 minutes, ``--quick`` abou
     .venv/bin/python bench/scale.py --quick              # 200,000 rows, 1 round, 20 s steps
     .venv/bin/python bench/scale.py --skip b --json /tmp/scale.json
     # options: --rows N, --rounds N, --partitions 4,64,256, --streams 1,4,8,16,
-    #          --rate R (per datastream), --seconds S (per step), --shared-query,
+    #          --rate R (per datastream), --seconds S (per step), --query-per-datastream,
     #          --skip a|b, --keep
 
 **(a) Partitions: catch-up and commit latency.** The same total input (``--rows``, default
@@ -528,7 +528,7 @@ def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
         api = Api(ctl.url)
         wait_until("the controller leads", lambda: api.get("/health")["leader"], timeout=60)
         worker = cluster.worker(
-            "w1", ctl.url, extra_args=["--shared-query"] if args.shared_query else None
+            "w1", ctl.url, extra_args=None if args.shared_query else ["--query-per-datastream"]
         )
         wait_until(
             "the worker heartbeats",
@@ -763,9 +763,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--tail", type=float, default=8.0, help="(b) seconds sampled after a window")
     ap.add_argument(
-        "--shared-query",
-        action="store_true",
-        help="(b) the worker runs all its datastreams in one query (millstream worker --shared-query)",
+        "--query-per-datastream",
+        dest="shared_query",
+        action="store_false",
+        help="(b) the worker runs each datastream in a query of its own (the default before "
+        "session 16), not all of them in one shared query",
     )
     ap.add_argument("--catch-up-timeout", type=float, default=240.0)
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: a,b")

@@ -181,11 +181,11 @@ def worker(
         bool,
         typer.Option(
             "--shared-query/--query-per-datastream",
-            help="Run all the worker's writers in one streaming query (a micro-batch's fixed "
-            "cost paid once per trigger for all of them; adding, pausing or removing a "
-            "datastream restarts it) or each in a query of its own.",
+            help="Run all the worker's writers in one streaming query (the default: a "
+            "micro-batch's fixed cost paid once per trigger for all of them; adding, pausing "
+            "or removing a datastream restarts it) or each in a query of its own.",
         ),
-    ] = False,
+    ] = True,
     output: OutputOpt = OutputFormat.text,
 ) -> None:
     """Run a worker: the writers the controller assigns to it, on one SparkSession.

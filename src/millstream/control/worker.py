@@ -1,4 +1,5 @@
-"""A worker: one SparkSession, one streaming query per assigned writer (actives and standbys).
+"""A worker: one SparkSession; one streaming query for all its assigned writers (actives and
+standbys; ``shared_query``, the default) or one per writer.
 
 Each :meth:`Worker.tick` reads the stored assignments and datastream states and reconciles:
 
@@ -8,7 +9,8 @@ Each :meth:`Worker.tick` reads the stored assignments and datastream states and 
   continues exactly there;
 * not assigned (stop, delete, rebalance) -> the writer is stopped and released.
 
-With ``shared_query`` the writers of all its READY datastreams run in ONE streaming query
+With ``shared_query`` (the default) the writers of all its READY datastreams run in ONE
+streaming query
 (:mod:`millstream.spark.shared`): a micro-batch's fixed cost is paid once per trigger for all
 of them instead of once per datastream. The membership is fixed for the query's life, so a
 change to it (a datastream added, paused, stopped, or back from its backoff) restarts the
@@ -63,6 +65,10 @@ from millstream.supervise import Backoff, LoopStatus, SupervisedLoop, Supervisor
 
 log = logging.getLogger(__name__)
 
+#: A shared query's member whose state directory someone else holds is tried again this much
+#: later (each try restarts the shared query).
+LOCK_RETRY_SECONDS = 5.0
+
 
 def _bad_record(exc: Exception) -> bool:
     """The writer's query failed on a bad record (``bad_records: fail``): restarting cannot
@@ -100,7 +106,7 @@ class Worker:
         clock: Clock = SYSTEM_CLOCK,
         state_root: Path | None = None,
         url: str | None = None,
-        shared_query: bool = False,
+        shared_query: bool = True,
     ) -> None:
         self.catalog = catalog
         self.spark = spark
@@ -115,6 +121,8 @@ class Worker:
         self.shared_query = shared_query
         self.shared: SharedQueryRunner | None = None
         self.shared_thread: threading.Thread | None = None
+        #: A member whose state directory was locked elsewhere: when to try it again.
+        self._lock_retry: dict[str, float] = {}
         self.sealers: dict[str, Sealer] = {}
         #: Per datastream: rows its writers committed here, from their commit logs (kept
         #: for the worker's life, so the counters it reports never go down).
@@ -194,7 +202,12 @@ class Worker:
         for ds, role in ready.items():
             if ds in self.writers:
                 self.writers[ds].role = role
-        wanted = {ds for ds in ready if self._may_restart(self.writers.get(ds))}
+        now = self.clock.now()
+        wanted = {
+            ds
+            for ds in ready
+            if self._may_restart(self.writers.get(ds)) and self._lock_retry.get(ds, 0.0) <= now
+        }
         running = self.shared_thread is not None and self.shared_thread.is_alive()
         members = set(self.shared.members) if self.shared is not None and running else set()
         gone = set(self.writers) - set(ready)
@@ -211,17 +224,23 @@ class Worker:
         members: list[_Writer] = []
         for ds, role in wanted.items():
             rec = self.registry.get(ds)
-            w = self.writers.get(ds)
-            if w is None:
-                w = self.writers[ds] = _Writer(ds, role, StateDirectory(self.state_root, ds))
-            w.failures = w.failures + 1 if w.error else 0
-            w.error = w.failed_at = None
-            w.done = threading.Event()
+            previous = self.writers.get(ds)
+            # a fresh writer per start, as a writer of its own gets (its backoff carried on)
+            w = self.writers[ds] = _Writer(
+                ds,
+                role,
+                StateDirectory(self.state_root, ds),
+                failures=(previous.failures + 1) if previous and previous.error else 0,
+            )
             try:
                 w.state_dir.lock()
             except StateDirLockedError as exc:
+                # Listed, not locked: the worker reports STARTING (KAFKA-8187). It is tried
+                # again a few ticks later, not at every tick: each try restarts the query.
                 log.info("writer %s waits for its state directory: %s", ds, exc)
-                continue  # listed, not locked: the worker reports STARTING (KAFKA-8187)
+                self._lock_retry[ds] = self.clock.now() + LOCK_RETRY_SECONDS
+                continue
+            self._lock_retry.pop(ds, None)
             w.locked = True
             gate = CommitGate(
                 ds, self.id, rec.spec.table_spec().name, takeover_ttl=self.settings.takeover_ttl

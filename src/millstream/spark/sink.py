@@ -45,7 +45,7 @@ from millstream.metastore.assignments import may_commit
 from millstream.metastore.evolve import absorb
 from millstream.metastore.store import MetadataStore
 from millstream.spark.options import GroupSinkOptions, SinkOptions
-from millstream.spark.sources import GROUP_SCHEMA, MEMBER_NOTE, SELF_READ
+from millstream.spark.sources import GROUP_SCHEMA, MEMBER_NOTE, MEMBER_THREADS, SELF_READ
 from millstream.spec import TableSpec
 from millstream.storage.deepstore import DeepStore
 from millstream.table.commit import (
@@ -434,10 +434,6 @@ class SegmentSink(DataSourceStreamArrowWriter):
                 **_row_counts(result),
             }
         append_commit_log(Path(self.stats_file), entry)
-
-
-#: Members of a shared query one write task writes at once (each on a thread).
-MEMBER_THREADS = 8
 
 
 @dataclass

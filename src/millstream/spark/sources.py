@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import numpy as np
@@ -63,6 +64,8 @@ GROUP_FORMAT = "millstream_group_source"
 #: A shared query's rows: the raw rows plus the member datastream each belongs to.
 GROUP_DDL = RAW_DDL + ", member string"
 GROUP_SCHEMA = RAW_SCHEMA.append(pa.field("member", pa.string()))
+#: Members of a shared query planned, or written by one task, at once (each on a thread).
+MEMBER_THREADS = 8
 #: The note a member's error carries out of a shared query (its Python worker's traceback
 #: reaches the driver as text), so the worker knows whose error it was.
 MEMBER_NOTE = "in the shared query's member datastream {!r}"
@@ -272,16 +275,27 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             _noted(n, r.prepareForTriggerAvailableNow)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for n, r in self.members.items():
+        """Every member's end, asked of the members' sources at once: each answer is a round
+        trip to its broker (a watermark per partition), and 8 datastreams of 4 partitions one
+        after another took 70 ms on a quiet machine and 150-250 ms on a busy one."""
+
+        def latest(n: str) -> Any:
+            r = self.members[n]
             try:
                 # a member the checkpoint does not know yet starts where it would alone
                 begin = start.get(n) or r.initialOffset()
-                out[n] = r.latestOffset(begin, r.getDefaultReadLimit())
+                return r.latestOffset(begin, r.getDefaultReadLimit())
             except Exception as exc:
                 exc.add_note(MEMBER_NOTE.format(n))
                 raise
-        return out
+
+        if len(self.members) == 1:
+            return {n: latest(n) for n in self.members}
+        with ThreadPoolExecutor(
+            max_workers=min(len(self.members), MEMBER_THREADS), thread_name_prefix="member-plan"
+        ) as pool:
+            futures = {n: pool.submit(latest, n) for n in self.members}
+            return {n: f.result() for n, f in futures.items()}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         planned: list[tuple[str, list[list[tuple[int, int, int]]]]] = []

@@ -1,0 +1,58 @@
+"""A shared query's planning: each member's ranges are planned as the member would plan them
+alone and packed into the query's tasks whole; a member's error carries its name through
+Spark's text."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from millstream.errors import BadRecordError, WriterFencedError, from_spark_failure
+from millstream.spark.shared import SharedQueryMemberError, member_of
+from millstream.spark.sources import MEMBER_NOTE, plan_group_tasks, plan_tasks
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_every_members_tasks_are_packed_whole_into_at_most_the_querys_tasks(seed: int) -> None:
+    rng = random.Random(seed)
+    tasks = rng.randint(1, 4)
+    members = []
+    for m in range(rng.randint(1, 9)):
+        ranges = []
+        for p in rng.sample(range(16), rng.randint(1, 6)):
+            lo = rng.randint(0, 1000)
+            ranges.append((p, lo, lo + rng.choice([1, 50, 400, 150_000])))
+        members.append((f"ds{m}", plan_tasks(sorted(ranges), tasks, 50_000)))
+    packed = plan_group_tasks(members, tasks)
+    assert 1 <= len(packed) <= tasks, f"seed {seed}"
+    got = sorted((name, tuple(bucket)) for task in packed for name, bucket in task)
+    want = sorted((name, tuple(bucket)) for name, buckets in members for bucket in buckets)
+    assert got == want, f"seed {seed}: a member's task was split, lost or doubled"
+    if len(want) >= tasks:
+        assert len(packed) == tasks, f"seed {seed}: a task slot left idle"
+
+
+def test_nothing_to_plan_is_no_task() -> None:
+    assert plan_group_tasks([], 2) == []
+
+
+def test_a_members_error_is_known_by_its_name_in_sparks_text() -> None:
+    err = BadRecordError("orders", 1, 21, "not valid JSON")
+    err.add_note(MEMBER_NOTE.format("orders-ds"))
+    spark_text = (
+        "[STREAM_FAILED] Query [id = 1] terminated with exception: [PYTHON_EXCEPTION] An "
+        "exception was thrown from the Python worker: Traceback (most recent call last):\n"
+        '  File "sink.py", line 1, in write\n'
+        f"millstream.errors.BadRecordError: {err}\n{err.__notes__[0]}\n"
+        "\tat org.apache.spark.sql.execution.python.PythonException(...)\n"
+    )
+    failure = Exception(spark_text)
+    assert member_of(failure) == "orders-ds"
+    member_error = SharedQueryMemberError("orders-ds", failure)
+    assert str(member_error).startswith("datastream 'orders-ds': BadRecordError: bad record")
+    assert "partition 1 offset 21" in str(member_error)
+    ours = from_spark_failure(failure)
+    assert ours is not None and ours.kind is BadRecordError
+    # An error of the query itself names no member.
+    assert member_of(Exception(f"WriterFencedError: {WriterFencedError('t', 0, 1, 2)}")) is None
