@@ -666,7 +666,9 @@ def all_caught_up(api: Any, names: list[str], producer: Producer, store: Any) ->
     lag = 0
     for n in names:
         for p in range(TOPIC_PARTITIONS):
-            lag = max(lag, ends.get((n, p), 0) - uppers.get((n, p), 0))
+            if (n, p) not in uppers:
+                return False  # its writer has not started (a worker lists it as it starts)
+            lag = max(lag, ends.get((n, p), 0) - uppers[(n, p)])
     return lag <= producer.rate / TOPIC_PARTITIONS  # under a second of records
 
 

@@ -279,9 +279,19 @@ class SinkOptions:
 
 def _members(options: Mapping[str, str]) -> dict[str, dict[str, str]]:
     members = _json(Options(options), "members", None)
-    if not isinstance(members, dict) or not members:
+    if not isinstance(members, dict):
+        members = {}
+    return {str(k): v for k, v in _nonempty(members).items()}
+
+
+def _nonempty(members: Mapping[str, Any]) -> Mapping[str, Any]:
+    if not members:
         raise InvalidSpecError("members", "a shared query names at least one datastream")
-    return {str(k): v for k, v in members.items()}
+    return members
+
+
+def _members_options(members: Mapping[str, SourceOptions | SinkOptions]) -> dict[str, str]:
+    return {"members": json.dumps({n: o.to_options() for n, o in _nonempty(members).items()})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,11 +301,10 @@ class GroupSourceOptions:
     members: dict[str, SourceOptions]
 
     def __post_init__(self) -> None:
-        if not self.members:
-            raise InvalidSpecError("members", "a shared query names at least one datastream")
+        _nonempty(self.members)
 
     def to_options(self) -> dict[str, str]:
-        return {"members": json.dumps({n: o.to_options() for n, o in self.members.items()})}
+        return _members_options(self.members)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> GroupSourceOptions:
@@ -309,11 +318,10 @@ class GroupSinkOptions:
     members: dict[str, SinkOptions]
 
     def __post_init__(self) -> None:
-        if not self.members:
-            raise InvalidSpecError("members", "a shared query names at least one datastream")
+        _nonempty(self.members)
 
     def to_options(self) -> dict[str, str]:
-        return {"members": json.dumps({n: o.to_options() for n, o in self.members.items()})}
+        return _members_options(self.members)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> GroupSinkOptions:

@@ -8,7 +8,13 @@ import random
 
 import pytest
 
-from millstream.errors import BadRecordError, WriterFencedError, from_spark_failure
+from millstream.errors import (
+    BadRecordError,
+    InvalidSpecError,
+    WriterFencedError,
+    from_spark_failure,
+)
+from millstream.spark.options import GroupSinkOptions, GroupSourceOptions
 from millstream.spark.shared import SharedQueryMemberError, member_of
 from millstream.spark.sources import MEMBER_NOTE, plan_group_tasks, plan_tasks
 
@@ -56,3 +62,14 @@ def test_a_members_error_is_known_by_its_name_in_sparks_text() -> None:
     assert ours is not None and ours.kind is BadRecordError
     # An error of the query itself names no member.
     assert member_of(Exception(f"WriterFencedError: {WriterFencedError('t', 0, 1, 2)}")) is None
+
+
+def test_a_shared_query_without_members_is_refused_naming_the_field() -> None:
+    for make in (
+        lambda: GroupSourceOptions.from_options({}),
+        lambda: GroupSourceOptions.from_options({"members": "{}"}),
+        lambda: GroupSinkOptions({}),
+    ):
+        with pytest.raises(InvalidSpecError) as raised:
+            make()
+        assert "members" in str(raised.value)
