@@ -1419,6 +1419,19 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         tests=("tests/contract/test_contract_shared_query.py",),
         select="sqlite-local",
     ),
+    Guard(
+        name="a-shared-query-task-holds-one-bucket-per-member",
+        file="src/millstream/spark/sources.py",
+        what="a shared query's task never gets two of one member's buckets (a split "
+        "partition's two pieces would be reported as one range and the commit refused)",
+        old="""\
+        i = min((j for j in range(n) if name not in held[j]), key=lambda j: load[j])
+""",
+        new="""\
+        i = min(range(n), key=lambda j: load[j])  # MUTATION: any task
+""",
+        tests=("tests/unit/ingest/test_shared_query_planning.py",),
+    ),
 )
 
 

@@ -48,7 +48,9 @@ from millstream.core.lifecycle import State
 from millstream.datastream import DatastreamSpec, dead_letter_spec
 from millstream.errors import (
     BadRecordError,
+    CommitStateUnknownError,
     MillstreamError,
+    SourceReadError,
     StateDirLockedError,
     from_spark_failure,
 )
@@ -68,6 +70,11 @@ log = logging.getLogger(__name__)
 #: A shared query's member whose state directory someone else holds is tried again this much
 #: later (each try restarts the shared query).
 LOCK_RETRY_SECONDS = 5.0
+LOCK_RETRY_MAX_SECONDS = 60.0
+
+#: A shared query's member that fails with one of these as the query starts (its source or
+#: the metadata store not answering) waits out a backoff instead of going to ERROR.
+TRANSIENT = (SourceReadError, CommitStateUnknownError)
 
 
 def _bad_record(exc: Exception) -> bool:
@@ -121,8 +128,9 @@ class Worker:
         self.shared_query = shared_query
         self.shared: SharedQueryRunner | None = None
         self.shared_thread: threading.Thread | None = None
-        #: A member whose state directory was locked elsewhere: when to try it again.
-        self._lock_retry: dict[str, float] = {}
+        #: A datastream whose state directory was held elsewhere: when to try it again, and
+        #: the wait before that (doubling, see :meth:`_lock_free`).
+        self._lock_retry: dict[str, tuple[float, float]] = {}
         self.sealers: dict[str, Sealer] = {}
         #: Per datastream: rows its writers committed here, from their commit logs (kept
         #: for the worker's life, so the counters it reports never go down).
@@ -202,22 +210,51 @@ class Worker:
         for ds, role in ready.items():
             if ds in self.writers:
                 self.writers[ds].role = role
-        now = self.clock.now()
+        running = self.shared_thread is not None and self.shared_thread.is_alive()
+        members = set(self.shared.members) if self.shared is not None and running else set()
         wanted = {
             ds
             for ds in ready
-            if self._may_restart(self.writers.get(ds)) and self._lock_retry.get(ds, 0.0) <= now
+            if self._may_restart(self.writers.get(ds))
+            and (ds in members or self._lock_free(ds, ready[ds]))
         }
-        running = self.shared_thread is not None and self.shared_thread.is_alive()
-        members = set(self.shared.members) if self.shared is not None and running else set()
         gone = set(self.writers) - set(ready)
         if members == wanted and not gone and (running or not wanted):
             return
         self._stop_shared()
         for ds in gone:
-            self.writers.pop(ds)
+            w = self.writers.pop(ds)
+            if w.locked:
+                w.state_dir.unlock()
         if wanted:
             self._start_shared({ds: ready[ds] for ds in sorted(wanted)})
+
+    def _lock_free(self, ds: str, role: str) -> bool:
+        """Whether a datastream not in the shared query may join it now: its state directory
+        is not held by someone else. Tried here, before the query is stopped for it, and
+        again only after a backoff: each try that fails would otherwise restart the query
+        for nothing. Meanwhile it is listed unlocked, so the worker reports STARTING
+        (KAFKA-8187)."""
+        now = self.clock.now()
+        w = self.writers.get(ds)
+        if w is not None and w.locked:
+            return True  # ours (a member in its backoff keeps its lock)
+        retry_at, wait = self._lock_retry.get(ds, (0.0, 0.0))
+        if now < retry_at:
+            return False
+        probe = StateDirectory(self.state_root, ds)
+        try:
+            probe.lock()
+        except StateDirLockedError as exc:
+            wait = min(LOCK_RETRY_MAX_SECONDS, max(LOCK_RETRY_SECONDS, 2 * wait))
+            self._lock_retry[ds] = (now + wait, wait)
+            log.info("writer %s waits for its state directory (again in %.0f s): %s", ds, wait, exc)
+            if w is None:
+                self.writers[ds] = _Writer(ds, role, probe)
+            return False
+        probe.unlock()
+        self._lock_retry.pop(ds, None)
+        return True
 
     def _start_shared(self, wanted: dict[str, str]) -> None:
         runners: list[DatastreamRunner] = []
@@ -225,6 +262,8 @@ class Worker:
         for ds, role in wanted.items():
             rec = self.registry.get(ds)
             previous = self.writers.get(ds)
+            if previous is not None and previous.locked:
+                previous.state_dir.unlock()  # kept through its backoff; the new writer locks
             # a fresh writer per start, as a writer of its own gets (its backoff carried on)
             w = self.writers[ds] = _Writer(
                 ds,
@@ -235,12 +274,10 @@ class Worker:
             try:
                 w.state_dir.lock()
             except StateDirLockedError as exc:
-                # Listed, not locked: the worker reports STARTING (KAFKA-8187). It is tried
-                # again a few ticks later, not at every tick: each try restarts the query.
+                # taken between the check and now: listed unlocked (STARTING), tried later
                 log.info("writer %s waits for its state directory: %s", ds, exc)
-                self._lock_retry[ds] = self.clock.now() + LOCK_RETRY_SECONDS
+                self._lock_retry[ds] = (self.clock.now() + LOCK_RETRY_SECONDS, LOCK_RETRY_SECONDS)
                 continue
-            self._lock_retry.pop(ds, None)
             w.locked = True
             gate = CommitGate(
                 ds, self.id, rec.spec.table_spec().name, takeover_ttl=self.settings.takeover_ttl
@@ -265,9 +302,12 @@ class Worker:
             try:
                 shared.run()
             except SharedQueryMemberError as exc:
-                hopeless = isinstance(exc.error, MillstreamError) or (
-                    isinstance(exc.error, Exception) and _bad_record(exc.error)
-                )
+                # A source or store that did not answer (at a restart for another member's
+                # sake, say) is retried after a backoff; what restarting cannot help goes to
+                # ERROR, as for a writer of its own.
+                hopeless = (
+                    isinstance(exc.error, MillstreamError) and not isinstance(exc.error, TRANSIENT)
+                ) or (isinstance(exc.error, Exception) and _bad_record(exc.error))
                 self._member_failed(exc.member, str(exc), fail=hopeless)
             except Exception as exc:  # the query's own: every member waits out a backoff
                 for w in members:
@@ -294,14 +334,16 @@ class Worker:
             self.registry.fail(ds, error)
 
     def _stop_shared(self) -> None:
-        """Stop the shared query (if any) and release its members' state directories."""
+        """Stop the shared query (if any) and release its members' state directories; a
+        member waiting out a failure's backoff keeps its lock (as a writer of its own does),
+        so the worker still reports RUNNING meanwhile."""
         if self.shared is not None:
             self.shared.stop()
         if self.shared_thread is not None:
             self.shared_thread.join(timeout=60)
         self.shared = self.shared_thread = None
         for w in self.writers.values():
-            if w.locked:
+            if w.locked and w.error is None:
                 w.state_dir.unlock()
                 w.locked = False
 

@@ -65,6 +65,14 @@ def _int(options: Options, key: str, default: int) -> int:
         raise InvalidSpecError(key, f"{raw!r} is not an integer") from None
 
 
+def _float(options: Options, key: str, default: float) -> float:
+    raw = options.get(key)
+    try:
+        return default if raw in (None, "") else float(raw)
+    except ValueError:
+        raise InvalidSpecError(key, f"{raw!r} is not a number") from None
+
+
 @dataclass(frozen=True, slots=True)
 class CommitGate:
     """A writer that is one replica of several (standby mode): it may commit only while it is
@@ -129,8 +137,13 @@ class SourceOptions:
     gate: CommitGate | None = None
     #: where the gate's metadata store is (with a gate only)
     settings: Settings | None = None
+    #: In a shared query, plan this source at most once per this many seconds (its own
+    #: trigger interval; the query triggers at its members' shortest). 0: at every trigger.
+    trigger_seconds: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.trigger_seconds < 0:
+            raise InvalidSpecError("triggerSeconds", "must not be negative")
         if self.max_records_per_batch is not None and self.max_records_per_batch < 1:
             raise InvalidSpecError("max_records_per_batch", "must be at least 1")
         if self.task_memory_mb < 1:
@@ -159,6 +172,8 @@ class SourceOptions:
             "splitMinRecords": str(self.split_min_records),
             "rangesOnly": str(self.ranges_only).lower(),
         }
+        if self.trigger_seconds:
+            out["triggerSeconds"] = repr(self.trigger_seconds)
         if self.gate is not None:
             assert self.settings is not None
             out.update(self.gate.to_options(), **self.settings.as_options())
@@ -188,6 +203,7 @@ class SourceOptions:
             ranges_only=o.get("rangesOnly", "false").lower() == "true",
             gate=gate,
             settings=settings,
+            trigger_seconds=_float(o, "triggerSeconds", 0.0),
         )
 
 

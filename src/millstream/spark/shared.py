@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,23 @@ def member_of(error: BaseException) -> str | None:
     with the error that propagated), or None for an error of the query as a whole."""
     found = _MEMBER.findall(str(error))
     return found[-1] if found else None
+
+
+def member_source(
+    source: SourceOptions, *, members: int, trigger: float, shortest: float
+) -> SourceOptions:
+    """A member's source options in a shared query of ``members`` datastreams whose shortest
+    trigger is ``shortest``:
+
+    * a task may write every member's part at once (a thread each), so each member plans with
+      its share of a task's memory (``task_memory_mb``), and a task holds one budget in all;
+    * a member whose own ``trigger`` is longer than the query's is planned once per its own
+      trigger, not at every trigger of the query."""
+    return replace(
+        source,
+        task_memory_mb=max(1, source.task_memory_mb // max(1, members)),
+        trigger_seconds=trigger if trigger > shortest else 0.0,
+    )
 
 
 class SharedQueryMemberError(Exception):
@@ -103,15 +121,18 @@ class SharedQueryRunner:
         register(self.spark)
         sources: dict[str, SourceOptions] = {}
         sinks: dict[str, SinkOptions] = {}
+        shortest = min(m.spec.trigger_seconds for m in self.members.values())
         for name, m in self.members.items():
             try:
                 m.ensure_tables()
-                sources[name], sinks[name] = m.query_options(m.bootstrap())
+                source, sinks[name] = m.query_options(m.bootstrap())
             except Exception as exc:
                 raise SharedQueryMemberError(name, exc) from exc
+            sources[name] = member_source(
+                source, members=len(self.members), trigger=m.spec.trigger_seconds, shortest=shortest
+            )
         # A cache like a writer's checkpoint; each member starts at its shard uppers instead.
         shutil.rmtree(self.checkpoint, ignore_errors=True)
-        trigger = min(m.spec.trigger_seconds for m in self.members.values())
         self.query = (
             self.spark.readStream.format(GROUP_FORMAT)
             .options(**GroupSourceOptions(sources).to_options())
@@ -120,7 +141,7 @@ class SharedQueryRunner:
             .options(**GroupSinkOptions(sinks).to_options())
             .option("checkpointLocation", str(self.checkpoint))
             .queryName(f"millstream-shared-{self.state_dir.path.name}")
-            .trigger(processingTime=f"{int(trigger * 1000)} milliseconds")
+            .trigger(processingTime=f"{int(shortest * 1000)} milliseconds")
             .start()
         )
         for m in self.members.values():

@@ -5,6 +5,7 @@ Spark's text."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -14,9 +15,14 @@ from millstream.errors import (
     WriterFencedError,
     from_spark_failure,
 )
-from millstream.spark.options import GroupSinkOptions, GroupSourceOptions
-from millstream.spark.shared import SharedQueryMemberError, member_of
-from millstream.spark.sources import MEMBER_NOTE, plan_group_tasks, plan_tasks
+from millstream.spark.options import GroupSinkOptions, GroupSourceOptions, SourceOptions
+from millstream.spark.shared import SharedQueryMemberError, member_of, member_source
+from millstream.spark.sources import (
+    MEMBER_NOTE,
+    GroupStreamReader,
+    plan_group_tasks,
+    plan_tasks,
+)
 
 
 @pytest.mark.parametrize("seed", range(200))
@@ -37,6 +43,22 @@ def test_every_members_tasks_are_packed_whole_into_at_most_the_querys_tasks(seed
     assert got == want, f"seed {seed}: a member's task was split, lost or doubled"
     if len(want) >= tasks:
         assert len(packed) == tasks, f"seed {seed}: a task slot left idle"
+    for task in packed:
+        names = [name for name, _ in task]
+        assert len(names) == len(set(names)), (
+            f"seed {seed}: a task holds two of one member's buckets (a split partition's two "
+            "pieces would be reported as one range and refused)"
+        )
+
+
+def test_a_split_partitions_pieces_never_share_a_task_beside_other_members() -> None:
+    # The review's case: 4 tasks, member a's one partition split in 4 pieces, member b's one
+    # piece as long as them: packed longest first, a's last piece went to a task with another.
+    a = plan_tasks([(0, 0, 200_000)], 4, 50_000)
+    assert len(a) == 4
+    packed = plan_group_tasks([("a", a), ("b", [[(0, 0, 60_000)]])], 4)
+    for task in packed:
+        assert [name for name, _ in task].count("a") <= 1, packed
 
 
 def test_nothing_to_plan_is_no_task() -> None:
@@ -73,3 +95,40 @@ def test_a_shared_query_without_members_is_refused_naming_the_field() -> None:
         with pytest.raises(InvalidSpecError) as raised:
             make()
         assert "members" in str(raised.value)
+
+
+def _generator(rate: float, trigger: float = 0.0) -> SourceOptions:
+    return SourceOptions(
+        "generator",
+        {"seed": 1, "partitions": 2, "rate": rate},
+        tasks=2,
+        ranges_only=True,
+        trigger_seconds=trigger,
+    )
+
+
+def test_a_member_with_a_longer_trigger_is_planned_once_per_its_own_trigger() -> None:
+    reader = GroupStreamReader(
+        GroupSourceOptions.from_options(
+            GroupSourceOptions(
+                {"fast": _generator(200_000), "slow": _generator(200_000, trigger=60.0)}
+            ).to_options()
+        )
+    )
+    start = reader.initialOffset()
+    first = reader.latestOffset(start, reader.getDefaultReadLimit())
+    time.sleep(0.05)  # 10,000 more rows in each source
+    second = reader.latestOffset(first, reader.getDefaultReadLimit())
+    assert first["fast"] != start["fast"] and second["fast"] != first["fast"]
+    assert first["slow"] != start["slow"], "planned at its first trigger"
+    assert second["slow"] == first["slow"], "planned again before its own trigger came"
+
+
+def test_each_member_plans_with_its_share_of_a_tasks_memory() -> None:
+    source = _generator(0)
+    assert member_source(source, members=1, trigger=0.5, shortest=0.5) == source
+    eight = member_source(source, members=8, trigger=0.5, shortest=0.5)
+    assert eight.task_memory_mb == source.task_memory_mb // 8
+    assert eight.trigger_seconds == 0.0, "the query's own trigger"
+    slow = member_source(source, members=8, trigger=60.0, shortest=0.5)
+    assert slow.trigger_seconds == 60.0
