@@ -279,17 +279,7 @@ class Worker:
                 self._lock_retry[ds] = (self.clock.now() + LOCK_RETRY_SECONDS, LOCK_RETRY_SECONDS)
                 continue
             w.locked = True
-            gate = CommitGate(
-                ds, self.id, rec.spec.table_spec().name, takeover_ttl=self.settings.takeover_ttl
-            )
-            w.runner = DatastreamRunner(
-                rec.spec,
-                self.catalog,
-                self.spark,
-                writer_id=self.id,
-                state_dir=w.state_dir,
-                commit_gate=gate if rec.spec.replica_mode == "standby" else None,
-            )
+            w.runner = self._runner(rec.spec, w.state_dir)
             runners.append(w.runner)
             members.append(w)
         if not runners:
@@ -379,18 +369,7 @@ class Worker:
             log.info("writer %s waits for its state directory: %s", ds, exc)
             return
         w.locked = True
-        gate = CommitGate(
-            ds, self.id, rec.spec.table_spec().name, takeover_ttl=self.settings.takeover_ttl
-        )
-        runner = DatastreamRunner(
-            rec.spec,
-            self.catalog,
-            self.spark,
-            writer_id=self.id,
-            state_dir=sd,
-            commit_gate=gate if rec.spec.replica_mode == "standby" else None,
-        )
-        w.runner = runner
+        runner = w.runner = self._runner(rec.spec, sd)
 
         def _run() -> None:
             try:
@@ -406,6 +385,20 @@ class Worker:
 
         w.thread = threading.Thread(target=_run, name=f"writer-{ds}", daemon=True)
         w.thread.start()
+
+    def _runner(self, spec: DatastreamSpec, state_dir: StateDirectory) -> DatastreamRunner:
+        """This worker's writer of ``spec`` (a standby's commits wait for its commit gate)."""
+        gate = CommitGate(
+            spec.name, self.id, spec.table_spec().name, takeover_ttl=self.settings.takeover_ttl
+        )
+        return DatastreamRunner(
+            spec,
+            self.catalog,
+            self.spark,
+            writer_id=self.id,
+            state_dir=state_dir,
+            commit_gate=gate if spec.replica_mode == "standby" else None,
+        )
 
     def _may_restart(self, w: _Writer | None) -> bool:
         """A writer that failed (a broker briefly down, say) is restarted after a backoff that

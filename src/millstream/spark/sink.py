@@ -19,7 +19,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -45,7 +44,7 @@ from millstream.metastore.assignments import may_commit
 from millstream.metastore.evolve import absorb
 from millstream.metastore.store import MetadataStore
 from millstream.spark.options import GroupSinkOptions, SinkOptions
-from millstream.spark.sources import GROUP_SCHEMA, MEMBER_NOTE, MEMBER_THREADS, SELF_READ
+from millstream.spark.sources import GROUP_SCHEMA, SELF_READ, each_member, member_errors
 from millstream.spec import TableSpec
 from millstream.storage.deepstore import DeepStore
 from millstream.table.commit import (
@@ -473,19 +472,10 @@ class GroupSink(DataSourceStreamArrowWriter):
             parts[name] = raw.filter(pc.equal(member, pa.scalar(name))).drop_columns(["member"])
 
         def write(name: str) -> SinkMessage:
-            try:
+            with member_errors(name):
                 return self.members[name].write(iter(parts[name].to_batches()))
-            except Exception as exc:
-                exc.add_note(MEMBER_NOTE.format(name))
-                raise
 
-        if len(parts) <= 1:
-            return GroupMessage({name: write(name) for name in parts})
-        with ThreadPoolExecutor(
-            max_workers=min(len(parts), MEMBER_THREADS), thread_name_prefix="member-write"
-        ) as pool:
-            futures = {name: pool.submit(write, name) for name in parts}
-            return GroupMessage({name: f.result() for name, f in futures.items()})
+        return GroupMessage(each_member(list(parts), write, "member-write"))
 
     def _of(
         self, name: str, messages: list[WriterCommitMessage | None]
@@ -501,9 +491,9 @@ class GroupSink(DataSourceStreamArrowWriter):
             if not mine:
                 continue
             try:
-                sink.commit(mine, batchId)
+                with member_errors(name):
+                    sink.commit(mine, batchId)
             except Exception as exc:
-                exc.add_note(MEMBER_NOTE.format(name))
                 log.warning("batch %s of datastream %s did not commit: %s", batchId, name, exc)
                 errors.append(exc)
         if errors:

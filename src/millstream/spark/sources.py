@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import numpy as np
@@ -192,14 +193,16 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         uppers = {sh.partition: sh.upper for sh in store.list_shards(gate.table)}
         return {p: max(begin.get(p, e), min(e, uppers.get(p, e))) for p, e in end.items()}
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+    def plan(self, start: dict[str, Any], end: dict[str, Any]) -> list[list[tuple[int, int, int]]]:
+        """The ranges of the batch from ``start`` to ``end``, as its write tasks' ranges."""
         begin, stop = decode_offsets(start), decode_offsets(end)
         ranges = [
             (p, begin.get(p, hi), hi) for p, hi in sorted(stop.items()) if hi > begin.get(p, hi)
         ]
-        return [
-            RangeTask(b) for b in plan_tasks(ranges, self.opts.tasks, self.opts.split_min_records)
-        ]
+        return plan_tasks(ranges, self.opts.tasks, self.opts.split_min_records) if ranges else []
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        return [RangeTask(b) for b in self.plan(start, end)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangeTask)
@@ -286,14 +289,19 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return every <= 0 or last is None or now - last >= 0.9 * every
 
     def initialOffset(self) -> dict[str, Any]:
-        return {n: _noted(n, r.initialOffset) for n, r in self.members.items()}
+        out: dict[str, Any] = {}
+        for n, r in self.members.items():
+            with member_errors(n):
+                out[n] = r.initialOffset()
+        return out
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadAllAvailable()  # each member applies its own limit
 
     def prepareForTriggerAvailableNow(self) -> None:
         for n, r in self.members.items():
-            _noted(n, r.prepareForTriggerAvailableNow)
+            with member_errors(n):
+                r.prepareForTriggerAvailableNow()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """Every member's end, asked of the members' sources at once: each answer is a round
@@ -304,7 +312,7 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         def latest(n: str) -> Any:
             r = self.members[n]
-            try:
+            with member_errors(n):
                 # a member the checkpoint does not know yet starts where it would alone
                 begin = start.get(n) or r.initialOffset()
                 if not self._due(n, now):
@@ -313,51 +321,49 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if end != begin:
                     self._planned_at[n] = now
                 return end
-            except Exception as exc:
-                exc.add_note(MEMBER_NOTE.format(n))
-                raise
 
-        if len(self.members) == 1:
-            return {n: latest(n) for n in self.members}
-        with ThreadPoolExecutor(
-            max_workers=min(len(self.members), MEMBER_THREADS), thread_name_prefix="member-plan"
-        ) as pool:
-            futures = {n: pool.submit(latest, n) for n in self.members}
-            return {n: f.result() for n, f in futures.items()}
+        return each_member(list(self.members), latest, "member-plan")
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        planned: list[tuple[str, list[list[tuple[int, int, int]]]]] = []
-        for n, r in self.members.items():
-            stop = decode_offsets(end.get(n) or {})
-            begin = decode_offsets(start.get(n) or encode_offsets(stop))
-            ranges = [
-                (p, begin.get(p, hi), hi) for p, hi in sorted(stop.items()) if hi > begin.get(p, hi)
-            ]
-            if ranges:
-                planned.append((n, plan_tasks(ranges, r.opts.tasks, r.opts.split_min_records)))
+        planned = [
+            (n, buckets)
+            for n, r in self.members.items()
+            if (buckets := r.plan(start.get(n) or end.get(n) or {}, end.get(n) or {}))
+        ]
         return [GroupTask(t) for t in plan_group_tasks(planned, self.tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, GroupTask)
         for n, ranges in partition.parts:
-            try:
+            with member_errors(n):
                 for batch in self.members[n].read(RangeTask(ranges)):
                     yield with_member(batch, n)
-            except Exception as exc:
-                exc.add_note(MEMBER_NOTE.format(n))
-                raise
 
     def commit(self, end: dict[str, Any]) -> None:
         pass
 
 
-def _noted(member: str, call: Callable[[], T]) -> T:
-    """``call()``; an error it raises carries :data:`MEMBER_NOTE` naming ``member``."""
+@contextmanager
+def member_errors(member: str) -> Iterator[None]:
+    """An error raised inside carries :data:`MEMBER_NOTE` naming ``member``."""
     try:
-        return call()
+        yield
     except Exception as exc:
         exc.add_note(MEMBER_NOTE.format(member))
         raise
+
+
+def each_member(names: list[str], call: Callable[[str], T], thread_prefix: str) -> dict[str, T]:
+    """``{name: call(name)}``, a thread per member (at most :data:`MEMBER_THREADS` at once):
+    what a member does waits on its source (a broker round trip), so members one after
+    another made a batch wait the sum of their waits. The first error is raised."""
+    if len(names) <= 1:
+        return {n: call(n) for n in names}
+    with ThreadPoolExecutor(
+        max_workers=min(len(names), MEMBER_THREADS), thread_name_prefix=thread_prefix
+    ) as pool:
+        futures = {n: pool.submit(call, n) for n in names}
+        return {n: f.result() for n, f in futures.items()}
 
 
 def with_member(batch: pa.RecordBatch, member: str) -> pa.RecordBatch:
