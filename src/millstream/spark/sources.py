@@ -42,6 +42,7 @@ from millstream.ingest.sources.base import (
     adaptive_budget,
     decode_offsets,
     encode_offsets,
+    latest_offsets_of,
     raw_columns,
     split_budget,
 )
@@ -153,9 +154,17 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self.source.latest_offsets()
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+    def latestOffset(
+        self, start: dict[str, Any], limit: ReadLimit, latest: dict[int, int] | None = None
+    ) -> dict[str, int]:
+        """The end of the next batch from ``start``; ``latest`` is the source's latest
+        offsets if the caller asked for them already (a shared query asks for every member's
+        at once), else they are asked here."""
         begin = decode_offsets(start)
-        latest = self._target if self._target is not None else self.source.latest_offsets()
+        if self._target is not None:
+            latest = self._target
+        elif latest is None:
+            latest = self.source.latest_offsets()
         begin = self._fill_new_partitions(begin, latest)
         latest = {p: max(latest.get(p, o), o) for p, o in begin.items()}
         if isinstance(limit, ReadMaxRows):
@@ -236,6 +245,23 @@ class GroupTask(InputPartition):
         self.parts = parts
 
 
+def whole_if_small(
+    buckets: list[list[tuple[int, int, int]]], split_min: int
+) -> list[list[tuple[int, int, int]]]:
+    """A shared query's member whose batch holds fewer than ``split_min`` records is written
+    by ONE task: the other members fill the other tasks, and spreading a few hundred records
+    over tasks multiplied what each piece costs whatever its size (a fetch, a staged file, a
+    commit entry): 8 datastreams of 4 partitions wrote 16 pieces a batch instead of 8
+    (bench/scale.py (b)). A batch that large keeps its buckets (whose pieces of one split
+    partition must stay in different tasks)."""
+    ranges = sorted(r for b in buckets for r in b)
+    if len(buckets) <= 1 or sum(hi - lo for _, lo, hi in ranges) >= split_min:
+        return buckets
+    if len({p for p, _, _ in ranges}) < len(ranges):
+        return buckets  # pieces of a split partition (never below split_min; kept apart)
+    return [ranges]
+
+
 def plan_group_tasks(
     members: list[tuple[str, list[list[tuple[int, int, int]]]]], tasks: int
 ) -> list[list[tuple[str, list[tuple[int, int, int]]]]]:
@@ -304,20 +330,30 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 r.prepareForTriggerAvailableNow()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        """Every member's end, asked of the members' sources at once: each answer is a round
-        trip to its broker (a watermark per partition), and 8 datastreams of 4 partitions one
-        after another took 70 ms on a quiet machine and 150-250 ms on a busy one."""
+        """Every member's end. The members' sources are asked for their latest offsets
+        together (:func:`~millstream.ingest.sources.base.latest_offsets_of`: Kafka members
+        of one client config in one request), then each member plans on a thread of its own
+        (a standby's gate asks the metadata store). 8 datastreams of 4 partitions asked a
+        watermark per partition, each member on its thread, waited 180-350 ms a batch for a
+        busy broker (bench/scale.py (b))."""
 
         now = time.monotonic()
+        due = {n for n in self.members if self._due(n, now)}
+        asked = latest_offsets_of(
+            {n: r.source for n, r in self.members.items() if n in due and r._target is None}
+        )
 
         def latest(n: str) -> Any:
             r = self.members[n]
             with member_errors(n):
                 # a member the checkpoint does not know yet starts where it would alone
                 begin = start.get(n) or r.initialOffset()
-                if not self._due(n, now):
+                if n not in due:
                     return begin  # not its turn: nothing new for it this batch
-                end = r.latestOffset(begin, r.getDefaultReadLimit())
+                got = asked.get(n)
+                if isinstance(got, Exception):
+                    raise got
+                end = r.latestOffset(begin, r.getDefaultReadLimit(), got)
                 if end != begin:
                     self._planned_at[n] = now
                 return end
@@ -326,7 +362,7 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         planned = [
-            (n, buckets)
+            (n, whole_if_small(buckets, r.opts.split_min_records))
             for n, r in self.members.items()
             if (buckets := r.plan(start.get(n) or end.get(n) or {}, end.get(n) or {}))
         ]

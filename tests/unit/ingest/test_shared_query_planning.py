@@ -22,6 +22,7 @@ from millstream.spark.sources import (
     GroupStreamReader,
     plan_group_tasks,
     plan_tasks,
+    whole_if_small,
 )
 
 
@@ -35,7 +36,10 @@ def test_every_members_tasks_are_packed_whole_into_at_most_the_querys_tasks(seed
         for p in rng.sample(range(16), rng.randint(1, 6)):
             lo = rng.randint(0, 1000)
             ranges.append((p, lo, lo + rng.choice([1, 50, 400, 150_000])))
-        members.append((f"ds{m}", plan_tasks(sorted(ranges), tasks, 50_000)))
+        planned = plan_tasks(sorted(ranges), tasks, 50_000)
+        merged = whole_if_small(planned, 50_000)  # a small batch in one task
+        assert sorted(r for b in merged for r in b) == sorted(r for b in planned for r in b)
+        members.append((f"ds{m}", merged))
     packed = plan_group_tasks(members, tasks)
     assert 1 <= len(packed) <= tasks, f"seed {seed}"
     got = sorted((name, tuple(bucket)) for task in packed for name, bucket in task)
@@ -132,3 +136,22 @@ def test_each_member_plans_with_its_share_of_a_tasks_memory() -> None:
     assert eight.trigger_seconds == 0.0, "the query's own trigger"
     slow = member_source(source, members=8, trigger=60.0, shortest=0.5)
     assert slow.trigger_seconds == 60.0
+
+
+def test_a_members_small_batch_is_written_by_one_task_and_a_large_one_is_spread() -> None:
+    source = SourceOptions("generator", {"seed": 1, "partitions": 4}, tasks=2, ranges_only=True)
+    reader = GroupStreamReader(GroupSourceOptions({"a": source, "b": source, "c": source}))
+    zero = {"0": 0, "1": 0, "2": 0, "3": 0}
+    small = {"0": 250, "1": 260, "2": 240, "3": 250}  # a trigger's worth at 1,000 rows/s
+    large = {p: 20_000 for p in zero}  # 80,000 records: a catch-up
+
+    tasks = reader.partitions(
+        {"a": zero, "b": zero, "c": zero}, {"a": small, "b": small, "c": large}
+    )
+
+    parts = [dict(t.parts) for t in tasks]  # type: ignore[attr-defined]
+    assert len(parts) == 2
+    for name in ("a", "b"):  # each whole in one task: one fetch, one staged file
+        (mine,) = [p[name] for p in parts if name in p]
+        assert sorted(p for p, _, _ in mine) == [0, 1, 2, 3]
+    assert all("c" in p and len(p["c"]) == 2 for p in parts), "a catch-up uses both tasks"

@@ -13,7 +13,8 @@ Offsets are ``{partition: offset}``; across JSON their keys are strings
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -41,6 +42,10 @@ TIMESTAMP_NAME = "timestamp"
 HEADERS_NAME = "headers"
 #: Optional batch columns :meth:`PartitionReader.read_records` passes on (for metadata columns).
 EXTRA_NAMES = (TIMESTAMP_NAME, HEADERS_NAME)
+
+
+#: Readers asked for their latest offsets at once by :meth:`PartitionReader.latest_offsets_of`.
+LATEST_THREADS = 8
 
 
 class PartitionReader:
@@ -78,6 +83,26 @@ class PartitionReader:
     def latest_offsets(self) -> dict[int, int]:
         raise NotImplementedError
 
+    @classmethod
+    def latest_offsets_of(
+        cls, readers: Sequence[PartitionReader]
+    ) -> list[dict[int, int] | Exception]:
+        """The :meth:`latest_offsets` of several readers of this kind, in their order; a
+        reader whose answer failed gets its error in its place. By default each is asked on a
+        thread of its own (each answer waits on its source); a kind whose source answers for
+        many partitions at once (Kafka: one request for every topic) overrides this."""
+
+        def ask(r: PartitionReader) -> dict[int, int] | Exception:
+            try:
+                return r.latest_offsets()
+            except Exception as exc:
+                return exc
+
+        if len(readers) <= 1:
+            return [ask(r) for r in readers]
+        with ThreadPoolExecutor(min(len(readers), LATEST_THREADS), "latest-offsets") as pool:
+            return list(pool.map(ask, readers))
+
     def record_bytes(self) -> float | None:
         """Mean size in bytes of a record's value, where the source knows it cheaply (the
         files source from its line index); None: :attr:`typical_record_bytes` is assumed."""
@@ -111,6 +136,20 @@ class PartitionReader:
                         [*raw_columns(batch), *(batch.column(n) for n in extra)],
                         names=[*RECORD_NAMES, *extra],
                     )
+
+
+def latest_offsets_of(
+    readers: Mapping[str, PartitionReader],
+) -> dict[str, dict[int, int] | Exception]:
+    """``{name: latest offsets, or the error asking raised}`` of several readers, each kind
+    asked through its :meth:`PartitionReader.latest_offsets_of` (all of a kind at once)."""
+    kinds: dict[type[PartitionReader], list[str]] = {}
+    for name, r in readers.items():
+        kinds.setdefault(type(r), []).append(name)
+    out: dict[str, dict[int, int] | Exception] = {}
+    for kind, names in kinds.items():
+        out.update(zip(names, kind.latest_offsets_of([readers[n] for n in names]), strict=True))
+    return out
 
 
 def last_timestamp(batch: pa.RecordBatch) -> int | None:

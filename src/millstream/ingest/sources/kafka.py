@@ -1,7 +1,8 @@
 """The ``kafka`` source: any Kafka-protocol broker through confluent-kafka.
 
 A read ``assign()``s and ``seek()``s one partition range and reads exactly ``[lo, hi)``;
-latest offsets come from the broker's high watermarks. ``client_options`` are passed to the
+latest offsets come from the broker's high watermarks, asked for every partition of every
+topic in one request (:meth:`KafkaReader.latest_offsets_of`). ``client_options`` are passed to the
 client as they are (``security.protocol``, ``sasl.*`` ...).
 
 Consumers are expensive to create (a connection and a metadata round trip), so a process keeps
@@ -15,13 +16,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
 from millstream.errors import InvalidSpecError, SourceReadError
 from millstream.ingest.sources.base import (
@@ -35,6 +36,10 @@ from millstream.ingest.sources.base import (
 
 CONSUME_BATCH = 10_000
 STALL_TIMEOUT_S = 60.0
+#: How long a topic's partition list is reused by :meth:`KafkaReader.latest_offsets` before
+#: the broker is asked again: partitions are only ever added, and a new one is planned this
+#: much later at most (a Kafka consumer's own metadata refresh is 5 minutes).
+PARTITIONS_TTL_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +145,8 @@ class KafkaReader(PartitionReader):
         self.consumers = consumers
         #: read record headers only when a metadata column holds them (a JSON per record)
         self.headers = "headers" in (config.format.get("metadata") or {})
+        #: the topic's partitions and when they were listed (monotonic seconds)
+        self._partitions: tuple[float, list[int]] | None = None
 
     @classmethod
     def config_from_spec(cls, fields: dict[str, Any]) -> KafkaConfig:
@@ -156,7 +163,7 @@ class KafkaReader(PartitionReader):
 
     def __getstate__(self) -> dict[str, Any]:
         # A pool holds live clients: a reader shipped to another process uses that one's.
-        return {**self.__dict__, "consumers": None}
+        return {**self.__dict__, "consumers": None, "_partitions": None}
 
     @property
     def _pool(self) -> ConsumerPool:
@@ -188,7 +195,80 @@ class KafkaReader(PartitionReader):
         return {p: lo for p, (lo, _) in self._watermarks().items()}
 
     def latest_offsets(self) -> dict[int, int]:
-        return {p: hi for p, (_, hi) in self._watermarks().items()}
+        (got,) = self.latest_offsets_of([self])
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def _known_partitions(self, c: Any) -> list[int]:
+        """The topic's partitions, listed again once :data:`PARTITIONS_TTL_S` old."""
+        now = time.monotonic()
+        if self._partitions is None or now - self._partitions[0] >= PARTITIONS_TTL_S:
+            self._partitions = (now, self._list_partitions(c))
+        return self._partitions[1]
+
+    @classmethod
+    def latest_offsets_of(
+        cls, readers: Sequence[PartitionReader]
+    ) -> list[dict[int, int] | Exception]:
+        """Every reader's high watermarks in ONE request per broker: the readers of one
+        client config share a consumer, and ``offsets_for_times`` at ``OFFSET_END`` (the
+        protocol's "latest" timestamp, -1) asks a ListOffsets of all their partitions at
+        once, as ``get_watermark_offsets`` does one partition at a time. A shared query's 8
+        datastreams of 4 partitions asked one partition at a time waited 180-350 ms a batch
+        (bench/scale.py (b), 40 round trips to a busy broker). A topic that is missing or
+        answers with an error fails its readers alone (:class:`SourceReadError`)."""
+        kafka = [r for r in readers if isinstance(r, KafkaReader)]
+        assert len(kafka) == len(readers), "latest_offsets_of takes readers of its own kind"
+        out: list[dict[int, int] | Exception | None] = [None] * len(kafka)
+        groups: dict[str, list[int]] = {}
+        for i, r in enumerate(kafka):
+            groups.setdefault(json.dumps(r.conf, sort_keys=True), []).append(i)
+        for members in groups.values():
+            first = kafka[members[0]]
+            try:
+                with first._pool.lease(first.conf) as c:
+                    tps: list[TopicPartition] = []
+                    for i in members:
+                        try:
+                            parts = kafka[i]._known_partitions(c)
+                        except SourceReadError as exc:  # its topic alone
+                            out[i] = exc
+                            continue
+                        tps += [TopicPartition(kafka[i].topic, p, OFFSET_END) for p in parts]
+                    answers = c.offsets_for_times(tps, timeout=10) if tps else []
+            except Exception as exc:  # the brokers did not answer: each reader its own error
+                for i in members:
+                    if out[i] is None:
+                        err = kafka[i]._unanswered(None, exc)
+                        err.__cause__ = exc
+                        out[i] = err
+                continue
+            ends = {(a.topic, a.partition): a for a in answers}
+            for i in members:
+                if out[i] is None:
+                    out[i] = kafka[i]._ends(ends)
+        assert all(o is not None for o in out)
+        return [o for o in out if o is not None]
+
+    def _ends(self, answers: dict[tuple[str, int], Any]) -> dict[int, int] | Exception:
+        assert self._partitions is not None
+        got: dict[int, int] = {}
+        for p in self._partitions[1]:
+            a = answers.get((self.topic, p))
+            if a is None or a.error is not None or a.offset < 0:
+                self._partitions = None  # list them again next time
+                return self._unanswered(p, a.error if a is not None else None)
+            got[p] = a.offset
+        return got
+
+    def _unanswered(self, partition: int | None, why: Any) -> SourceReadError:
+        return SourceReadError(
+            f"kafka topic {self.topic!r} on {self.conf['bootstrap.servers']}",
+            "its end offsets were not answered" + (f" ({why})" if why else ""),
+            partition=partition,
+            topic=self.topic,
+        )
 
     def read_range(self, partition: int, lo: int, hi: int) -> Iterator[pa.RecordBatch]:
         with self._pool.lease(self.conf) as c:
