@@ -273,10 +273,19 @@ class Sealer:
         except Exception as exc:  # the store is down: thresholds still apply, the next pass asks
             log.warning("cannot read force commits of %s: %s", self.table, exc)
             forced = {}
+        # One read of the manifest decides which partitions are due; only those read it again
+        # to seal. A read per partition per pass (and again to compact) was most of a worker's
+        # own CPU with 8 tables of 4 partitions (bench/scale.py (b)), and grew with the
+        # unsealed segments.
+        manifest: Manifest | None = None
         for p in self.partitions():
             if self._next_try.get(p, 0.0) > self.clock.now():
                 continue
             try:
+                if manifest is None:
+                    manifest = self.catalog.manifest(self.table)
+                if not self._may_seal(p, manifest, forced.get(p)):
+                    continue
                 r = self.seal_partition(p, force_up_to=forced.get(p))
             except Exception as exc:
                 delay = min(60.0, 2.0 ** self.failures.get(p, 1))
@@ -287,13 +296,23 @@ class Sealer:
                 continue
             if r is not None:
                 out.append(r)
-        self.compact_due()
+        self.compact_due(manifest)
         return out
 
-    def compact_due(self) -> list[CompactionResult]:
+    def _may_seal(self, partition: int, manifest: Manifest, force_up_to: int | None) -> bool:
+        """Whether :meth:`seal_partition` may find something to do, judged from a manifest
+        read earlier in the pass: a run that became due since is sealed at the next pass."""
+        run = self.pending_run(partition, manifest)
+        if not run:
+            return False
+        return (force_up_to is not None and run[0].seq <= force_up_to) or self.due(run)
+
+    def compact_due(self, manifest: Manifest | None = None) -> list[CompactionResult]:
         """Compact every partition whose sealed segments are due for it (after the seals, on
         the same thread: a seal and a compaction of one sealer never race). Failures back off
-        per partition and are recorded, never raised, like failed seals."""
+        per partition and are recorded, never raised, like failed seals. ``manifest``, read
+        earlier in the pass, skips the partitions found with nothing to do last time and
+        unchanged since (each due one is read again to compact)."""
         out: list[CompactionResult] = []
         if not self.compaction.enabled:
             return out
@@ -301,6 +320,10 @@ class Sealer:
             if self._next_compaction.get(p, 0.0) > self.clock.now():
                 continue
             try:
+                if manifest is not None and self._compaction_idle.get(p) == self._idle_key(
+                    manifest, p
+                ):
+                    continue  # nothing changed since it was found with nothing to do
                 r = self.compact_partition(p)
             except Exception as exc:
                 n = self.compaction_failures.get(p, 0) + 1
@@ -352,17 +375,24 @@ class Sealer:
         manifest = manifest or self.catalog.manifest(self.table)
         return plan_compaction(self.catalog.deep, manifest, partition, self.compaction)
 
+    @staticmethod
+    def _idle_key(manifest: Manifest, partition: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """What a partition's compaction plan depends on: its sealed entries and delete
+        vectors."""
+        state = Reflects.of(manifest, partition)
+        return state.entries, state.delete_vectors
+
     def compact_partition(self, partition: int) -> CompactionResult | None:
         """Merge the partition's sealed segments that are due (see
         :mod:`millstream.sealing.compaction`). Returns None when nothing is due; raises the
         failure otherwise (after deleting what it uploaded, unless the swap may have landed)."""
         manifest = self.catalog.manifest(self.table)
-        state = Reflects.of(manifest, partition)
-        if self._compaction_idle.get(partition) == (state.entries, state.delete_vectors):
+        idle = self._idle_key(manifest, partition)
+        if self._compaction_idle.get(partition) == idle:
             return None  # nothing changed since it was last found with nothing to do
         plan = self.plan_compaction(partition, manifest)
         if plan is None:
-            self._compaction_idle[partition] = (state.entries, state.delete_vectors)
+            self._compaction_idle[partition] = idle
             return None
         started = time.monotonic()
         deadline = self.clock.now() + self.claim_ttl

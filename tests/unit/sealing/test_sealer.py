@@ -195,3 +195,40 @@ def test_sealing_is_due_by_rows_bytes_or_age_and_not_before(tmp_path: Path) -> N
     assert sealer.seal_due() == []
     clock.advance(61)
     assert [r.rows_in for r in sealer.seal_due()] == [5]
+
+
+def test_a_pass_reads_the_manifest_once_unless_a_partition_is_due(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background pass runs every second for every table: a manifest read per partition, to
+    seal and again to compact, was most of a worker's own CPU with 8 tables of 4 partitions,
+    and it grew with the unsealed segments."""
+    from millstream.clock import ManualClock
+    from millstream.sealing.thresholds import Thresholds
+
+    feed = _setup(tmp_path, "upsert")
+    for p in range(4):
+        feed.batch(p, 10)
+    clock = ManualClock(start=feed.cat.manifest("t").entries[0].created_at)
+    sealer = Sealer(
+        feed.cat, "t", thresholds=Thresholds(flush_rows=25, flush_seconds=60), clock=clock
+    )
+    reads: list[str] = []
+    real = feed.cat.manifest
+
+    def counted(table: str, **kw: Any) -> Any:
+        reads.append(table)
+        return real(table, **kw)
+
+    monkeypatch.setattr(feed.cat, "manifest", counted)
+
+    assert sealer.seal_due() == []  # each partition found with nothing to compact
+    feed.batch(1, 5)  # not due
+    reads.clear()
+    assert sealer.seal_due() == []
+    assert len(reads) == 1  # one read decided for 4 partitions, to seal and to compact
+    feed.batch(2, 20)
+    reads.clear()
+    assert [r.partition for r in sealer.seal_due()] == [2]
+    assert len(reads) >= 2  # the due partition is read again before it is sealed
+    feed.assert_table_equals_model()
