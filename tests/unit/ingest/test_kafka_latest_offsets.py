@@ -190,3 +190,15 @@ def test_a_shared_querys_source_asks_every_kafka_members_ends_at_once(
     end = reader.latestOffset(start, reader.getDefaultReadLimit())
     assert end == {f"ds{i}": {"0": 10 + i, "1": 20 + i} for i in range(3)}
     assert len(broker.list_offsets) == 2  # one request for the three members' six partitions
+
+
+def test_two_datastreams_of_one_topic_ask_each_partition_once() -> None:
+    broker = _Consumer({"a": {0: 4, 1: 6}})
+    pool = _Pool(broker)
+    readers: dict[str, PartitionReader] = {
+        n: KafkaReader(KafkaConfig("127.0.0.1:1", "a"), consumers=pool) for n in ("x", "y")
+    }
+
+    assert latest_offsets_of(readers) == {"x": {0: 4, 1: 6}, "y": {0: 4, 1: 6}}
+    (request,) = broker.list_offsets
+    assert sorted(request) == [("a", 0, OFFSET_END), ("a", 1, OFFSET_END)]

@@ -228,14 +228,16 @@ class KafkaReader(PartitionReader):
             first = kafka[members[0]]
             try:
                 with first._pool.lease(first.conf) as c:
-                    tps: list[TopicPartition] = []
+                    # each partition once: two datastreams may read one topic
+                    asked: dict[tuple[str, int], None] = {}
                     for i in members:
                         try:
                             parts = kafka[i]._known_partitions(c)
                         except SourceReadError as exc:  # its topic alone
                             out[i] = exc
                             continue
-                        tps += [TopicPartition(kafka[i].topic, p, OFFSET_END) for p in parts]
+                        asked.update(dict.fromkeys((kafka[i].topic, p) for p in parts))
+                    tps = [TopicPartition(t, p, OFFSET_END) for t, p in asked]
                     answers = c.offsets_for_times(tps, timeout=10) if tps else []
             except Exception as exc:  # the brokers did not answer: each reader its own error
                 for i in members:
