@@ -1432,6 +1432,20 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
 """,
         tests=("tests/unit/ingest/test_shared_query_planning.py",),
     ),
+    Guard(
+        name="a-commit-never-deletes-a-referenced-file",
+        file="src/millstream/table/commit.py",
+        what="the staged files a commit did not reference are deleted only if the manifest "
+        "does not reference them either (the same staged write committed twice)",
+        old="""\
+    for p in paths - referenced:
+""",
+        new="""\
+    for p in paths:  # MUTATION: whatever the manifest references
+""",
+        tests=("tests/contract/test_contract_manifest_guards.py",),
+        select="sqlite-local",
+    ),
 )
 
 

@@ -603,3 +603,36 @@ def test_a_rollback_that_landed_is_reported_landed_even_if_a_writer_committed_si
     assert plan.new_epoch == 1
     shard = pipe.catalog.store.get_shard(TABLE, 0)
     assert shard is not None and (shard.epoch, shard.upper) == (1, LINES + 5)
+
+
+def test_a_staged_write_committed_twice_keeps_the_files_its_first_commit_references(
+    pipe: Pipeline,
+) -> None:
+    """The second commit of the same staged write is a DROP (its ranges are below the shard
+    uppers), and a DROP deletes the staged files it did not reference: here the first commit's
+    files, which the manifest references. Spark's replay re-runs the write tasks (new file
+    names), so no production path commits a file twice, but the commit must not depend on it."""
+    write = pipe.staged(0)
+    pipe.commit(write)
+    commit_writes(
+        pipe.catalog.store, pipe.catalog.deep, TABLE, [write], dead_letter_table=pipe.dl.name
+    )
+
+    for path in write.paths:
+        assert pipe.catalog.deep.exists(path), "a file the manifest references was deleted"
+    pipe.assert_reads_every_row_once()
+
+
+def test_a_replays_unreferenced_staged_files_are_deleted(pipe: Pipeline) -> None:
+    first = pipe.staged(0)
+    pipe.commit(first)
+    pipe.pos[0] -= LINES  # the same ranges staged again, as a replayed write task does
+    replay = pipe.staged(0)
+    pipe._rows.pop(id(replay.data))
+    commit_writes(
+        pipe.catalog.store, pipe.catalog.deep, TABLE, [replay], dead_letter_table=pipe.dl.name
+    )
+
+    assert replay.paths and not any(pipe.catalog.deep.exists(p) for p in replay.paths)
+    pipe.pos[0] += LINES
+    pipe.assert_reads_every_row_once()

@@ -21,6 +21,9 @@ catch them"):
   are re-read: if every range is persisted the batch is done (by this writer or a peer);
   otherwise :class:`CommitStateUnknownError` is raised and no staged file is deleted, since
   nothing proves the manifest does not reference it. Only GC, which checks, may delete them.
+* **A referenced file is never deleted.** The staged files a commit did not reference (a
+  replay's DROP, a refused commit) are deleted only if the manifest does not reference them
+  either: the same staged write committed twice must not lose the first commit's file.
 * **The dead-letter table gaps like the table.** Its shard decides like the table's; a gap in
   either raises :class:`ShardGapError` so the writer restarts from the lower upper instead of
   skipping bad records.
@@ -28,6 +31,7 @@ catch them"):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -43,6 +47,8 @@ from millstream.metastore.models import AppendResult, ShardAppend, ShardResult
 from millstream.metastore.store import MetadataStore
 from millstream.storage.deepstore import DeepStore
 from millstream.table.gc import MAX_STAGED_AGE_SECONDS
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,12 +197,13 @@ def commit_writes(
             return _reconciled(table, dead_letter_table, main, dl, rows)
         raise
     except MillstreamError:
-        _delete(deep, staged)  # the transaction rolled back: nothing references them
+        # the transaction rolled back: this commit references none of them
+        _delete_unreferenced(store, deep, staged, (table, dead_letter_table))
         raise
     commit = BatchCommit(
         results[table], results.get(dead_letter_table or ""), rows, tuple(main), tuple(dl)
     )
-    _delete(deep, staged - commit.files_referenced)
+    _delete_unreferenced(store, deep, staged - commit.files_referenced, (table, dead_letter_table))
     if raise_for_gaps:
         commit.raise_for_gaps()
     return commit
@@ -240,6 +247,23 @@ def _reconciled(
     )
 
 
-def _delete(deep: DeepStore, paths: set[str]) -> None:
-    for p in paths:
+def _delete_unreferenced(
+    store: MetadataStore, deep: DeepStore, paths: set[str], tables: tuple[str, str | None]
+) -> None:
+    """Delete the staged ``paths`` this commit did not reference, unless the manifest
+    references one anyway (the same staged write committed twice: the second is a DROP, and
+    its files are the first one's). Asked only when there is something to delete (a replay's
+    DROP, a refused commit); if the store cannot say, the files stay for GC, which checks."""
+    if not paths:
+        return
+    try:
+        referenced = set().union(*(store.referenced_files(t) for t in tables if t is not None))
+    except Exception as exc:
+        log.warning(
+            "staged files %s stay for GC: cannot read what references them (%s)",
+            sorted(paths)[:3],
+            exc,
+        )
+        return
+    for p in paths - referenced:
         deep.delete(p)
