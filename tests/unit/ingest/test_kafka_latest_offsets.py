@@ -7,18 +7,17 @@ fails its own datastream alone."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_END, KafkaError, KafkaException, TopicPartition
+from kafka_fakes import OneConsumerPool
 
 from millstream.errors import SourceReadError
 from millstream.ingest.sources import kafka as kafka_source
 from millstream.ingest.sources.base import PartitionReader, latest_offsets_of
-from millstream.ingest.sources.kafka import ConsumerPool, KafkaConfig, KafkaReader
+from millstream.ingest.sources.kafka import KafkaConfig, KafkaReader
 
 
 class _Consumer:
@@ -60,18 +59,8 @@ class _Consumer:
         return out
 
 
-class _Pool(ConsumerPool):
-    def __init__(self, consumer: _Consumer) -> None:
-        super().__init__()
-        self.consumer = consumer
-
-    @contextmanager
-    def lease(self, conf: dict[str, Any]) -> Iterator[Any]:
-        yield self.consumer
-
-
 def _readers(consumer: _Consumer, *topics: str) -> dict[str, PartitionReader]:
-    pool = _Pool(consumer)
+    pool = OneConsumerPool(consumer)
     return {t: KafkaReader(KafkaConfig("127.0.0.1:1", t), consumers=pool) for t in topics}
 
 
@@ -152,7 +141,7 @@ def test_a_broker_that_does_not_answer_gives_each_reader_its_own_error() -> None
 
 def test_readers_of_other_client_configs_are_asked_apart() -> None:
     broker = _Consumer({"a": {0: 4}, "b": {0: 1}})
-    pool = _Pool(broker)
+    pool = OneConsumerPool(broker)
     readers: dict[str, PartitionReader] = {
         "a": KafkaReader(KafkaConfig("127.0.0.1:1", "a"), consumers=pool),
         "b": KafkaReader(
@@ -171,7 +160,7 @@ def test_a_shared_querys_source_asks_every_kafka_members_ends_at_once(
     from millstream.spark.sources import MEMBER_NOTE, GroupStreamReader
 
     broker = _Consumer({f"t{i}": {0: 10 + i, 1: 20 + i} for i in range(3)})
-    monkeypatch.setattr("millstream.ingest.sources.kafka.CONSUMERS", _Pool(broker))
+    monkeypatch.setattr("millstream.ingest.sources.kafka.CONSUMERS", OneConsumerPool(broker))
     members = {
         f"ds{i}": SourceOptions(
             "kafka", {"bootstrap_servers": "127.0.0.1:1", "topic": t}, ranges_only=True
@@ -194,7 +183,7 @@ def test_a_shared_querys_source_asks_every_kafka_members_ends_at_once(
 
 def test_two_datastreams_of_one_topic_ask_each_partition_once() -> None:
     broker = _Consumer({"a": {0: 4, 1: 6}})
-    pool = _Pool(broker)
+    pool = OneConsumerPool(broker)
     readers: dict[str, PartitionReader] = {
         n: KafkaReader(KafkaConfig("127.0.0.1:1", "a"), consumers=pool) for n in ("x", "y")
     }

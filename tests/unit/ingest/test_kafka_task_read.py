@@ -6,15 +6,12 @@ timestamps are those of reading range by range."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
-
 import pyarrow as pa
 from confluent_kafka import TopicPartition
+from kafka_fakes import OneConsumerPool
 
 from millstream.ingest.sources.base import PartitionReader
-from millstream.ingest.sources.kafka import ConsumerPool, KafkaConfig, KafkaReader
+from millstream.ingest.sources.kafka import KafkaConfig, KafkaReader
 
 PARTITIONS = 64
 RECORDS = 12
@@ -85,19 +82,11 @@ class _Consumer:
         return [TopicPartition(tp.topic, tp.partition, self.assigned[tp.partition]) for tp in tps]
 
 
-class _Pool(ConsumerPool):
-    def __init__(self, consumer: _Consumer) -> None:
-        super().__init__()
-        self.consumer = consumer
-
-    @contextmanager
-    def lease(self, conf: dict[str, Any]) -> Iterator[Any]:
-        yield self.consumer
-
-
 def _reader() -> tuple[KafkaReader, _Consumer]:
     consumer = _Consumer()
-    return KafkaReader(KafkaConfig("127.0.0.1:1", "t"), consumers=_Pool(consumer)), consumer
+    return KafkaReader(
+        KafkaConfig("127.0.0.1:1", "t"), consumers=OneConsumerPool(consumer)
+    ), consumer
 
 
 def test_a_tasks_ranges_are_read_with_one_assignment_and_equal_reading_them_one_by_one() -> None:
