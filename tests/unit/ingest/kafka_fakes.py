@@ -17,5 +17,5 @@ class OneConsumerPool(ConsumerPool):
         self.consumer = consumer
 
     @contextmanager
-    def lease(self, conf: dict[str, Any]) -> Iterator[Any]:
+    def lease(self, conf: dict[str, Any], topic: str | None = None) -> Iterator[Any]:
         yield self.consumer

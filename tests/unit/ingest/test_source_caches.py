@@ -31,6 +31,43 @@ def test_a_pooled_consumer_is_lent_to_one_caller_at_a_time_and_reused_after() ->
     assert len(pool) == 0
 
 
+def test_a_consumer_is_lent_again_for_the_topic_it_read_last() -> None:
+    """librdkafka starts fetching a topic it has no metadata for up to a second late: a
+    read must get a consumer that already knows its topic when the pool has one."""
+    pool = ConsumerPool()
+    with pool.lease(_conf(), "orders") as a:
+        pass
+    with pool.lease(_conf(), "payments") as b:
+        assert b is not a  # the idle consumer knows another topic
+    for _ in range(3):
+        with pool.lease(_conf(), "payments") as again_b, pool.lease(_conf(), "orders") as again_a:
+            assert (again_a, again_b) == (a, b)
+    with pool.lease(_conf()) as c:  # requests about several topics: a consumer of their own
+        assert c not in (a, b)
+    assert len(pool) == 3
+    pool.close()
+
+
+def test_a_consumer_idle_past_the_limit_is_closed() -> None:
+    """A topic no longer read (its datastream removed) does not keep a consumer open."""
+    now = [0.0]
+    pool = ConsumerPool(idle_close_s=300.0, clock=lambda: now[0])
+    with pool.lease(_conf(), "gone") as old:
+        pass
+    now[0] = 200.0
+    with pool.lease(_conf(), "kept") as kept:
+        pass
+    assert len(pool) == 2
+    now[0] = 301.0
+    with pool.lease(_conf(), "kept") as again:
+        assert again is kept
+    assert len(pool) == 1  # "gone" was idle 301 s: closed at this return
+    with pytest.raises(RuntimeError, match="closed"):
+        old.assignment()
+    assert kept.assignment() == []  # still open
+    pool.close()
+
+
 def test_a_consumer_whose_use_failed_is_closed_not_returned() -> None:
     pool = ConsumerPool()
     with pytest.raises(RuntimeError), pool.lease(_conf()):

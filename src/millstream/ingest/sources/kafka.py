@@ -8,7 +8,8 @@ client as they are (``security.protocol``, ``sasl.*`` ...).
 Consumers are expensive to create (a connection and a metadata round trip), so a process keeps
 them in a :class:`ConsumerPool`. The pool lends each consumer to one caller at a time: a worker
 process runs several writers on threads, and two threads must never ``assign()`` the same
-consumer.
+consumer. A range read leases a consumer of its topic: one that knows the topic starts
+fetching at once.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,22 +80,40 @@ class KafkaConfig:
         }
 
 
-class ConsumerPool:
-    """Idle consumers per client config; :meth:`lease` lends one to a single caller."""
+#: A pooled consumer idle this long is closed at the pool's next lease or return, so a topic
+#: no longer read (a datastream removed or moved) does not keep its connections open.
+IDLE_CLOSE_S = 300.0
 
-    def __init__(self) -> None:
+
+class ConsumerPool:
+    """Idle consumers per client config and topic; :meth:`lease` lends one to a single caller.
+
+    A consumer is lent again for the topic it read last. librdkafka starts fetching a topic
+    it has no metadata for only when its broker thread next wakes, up to a second later: a
+    pool that lent any idle consumer for any topic made a task's read of a few hundred
+    records take 0.5-1 s whenever its consumer had last read another topic (bench/scale.py
+    (b): 8 datastreams in a shared query, 4.5% of the member reads; a batch waits for its
+    slowest read, so 30% of the batches), against 5-10 ms for a consumer that knows it."""
+
+    def __init__(
+        self, *, idle_close_s: float = IDLE_CLOSE_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._lock = threading.Lock()
-        self._idle: dict[str, list[Any]] = {}
+        #: key -> idle consumers and when each was returned, the most recent last
+        self._idle: dict[str, list[tuple[Any, float]]] = {}
+        self.idle_close_s = idle_close_s
+        self._clock = clock
 
     @contextmanager
-    def lease(self, conf: dict[str, Any]) -> Iterator[Any]:
-        """A consumer for ``conf``, exclusively the caller's until the block ends. A consumer
+    def lease(self, conf: dict[str, Any], topic: str | None = None) -> Iterator[Any]:
+        """A consumer for ``conf``, exclusively the caller's until the block ends; one that
+        last read ``topic`` (None: a consumer for requests about several topics). A consumer
         whose use raised is closed, not returned: it may be stuck retrying a broker that is
         down."""
-        key = json.dumps(conf, sort_keys=True)
+        key = json.dumps([conf, topic], sort_keys=True)
         with self._lock:
             idle = self._idle.get(key)
-            consumer = idle.pop() if idle else None
+            consumer = idle.pop()[0] if idle else None
         if consumer is None:
             consumer = Consumer(conf)
         try:
@@ -102,13 +121,30 @@ class ConsumerPool:
         except BaseException:
             consumer.close()
             raise
+        now = self._clock()
         with self._lock:
-            self._idle.setdefault(key, []).append(consumer)
+            self._idle.setdefault(key, []).append((consumer, now))
+            stale = self._take_stale(now)
+        for c in stale:
+            c.close()
+
+    def _take_stale(self, now: float) -> list[Any]:
+        """The idle consumers unused for :attr:`idle_close_s`, taken out of the pool (the
+        lock is held)."""
+        stale: list[Any] = []
+        for key in list(self._idle):
+            keep = [(c, at) for c, at in self._idle[key] if now - at < self.idle_close_s]
+            stale.extend(c for c, at in self._idle[key] if now - at >= self.idle_close_s)
+            if keep:
+                self._idle[key] = keep
+            else:
+                del self._idle[key]
+        return stale
 
     def close(self) -> None:
         """Close the idle consumers (before stopping a broker they talk to)."""
         with self._lock:
-            consumers = [c for idle in self._idle.values() for c in idle]
+            consumers = [c for idle in self._idle.values() for c, _ in idle]
             self._idle.clear()
         for c in consumers:
             c.close()
@@ -181,11 +217,11 @@ class KafkaReader(PartitionReader):
         return sorted(t.partitions)
 
     def list_partitions(self) -> list[int]:
-        with self._pool.lease(self.conf) as c:
+        with self._pool.lease(self.conf, self.topic) as c:
             return self._list_partitions(c)
 
     def _watermarks(self) -> dict[int, tuple[int, int]]:
-        with self._pool.lease(self.conf) as c:
+        with self._pool.lease(self.conf, self.topic) as c:
             return {
                 p: c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)
                 for p in self._list_partitions(c)
@@ -273,7 +309,7 @@ class KafkaReader(PartitionReader):
         )
 
     def read_range(self, partition: int, lo: int, hi: int) -> Iterator[pa.RecordBatch]:
-        with self._pool.lease(self.conf) as c:
+        with self._pool.lease(self.conf, self.topic) as c:
             c.assign([TopicPartition(self.topic, partition, lo)])
             try:
                 yield from self._consume(c, partition, lo, hi)
@@ -300,7 +336,7 @@ class KafkaReader(PartitionReader):
             return
         if not todo:
             return
-        with self._pool.lease(self.conf) as c:
+        with self._pool.lease(self.conf, self.topic) as c:
             tps = [TopicPartition(self.topic, p, lo) for p, lo, _ in todo]
             c.assign(tps)
             try:
