@@ -164,6 +164,18 @@ def write_json(path: Path | str, payload: Any, *, indent: int | None = 2) -> Pat
     return path
 
 
+def save_results(
+    name: str, payload: Any, also: Path | None, say: Callable[[str], None] = log
+) -> Path:
+    """Write ``payload`` to ``bench/results/<name>-<time>.json`` and to ``also`` (a script's
+    ``--json PATH``) if given, and say where."""
+    out = write_json(RESULTS / f"{name}-{time.strftime('%H%M%S')}.json", payload)
+    if also is not None:
+        write_json(also, payload)
+    say(f"results: {out}")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Spark
 # ---------------------------------------------------------------------------------------------

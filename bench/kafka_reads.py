@@ -192,10 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "reads": n,
         "load_end": common.load(),
     }
-    out = common.write_json(common.RESULTS / f"kafka-reads-{time.strftime('%H%M%S')}.json", res_all)
-    if args.json is not None:
-        common.write_json(args.json, res_all)
-    log(f"results: {out}")
+    common.save_results("kafka-reads", res_all, args.json, log)
     return 0
 
 

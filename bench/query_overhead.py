@@ -152,10 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch_median_s": b,
         "load_end": common.load(),
     }
-    out = common.write_json(common.RESULTS / f"query-overhead-{time.strftime('%H%M%S')}.json", res)
-    if args.json is not None:
-        common.write_json(args.json, res)
-    log(f"results: {out}")
+    common.save_results("query-overhead", res, args.json, log)
     return 0
 
 

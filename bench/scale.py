@@ -798,10 +798,7 @@ def main(argv: list[str] | None = None) -> int:
             res["b"] = part_b(args, base, log)
     res["load_end"] = common.load()
     report(res, log)
-    out = common.write_json(common.RESULTS / f"scale-{time.strftime('%H%M%S')}.json", res)
-    if args.json is not None:
-        common.write_json(args.json, res)
-    log(f"results: {out}")
+    common.save_results("scale", res, args.json, log)
     return 0
 
 
