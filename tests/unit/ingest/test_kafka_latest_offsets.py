@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_END, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, KafkaException, TopicPartition
 from kafka_fakes import OneConsumerPool
 
 from millstream.errors import SourceReadError
@@ -23,8 +23,12 @@ from millstream.ingest.sources.kafka import KafkaConfig, KafkaReader
 class _Consumer:
     """A broker's topics as ``{topic: {partition: end offset}}``; counts the requests."""
 
-    def __init__(self, topics: dict[str, dict[int, int]]) -> None:
+    def __init__(
+        self, topics: dict[str, dict[int, int]], starts: dict[str, dict[int, int]] | None = None
+    ) -> None:
         self.topics = topics
+        #: each partition's first offset still held (0 unless given: nothing deleted yet)
+        self.starts = starts or {}
         self.metadata = 0
         self.list_offsets: list[list[tuple[str, int, int]]] = []
         self.down = False
@@ -48,6 +52,8 @@ class _Consumer:
         for tp in tps:
             end = self.topics.get(tp.topic, {}).get(tp.partition)
             error = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART) if end is None else None
+            if end is not None and tp.offset == OFFSET_BEGINNING:
+                end = self.starts.get(tp.topic, {}).get(tp.partition, 0)
             out.append(
                 SimpleNamespace(
                     topic=tp.topic,
@@ -191,3 +197,29 @@ def test_two_datastreams_of_one_topic_ask_each_partition_once() -> None:
     assert latest_offsets_of(readers) == {"x": {0: 4, 1: 6}, "y": {0: 4, 1: 6}}
     (request,) = broker.list_offsets
     assert sorted(request) == [("a", 0, OFFSET_END), ("a", 1, OFFSET_END)]
+
+
+def test_a_topics_first_offsets_come_from_one_request() -> None:
+    """Re-ingestion asks a topic's first offsets for every entry it checks: one request, not a
+    watermark request per partition of the topic."""
+    broker = _Consumer(
+        {"orders": {p: 1000 for p in range(64)}}, starts={"orders": {3: 250, 40: 999}}
+    )
+    reader = _readers(broker, "orders")["orders"]
+
+    got = reader.earliest_offsets()
+
+    assert got == {p: {3: 250, 40: 999}.get(p, 0) for p in range(64)}
+    assert len(broker.list_offsets) == 1
+    assert {o for _, _, o in broker.list_offsets[0]} == {OFFSET_BEGINNING}
+
+
+def test_an_unanswered_first_offset_fails_naming_the_partition() -> None:
+    class _Silent(_Consumer):
+        def offsets_for_times(self, tps: list[TopicPartition], timeout: float) -> list[Any]:
+            return [a for a in super().offsets_for_times(tps, timeout) if a.partition != 2]
+
+    reader = _readers(_Silent({"orders": dict.fromkeys(range(4), 10)}), "orders")["orders"]
+    with pytest.raises(SourceReadError, match="first offsets were not answered") as err:
+        reader.earliest_offsets()
+    assert "'orders'" in str(err.value) and "partition 2" in str(err.value)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
 from millstream.errors import InvalidSpecError, SourceReadError
 from millstream.ingest.sources.base import (
@@ -220,15 +220,22 @@ class KafkaReader(PartitionReader):
         with self._pool.lease(self.conf, self.topic) as c:
             return self._list_partitions(c)
 
-    def _watermarks(self) -> dict[int, tuple[int, int]]:
-        with self._pool.lease(self.conf, self.topic) as c:
-            return {
-                p: c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)
-                for p in self._list_partitions(c)
-            }
-
     def earliest_offsets(self) -> dict[int, int]:
-        return {p: lo for p, (lo, _) in self._watermarks().items()}
+        """Every partition's first offset still held, in ONE ListOffsets request
+        (``offsets_for_times`` at ``OFFSET_BEGINNING``, the protocol's "earliest" timestamp,
+        -2), as :meth:`latest_offsets_of` asks the ends: a watermark request per partition
+        made a re-ingestion's check per entry cost a round trip per partition of the topic."""
+        with self._pool.lease(self.conf, self.topic) as c:
+            parts = self._list_partitions(c)
+            tps = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in parts]
+            answers = {a.partition: a for a in c.offsets_for_times(tps, timeout=10)}
+        got: dict[int, int] = {}
+        for p in parts:
+            a = answers.get(p)
+            if a is None or a.error is not None or a.offset < 0:
+                raise self._unanswered(p, a.error if a is not None else None, "first")
+            got[p] = a.offset
+        return got
 
     def latest_offsets(self) -> dict[int, int]:
         (got,) = self.latest_offsets_of([self])
@@ -300,10 +307,10 @@ class KafkaReader(PartitionReader):
             got[p] = a.offset
         return got
 
-    def _unanswered(self, partition: int | None, why: Any) -> SourceReadError:
+    def _unanswered(self, partition: int | None, why: Any, which: str = "end") -> SourceReadError:
         return SourceReadError(
             f"kafka topic {self.topic!r} on {self.conf['bootstrap.servers']}",
-            "its end offsets were not answered" + (f" ({why})" if why else ""),
+            f"its {which} offsets were not answered" + (f" ({why})" if why else ""),
             partition=partition,
             topic=self.topic,
         )
