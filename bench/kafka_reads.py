@@ -65,7 +65,9 @@ def _pool(kind: str) -> Any:
 def reads(
     bootstrap: str, topics: list[str], kind: str, seconds: float, seed: int, out: Any
 ) -> None:
-    """One task slot's loop (in its own process); puts ``[(ms, complete), ...]`` on ``out``."""
+    """One task slot's loop (in its own process); puts on ``out`` a tuple per read: its
+    milliseconds, whether it got every record, whether it was the process's first of its
+    topic."""
     from millstream.ingest.sources.base import latest_offsets_of
     from millstream.ingest.sources.kafka import KafkaConfig, KafkaReader
 
