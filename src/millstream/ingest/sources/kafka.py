@@ -228,13 +228,10 @@ class KafkaReader(PartitionReader):
         with self._pool.lease(self.conf, self.topic) as c:
             parts = self._list_partitions(c)
             tps = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in parts]
-            answers = {a.partition: a for a in c.offsets_for_times(tps, timeout=10)}
-        got: dict[int, int] = {}
-        for p in parts:
-            a = answers.get(p)
-            if a is None or a.error is not None or a.offset < 0:
-                raise self._unanswered(p, a.error if a is not None else None, "first")
-            got[p] = a.offset
+            answers = {(a.topic, a.partition): a for a in c.offsets_for_times(tps, timeout=10)}
+        got = self._answered(answers, parts, "first")
+        if isinstance(got, Exception):
+            raise got
         return got
 
     def latest_offsets(self) -> dict[int, int]:
@@ -298,12 +295,22 @@ class KafkaReader(PartitionReader):
 
     def _ends(self, answers: dict[tuple[str, int], Any]) -> dict[int, int] | Exception:
         assert self._partitions is not None
+        got = self._answered(answers, self._partitions[1], "end")
+        if isinstance(got, Exception):
+            self._partitions = None  # list them again next time
+        return got
+
+    def _answered(
+        self, answers: dict[tuple[str, int], Any], partitions: list[int], which: str
+    ) -> dict[int, int] | SourceReadError:
+        """``{partition: offset}`` of a ListOffsets answer (keyed by topic and partition)
+        for this topic's ``partitions``, or the error naming the first partition not
+        answered."""
         got: dict[int, int] = {}
-        for p in self._partitions[1]:
+        for p in partitions:
             a = answers.get((self.topic, p))
             if a is None or a.error is not None or a.offset < 0:
-                self._partitions = None  # list them again next time
-                return self._unanswered(p, a.error if a is not None else None)
+                return self._unanswered(p, a.error if a is not None else None, which)
             got[p] = a.offset
         return got
 
