@@ -15,10 +15,11 @@ partition-affine), written once as JSON-lines files, one subdirectory per partit
 ``files`` source reads).
 
 (a) Millstream catch-up (``ingest_catchup.py``): ``DatastreamRunner(files source -> upsert
-    table).run(available_now=True)`` in a warmed SparkSession (a tiny warm-up datastream runs
-    first, so JVM start and Python-worker start are excluded), rows/s over the whole input; the
-    table is read back and its row count checked against
-    ``millstream.testing.oracle.expected_table``.
+    table).run(available_now=True)`` (its batches run as Spark jobs,
+    ``millstream.spark.catch_up``) in a warmed SparkSession (two tiny warm-up datastreams run
+    first, one as Spark jobs and one as a streaming query, so JVM start and Python-worker start
+    are excluded from (a) and (a2)), rows/s over the whole input; the table is read back and
+    its row count checked against ``millstream.testing.oracle.expected_table``.
 (a2) Catch-up of a running datastream (``ingest_catchup.py``): the same datastream runs on an
     empty input until warm, then the whole input appears at once (files renamed into place);
     rows/s from then until the shard uppers cover it, the table held to the oracle.
@@ -214,7 +215,7 @@ def run(
                 res["profile"] = profile_batch(inp, base, planned, tasks)
                 res["source_only"] = source_only(spark, inp, base, planned)
                 log(f"source alone into noop: {res['source_only']['rows_s']:,.0f} rows/s")
-                res["a"]["jobs"] = spark_jobs(event_dir, res["a"]["query_id"])
+                res["a"]["jobs"] = spark_jobs(event_dir, job_group=res["a"]["job_group"])
                 res["source_only"]["jobs"] = spark_jobs(event_dir, res["source_only"]["query_id"])
                 res["timed"] = instrumented_run(spark, inp, base, batch)
                 res["timed"]["jobs"] = spark_jobs(event_dir, res["timed"]["query_id"])

@@ -126,9 +126,12 @@ def event_log_config(base: Path) -> tuple[Path, dict[str, str]]:
     }
 
 
-def spark_jobs(event_dir: Path | None, query_id: str) -> list[dict[str, Any]]:
-    """Jobs of one streaming query from the event log: per job the batch id, wall time and
-    its tasks' durations and metrics (seconds)."""
+def spark_jobs(
+    event_dir: Path | None, query_id: str | None = None, job_group: str | None = None
+) -> list[dict[str, Any]]:
+    """Jobs of one streaming query (``query_id``) or of one job group (an available-now run's
+    batch jobs) from the event log: per job the batch id, wall time and its tasks' durations
+    and metrics (seconds)."""
     if event_dir is None:
         return []
     jobs: dict[int, dict[str, Any]] = {}
@@ -149,12 +152,15 @@ def spark_jobs(event_dir: Path | None, query_id: str) -> list[dict[str, Any]]:
             kind = ev.get("Event")
             if kind == "SparkListenerJobStart":
                 props = ev.get("Properties") or {}
-                if props.get("sql.streaming.queryId") != query_id:
+                if (query_id is not None and props.get("sql.streaming.queryId") != query_id) or (
+                    job_group is not None and props.get("spark.jobGroup.id") != job_group
+                ):
                     continue
                 jid = ev["Job ID"]
+                desc = props.get("spark.job.description") or ""
                 jobs[jid] = {
                     "job": jid,
-                    "batch": props.get("streaming.sql.batchId"),
+                    "batch": props.get("streaming.sql.batchId") or desc.rpartition(" ")[2],
                     "submitted": ev["Submission Time"] / 1000,
                     "tasks": [],
                 }

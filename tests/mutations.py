@@ -1446,6 +1446,26 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         tests=("tests/contract/test_contract_manifest_guards.py",),
         select="sqlite-local",
     ),
+    Guard(
+        name="available-now-jobs-restart-when-fenced",
+        file="src/millstream/spark/runner.py",
+        what="an available-now run (Spark jobs) whose commit is fenced or gapped starts again "
+        "from the shard uppers",
+        old="""\
+        except RESTARTABLE as exc:
+            return exc
+        except Exception:
+            if self._stopping:  # stop() cancelled the batch's job
+""",
+        new="""\
+        except Exception:  # MUTATION: a fenced commit ends the run with its error
+            if self._stopping:  # stop() cancelled the batch's job
+""",
+        tests=(
+            "tests/integration/test_available_now_jobs.py::"
+            "test_a_commit_fenced_in_the_middle_of_a_run_restarts_it_from_the_shard_uppers",
+        ),
+    ),
 )
 
 

@@ -288,17 +288,49 @@ class Finished:
         return f"exit {self.returncode}\nstdout:\n{self.stdout[-4000:]}\nstderr:\n{self.stderr[-6000:]}"
 
 
+#: ``DatastreamRunner.run(available_now=True, streaming=True)`` in a process of its own: the
+#: streaming query a running writer runs, ending when it has caught up (the CLI's
+#: ``--available-now`` runs Spark jobs instead). Arguments: spec file, home, writer id, master.
+STREAMING_RUN = """
+import sys
+from pathlib import Path
+from millstream.catalog import Catalog
+from millstream.datastream import DatastreamSpec
+from millstream.spark.runner import DatastreamRunner
+from millstream.spark.session import spark_session
+
+spec_file, home, writer_id, master = sys.argv[1:]
+with Catalog.open(home=Path(home)) as cat:
+    spark = spark_session(master=master)
+    runner = DatastreamRunner(DatastreamSpec.from_file(Path(spec_file)), cat, spark, writer_id=writer_id)
+    runner.run(available_now=True, streaming=True)
+    spark.stop()
+"""
+
+
 def start_cli(
-    spec_file: Path, home: Path, writer_id: str, log_dir: Path, **env: str
+    spec_file: Path,
+    home: Path,
+    writer_id: str,
+    log_dir: Path,
+    *,
+    streaming: bool = False,
+    **env: str,
 ) -> subprocess.Popen[bytes]:
     """``millstream run --available-now`` in its own session, so the whole process group
-    (the Python driver, its JVM and the Python workers) can be killed at once."""
+    (the Python driver, its JVM and the Python workers) can be killed at once. With
+    ``streaming``, :data:`STREAMING_RUN` instead (the streaming query, not the CLI)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     out = (log_dir / f"{writer_id}.out").open("ab")
     err = (log_dir / f"{writer_id}.err").open("ab")
+    args = (
+        [sys.executable, "-c", STREAMING_RUN, str(spec_file), str(home), writer_id, SPARK_MASTER]
+        if streaming
+        else cli_run_args(spec_file, home, writer_id)
+    )
     try:
         return subprocess.Popen(
-            cli_run_args(spec_file, home, writer_id),
+            args,
             stdout=out,
             stderr=err,
             env=cli_env(**env),

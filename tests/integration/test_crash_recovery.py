@@ -1,12 +1,14 @@
 """Issue 3 acceptance: a writer killed with SIGKILL at the worst moments loses nothing and
 duplicates nothing when it is started again.
 
-``millstream run --available-now`` runs as a subprocess in its own session; a named fault
-point (``MILLSTREAM_FAULTS``) makes it write a marker and hang at exactly the moment under
-test, and the test then SIGKILLs the whole process group (the Python driver, its JVM and the
-Python workers). A second run without faults must finish the job; it runs in this process
-(the same ``DatastreamRunner.run`` the CLI calls, on the test session's warm SparkSession)
-against the same home, writer id and checkpoint.
+The writer runs as a subprocess in its own session, either as a streaming query (what a
+running writer runs, ending once caught up: ``run(available_now=True, streaming=True)``) or as
+``millstream run --available-now`` (whose batches are Spark jobs); a named fault point
+(``MILLSTREAM_FAULTS``) makes it write a marker and hang at exactly the moment under test, and
+the test then SIGKILLs the whole process group (the Python driver, its JVM and the Python
+workers). A second run without faults, the same way, must finish the job; it runs in this
+process (the same ``DatastreamRunner.run``, on the test session's warm SparkSession) against
+the same home, writer id and checkpoint.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ class Crash:
     topic: Topic
 
 
-def crash_at(point: str, new_topic: Callable[..., Topic], tmp_path: Path) -> Crash:
+def crash_at(
+    point: str, new_topic: Callable[..., Topic], tmp_path: Path, *, streaming: bool
+) -> Crash:
     """Ingest 8,000 records and SIGKILL the writer when it reaches ``point`` in batch 1."""
     topic = new_topic(seed=11)
     topic.produce(PER_PARTITION)
@@ -65,6 +69,7 @@ def crash_at(point: str, new_topic: Callable[..., Topic], tmp_path: Path) -> Cra
         home,
         WRITER,
         logs,
+        streaming=streaming,
         MILLSTREAM_FAULTS=f"{point}:1",
         MILLSTREAM_FAULT_DIR=str(faults),
     )
@@ -84,10 +89,11 @@ def below(records: list[RawRecord], uppers: dict[int, int]) -> list[RawRecord]:
     return [r for r in records if r[1] < uppers.get(r[0], 0)]
 
 
+@pytest.mark.parametrize("streaming", [True, False], ids=["query", "jobs"])
 def test_writer_killed_before_commit_resumes_without_loss_or_duplicates(
-    new_topic, spark, tmp_path: Path
+    streaming: bool, new_topic, spark, tmp_path: Path
 ) -> None:
-    crash = crash_at("before_commit", new_topic, tmp_path)
+    crash = crash_at("before_commit", new_topic, tmp_path, streaming=streaming)
     spec = crash.spec
     tables = (spec.table_name, spec.dead_letter_table)
 
@@ -104,13 +110,17 @@ def test_writer_killed_before_commit_resumes_without_loss_or_duplicates(
         )
 
     with Catalog.open(home=crash.home) as cat:
-        stats = DatastreamRunner(spec, cat, spark, writer_id=WRITER).run(available_now=True)
-        assert stats.discarded_checkpoints == []  # the checkpoint agreed: batch 1 replays
+        stats = DatastreamRunner(spec, cat, spark, writer_id=WRITER).run(
+            available_now=True, streaming=streaming
+        )
+        assert stats.discarded_checkpoints == []  # a query's checkpoint agreed: batch 1 replays
         assert stats.restarts == 0
         assert shard_uppers(cat, spec.table_name) == crash.topic.ends()
         assert_table_matches_source(cat, spec, crash.topic.records)
         batches = [c["batch_id"] for c in writer_commits(crash.home, spec.name, WRITER)]
-        assert batches == [0, 1, 2, 3]
+        # The query resumes at its batch 1; a jobs run starts at the shard uppers, numbering
+        # its batches from 0 again.
+        assert batches == ([0, 1, 2, 3] if streaming else [0, 0, 1, 2])
 
         # The killed attempt's staged files are garbage: nothing references them, and
         # collecting them leaves the table as it was.
@@ -125,7 +135,7 @@ def test_writer_killed_before_commit_resumes_without_loss_or_duplicates(
 def test_writer_killed_after_commit_replays_the_batch_as_a_harmless_drop(
     new_topic, spark, tmp_path: Path
 ) -> None:
-    crash = crash_at("after_commit", new_topic, tmp_path)
+    crash = crash_at("after_commit", new_topic, tmp_path, streaming=True)
     spec = crash.spec
 
     with Catalog.open(home=crash.home) as cat:
@@ -136,7 +146,9 @@ def test_writer_killed_after_commit_replays_the_batch_as_a_harmless_drop(
         assert_same_rows(cat.read_table(spec.table_name).to_pylist(), expected, what="at crash")
 
     with Catalog.open(home=crash.home) as cat:
-        stats = DatastreamRunner(spec, cat, spark, writer_id=WRITER).run(available_now=True)
+        stats = DatastreamRunner(spec, cat, spark, writer_id=WRITER).run(
+            available_now=True, streaming=True
+        )
         assert stats.discarded_checkpoints == []  # the checkpoint agreed: batch 1 replays
         assert stats.restarts == 0
 

@@ -37,7 +37,9 @@ def test_stale_checkpoint_is_discarded_and_the_writer_resumes_from_the_shards(
     with Catalog.open(home=tmp_path / "home") as cat:
 
         def run():
-            return DatastreamRunner(spec, cat, spark, writer_id="w").run(available_now=True)
+            return DatastreamRunner(spec, cat, spark, writer_id="w").run(
+                available_now=True, streaming=True
+            )
 
         topic.produce(PER_RUN)
         run()
@@ -206,13 +208,15 @@ def test_a_checkpoint_is_not_trusted_against_a_fresh_metadata_store(
 
     home = tmp_path / "home"
     DatastreamRunner(spec(1000), Catalog.open(home=home), spark, writer_id="w").run(
-        available_now=True
+        available_now=True, streaming=True
     )
     fresh = Catalog.open(home=home, metadata_url=f"sqlite:///{home / 'fresh.db'}")
-    stats = DatastreamRunner(spec(2000), fresh, spark, writer_id="w").run(available_now=True)
+    stats = DatastreamRunner(spec(2000), fresh, spark, writer_id="w").run(
+        available_now=True, streaming=True
+    )
     assert stats.discarded_checkpoints
     full = Catalog.open(home=tmp_path / "reference")
-    DatastreamRunner(spec(2000), full, spark, writer_id="w").run(available_now=True)
+    DatastreamRunner(spec(2000), full, spark, writer_id="w").run(available_now=True, streaming=True)
     assert canonical(fresh.read_table("fresh").to_pylist()) == canonical(
         full.read_table("fresh").to_pylist()
     )

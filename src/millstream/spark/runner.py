@@ -36,9 +36,11 @@ from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.maintenance import DEFAULT_MAINTENANCE_INTERVAL, Maintainer
 from millstream.sealing.sealer import Sealer
 from millstream.sealing.thresholds import Thresholds
+from millstream.spark.catch_up import catch_up
 from millstream.spark.options import CommitGate, SinkOptions, SourceOptions
-from millstream.spark.sink import rotated_log
+from millstream.spark.sink import SegmentSink, StoreRegistry, rotated_log
 from millstream.spark.sources import FORMAT as SOURCE_FORMAT
+from millstream.spark.sources import StreamReader
 from millstream.spark.table_source import register
 from millstream.storage.statedir import StateDirectory
 from millstream.supervise import Backoff, SupervisedLoop
@@ -210,6 +212,7 @@ class DatastreamRunner:
         self.sealer: Sealer | None = None
         self.query: Any = None
         self._stopping = False
+        self._catching_up = False  # an available-now run's jobs run (stop() cancels them)
 
     # -- bootstrap -------------------------------------------------------------------------
 
@@ -248,7 +251,7 @@ class DatastreamRunner:
 
     # -- query -----------------------------------------------------------------------------
 
-    def start(self, *, available_now: bool) -> Any:
+    def _open(self) -> None:
         # The Python sink is looked up through the JVM thread's active session; a runner may
         # start its query from any Python thread (a worker runs several writers).
         self.spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(
@@ -256,6 +259,9 @@ class DatastreamRunner:
         )
         register(self.spark)
         self.ensure_tables()
+
+    def start(self, *, available_now: bool) -> Any:
+        self._open()
         boot = self.bootstrap()
         self.prepare_checkpoint(boot)
         source, sink = self.query_options(boot)
@@ -318,26 +324,43 @@ class DatastreamRunner:
         available_now: bool,
         on_tick: Callable[[DatastreamRunner], None] | None = None,
         tick_seconds: float = 1.0,
+        streaming: bool = False,
     ) -> RunStats:
         """Run until done (``available_now``) or :meth:`stop`; restart from the shard upper
         when a commit is fenced or finds a gap. Raises the query's error otherwise.
+
+        ``available_now`` runs its batches as Spark jobs (:mod:`millstream.spark.catch_up`:
+        no streaming query, no Spark checkpoint; ``on_tick`` is called after each batch);
+        with ``streaming`` it runs them as a streaming query with
+        ``trigger(availableNow=True)`` instead, which resumes from its checkpoint as a
+        running writer does.
 
         Holds the state directory lock throughout (and releases it at the end, unless the
         caller locked it first, as a worker does)."""
         owns_lock = not self.state_dir.held
         sealing: SupervisedLoop | None = None
+        jobs = available_now and not streaming
         try:
             while not self._stopping:
-                self.start(available_now=available_now)
-                if self._stopping:
-                    # stop() came while start() was starting this query: it stopped the one
-                    # before (or none), and this one would run on with nobody to stop it.
-                    self.query.stop()
-                    return self.stats
-                if self.background_sealing and sealing is None:
-                    # Only now: start() created the tables, so no pass finds them missing.
-                    sealing = self._start_sealing()
-                error = self._await(on_tick, tick_seconds)
+                if jobs:
+                    self._open()
+                    if self.background_sealing and sealing is None:
+                        sealing = self._start_sealing()
+                    error = self._catch_up(on_tick)
+                    if self._stopping:
+                        return self.stats
+                else:
+                    self.start(available_now=available_now)
+                    if self._stopping:
+                        # stop() came while start() was starting this query: it stopped the
+                        # one before (or none), and this one would run on with nobody to
+                        # stop it.
+                        self.query.stop()
+                        return self.stats
+                    if self.background_sealing and sealing is None:
+                        # Only now: start() created the tables, so no pass finds them missing.
+                        sealing = self._start_sealing()
+                    error = self._await(on_tick, tick_seconds)
                 if error is None and available_now and not self._stopping:
                     self.stats.sealing = self._seal_before_exit()
                 if error is None or self._stopping:
@@ -354,6 +377,58 @@ class DatastreamRunner:
                 sealing.stop()  # lets a seal in progress finish, then checkpoints the key index
             if owns_lock:
                 self.state_dir.unlock()
+
+    def _catch_up(self, on_tick: Callable[[DatastreamRunner], None] | None) -> Exception | None:
+        """One ``available_now`` run as Spark jobs from the shard uppers, under the state
+        directory lock. Returns a fenced, gapped or expired commit's error (the caller
+        restarts); raises any other. A Spark checkpoint left by a streaming run is removed
+        once a batch commits: its offsets are behind the shards from then on."""
+        boot = self.bootstrap()
+        self.state_dir.lock()
+        source, sink = self.query_options(boot)
+        committed = 0
+
+        def batch_done(n: int) -> None:
+            nonlocal committed
+            committed = n
+            if on_tick is not None:
+                on_tick(self)
+
+        self._catching_up = True
+        try:
+            catch_up(
+                self.spark,
+                StreamReader(source),
+                SegmentSink(sink),
+                SegmentSink(sink, StoreRegistry(self.catalog.store)),
+                job_group=self.job_group,
+                stopping=lambda: self._stopping,
+                on_batch=batch_done,
+            )
+        except RESTARTABLE as exc:
+            return exc
+        except Exception:
+            if self._stopping:  # stop() cancelled the batch's job
+                return None
+            raise
+        finally:
+            self._catching_up = False
+            if committed and self.checkpoint.exists():
+                log.info(
+                    "writer %s: removing the Spark checkpoint at %s, which the shards have "
+                    "moved past (an available-now run keeps none)",
+                    self.writer_id,
+                    self.checkpoint,
+                )
+                shutil.rmtree(self.checkpoint, ignore_errors=True)
+        if on_tick is not None:
+            on_tick(self)
+        return None
+
+    @property
+    def job_group(self) -> str:
+        """The Spark job group of an available-now run's batch jobs."""
+        return f"millstream-{self.spec.name}-{self.writer_id}"
 
     def _seal_before_exit(self) -> dict[str, Any] | None:
         """An ``--available-now`` run seals what is due before it exits: no background sealer
@@ -450,6 +525,8 @@ class DatastreamRunner:
         self._stopping = True
         if self.query is not None:
             self.query.stop()
+        elif self._catching_up:  # an available-now run's batch job
+            self.spark.sparkContext.cancelJobGroup(self.job_group)
 
     def release(self) -> None:
         """Release the state directory lock (after the query has stopped)."""
@@ -555,5 +632,7 @@ RESTARTABLE = (ShardGapError, WriterFencedError, StagedFileExpiredError)
 
 
 def _restartable(error: Exception) -> bool:
+    if isinstance(error, RESTARTABLE):  # raised in this process (an available-now commit)
+        return True
     ours = from_spark_failure(error)
     return ours is not None and issubclass(ours.kind, RESTARTABLE)

@@ -132,11 +132,12 @@ class StoreRegistry:
     """The metadata stores of one process, by URL. Spark builds a fresh sink object for every
     micro-batch's commit, in a Python worker it reuses across batches; keeping the store (its
     engine, connection pool and migration check) for the process saves ~6 ms per batch on
-    SQLite and a new connection per batch on PostgreSQL."""
+    SQLite and a new connection per batch on PostgreSQL. ``held`` are stores this process
+    has open already (a driver's catalog store, which an ``available_now`` run commits with)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *held: MetadataStore) -> None:
         self._lock = threading.Lock()
-        self._stores: dict[str, MetadataStore] = {}
+        self._stores: dict[str, MetadataStore] = {s.url: s for s in held}
 
     def get(self, url: str) -> MetadataStore:
         with self._lock:
@@ -279,7 +280,16 @@ class SegmentSink(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkMessage:
         ctx = TaskContext.get()
-        batch_id = ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
+        return self.write_batch(
+            iterator, ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
+        )
+
+    def write_batch(
+        self, iterator: Iterator[pa.RecordBatch], batch_id: int | str | None
+    ) -> SinkMessage:
+        """One write task of batch ``batch_id``: of a streaming query (:meth:`write`) or of
+        an ``available_now`` run's Spark job (:mod:`millstream.spark.catch_up`)."""
+        ctx = TaskContext.get()
         hint = (
             f"b{batch_id}-t{ctx.partitionId() if ctx else 0}-a{ctx.attemptNumber() if ctx else 0}"
         )

@@ -1,9 +1,9 @@
 """``millstream run --available-now`` seals what is due before it exits (no background sealer
 outlives it), and says why each other partition was not sealed.
 
-The production :meth:`DatastreamRunner.run` runs here; only the Spark query is a stand-in
-(``start`` creates the tables and commits a batch per partition as the sink would; ``_await``
-returns as an available-now query does when it is done)."""
+The production :meth:`DatastreamRunner.run` runs here; only the Spark jobs are a stand-in
+(``_open`` creates the tables, ``_catch_up`` commits a batch per partition as the sink would
+and returns as an available-now run does when it is done)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,7 @@ def _runner(tmp_path: Path, spec: DatastreamSpec, monkeypatch: pytest.MonkeyPatc
     cat = Catalog.open(home=tmp_path / "home")
     runner = DatastreamRunner(spec, cat, spark=None, writer_id="w")
 
-    def start(*, available_now: bool) -> None:
-        runner.ensure_tables()
+    def catch_up(on_tick: Any) -> None:
         table = spec.table_spec()
         for partition, n in ((0, 150), (1, 20)):  # partition 0 reaches flush_rows, 1 does not
             rows = pa.table(
@@ -51,8 +50,8 @@ def _runner(tmp_path: Path, spec: DatastreamSpec, monkeypatch: pytest.MonkeyPatc
             staged = stage_rows(cat.deep, table, rows)
             commit_staged(cat.store, cat.deep, "orders", staged, {partition: (0, n)}, {})
 
-    monkeypatch.setattr(runner, "start", start)
-    monkeypatch.setattr(runner, "_await", lambda *_: None)
+    monkeypatch.setattr(runner, "_open", runner.ensure_tables)
+    monkeypatch.setattr(runner, "_catch_up", catch_up)
     return cat, runner
 
 

@@ -1,0 +1,124 @@
+"""``run(available_now=True)`` runs its batches as Spark jobs (``millstream.spark.catch_up``):
+planned by the stream source's reader, staged by the sink's write tasks, committed by the
+sink's one commit path. What a user would notice if it went wrong: a commit fenced in the
+middle of a run (a rollback, a second writer) must make the run start again from the shard
+uppers, not fail or skip records; and a Spark checkpoint left by an earlier streaming run of
+the same writer, which such a run moves past, must not be trusted by the next streaming run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from millstream.catalog import Catalog
+from millstream.datastream import DatastreamSpec
+from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
+from millstream.metastore.rollback import rollback_partition
+from millstream.spark.runner import DatastreamRunner
+from millstream.testing.model import canonical
+from millstream.testing.oracle import RawRecord, expected_table
+
+pytestmark = [pytest.mark.spark]
+
+PARTITIONS = 2
+BATCH = 1_000  # records a batch plans over both partitions
+
+
+def _append_source(root: Path, part: int, per_partition: int) -> list[RawRecord]:
+    """Write file ``part`` of ``per_partition`` more records to each partition; returns every
+    record written so far (the oracle's input)."""
+    records: list[RawRecord] = []
+    for p in range(PARTITIONS):
+        cfg = GeneratorConfig(seed=71, partitions=PARTITIONS, key_cardinality=800)
+        d = root / str(p)
+        d.mkdir(parents=True, exist_ok=True)
+        lines = [v if v is not None else b"" for _, _, v in generate(cfg, p, 0, per_partition * 3)]
+        (d / f"{part:04d}.jsonl").write_bytes(
+            b"\n".join(lines[part * per_partition : (part + 1) * per_partition]) + b"\n"
+        )
+        upto = (part + 1) * per_partition
+        records += [(p, o, None, v) for o, v in enumerate(lines[:upto])]
+    return records
+
+
+def _spec(root: Path) -> DatastreamSpec:
+    return DatastreamSpec.parse(
+        {
+            "name": "jobs",
+            "source": {"kind": "files", "path": str(root)},
+            "table": {"primary_key": ["order_id"], "mode": "upsert"},
+            "schema": ORDERS_SCHEMA,
+            "max_records_per_batch": BATCH,
+        }
+    )
+
+
+def _rows(cat: Catalog, table: str) -> list[Any]:
+    return canonical(cat.read_table(table).to_pylist())
+
+
+def test_a_commit_fenced_in_the_middle_of_a_run_restarts_it_from_the_shard_uppers(
+    tmp_path: Path, spark: Any
+) -> None:
+    """After the run's first batch, partition 0 is rolled back (its epoch moves on, its upper
+    goes back). The next batch's commit is fenced; the run starts again from the shard
+    uppers and ingests the rolled-back range again: the table equals the model."""
+    records = _append_source(tmp_path / "src", 0, 2_000)
+    spec = _spec(tmp_path / "src")
+    cat = Catalog.open(home=tmp_path / "home")
+    rolled: list[int] = []
+
+    def roll_back_once(runner: DatastreamRunner) -> None:
+        if rolled:
+            return
+        seqs = sorted(e.seq for e in cat.manifest(spec.table_name).entries if e.partition == 0)
+        plan = rollback_partition(cat.store, spec.table_name, 0, seqs[-1], dry_run=False)
+        rolled.append(plan.new_upper)
+
+    stats = DatastreamRunner(spec, cat, spark, writer_id="w").run(
+        available_now=True, on_tick=roll_back_once
+    )
+
+    assert rolled == [0], "the rollback went back to the start of partition 0"
+    assert stats.restarts == 1, "the fenced commit made the run start again"
+    expected, bad = expected_table(spec.table_spec(), records)
+    assert _rows(cat, spec.table_name) == canonical(expected)
+    assert cat.read_table(spec.dead_letter_table).num_rows == len(bad)
+    uppers = {s.partition: s.upper for s in cat.store.list_shards(spec.table_name)}
+    assert uppers == {0: 2_000, 1: 2_000}
+    commits = DatastreamRunner(spec, cat, spark, writer_id="w").commits()
+    assert [c["batch_id"] for c in commits][:2] == [0, 0], commits  # the second run began at 0
+
+
+def test_a_streaming_checkpoint_the_run_moves_past_is_removed_not_left_to_be_discarded(
+    tmp_path: Path, spark: Any
+) -> None:
+    """A writer that ran as a streaming query, then as an available-now run, then as a query
+    again: the query resumes from the shard uppers without finding a checkpoint behind them,
+    and every record is in the table once."""
+    root = tmp_path / "src"
+    spec = _spec(root)
+    cat = Catalog.open(home=tmp_path / "home")
+
+    def runner() -> DatastreamRunner:
+        return DatastreamRunner(spec, cat, spark, writer_id="w")
+
+    _append_source(root, 0, 600)
+    first = runner()
+    assert first.run(available_now=True, streaming=True).discarded_checkpoints == []
+    checkpoint = first.state_dir.path / "checkpoint"
+    assert (checkpoint / "offsets").is_dir()
+
+    _append_source(root, 1, 600)
+    runner().run(available_now=True)
+    assert not checkpoint.exists(), "the shards moved past it: the jobs run removed it"
+
+    records = _append_source(root, 2, 600)
+    assert runner().run(available_now=True, streaming=True).discarded_checkpoints == []
+    expected, _ = expected_table(spec.table_spec(), records)
+    assert _rows(cat, spec.table_name) == canonical(expected)
+    uppers = {s.partition: s.upper for s in cat.store.list_shards(spec.table_name)}
+    assert uppers == {0: 1_800, 1: 1_800}
