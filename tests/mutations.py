@@ -1466,6 +1466,19 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
             "test_a_commit_fenced_in_the_middle_of_a_run_restarts_it_from_the_shard_uppers",
         ),
     ),
+    Guard(
+        name="a-new-source-partition-starts-its-first-batch-at-its-start",
+        file="src/millstream/spark/sources.py",
+        what="latestOffset: a partition the source gained since the batch's start ends the "
+        "batch at its start position, so its first range is planned by the next batch",
+        old="""\
+        end = {p: begin[p] if p not in known else o for p, o in end.items()}
+""",
+        new="""\
+        end = dict(end)  # MUTATION: a new partition's first end moves past its start
+""",
+        tests=("tests/unit/ingest/test_new_source_partitions.py",),
+    ),
 )
 
 

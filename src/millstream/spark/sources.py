@@ -160,23 +160,29 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The end of the next batch from ``start``; ``latest`` is the source's latest
         offsets if the caller asked for them already (a shared query asks for every member's
         at once), else they are asked here."""
-        begin = decode_offsets(start)
+        known = decode_offsets(start)
         if self._target is not None:
             latest = self._target
         elif latest is None:
             latest = self.source.latest_offsets()
-        begin = self._fill_new_partitions(begin, latest)
+        begin = self._fill_new_partitions(known, latest)
         latest = {p: max(latest.get(p, o), o) for p, o in begin.items()}
         if isinstance(limit, ReadMaxRows):
             budget = limit.max_rows
         elif isinstance(limit, ReadAllAvailable) and self.opts.max_records_per_batch is not None:
-            return encode_offsets(self._follow_shards(begin, latest))
+            budget = None
         else:
             # Caught up (what a trigger mostly finds): the budget, which never plans fewer
             # than MIN_ADAPTIVE_BATCH, cannot bind, so the source need not size its records.
             backlog = sum(latest[p] - o for p, o in begin.items())
             budget = backlog if backlog <= MIN_ADAPTIVE_BATCH else self.budget()
-        return encode_offsets(self._follow_shards(begin, split_budget(begin, latest, budget)))
+        end = latest if budget is None else split_budget(begin, latest, budget)
+        # A partition the source gained since ``start`` (a topic's partitions were added)
+        # ends this batch where it starts: Spark plans the batch's ranges from ``start``,
+        # which lacks it, so a range for it here would never be read, and the next batch
+        # would start past it (its first records lost). It is read from the next batch on.
+        end = {p: begin[p] if p not in known else o for p, o in end.items()}
+        return encode_offsets(self._follow_shards(begin, end))
 
     def _follow_shards(self, begin: dict[int, int], end: dict[int, int]) -> dict[int, int]:
         """A warm standby (a source with a commit gate) that may not commit plans no further
