@@ -2,8 +2,12 @@
 planned by the stream source's reader, staged by the sink's write tasks, committed by the
 sink's one commit path. What a user would notice if it went wrong: a commit fenced in the
 middle of a run (a rollback, a second writer) must make the run start again from the shard
-uppers, not fail or skip records; and a Spark checkpoint left by an earlier streaming run of
-the same writer, which such a run moves past, must not be trusted by the next streaming run.
+uppers, not fail or skip records; a Spark checkpoint left by an earlier streaming run of the
+same writer, which such a run moves past, must not be trusted by the next streaming run; and
+stopping a run (Ctrl-C, SIGTERM, a worker's stop) ends it at a batch boundary, leaves the
+caller's Spark job group as it was, and the next run goes on from there.
+
+The tables are append tables: a record ingested twice would be a row twice.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ def _spec(root: Path) -> DatastreamSpec:
         {
             "name": "jobs",
             "source": {"kind": "files", "path": str(root)},
-            "table": {"primary_key": ["order_id"], "mode": "upsert"},
+            "table": {"mode": "append"},  # a record ingested twice would be a row twice
             "schema": ORDERS_SCHEMA,
             "max_records_per_batch": BATCH,
         }
@@ -122,3 +126,42 @@ def test_a_streaming_checkpoint_the_run_moves_past_is_removed_not_left_to_be_dis
     assert _rows(cat, spec.table_name) == canonical(expected)
     uppers = {s.partition: s.upper for s in cat.store.list_shards(spec.table_name)}
     assert uppers == {0: 1_800, 1: 1_800}
+
+
+def test_a_stopped_run_ends_after_its_batch_and_the_next_run_goes_on_from_there(
+    tmp_path: Path, spark: Any
+) -> None:
+    from millstream.cli.progress import ProgressView
+
+    records = _append_source(tmp_path / "src", 0, 1_500)  # 3 batches of 1,000
+    spec = _spec(tmp_path / "src")
+    cat = Catalog.open(home=tmp_path / "home")
+    sc = spark.sparkContext
+    sc.setJobGroup("the-callers-group", "the caller's own jobs")
+    seen: list[tuple[str | None, float]] = []
+
+    def stop_after_the_first_batch(runner: DatastreamRunner) -> None:
+        rate = ProgressView(runner).snapshot()["rows_per_second"]
+        seen.append((sc.getLocalProperty("spark.jobGroup.id"), rate))
+        runner.stop()
+
+    try:
+        runner = DatastreamRunner(spec, cat, spark, writer_id="w")
+        runner.run(available_now=True, on_tick=stop_after_the_first_batch)
+        assert sc.getLocalProperty("spark.jobGroup.id") == "the-callers-group"
+    finally:
+        for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
+            sc.setLocalProperty(key, None)
+
+    assert len(seen) == 2, seen  # after its first batch, then the run's last tick
+    group, rate = seen[0]
+    assert group == "the-callers-group", "the callback ran inside the run's job group"
+    assert rate > 0, "progress shows the batch's rows/s"
+    assert [c["batch_id"] for c in runner.commits()] == [0]
+    uppers = {s.partition: s.upper for s in cat.store.list_shards(spec.table_name)}
+    assert sum(uppers.values()) == BATCH
+
+    stats = DatastreamRunner(spec, cat, spark, writer_id="w").run(available_now=True)
+    assert stats.restarts == 0
+    expected, _ = expected_table(spec.table_spec(), records)
+    assert _rows(cat, spec.table_name) == canonical(expected)

@@ -3,7 +3,8 @@ for every merge engine, with every bad record in the dead-letter table once.
 
 One topic of 50,000 generator orders (updates, deletes, tombstones, duplicates and ~0.2%
 malformed records) on the session Tansu broker. Each engine ingests it into its own table in
-several micro-batches with ``DatastreamRunner.run(available_now=True)``, and the result is
+several batches with ``DatastreamRunner.run(available_now=True)`` (Spark jobs; one engine also
+as the streaming query, ``streaming=True``), and the result is
 compared with the source-side oracle built from the broker's delivery reports.
 """
 
@@ -36,6 +37,20 @@ def test_kafka_ingest_equals_model_for_every_merge_engine(
     # Where this ran, for test_local_cluster.py (block managers: the driver + executors).
     record_property("spark_master", spark.sparkContext.master)
     record_property("block_managers", spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size())
+    _ingest_and_compare(mode, engine_topic, spark, tmp_path, streaming=False)
+
+
+def test_kafka_ingest_as_a_streaming_query_equals_model(
+    engine_topic: Topic, spark, tmp_path: Path
+) -> None:
+    """The same through the streaming query a running writer runs (its write tasks are the
+    streaming sink's), for the engine with the most to merge."""
+    _ingest_and_compare("partial", engine_topic, spark, tmp_path, streaming=True)
+
+
+def _ingest_and_compare(
+    mode: str, engine_topic: Topic, spark, tmp_path: Path, *, streaming: bool
+) -> None:
     spec = DatastreamSpec.parse(
         orders_spec(
             f"orders-{mode}",
@@ -47,7 +62,7 @@ def test_kafka_ingest_equals_model_for_every_merge_engine(
     )
     with Catalog.open(home=tmp_path / "home") as cat:
         runner = DatastreamRunner(spec, cat, spark, writer_id=f"w-{mode}")
-        stats = runner.run(available_now=True)
+        stats = runner.run(available_now=True, streaming=streaming)
 
         assert stats.restarts == 0
         assert stats.discarded_checkpoints == []
@@ -59,7 +74,9 @@ def test_kafka_ingest_equals_model_for_every_merge_engine(
         version = cat.table(spec.table_name).manifest_version
 
         # Everything is ingested: running again commits nothing and changes nothing.
-        again = DatastreamRunner(spec, cat, spark, writer_id=f"w-{mode}").run(available_now=True)
+        again = DatastreamRunner(spec, cat, spark, writer_id=f"w-{mode}").run(
+            available_now=True, streaming=streaming
+        )
         assert again.discarded_checkpoints == []
         assert cat.table(spec.table_name).manifest_version == version
         assert_table_matches_source(cat, spec, engine_topic.records)

@@ -32,8 +32,7 @@ class ProgressView:
         log = self.log
         log.update(r.stats_file)  # only the lines added since the last refresh
         last = log.last_at
-        progress = r.query.lastProgress if r.query is not None else None
-        rate = (progress or {}).get("processedRowsPerSecond") or 0.0
+        rate = r.rows_per_second()
         parts = sorted(set(shards) | set(self.latest))
         return {
             "datastream": r.spec.name,

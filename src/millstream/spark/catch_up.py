@@ -28,7 +28,9 @@ uppers (:meth:`millstream.spark.runner.DatastreamRunner.run`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -47,6 +49,16 @@ def _write(sink: SegmentSink, batch_id: int, tasks: Iterator[Ranges]) -> Iterato
         yield sink.write_batch(iter([markers_batch(ranges)]), batch_id)
 
 
+@dataclass(frozen=True, slots=True)
+class BatchDone:
+    """A committed batch of an available-now run: its id, the source offsets it covered (its
+    input records) and its wall time from planning to the end of its commit."""
+
+    batch_id: int
+    records: int
+    seconds: float
+
+
 def catch_up(
     spark: Any,
     reader: StreamReader,
@@ -55,35 +67,42 @@ def catch_up(
     *,
     job_group: str,
     stopping: Callable[[], bool],
-    on_batch: Callable[[int], None] | None = None,
+    on_batch: Callable[[BatchDone], None] | None = None,
 ) -> int:
     """Ingest what ``reader``'s source holds now, from ``reader``'s start offsets, one batch
     after another; returns the number of batches committed. ``writer`` is sent to the write
     tasks, ``committer`` commits in this process (the same options; it holds this process's
-    metadata store). Every job runs in ``job_group``, which
-    :meth:`pyspark.SparkContext.cancelJobGroup` cancels; ``stopping`` is asked before each
-    batch."""
+    metadata store). Each batch's job runs in ``job_group``, which
+    :meth:`pyspark.SparkContext.cancelJobGroup` cancels; the thread's own job group is put back
+    around it, so ``on_batch`` and later jobs of the thread are not in it. ``stopping`` is
+    asked before each batch and again just before its job starts (after the planning, which
+    may wait on a broker)."""
     sc = spark.sparkContext
     reader.prepareForTriggerAvailableNow()
     start: dict[str, Any] = reader.initialOffset()
     limit = reader.getDefaultReadLimit()
     batch_id = 0
-    try:
-        while not stopping():
-            end = reader.latestOffset(start, limit)
-            tasks = reader.plan(start, end)
-            if not tasks:
-                break
+    while not stopping():
+        began = time.perf_counter()
+        end = reader.latestOffset(start, limit)
+        tasks = reader.plan(start, end)
+        if not tasks:
+            break
+        callers = {k: sc.getLocalProperty(k) for k in JOB_GROUP_PROPERTIES}
+        try:
             sc.setJobGroup(job_group, f"{job_group} batch {batch_id}", interruptOnCancel=True)
+            if stopping():
+                break
             messages = (
                 sc.parallelize(tasks, len(tasks)).mapPartitions(partial(_write, writer, batch_id))
             ).collect()
-            committer.commit(messages, batch_id)
-            start = end
-            batch_id += 1
-            if on_batch is not None:
-                on_batch(batch_id)
-    finally:  # later jobs of this thread are not this run's (nor cancelled with it)
-        for key in JOB_GROUP_PROPERTIES:
-            sc.setLocalProperty(key, None)
+        finally:
+            for key, value in callers.items():
+                sc.setLocalProperty(key, value)
+        committer.commit(messages, batch_id)
+        start = end
+        if on_batch is not None:
+            records = sum(hi - lo for ranges in tasks for _, lo, hi in ranges)
+            on_batch(BatchDone(batch_id, records, time.perf_counter() - began))
+        batch_id += 1
     return batch_id

@@ -1,5 +1,6 @@
-"""Run one datastream as a Spark streaming query: bootstrap from the shards, check the local
-checkpoint against them, start, and restart from the shard upper when fenced or gapped.
+"""Run one datastream as a Spark streaming query (or, for an available-now run, as Spark jobs:
+:mod:`millstream.spark.catch_up`): bootstrap from the shards, check the local checkpoint
+against them, start, and restart from the shard upper when fenced or gapped.
 
 **Local state is a cache; the shard is the truth.** A writer always resumes at each shard's
 ``upper``. The Spark checkpoint is reused only when it agrees with the shards' uppers and
@@ -36,7 +37,7 @@ from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.maintenance import DEFAULT_MAINTENANCE_INTERVAL, Maintainer
 from millstream.sealing.sealer import Sealer
 from millstream.sealing.thresholds import Thresholds
-from millstream.spark.catch_up import catch_up
+from millstream.spark.catch_up import BatchDone, catch_up
 from millstream.spark.options import CommitGate, SinkOptions, SourceOptions
 from millstream.spark.sink import SegmentSink, StoreRegistry, rotated_log
 from millstream.spark.sources import FORMAT as SOURCE_FORMAT
@@ -213,6 +214,8 @@ class DatastreamRunner:
         self.query: Any = None
         self._stopping = False
         self._catching_up = False  # an available-now run's jobs run (stop() cancels them)
+        #: the last batch an available-now run committed (its rate, for progress output)
+        self.last_batch: BatchDone | None = None
 
     # -- bootstrap -------------------------------------------------------------------------
 
@@ -330,7 +333,8 @@ class DatastreamRunner:
         when a commit is fenced or finds a gap. Raises the query's error otherwise.
 
         ``available_now`` runs its batches as Spark jobs (:mod:`millstream.spark.catch_up`:
-        no streaming query, no Spark checkpoint; ``on_tick`` is called after each batch);
+        no streaming query, no Spark checkpoint; ``on_tick`` is called after each batch and
+        at the end, ``tick_seconds`` does not apply);
         with ``streaming`` it runs them as a streaming query with
         ``trigger(availableNow=True)`` instead, which resumes from its checkpoint as a
         running writer does.
@@ -386,11 +390,17 @@ class DatastreamRunner:
         boot = self.bootstrap()
         self.state_dir.lock()
         source, sink = self.query_options(boot)
-        committed = 0
 
-        def batch_done(n: int) -> None:
-            nonlocal committed
-            committed = n
+        def batch_done(done: BatchDone) -> None:
+            self.last_batch = done
+            if self.checkpoint.exists():
+                log.info(
+                    "writer %s: removing the Spark checkpoint at %s, which the shards have "
+                    "moved past (an available-now run keeps none)",
+                    self.writer_id,
+                    self.checkpoint,
+                )
+                shutil.rmtree(self.checkpoint, ignore_errors=True)
             if on_tick is not None:
                 on_tick(self)
 
@@ -413,14 +423,6 @@ class DatastreamRunner:
             raise
         finally:
             self._catching_up = False
-            if committed and self.checkpoint.exists():
-                log.info(
-                    "writer %s: removing the Spark checkpoint at %s, which the shards have "
-                    "moved past (an available-now run keeps none)",
-                    self.writer_id,
-                    self.checkpoint,
-                )
-                shutil.rmtree(self.checkpoint, ignore_errors=True)
         if on_tick is not None:
             on_tick(self)
         return None
@@ -525,7 +527,7 @@ class DatastreamRunner:
         self._stopping = True
         if self.query is not None:
             self.query.stop()
-        elif self._catching_up:  # an available-now run's batch job
+        if self._catching_up:  # an available-now run's batch job
             self.spark.sparkContext.cancelJobGroup(self.job_group)
 
     def release(self) -> None:
@@ -533,6 +535,15 @@ class DatastreamRunner:
         self.state_dir.unlock()
 
     # -- status ----------------------------------------------------------------------------
+
+    def rows_per_second(self) -> float:
+        """Input records per second of the last batch: Spark's figure for a query's, the
+        batch's records over its wall time for an available-now run's."""
+        if self.query is not None:
+            progress = self.query.lastProgress or {}
+            return float(progress.get("processedRowsPerSecond") or 0.0)
+        done = self.last_batch
+        return done.records / done.seconds if done is not None and done.seconds > 0 else 0.0
 
     def commits(self) -> list[dict[str, Any]]:
         """The retained commit log, oldest first: the rotated file (if any) and the current
