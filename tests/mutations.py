@@ -1479,6 +1479,21 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
 """,
         tests=("tests/unit/ingest/test_new_source_partitions.py",),
     ),
+    Guard(
+        name="a-shared-query-member-starting-empty-keeps-its-start",
+        file="src/millstream/spark/sources.py",
+        what="a shared query's member whose start is empty ({}: its source had no partition) "
+        "plans from that start, so a partition its source gains is read from its first record",
+        old="""\
+                if n not in start:
+                    return r.initialOffset()
+                begin = start[n]
+""",
+        new="""\
+                begin = start.get(n) or r.initialOffset()  # MUTATION: {} taken as no start
+""",
+        tests=("tests/unit/ingest/test_shared_query_new_partitions.py",),
+    ),
 )
 
 

@@ -352,8 +352,14 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         def latest(n: str) -> Any:
             r = self.members[n]
             with member_errors(n):
-                # a member the checkpoint does not know yet starts where it would alone
-                begin = start.get(n) or r.initialOffset()
+                # A member the checkpoint does not know yet ends this batch where it would
+                # start alone: ``partitions`` plans nothing for it (the start lacks it), so
+                # an end past that start would skip its first records. One it knows with no
+                # partitions yet (``{}``: falsy) keeps that start, so a partition its source
+                # gains is planned from its first record.
+                if n not in start:
+                    return r.initialOffset()
+                begin = start[n]
                 if n not in due:
                     return begin  # not its turn: nothing new for it this batch
                 got = asked.get(n)
@@ -370,7 +376,7 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         planned = [
             (n, whole_if_small(buckets, r.opts.split_min_records))
             for n, r in self.members.items()
-            if (buckets := r.plan(start.get(n) or end.get(n) or {}, end.get(n) or {}))
+            if (buckets := r.plan(start[n] if n in start else end.get(n, {}), end.get(n, {})))
         ]
         return [GroupTask(t) for t in plan_group_tasks(planned, self.tasks)]
 
