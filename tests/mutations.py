@@ -74,6 +74,7 @@ GUARDS_TEST = "tests/contract/test_contract_manifest_guards.py"
 COMMIT_CAMPAIGN = "tests/fault/test_commit_path_campaign.py"
 AUTO = "tests/unit/ingest/test_schema_evolution_auto.py"
 FOOTERS_TEST = "tests/unit/table/test_sealed_reads_trust_only_proven_footers.py"
+FILES_SOURCE = "src/millstream/ingest/sources/files.py"
 
 
 def _guard_test(name: str) -> str:
@@ -1493,6 +1494,119 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
                 begin = start.get(n) or r.initialOffset()  # MUTATION: {} taken as no start
 """,
         tests=("tests/unit/ingest/test_shared_query_new_partitions.py",),
+    ),
+    Guard(
+        name="a-files-partial-last-line-is-no-record",
+        file=FILES_SOURCE,
+        what="the files source never counts the last file's last line before its newline is "
+        "written (a producer mid-write)",
+        old="""\
+        return n if complete or not self.unterminated else n - 1
+""",
+        new="""\
+        return n  # MUTATION: a half-written last line is a record
+""",
+        tests=(
+            "tests/unit/ingest/test_files_source_contract.py::"
+            "test_a_half_written_last_line_is_read_once_its_newline_is_written",
+            "tests/unit/ingest/test_files_source_contract.py::"
+            "test_every_complete_line_is_read_once_and_no_partial_line_ever",
+        ),
+    ),
+    Guard(
+        name="a-files-new-file-sorts-last",
+        file=FILES_SOURCE,
+        what="the files source refuses a new file whose name sorts before a listed one (it "
+        "would shift every later offset)",
+        old="""\
+                if f.name not in known and last is not None and f.name < last:
+""",
+        new="""\
+                if False:  # MUTATION: a new file may sort anywhere
+""",
+        tests=(
+            "tests/unit/ingest/test_files_source_contract.py::"
+            "test_a_new_file_sorting_before_a_listed_one_is_refused_naming_it",
+        ),
+    ),
+    Guard(
+        name="a-files-file-never-shrinks",
+        file=FILES_SOURCE,
+        what="the files source refuses a file that shrank since its lines were counted",
+        old="""\
+            if idx.size < prev.size:
+""",
+        new="""\
+            if False:  # MUTATION: a file may shrink
+""",
+        tests=(
+            "tests/unit/ingest/test_files_source_contract.py::"
+            "test_a_file_that_shrank_was_rewritten_or_removed_is_refused",
+        ),
+    ),
+    Guard(
+        name="a-files-complete-file-never-changes",
+        file=FILES_SOURCE,
+        what="the files source refuses a file that changed after a later file appeared (it was "
+        "complete)",
+        old="""\
+            if prev.complete and idx.size != prev.size:
+""",
+        new="""\
+            if False:  # MUTATION: a complete file may grow
+""",
+        tests=(
+            "tests/unit/ingest/test_files_source_contract.py::"
+            "test_a_file_that_shrank_was_rewritten_or_removed_is_refused",
+        ),
+    ),
+    Guard(
+        name="a-files-counted-lines-never-move",
+        file=FILES_SOURCE,
+        what="the files source refuses a file whose counted lines no longer end where they did "
+        "(rewritten)",
+        old="""\
+            if lines < prev.lines or int(idx.bounds[prev.lines]) != prev.end:
+""",
+        new="""\
+            if False:  # MUTATION: a file may be rewritten
+""",
+        tests=(
+            "tests/unit/ingest/test_files_source_contract.py::"
+            "test_a_file_that_shrank_was_rewritten_or_removed_is_refused",
+        ),
+    ),
+    Guard(
+        name="a-files-file-never-removed",
+        file=FILES_SOURCE,
+        what="the files source refuses a listing without a file it listed before (removed or "
+        "renamed)",
+        old="""\
+                if name not in names:
+""",
+        new="""\
+                if False:  # MUTATION: a file may disappear
+""",
+        tests=(
+            "tests/unit/ingest/test_files_source_contract.py::"
+            "test_a_file_that_shrank_was_rewritten_or_removed_is_refused",
+        ),
+    ),
+    Guard(
+        name="a-files-range-read-whole-or-refused",
+        file=FILES_SOURCE,
+        what="a files range the files no longer hold whole is an error, not a short read passed "
+        "as read",
+        old="""\
+        if base < hi:
+""",
+        new="""\
+        if False:  # MUTATION: a short read passes
+""",
+        tests=(
+            "tests/unit/ingest/test_files_source_contract.py::"
+            "test_a_range_the_files_no_longer_hold_is_an_error_not_a_short_read",
+        ),
     ),
 )
 
