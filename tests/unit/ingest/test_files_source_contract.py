@@ -101,6 +101,28 @@ def test_the_last_line_of_a_file_with_a_later_file_is_a_record(tmp_path: Path) -
     assert values == [b'{"id": 1}', b'{"id": 2}', b'{"id": 3}']
 
 
+def test_a_csv_files_half_written_row_or_header_is_no_record(tmp_path: Path) -> None:
+    d = tmp_path / "0"
+    d.mkdir()
+    (d / "a.csv").write_bytes(b"id,status\n1,new\n2,new")  # no final newline (yet?)
+    reader = FilesReader(FilesConfig(str(tmp_path), {"format": "csv"}))
+    assert reader.latest_offsets() == {0: 1}
+    (d / "b.csv").write_bytes(b"id,sta")  # a is complete now; b's header is half-written
+    assert reader.latest_offsets() == {0: 2}
+    rows = [
+        (k, v)
+        for b in reader.read_range(0, 0, 2)
+        for k, v in zip(b.column("key").to_pylist(), b.column("value").to_pylist(), strict=True)
+    ]
+    assert rows == [(b"id,status", b"1,new"), (b"id,status", b"2,new")]
+    with (d / "b.csv").open("ab") as out:
+        out.write(b"tus\n3,old\n")
+    assert reader.latest_offsets() == {0: 3}
+    assert [v for b in reader.read_range(0, 2, 3) for v in b.column("value").to_pylist()] == [
+        b"3,old"
+    ]
+
+
 def _broken(reader: FilesReader, match: str) -> str:
     with pytest.raises(SourceReadError, match=match) as raised:
         reader.latest_offsets()
