@@ -1479,6 +1479,55 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
 """,
         tests=("tests/unit/ingest/test_new_source_partitions.py",),
     ),
+    Guard(
+        name="reader-cache-key-names-the-partition",
+        file="src/millstream/table/read.py",
+        what="a cached reader's key of a partition's sealed and merged rows names the "
+        "partition (with no sealed file yet, its files name nothing)",
+        old="""\
+            "sealed",
+            partition,
+""",
+        new="""\
+            "sealed",  # MUTATION: the partition is not in the key
+""",
+        tests=(
+            "tests/unit/table/test_reader_cache.py::"
+            "test_a_cached_reader_keeps_partitions_of_one_shared_file_apart",
+        ),
+    ),
+    Guard(
+        name="reader-cache-keeps-no-filtered-sealed-rows",
+        file="src/millstream/table/read.py",
+        what="a cached reader keeps no partition's sealed rows read under a filter (its key "
+        "names no filter, so an unfiltered read would be served them)",
+        old="""\
+        if cache is None or not use_delete_vectors or conditions:
+""",
+        new="""\
+        if cache is None or not use_delete_vectors:  # MUTATION: filtered rows kept too
+""",
+        tests=(
+            "tests/unit/table/test_reader_cache.py::"
+            "test_a_filtered_cached_read_is_not_served_to_an_unfiltered_read",
+        ),
+    ),
+    Guard(
+        name="reingest-compacts-a-sealed-segment",
+        file="src/millstream/sealing/reingest.py",
+        what="re-ingesting a sealed segment compacts its rows as its seal did (a partitioned_by_"
+        "key table reads them as final)",
+        old="""\
+        rows = compact(table_spec, rows, floor=floor)
+""",
+        new="""\
+        pass  # MUTATION: every row of the range, every version of a key
+""",
+        tests=(
+            "tests/unit/api/test_api_reingest.py::"
+            "test_a_lost_sealed_segment_is_reported_by_name_and_reingestion_restores_the_table",
+        ),
+    ),
 )
 
 
