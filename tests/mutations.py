@@ -1528,6 +1528,52 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
             "test_a_lost_sealed_segment_is_reported_by_name_and_reingestion_restores_the_table",
         ),
     ),
+    Guard(
+        name="a-datastream-create-claims-its-tables",
+        file="src/millstream/control/registry.py",
+        what="creating a datastream claims its table and dead-letter table in the same "
+        "transaction; one another datastream owns is refused (409 naming it)",
+        old="""\
+            owners.claim_tables(conn, [spec.table_name, spec.dead_letter_table], spec.name, now)
+""",
+        new="""\
+            pass  # MUTATION: two datastreams may write one table
+""",
+        tests=("tests/unit/api/test_api_table_owners.py",),
+    ),
+    Guard(
+        name="a-tables-owner-row-is-unique",
+        file="src/millstream/metastore/schema.py",
+        what="a table has one owner row (its primary key): of two creates racing for one "
+        "table, the second's insert fails and its retry sees the first",
+        old="""\
+    Column("table_name", String(128), primary_key=True),
+    Column("datastream", String(64), nullable=False, index=True),
+""",
+        new="""\
+    Column("table_name", String(128)),  # MUTATION: no key, two owners of a table
+    Column("datastream", String(64), nullable=False, index=True),
+""",
+        tests=("tests/contract/test_postgres_table_owners.py",),
+    ),
+    Guard(
+        name="a-writer-run-directly-claims-its-tables",
+        file="src/millstream/spark/runner.py",
+        what="a writer run without the controller claims its tables before it writes; "
+        "another datastream's table is refused",
+        old="""\
+        claim(
+            self.catalog.store, [self.spec.table_name, self.spec.dead_letter_table], self.spec.name
+        )
+""",
+        new="""\
+        pass  # MUTATION: it writes whatever table it names
+""",
+        tests=(
+            "tests/unit/api/test_api_table_owners.py::"
+            "test_a_writer_run_without_the_controller_refuses_another_datastreams_table",
+        ),
+    ),
 )
 
 
