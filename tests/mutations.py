@@ -1574,6 +1574,19 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
             "test_a_writer_run_without_the_controller_refuses_another_datastreams_table",
         ),
     ),
+    Guard(
+        name="a-lost-race-is-told-by-its-code",
+        file="src/millstream/metastore/engine.py",
+        what="a transaction PostgreSQL aborted as a lost race (SQLSTATE 40001, 40P01), at "
+        "COMMIT too, is a conflict to run again, not an unknown outcome, by its code",
+        old="""\
+RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})
+""",
+        new="""\
+RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost race
+""",
+        tests=("tests/unit/metastore/test_commit_error_codes.py",),
+    ),
 )
 
 
