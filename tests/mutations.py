@@ -1587,6 +1587,41 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
 """,
         tests=("tests/unit/metastore/test_commit_error_codes.py",),
     ),
+    Guard(
+        name="a-running-seal-renews-its-claim",
+        file="src/millstream/sealing/sealer.py",
+        what="a seal renews its claim while it builds, so a seal longer than the claim's TTL "
+        "is not taken over by another sealer",
+        old="""\
+                    renewed = renew_claim(
+                        s.store, self.claimed, owner=s.claim_owner, ttl=s.claim_ttl
+                    )
+""",
+        new="""\
+                    renewed = dict(self.claimed)  # MUTATION: the claim is not extended
+""",
+        tests=(
+            "tests/unit/sealing/test_claim_renewal.py::"
+            "test_a_seal_longer_than_its_claim_is_not_taken_over_while_it_renews",
+        ),
+    ),
+    Guard(
+        name="a-renewal-never-revives-an-expired-claim",
+        file=CLAIMS,
+        what="renew_claim: a claim that expired on the store's clock (a frozen sealer) is not "
+        "renewed; its seal's swap is refused",
+        old="""\
+                or cur.claimed_by != owner
+                or not cur.claim_held(now)
+""",
+        new="""\
+                or cur.claimed_by != owner  # MUTATION: an expired claim is renewed too
+""",
+        tests=(
+            "tests/unit/sealing/test_claim_renewal.py::"
+            "test_a_late_renewal_never_brings_an_expired_claim_back",
+        ),
+    ),
 )
 
 
