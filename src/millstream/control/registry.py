@@ -187,6 +187,16 @@ class Registry:
             if rec is None:
                 raise NotFoundError("datastream", name)
             _check_fixed_fields(rec.spec, spec)
+            if new_table.name != rec.spec.table_name:
+                # Its table names are its own (owners.claim_tables); another name may be
+                # another datastream's table, which this update would evolve and then write.
+                raise IncompatibleChangeError(
+                    rec.spec.table_name,
+                    "table.name",
+                    None,
+                    "a datastream's table cannot change (create another datastream)",
+                    f"{rec.spec.table_name} -> {new_table.name}",
+                )
             table = tables.find_table(conn, new_table.name, missing_ok=True)
             if table is None:  # not created yet: the leader creates it from the new spec
                 changes = check_evolution(rec.spec.table_spec(), new_table)

@@ -156,3 +156,23 @@ def test_migrating_a_version_9_store_makes_each_datastream_own_its_tables(
             Registry(again).create(DatastreamSpec.parse(_body("b", tmp_path / "b", "orders")))
     finally:
         again.dispose()
+
+
+def test_an_update_cannot_point_a_datastream_at_another_datastreams_table(
+    api: TestClient, controller: Controller, catalog: Catalog, tmp_path: Path
+) -> None:
+    """An update changes a datastream's schema, never its table: pointed at another
+    datastream's table with a compatible schema change, it evolved that table and wrote it."""
+    from millstream.control.registry import Registry
+    from millstream.errors import IncompatibleChangeError
+
+    assert api.post("/datastreams", json=_body("a", tmp_path / "a", "orders")).status_code == 201
+    assert api.post("/datastreams", json=_body("b", tmp_path / "b", "events")).status_code == 201
+    controller.tick()
+    moved = _body("a", tmp_path / "a", "events")
+    moved["schema"] = {"id": "long", "status": "string", "extra": "string"}
+    before = store_snapshot(catalog.store)
+    with pytest.raises(IncompatibleChangeError, match=r"table\.name"):
+        Registry(catalog.store).update("a", DatastreamSpec.parse(moved))
+    assert store_snapshot(catalog.store) == before
+    assert catalog.table("events").spec.columns == {"id": "long", "status": "string"}
