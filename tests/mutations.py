@@ -1608,6 +1608,165 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
             "test_a_range_the_files_no_longer_hold_is_an_error_not_a_short_read",
         ),
     ),
+    Guard(
+        name="reader-cache-key-names-the-partition",
+        file="src/millstream/table/read.py",
+        what="a cached reader's key of a partition's sealed and merged rows names the "
+        "partition (with no sealed file yet, its files name nothing)",
+        old="""\
+            "sealed",
+            partition,
+""",
+        new="""\
+            "sealed",  # MUTATION: the partition is not in the key
+""",
+        tests=(
+            "tests/unit/table/test_reader_cache.py::"
+            "test_a_cached_reader_keeps_partitions_of_one_shared_file_apart",
+        ),
+    ),
+    Guard(
+        name="reader-cache-keeps-no-filtered-sealed-rows",
+        file="src/millstream/table/read.py",
+        what="a cached reader keeps no partition's sealed rows read under a filter (its key "
+        "names no filter, so an unfiltered read would be served them)",
+        old="""\
+        if cache is None or not use_delete_vectors or conditions:
+""",
+        new="""\
+        if cache is None or not use_delete_vectors:  # MUTATION: filtered rows kept too
+""",
+        tests=(
+            "tests/unit/table/test_reader_cache.py::"
+            "test_a_filtered_cached_read_is_not_served_to_an_unfiltered_read",
+        ),
+    ),
+    Guard(
+        name="reingest-compacts-a-sealed-segment",
+        file="src/millstream/sealing/reingest.py",
+        what="re-ingesting a sealed segment compacts its rows as its seal did (a partitioned_by_"
+        "key table reads them as final)",
+        old="""\
+        rows = compact(table_spec, rows, floor=floor)
+""",
+        new="""\
+        pass  # MUTATION: every row of the range, every version of a key
+""",
+        tests=(
+            "tests/unit/api/test_api_reingest.py::"
+            "test_a_lost_sealed_segment_is_reported_by_name_and_reingestion_restores_the_table",
+        ),
+    ),
+    Guard(
+        name="a-datastream-create-claims-its-tables",
+        file="src/millstream/control/registry.py",
+        what="creating a datastream claims its table and dead-letter table in the same "
+        "transaction; one another datastream owns is refused (409 naming it)",
+        old="""\
+            owners.claim_tables(conn, [spec.table_name, spec.dead_letter_table], spec.name, now)
+""",
+        new="""\
+            pass  # MUTATION: two datastreams may write one table
+""",
+        tests=("tests/unit/api/test_api_table_owners.py",),
+    ),
+    Guard(
+        name="a-tables-owner-row-is-unique",
+        file="src/millstream/metastore/schema.py",
+        what="a table has one owner row (its primary key): of two creates racing for one "
+        "table, the second's insert fails and its retry sees the first",
+        old="""\
+    Column("table_name", String(128), primary_key=True),
+    Column("datastream", String(64), nullable=False, index=True),
+""",
+        new="""\
+    Column("table_name", String(128)),  # MUTATION: no key, two owners of a table
+    Column("datastream", String(64), nullable=False, index=True),
+""",
+        tests=("tests/contract/test_postgres_table_owners.py",),
+    ),
+    Guard(
+        name="a-writer-run-directly-claims-its-tables",
+        file="src/millstream/spark/runner.py",
+        what="a writer run without the controller claims its tables before it writes; "
+        "another datastream's table is refused",
+        old="""\
+        claim(
+            self.catalog.store, [self.spec.table_name, self.spec.dead_letter_table], self.spec.name
+        )
+""",
+        new="""\
+        pass  # MUTATION: it writes whatever table it names
+""",
+        tests=(
+            "tests/unit/api/test_api_table_owners.py::"
+            "test_a_writer_run_without_the_controller_refuses_another_datastreams_table",
+        ),
+    ),
+    Guard(
+        name="a-lost-race-is-told-by-its-code",
+        file="src/millstream/metastore/engine.py",
+        what="a transaction PostgreSQL aborted as a lost race (SQLSTATE 40001, 40P01), at "
+        "COMMIT too, is a conflict to run again, not an unknown outcome, by its code",
+        old="""\
+RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})
+""",
+        new="""\
+RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost race
+""",
+        tests=("tests/unit/metastore/test_commit_error_codes.py",),
+    ),
+    Guard(
+        name="a-running-seal-renews-its-claim",
+        file="src/millstream/sealing/sealer.py",
+        what="a seal renews its claim while it builds, so a seal longer than the claim's TTL "
+        "is not taken over by another sealer",
+        old="""\
+                    renewed = renew_claim(
+                        s.store, self.claimed, owner=s.claim_owner, ttl=s.claim_ttl
+                    )
+""",
+        new="""\
+                    renewed = dict(self.claimed)  # MUTATION: the claim is not extended
+""",
+        tests=(
+            "tests/unit/sealing/test_claim_renewal.py::"
+            "test_a_seal_longer_than_its_claim_is_not_taken_over_while_it_renews",
+        ),
+    ),
+    Guard(
+        name="a-renewal-never-revives-an-expired-claim",
+        file=CLAIMS,
+        what="renew_claim: a claim that expired on the store's clock (a frozen sealer) is not "
+        "renewed; its seal's swap is refused",
+        old="""\
+                or cur.claimed_by != owner
+                or not cur.claim_held(now)
+""",
+        new="""\
+                or cur.claimed_by != owner  # MUTATION: an expired claim is renewed too
+""",
+        tests=(
+            "tests/unit/sealing/test_claim_renewal.py::"
+            "test_a_late_renewal_never_brings_an_expired_claim_back",
+        ),
+    ),
+    Guard(
+        name="an-update-keeps-the-datastreams-table",
+        file="src/millstream/control/registry.py",
+        what="Registry.update: a datastream's table name cannot change (another name may be "
+        "another datastream's table, which the update would evolve and then write)",
+        old="""\
+            if new_table.name != rec.spec.table_name:
+""",
+        new="""\
+            if False:  # MUTATION: an update may point a datastream at any table
+""",
+        tests=(
+            "tests/unit/api/test_api_table_owners.py::"
+            "test_an_update_cannot_point_a_datastream_at_another_datastreams_table",
+        ),
+    ),
 )
 
 

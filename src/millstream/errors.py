@@ -90,6 +90,29 @@ class AlreadyExistsError(MillstreamError):
         super().__init__(f"{kind} {name!r} already exists", kind=kind, name=name)
 
 
+class TableOwnedError(AlreadyExistsError):
+    """A datastream would write a table (or its dead-letter table) that belongs to another
+    datastream: two writers of one table share its shards by partition number, and one's
+    commits would be dropped as already covered by the other's.
+
+    Name another table (``table.name``), or delete the other datastream first (its table
+    names are free once it is removed); nothing was changed.
+    """
+
+    def __init__(self, table: str, owner: str, datastream: str) -> None:
+        MillstreamError.__init__(
+            self,
+            f"table {table!r} belongs to datastream {owner!r}; datastream {datastream!r} "
+            "cannot write it (name another table, or delete that datastream first)",
+            kind="table",
+            name=table,
+            owner=owner,
+            datastream=datastream,
+        )
+        self.table = table
+        self.owner = owner
+
+
 class IncompatibleChangeError(MillstreamError):
     """An update of a datastream or table spec that rows already written could not follow:
     a column removed, renamed or reordered, a type narrowed or changed lossily, a key or merge

@@ -23,8 +23,8 @@ from millstream.errors import (
     InvalidSpecError,
     NotFoundError,
 )
+from millstream.metastore import owners, tables
 from millstream.metastore import schema as s
-from millstream.metastore import tables
 from millstream.metastore.cas import cas_update
 from millstream.metastore.evolve import evolve_with_dead_letter
 from millstream.metastore.store import MetadataStore
@@ -135,13 +135,18 @@ class Registry:
     # -- user commands ---------------------------------------------------------------------
 
     def create(self, spec: DatastreamSpec) -> DatastreamRecord:
-        """Insert the datastream in INITIALIZING and ask the leader to set it up."""
+        """Insert the datastream in INITIALIZING and ask the leader to set it up. Its table
+        and dead-letter table must not belong to another datastream (:class:`TableOwnedError`)."""
         spec.table_spec()  # validated already; raises InvalidSpecError naming the field
 
         def _txn(conn: Connection) -> DatastreamRecord:
             if self._get(conn, spec.name) is not None:
                 raise AlreadyExistsError("datastream", spec.name)
             now = self.clock.now()
+            # Its table and dead-letter table become its own (TableOwnedError, a 409 naming
+            # the other datastream, if one owns either): in this transaction, so two creates
+            # racing for one table cannot both insert (the owner row's key decides).
+            owners.claim_tables(conn, [spec.table_name, spec.dead_letter_table], spec.name, now)
             conn.execute(
                 insert(s.datastreams).values(
                     name=spec.name,
@@ -182,6 +187,16 @@ class Registry:
             if rec is None:
                 raise NotFoundError("datastream", name)
             _check_fixed_fields(rec.spec, spec)
+            if new_table.name != rec.spec.table_name:
+                # Its table names are its own (owners.claim_tables); another name may be
+                # another datastream's table, which this update would evolve and then write.
+                raise IncompatibleChangeError(
+                    rec.spec.table_name,
+                    "table.name",
+                    None,
+                    "a datastream's table cannot change (create another datastream)",
+                    f"{rec.spec.table_name} -> {new_table.name}",
+                )
             table = tables.find_table(conn, new_table.name, missing_ok=True)
             if table is None:  # not created yet: the leader creates it from the new spec
                 changes = check_evolution(rec.spec.table_spec(), new_table)
@@ -299,6 +314,8 @@ class Registry:
                 )
             ).rowcount
             conn.execute(delete(s.assignments).where(s.assignments.c.datastream == name))
+            if n == 1:
+                owners.release_tables(conn, name)  # its table names are free from now on
             return bool(n == 1)
 
         applied, _ = self.store.retrying(_txn)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection
 
+from millstream.clock import SYSTEM_CLOCK
 from millstream.metastore.manifest import update_entry
 from millstream.metastore.models import Entry, SegmentState
 from millstream.metastore.reads import get_entry
@@ -104,3 +105,54 @@ def release_run(
 
     released, _ = store.retrying(_txn)
     return released  # type: ignore[no-any-return]
+
+
+def store_now(store: MetadataStore, conn: Connection) -> float:
+    """The metadata store's time (epoch seconds), read in ``conn``'s transaction: the
+    database server's clock (PostgreSQL's ``clock_timestamp()``; SQLite's ``julianday``, on
+    the host of its file), so every sealer's renewal is judged on one clock whatever its own
+    host's says. A store given its own clock (tests, simulations) uses that instead."""
+    if store.clock is not SYSTEM_CLOCK:
+        return store.clock.now()
+    if store.is_sqlite:
+        sql = "SELECT (julianday('now') - 2440587.5) * 86400.0"
+    else:
+        sql = "SELECT EXTRACT(EPOCH FROM clock_timestamp())"
+    return float(conn.exec_driver_sql(sql).scalar_one())
+
+
+def renew_claim(
+    store: MetadataStore,
+    claimed: Mapping[int, int],
+    *,
+    owner: str,
+    ttl: float = DEFAULT_CLAIM_TTL,
+) -> dict[int, int] | None:
+    """Extend ``owner``'s claim on a run it is sealing to the store's now + ``ttl``
+    (:func:`store_now`). Returns the entries' versions after the renewal, or None (nothing
+    changed) unless every entry is live, still at its claimed version, claimed by ``owner``
+    and its claim not yet expired on the store's clock: a claim that expired (a sealer frozen
+    past its claim) is never brought back, as another sealer may hold the run, or GC may have
+    taken the files uploaded under it; that seal's swap is then refused."""
+
+    def _txn(conn: Connection) -> dict[int, int] | None:
+        now = store_now(store, conn)
+        current: dict[int, int] = {}
+        for entry_id, version in claimed.items():
+            cur = get_entry(conn, entry_id)
+            if (
+                cur is None
+                or cur.removed_version is not None
+                or cur.row_version != version
+                or cur.claimed_by != owner
+                or not cur.claim_held(now)
+            ):
+                return None
+            current[entry_id] = version
+        return {
+            entry_id: update_entry(conn, entry_id, version, {"claim_expires_at": now + ttl})
+            for entry_id, version in current.items()
+        }
+
+    renewed, _ = store.retrying(_txn)
+    return renewed  # type: ignore[no-any-return]

@@ -10,6 +10,7 @@ lost race is retried from a fresh read.
 from __future__ import annotations
 
 import random
+import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -200,34 +201,66 @@ def first_line(exc: BaseException) -> str:
     return (str(orig).strip().splitlines() or [type(orig).__name__])[0][:300]
 
 
+#: PostgreSQL SQLSTATEs of a transaction that may simply be run again: serialization_failure
+#: and deadlock_detected (the server aborted it; nothing of it was committed).
+RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})
+#: SQLite's primary result codes of the same: SQLITE_BUSY and SQLITE_LOCKED (another connection
+#: holds the lock past the busy timeout; nothing of the transaction was committed).
+RETRYABLE_SQLITE_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+#: PostgreSQL SQLSTATEs of a server that went away: admin_shutdown, crash_shutdown and
+#: cannot_connect_now (class 08, connection_exception, is matched as a class).
+GONE_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
+
+
+def _driver_error(exc: BaseException) -> BaseException:
+    """The DB-API driver's exception under a SQLAlchemy one (or ``exc`` itself)."""
+    return getattr(exc, "orig", None) or exc
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE PostgreSQL sent with the error (psycopg's ``sqlstate``, psycopg2's
+    ``pgcode``); None for an error the client raised itself (no server answer: a connection
+    refused, reset or timed out) and for other drivers."""
+    orig = _driver_error(exc)
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return code if isinstance(code, str) else None
+
+
+def sqlite_code(exc: BaseException) -> int | None:
+    """SQLite's primary result code of the error (the low byte of ``sqlite_errorcode``,
+    Python 3.11+), or None if it is not a SQLite error."""
+    orig = _driver_error(exc)
+    if not isinstance(orig, sqlite3.Error):
+        return None
+    code = getattr(orig, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
+
+
+def _is_postgres(exc: BaseException) -> bool:
+    return type(_driver_error(exc)).__module__.split(".")[0] in ("psycopg", "psycopg2")
+
+
 def unreachable(exc: BaseException) -> bool:
     """Whether ``exc`` says the metadata store could not be reached (a connection refused,
-    reset, closed or timed out), as opposed to a conflict, a lock or a bad statement."""
+    reset, closed or timed out), as opposed to a conflict, a lock or a bad statement: by the
+    error's code, never its text. PostgreSQL: an error the driver raised without a server
+    answer (no SQLSTATE), a connection_exception (class 08) or a server shutting down (57P0x).
+    SQLite: SQLITE_CANTOPEN (the database file cannot be opened)."""
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     if not isinstance(exc, (OperationalError, InterfaceError)) or is_retryable(exc):
         return False
-    text = str(getattr(exc, "orig", None) or exc).lower()
-    return any(
-        marker in text
-        for marker in (
-            "connection",
-            "could not connect",
-            "server closed",
-            "terminating",
-            "timeout",
-            "timed out",
-            "consuming input failed",
-            "unable to open database",
-        )
-    )
+    if _is_postgres(exc):
+        code = sqlstate(exc)
+        return code is None or code.startswith("08") or code in GONE_SQLSTATES
+    return sqlite_code(exc) == sqlite3.SQLITE_CANTOPEN
 
 
 def is_retryable(exc: BaseException) -> bool:
-    """A deadlock, serialization failure or busy database: the transaction may simply be
-    run again."""
-    text = str(exc).lower()
-    return any(
-        m in text
-        for m in ("deadlock detected", "could not serialize", "database is locked", "busy")
-    )
+    """A deadlock, serialization failure or busy database: the transaction may simply be run
+    again (it was aborted, nothing of it committed). Decided by PostgreSQL's SQLSTATE or
+    SQLite's result code, never by the message (which names tables, values and columns)."""
+    code = sqlstate(exc)
+    if code is not None:
+        return code in RETRYABLE_SQLSTATES
+    return sqlite_code(exc) in RETRYABLE_SQLITE_CODES

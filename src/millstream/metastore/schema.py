@@ -26,6 +26,8 @@ from sqlalchemy import (
     text,
 )
 
+from millstream.datastream import DatastreamSpec
+
 metadata = MetaData()
 
 meta = Table(
@@ -252,7 +254,22 @@ table_schemas = Table(
     Column("created_at", Float, nullable=False),
 )
 
-LATEST_SCHEMA_VERSION = 9
+# -- table ownership (schema version 10) ----------------------------------------------------------
+
+ownership = MetaData()
+
+#: Which datastream writes a table: a datastream owns its table and its dead-letter table
+#: from its creation until it is removed. The primary key makes a second owner impossible
+#: even for two creates racing on two connections (one insert fails with IntegrityError).
+table_owners = Table(
+    "ms_table_owners",
+    ownership,
+    Column("table_name", String(128), primary_key=True),
+    Column("datastream", String(64), nullable=False, index=True),
+    Column("created_at", Float, nullable=False),
+)
+
+LATEST_SCHEMA_VERSION = 10
 
 
 def _v1(conn: Connection) -> None:
@@ -328,6 +345,27 @@ def _v9(conn: Connection) -> None:
     )
 
 
+def _v10(conn: Connection) -> None:
+    """Table owners (:data:`table_owners`): every existing datastream owns its table and its
+    dead-letter table (where two already share one, the first by name keeps it)."""
+    ownership.create_all(conn, checkfirst=True)
+    owned = {r[0] for r in conn.execute(select(table_owners.c.table_name))}
+    for name, spec, created_at in conn.execute(
+        select(datastreams.c.name, datastreams.c.spec, datastreams.c.created_at).order_by(
+            datastreams.c.name
+        )
+    ):
+        ds = DatastreamSpec.parse(spec)
+        for t in (ds.table_name, ds.dead_letter_table):
+            if t not in owned:
+                conn.execute(
+                    table_owners.insert().values(
+                        table_name=t, datastream=name, created_at=created_at
+                    )
+                )
+                owned.add(t)
+
+
 #: Migration N takes the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _v1,
@@ -339,6 +377,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     7: _v7,
     8: _v8,
     9: _v9,
+    10: _v10,
 }
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -51,7 +52,7 @@ from millstream.errors import (
     InjectedSealFault,
     SegmentChangedError,
 )
-from millstream.metastore.claims import DEFAULT_CLAIM_TTL, claim_run, release_run
+from millstream.metastore.claims import DEFAULT_CLAIM_TTL, claim_run, release_run, renew_claim
 from millstream.metastore.jobs import force_commit_targets
 from millstream.metastore.models import Entry, Manifest
 from millstream.metastore.swaps import (
@@ -105,6 +106,65 @@ class SealFaults:
             raise InjectedSealFault(point, partition)
 
 
+class _ClaimRenewer:
+    """Renews a seal's claim (:func:`~millstream.metastore.claims.renew_claim`, judged on the
+    metadata store's clock) every third of its TTL while the seal builds, on a thread of its
+    own. A renewal the store refuses (the claim expired: this sealer was frozen past it, or
+    another sealer took the run over) ends the renewals; the seal's swap then refuses too. A
+    failed renewal (the store unreachable) is logged, counted and tried again next time."""
+
+    def __init__(self, sealer: Sealer, partition: int, claimed: dict[int, int]) -> None:
+        self.sealer, self.partition, self.claimed = sealer, partition, dict(claimed)
+        self.every = sealer.claim_renew_seconds
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(
+            target=self._run, name=f"claim-renewer-{sealer.table}-{partition}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        s = self.sealer
+        while not self._stop.wait(self.every):
+            try:
+                s.faults.check("renew_claim", self.partition)
+                with self._lock:
+                    if self._stop.is_set():
+                        return
+                    renewed = renew_claim(
+                        s.store, self.claimed, owner=s.claim_owner, ttl=s.claim_ttl
+                    )
+                    if renewed is None:
+                        s.claims_lost += 1
+                        log.warning(
+                            "the claim of sealer %s on %s partition %d expired or was taken "
+                            "over before it was renewed; the seal will be discarded",
+                            s.claim_owner,
+                            s.table,
+                            self.partition,
+                        )
+                        return
+                    self.claimed = renewed
+                    s.claim_renewals += 1
+            except Exception as exc:  # the store may be down: try again next time
+                s.claim_renewal_failures += 1
+                log.warning(
+                    "could not renew the claim of sealer %s on %s partition %d: %s",
+                    s.claim_owner,
+                    s.table,
+                    self.partition,
+                    exc,
+                )
+
+    def stop(self) -> dict[int, int]:
+        """Stop renewing (idempotent); the claim's entry versions after the last renewal."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        with self._lock:
+            return dict(self.claimed)
+
+
 @dataclass(frozen=True, slots=True)
 class SealResult:
     table: str
@@ -155,6 +215,12 @@ class Sealer:
         #: sealer may take the run over (this one is presumed dead; its swap is then refused).
         self.claim_owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.claim_ttl = claim_ttl
+        #: Seconds between renewals of a running seal's claim (a third of the TTL: two may
+        #: fail before it expires), and their counts: renewed, failed (retried), refused.
+        self.claim_renew_seconds = claim_ttl / 3
+        self.claim_renewals = 0
+        self.claim_renewal_failures = 0
+        self.claims_lost = 0
         self.failures: dict[int, int] = {}
         self.last_error: dict[int, str] = {}
         self.durations: list[float] = []
@@ -499,6 +565,9 @@ class Sealer:
         claimed = claim_run(self.store, run, owner=self.claim_owner, ttl=self.claim_ttl, now=now)
         if claimed is None:
             return None
+        # A seal may run longer than its claim (a large run, a slow deep store): the claim is
+        # renewed while it builds, so no other sealer takes the run over from a live one.
+        renewer = _ClaimRenewer(self, partition, claimed)
         path: str | None = None
         dv_path: str | None = None
         swapping = False  # from here on, the swap may have landed unless proven otherwise
@@ -529,6 +598,7 @@ class Sealer:
                     dv_path, pa.table({OFFSET_COL: index.offsets(np.sort(dropped))})
                 )
             self.faults.check("before_swap", partition)
+            claimed = renewer.stop()  # the versions of its last renewal
             swapping = True
             sealed_from = None
             if index is not None:
@@ -548,6 +618,7 @@ class Sealer:
                 claim_clock=self.clock,
             )
         except BaseException as exc:
+            claimed = renewer.stop()
             if not swapping or isinstance(exc, SegmentChangedError | CommitConflictError):
                 # The swap never ran, or it refused (precondition) or gave up (lost every
                 # compare-and-set): nothing references the uploaded files. Anything else (an

@@ -32,6 +32,7 @@ from millstream.errors import (
     from_spark_failure,
 )
 from millstream.ingest.sources import config_for, spec_reader
+from millstream.metastore.owners import claim
 from millstream.metastore.store import MetadataStore
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.maintenance import DEFAULT_MAINTENANCE_INTERVAL, Maintainer
@@ -220,6 +221,13 @@ class DatastreamRunner:
     # -- bootstrap -------------------------------------------------------------------------
 
     def ensure_tables(self) -> None:
+        # The table and its dead-letter table are this datastream's, or another one's
+        # (TableOwnedError): two writers of one table would share its shards, and one's
+        # commits would be dropped as covered. A runner started without the controller
+        # claims them here.
+        claim(
+            self.catalog.store, [self.spec.table_name, self.spec.dead_letter_table], self.spec.name
+        )
         # The table as it is: its schema may have evolved since this runner's datastream spec
         # was read (the sink reads the current spec per batch anyway).
         self.table_spec = self.catalog.create_table(self.table_spec).spec

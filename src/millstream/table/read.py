@@ -525,11 +525,15 @@ def _by_partition(
 
     def sealed_key(partition: int) -> tuple[Any, ...] | None:
         """What a partition's sealed rows are computed from, for ``cache``: between two seals
-        of a partition they stay the same, and a reader that reads again reuses them."""
+        of a partition they stay the same, and a reader that reads again reuses them. The key
+        names the partition: with no sealed segment yet its files name nothing, and the merged
+        result kept under it (:func:`incremental`) must not be another partition's. A filtered
+        read keeps nothing (its rows are not the partition's)."""
         if cache is None or not use_delete_vectors or conditions:
             return None
         return (
             "sealed",
+            partition,
             schema_key(spec.arrow_schema()),
             tuple(sorted((e.file_path, e.partition, e.start, e.end) for e in sealed_of[partition])),
             tuple(sorted(dv.file_path for dv in vectors_of[partition])),

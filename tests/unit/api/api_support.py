@@ -63,6 +63,7 @@ def store_snapshot(store: MetadataStore) -> dict[str, list[tuple[Any, ...]]]:
             *schema.sealing.sorted_tables,
             *schema.jobs.sorted_tables,
             *schema.evolution.sorted_tables,
+            *schema.ownership.sorted_tables,
         ]:
             q = select(table).order_by(*table.primary_key.columns)
             out[table.name] = [tuple(r) for r in conn.execute(q)]
