@@ -1479,6 +1479,37 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
 """,
         tests=("tests/unit/ingest/test_new_source_partitions.py",),
     ),
+    Guard(
+        name="watchdog-a-caught-up-partition-is-not-behind",
+        file="src/millstream/control/watchdog.py",
+        what="the stall watchdog: a partition whose upper is the source's latest offset (an "
+        "idle datastream) is not behind, so it is never reported stalled nor restarted",
+        old="""\
+            if end is None or end <= upper:
+""",
+        new="""\
+            if end is None:  # MUTATION: a caught-up partition counts as behind
+""",
+        tests=(
+            "tests/unit/api/test_worker_watchdog.py::test_a_healthy_idle_datastream_raises_nothing",
+        ),
+    ),
+    Guard(
+        name="watchdog-a-moving-upper-restarts-the-clock",
+        file="src/millstream/control/watchdog.py",
+        what="the stall watchdog: an upper that moved starts the stall time again, so a slow "
+        "writer that advances but lags is not restarted as stalled",
+        old="""\
+            if last is None or last.upper != upper:
+""",
+        new="""\
+            if last is None:  # MUTATION: a moving upper keeps its partition's stall clock
+""",
+        tests=(
+            "tests/unit/api/test_worker_watchdog.py::"
+            "test_a_slow_writer_that_advances_is_not_stalled",
+        ),
+    ),
 )
 
 
