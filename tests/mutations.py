@@ -1510,6 +1510,34 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
             "test_a_slow_writer_that_advances_is_not_stalled",
         ),
     ),
+    Guard(
+        name="a-shared-query-members-write-failure-stays-its-own",
+        file="src/millstream/spark/sink.py",
+        what="in a shared query, a member whose part of a write task fails does not fail the "
+        "task: the other members' parts of it are committed",
+        old="""\
+                return _member_failure(exc)
+""",
+        new="""\
+                raise  # MUTATION: the task fails with it, the other members' parts too
+""",
+        tests=("tests/contract/test_contract_shared_query.py",),
+        select="sqlite-local and write_fails",
+    ),
+    Guard(
+        name="a-failed-member-commits-nothing-of-the-batch",
+        file="src/millstream/spark/sink.py",
+        what="in a shared query, a member whose part of some write task failed commits none "
+        "of the batch (its other tasks' parts are deleted) and its error is raised, naming it",
+        old="""\
+            if name in failed:
+""",
+        new="""\
+            if name in failed and not mine:  # MUTATION: its other tasks' parts commit
+""",
+        tests=("tests/contract/test_contract_shared_query.py",),
+        select="sqlite-local and write_fails",
+    ),
 )
 
 
