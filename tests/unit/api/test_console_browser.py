@@ -21,7 +21,15 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import yaml
-from api_support import TOKEN, beat, serve, spec_body, write_lines
+from api_support import (
+    TOKEN,
+    beat,
+    ingest_range,
+    run_failing_writer,
+    serve,
+    spec_body,
+    write_lines,
+)
 from selenium import webdriver
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
@@ -408,3 +416,89 @@ def test_the_console_is_served_from_the_package_and_root_redirects(console: str)
         for asset in ("console.js", "yaml.js", "console.css"):
             assert client.get(f"/ui/{asset}").status_code == 200
         assert "/ui/" not in client.get("/openapi.json").json()["paths"]
+
+
+def test_a_failing_datastream_shows_its_writer_failing_on_the_main_page(
+    browser: WebDriver,
+    catalog: Catalog,
+    controller: Controller,
+    clock: ManualClock,
+    tmp_path: Path,
+    kafka_broker: Any,
+    shots: Path,
+) -> None:
+    """READY with an empty last error, and its writer failing every few seconds (a topic that
+    does not exist): the main page says so, with the error and since when."""
+    Registry(catalog.store, clock=clock).create(
+        DatastreamSpec.parse(
+            {
+                "name": "broken",
+                "source": {
+                    "kind": "kafka",
+                    "bootstrap_servers": kafka_broker.bootstrap,
+                    "topic": "no-such",
+                },
+                "schema": {"id": "long", "status": "string"},
+                "table": {"mode": "upsert", "primary_key": ["id"]},
+            }
+        )
+    )
+    worker = run_failing_writer(catalog, controller, clock, tmp_path / "state", "worker-b")
+    try:
+        with serve(create_app(catalog, controller=controller, clock=clock)) as url:
+            page_logs(browser, url)
+            browser.get(url + "/ui/#/datastreams")
+            row = 'tr[data-datastream="broken"]'
+            wait_text(browser, f"{row} .ds-state", "READY")
+            health = wait_text(browser, f"{row} .ds-health", "retrying for", "next try in")
+            assert "kafka topic 'no-such'" in health and "the topic was not found" in health
+            assert "error-text" in (
+                browser.find_element(By.CSS_SELECTOR, f"{row} .ds-health").get_attribute("class")
+                or ""
+            )
+            browser.save_screenshot(str(shots / "console-failing-datastream.png"))
+            js_errors, urls = page_logs(browser, url)
+            assert not js_errors, js_errors
+            assert_offline(urls)
+    finally:
+        worker._stop_shared()
+
+
+def test_the_table_page_figures_agree_with_the_metrics(
+    browser: WebDriver,
+    catalog: Catalog,
+    controller: Controller,
+    clock: ManualClock,
+    source_dir: Path,
+) -> None:
+    """A 5-row upsert table holding 8 row versions (3 keys updated, not sealed yet): the
+    page's rows are millstream_table_rows' 5, the stored versions are shown as such, and no
+    chart label reads a negative zero."""
+    lines = [{"id": i % 5, "status": f"v{i}"} for i in range(8)]
+    d = source_dir / "0"
+    d.mkdir(parents=True)
+    (d / "00000.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    spec = DatastreamSpec.parse(spec_body("five", source_dir))
+    Registry(catalog.store, clock=clock).create(spec)
+    controller.tick()
+    ingest_range(catalog, spec, 0, 0, 8)
+    with serve(create_app(catalog, controller=controller, clock=clock)) as url:
+        metric = next(
+            line
+            for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines()
+            if line.startswith('millstream_table_rows{table="five"}')
+        )
+        assert metric.split()[-1] == "5.0"
+        page_logs(browser, url)
+        browser.get(url + "/ui/#/tables/five")
+        assert wait_text(browser, "#rows", "5") == "5"
+        assert wait_text(browser, "#row-versions", "8") == "8"
+        WebDriverWait(browser, WAIT).until(lambda _: samples(browser) >= 2)
+        labels = [
+            e.text for e in browser.find_elements(By.CSS_SELECTOR, "svg.chart text") if e.text
+        ]
+        assert labels and not [t for t in labels if t.startswith("-0")], labels
+        # The axis's own formatting of a rate a hair below zero (float noise) reads 0.
+        assert browser.execute_script("return short(-0.0001) + '/s'") == "0/s"
+        js_errors, _ = page_logs(browser, url)
+        assert not js_errors, js_errors

@@ -199,6 +199,17 @@ function command(name, cmd) {
   });
 }
 
+// A READY datastream's writer health (the REST record's `health`): running, retrying with
+// the error and since when, stalled; empty in other states (the state says it).
+function healthText(h) {
+  if (!h) return "";
+  if (h.status === "running" || h.status === "starting") return h.status;
+  if (h.status === "not running") return "not running (no live worker runs it)";
+  const since = h.since ? ` for ${ago(serverNow() - h.since)}` : "";
+  const retry = h.retry_at ? `, next try in ${ago(h.retry_at - serverNow())}` : "";
+  return `${h.status}${since}${retry}${h.error ? `: ${h.error}` : ""}`;
+}
+
 function datastreamRow(d) {
   const buttons = Object.entries(COMMANDS).map(([cmd, from]) =>
     el(
@@ -221,6 +232,11 @@ function datastreamRow(d) {
     { "data-datastream": d.name },
     el("td", {}, el("strong", {}, d.name)),
     el("td", { class: "ds-state" }, badge(d.state)),
+    el(
+      "td",
+      { class: `ds-health${d.health && d.health.status !== "running" && d.health.status !== "starting" ? " error-text" : ""}` },
+      healthText(d.health),
+    ),
     el("td", {}, el("a", { href: `#/tables/${encodeURIComponent(d.table)}` }, d.table)),
     el("td", {}, describeSource(d.spec.source)),
     num(d.version),
@@ -274,7 +290,7 @@ const datastreamsPage = {
     const list = await api("GET", "/datastreams");
     fill(this.list, list, () =>
       table(
-        ["Name", "State", "Table", "Source", { label: "Version", num: true }, "Updated", "Last error", "Actions"],
+        ["Name", "State", "Writer", "Table", "Source", { label: "Version", num: true }, "Updated", "Last error", "Actions"],
         list.map(datastreamRow),
         "No datastream yet: create one below.",
       ),
@@ -282,7 +298,7 @@ const datastreamsPage = {
     // The "updated" ages go stale between changes; refresh them in place.
     for (const d of list) {
       const row = this.list.querySelector(`tr[data-datastream="${CSS.escape(d.name)}"]`);
-      if (row) row.children[5].textContent = sinceEpoch(d.updated_at);
+      if (row) row.children[6].textContent = sinceEpoch(d.updated_at);
     }
   },
 };
@@ -378,6 +394,8 @@ function chart(samples) {
 }
 
 function short(v) {
+  // A figure rounded to zero reads 0, never -0.00 (a rate or a lag is never below zero).
+  if (!(Math.abs(v) >= 0.005)) return "0";
   if (v >= 1e6) return (v / 1e6).toFixed(1) + "M";
   if (v >= 1e4) return (v / 1e3).toFixed(0) + "k";
   if (v >= 100) return v.toFixed(0);
@@ -451,11 +469,12 @@ const tablePage = {
       ),
     );
     const lagTotal = info.partitions.reduce((s, p) => s + (p.records_lag || 0), 0);
-    fill(this.cards, [segs.row_count, segs.segment_count, segs.deleted_rows, segs.manifest_version, lagTotal, last.freshness, last.rate], () =>
+    fill(this.cards, [segs.live_rows, segs.row_count, segs.segment_count, segs.deleted_rows, segs.manifest_version, lagTotal, last.freshness, last.rate], () =>
       el(
         "div",
         { class: "grid" },
-        card("rows (minus deleted)", fmt(segs.row_count)),
+        card("rows", segs.live_rows === null || segs.live_rows === undefined ? "–" : fmt(segs.live_rows), "rows"),
+        card("row versions stored (merged on read)", fmt(segs.row_count), "row-versions"),
         card("segments", fmt(segs.segment_count)),
         card("records lag (all partitions)", fmt(lagTotal)),
         card("freshness (largest availability lag)", last.freshness === null ? "–" : ago(last.freshness), "freshness"),
@@ -673,7 +692,14 @@ const errorsPage = {
         });
       }
       for (const x of w.writers) {
-        if (x.error) {
+        if (x.health && x.health.status === "stalled") {
+          rows.push({
+            where: `writer of ${x.datastream} on worker ${w.id} (stalled)`,
+            when: x.health.since,
+            error: x.health.error || "stalled",
+            action: `The watchdog restarts the writer with backoff (${x.health.stall_restarts} restarts so far). If it stays stalled: pause and resume ${x.datastream}, then check its source and the metadata store; the worker's log names the partitions.`,
+          });
+        } else if (x.error) {
           rows.push({ where: `writer of ${x.datastream} on worker ${w.id}`, when: w.heartbeat_at, error: x.error, action: "The worker restarts the writer after a backoff (doubling, up to 5 min); fix what the error names (the source, the stores). Errors that need you put the datastream in ERROR." });
         }
       }
