@@ -12,6 +12,7 @@ from api_support import TestClient, run_failing_writer, spec_body
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller
+from millstream.ingest.sources.kafka import CONSUMERS
 
 
 def missing_topic(broker: Any, name: str = "broken") -> dict[str, Any]:
@@ -68,6 +69,7 @@ def test_a_failing_writer_shows_in_the_record_and_create_warns(
         assert again["failures"] == 2 and again["retry_at"] == clock.now() + 10.0
     finally:
         worker._stop_shared()
+        CONSUMERS.close()  # its clients of the test broker, before the broker stops
 
 
 def test_a_reachable_source_creates_without_a_warning(api: TestClient, source_dir: Path) -> None:

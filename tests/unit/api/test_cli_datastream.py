@@ -18,6 +18,7 @@ from millstream.catalog import Catalog
 from millstream.cli.app import app as cli
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller
+from millstream.ingest.sources.kafka import CONSUMERS
 from millstream.metastore.models import ShardAppend
 
 
@@ -352,3 +353,4 @@ schema: {{id: long, status: string}}
         assert "last error" not in shown.stdout  # the record's own error is empty: READY
     finally:
         worker._stop_shared()
+        CONSUMERS.close()  # its clients of the test broker, before the broker stops

@@ -46,6 +46,7 @@ from millstream.control.workers import heartbeat
 from millstream.core.lifecycle import State
 from millstream.datastream import DatastreamSpec
 from millstream.errors import SegmentUnavailableError
+from millstream.ingest.sources.kafka import CONSUMERS
 from millstream.metastore.models import ShardAppend
 from millstream.sealing.sealer import Sealer, SealFaults
 
@@ -367,7 +368,10 @@ def test_creating_from_yaml_posts_the_spec_as_the_cli_does(
     browser.execute_script("arguments[0].value = arguments[1]", spec, text)
     click(browser, "#create")
 
-    assert "created datastream payments" in wait_text(browser, "#alerts", "payments")
+    created_text = wait_text(browser, "#alerts", "payments")
+    assert "created datastream payments" in created_text
+    # Its source directory does not exist yet: created all the same, with the API's warning.
+    assert f"Warning: cannot read the latest offsets of files under {source_dir}" in created_text
     wait_text(browser, "#datastream-list", "payments", "INITIALIZING")
     created = cluster.get("payments")
     assert created.spec == DatastreamSpec.parse(yaml.safe_load(text))
@@ -460,8 +464,10 @@ def test_a_failing_datastream_shows_its_writer_failing_on_the_main_page(
             js_errors, urls = page_logs(browser, url)
             assert not js_errors, js_errors
             assert_offline(urls)
+            browser.get("about:blank")  # no poll of this server after it stops
     finally:
         worker._stop_shared()
+        CONSUMERS.close()  # its clients of the test broker, before the broker stops
 
 
 def test_the_table_page_figures_agree_with_the_metrics(
@@ -502,3 +508,63 @@ def test_the_table_page_figures_agree_with_the_metrics(
         assert browser.execute_script("return short(-0.0001) + '/s'") == "0/s"
         js_errors, _ = page_logs(browser, url)
         assert not js_errors, js_errors
+        browser.get("about:blank")  # no poll of this server after it stops
+
+
+def test_a_stalled_writer_shows_on_the_main_page_and_the_errors_page(
+    browser: WebDriver,
+    catalog: Catalog,
+    controller: Controller,
+    clock: ManualClock,
+    source_dir: Path,
+) -> None:
+    """What a worker's watchdog reports for a stalled writer (its heartbeat's ``health``)."""
+    write_lines(source_dir, 0, 15)
+    Registry(catalog.store, clock=clock).create(
+        DatastreamSpec.parse(spec_body("orders", source_dir))
+    )
+    beat(catalog, clock, "worker-a", "orders")
+    controller.tick()
+    since = clock.now() - 400
+    stall = (
+        "stalled: datastream 'orders' has not advanced for 400 s while its source holds "
+        "newer records: partition 0 at offset 10 (source latest 15)"
+    )
+    health = {
+        "status": "stalled",
+        "error": stall,
+        "since": since,
+        "failures": 1,
+        "retry_at": clock.now() + 5,
+        "stalled": {"since": since, "partitions": {"0": {"upper": 10, "latest": 15}}},
+        "stall_restarts": 1,
+    }
+    heartbeat(
+        catalog.store,
+        "worker-a",
+        status="RUNNING",
+        info={
+            "writers": [
+                {
+                    "datastream": "orders",
+                    "role": "active",
+                    "running": False,
+                    "error": stall,
+                    "health": health,
+                }
+            ]
+        },
+        clock=clock,
+    )
+    with serve(create_app(catalog, controller=controller, clock=clock)) as url:
+        page_logs(browser, url)
+        browser.get(url + "/ui/#/datastreams")
+        cell = wait_text(browser, 'tr[data-datastream="orders"] .ds-health', "stalled for")
+        assert "partition 0 at offset 10 (source latest 15)" in cell
+        browser.get(url + "/ui/#/errors")
+        errors = wait_text(browser, "#page", "writer of orders on worker worker-a (stalled)")
+        assert "The watchdog restarts the writer with backoff (restarts so far: 1)" in errors
+        assert "pause and resume orders" in errors
+        js_errors, _ = page_logs(browser, url)
+        assert not js_errors, js_errors
+        browser.get("about:blank")  # no poll of this server after it stops

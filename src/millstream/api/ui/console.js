@@ -269,7 +269,8 @@ const datastreamsPage = {
           throw new ApiError(0, { error: "InvalidSpecError", message: `invalid spec: not valid YAML: ${e.message}` }, "create");
         }
         const rec = await api("POST", "/datastreams", body);
-        return `created datastream ${rec.name} (${rec.state}; the controller makes it READY once its table exists)`;
+        const warned = (rec.warnings || []).map((w) => ` Warning: ${w}`).join("");
+        return `created datastream ${rec.name} (${rec.state}; the controller makes it READY once its table exists)${warned}`;
       });
     root.append(
       el("h2", {}, "Datastreams"),
@@ -697,7 +698,7 @@ const errorsPage = {
             where: `writer of ${x.datastream} on worker ${w.id} (stalled)`,
             when: x.health.since,
             error: x.health.error || "stalled",
-            action: `The watchdog restarts the writer with backoff (${x.health.stall_restarts} restarts so far). If it stays stalled: pause and resume ${x.datastream}, then check its source and the metadata store; the worker's log names the partitions.`,
+            action: `The watchdog restarts the writer with backoff (restarts so far: ${x.health.stall_restarts}). If it stays stalled: pause and resume ${x.datastream}, then check its source and the metadata store; the worker's log names the partitions.`,
           });
         } else if (x.error) {
           rows.push({ where: `writer of ${x.datastream} on worker ${w.id}`, when: w.heartbeat_at, error: x.error, action: "The worker restarts the writer after a backoff (doubling, up to 5 min); fix what the error names (the source, the stores). Errors that need you put the datastream in ERROR." });
