@@ -450,6 +450,7 @@ def test_a_failing_datastream_shows_its_writer_failing_on_the_main_page(
     worker = run_failing_writer(catalog, controller, clock, tmp_path / "state", "worker-b")
     try:
         with serve(create_app(catalog, controller=controller, clock=clock)) as url:
+            browser.get("about:blank")  # an earlier test's page polls its stopped server
             page_logs(browser, url)
             browser.get(url + "/ui/#/datastreams")
             row = 'tr[data-datastream="broken"]'
@@ -461,6 +462,9 @@ def test_a_failing_datastream_shows_its_writer_failing_on_the_main_page(
                 or ""
             )
             browser.save_screenshot(str(shots / "console-failing-datastream.png"))
+            # The table's page says it too, beside the state.
+            browser.get(url + "/ui/#/tables/broken")
+            assert "the topic was not found" in wait_text(browser, "#writer-health", "retrying")
             js_errors, urls = page_logs(browser, url)
             assert not js_errors, js_errors
             assert_offline(urls)
@@ -495,6 +499,7 @@ def test_the_table_page_figures_agree_with_the_metrics(
             if line.startswith('millstream_table_rows{table="five"}')
         )
         assert metric.split()[-1] == "5.0"
+        browser.get("about:blank")  # an earlier test's page polls its stopped server
         page_logs(browser, url)
         browser.get(url + "/ui/#/tables/five")
         assert wait_text(browser, "#rows", "5") == "5"
@@ -557,6 +562,7 @@ def test_a_stalled_writer_shows_on_the_main_page_and_the_errors_page(
         clock=clock,
     )
     with serve(create_app(catalog, controller=controller, clock=clock)) as url:
+        browser.get("about:blank")  # an earlier test's page polls its stopped server
         page_logs(browser, url)
         browser.get(url + "/ui/#/datastreams")
         cell = wait_text(browser, 'tr[data-datastream="orders"] .ds-health', "stalled for")

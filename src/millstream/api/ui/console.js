@@ -449,7 +449,8 @@ const tablePage = {
     const last = samples[samples.length - 1];
     const ds = streams.find((d) => d.name === info.datastream);
     const seg = ds ? ds.spec.segments || {} : null;
-    fill(this.head, [info.datastream, info.state, info.upstream_error, seg], () =>
+    const health = ds ? healthText(ds.health) : "";
+    fill(this.head, [info.datastream, info.state, info.upstream_error, seg, health], () =>
       el(
         "div",
         {},
@@ -460,6 +461,7 @@ const tablePage = {
           info.datastream ? el("strong", {}, info.datastream) : "–",
           " ",
           info.state ? badge(info.state) : "",
+          health ? el("span", { id: "writer-health", class: ds.health.status === "running" ? "" : "error-text" }, ` writer ${health}`) : "",
           seg
             ? ` · sealing ${seg.pauseless === false ? "inline" : "pauseless"}, compaction ${
                 seg.compaction === false ? "off" : `on (${seg.compaction_min_segments || 4} segments at a time)`
