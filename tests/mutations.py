@@ -1767,6 +1767,65 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_an_update_cannot_point_a_datastream_at_another_datastreams_table",
         ),
     ),
+    Guard(
+        name="watchdog-a-caught-up-partition-is-not-behind",
+        file="src/millstream/control/watchdog.py",
+        what="the stall watchdog: a partition whose upper is the source's latest offset (an "
+        "idle datastream) is not behind, so it is never reported stalled nor restarted",
+        old="""\
+            if end is None or end <= upper:
+""",
+        new="""\
+            if end is None:  # MUTATION: a caught-up partition counts as behind
+""",
+        tests=(
+            "tests/unit/api/test_worker_watchdog.py::test_a_healthy_idle_datastream_raises_nothing",
+        ),
+    ),
+    Guard(
+        name="watchdog-a-moving-upper-restarts-the-clock",
+        file="src/millstream/control/watchdog.py",
+        what="the stall watchdog: an upper that moved starts the stall time again, so a slow "
+        "writer that advances but lags is not restarted as stalled",
+        old="""\
+            if last is None or last.upper != upper:
+""",
+        new="""\
+            if last is None:  # MUTATION: a moving upper keeps its partition's stall clock
+""",
+        tests=(
+            "tests/unit/api/test_worker_watchdog.py::"
+            "test_a_slow_writer_that_advances_is_not_stalled",
+        ),
+    ),
+    Guard(
+        name="a-shared-query-members-write-failure-stays-its-own",
+        file="src/millstream/spark/sink.py",
+        what="in a shared query, a member whose part of a write task fails does not fail the "
+        "task: the other members' parts of it are committed",
+        old="""\
+                return _member_failure(exc)
+""",
+        new="""\
+                raise  # MUTATION: the task fails with it, the other members' parts too
+""",
+        tests=("tests/contract/test_contract_shared_query.py",),
+        select="sqlite-local and write_fails",
+    ),
+    Guard(
+        name="a-failed-member-commits-nothing-of-the-batch",
+        file="src/millstream/spark/sink.py",
+        what="in a shared query, a member whose part of some write task failed commits none "
+        "of the batch (its other tasks' parts are deleted) and its error is raised, naming it",
+        old="""\
+            if name in failed:
+""",
+        new="""\
+            if name in failed and not mine:  # MUTATION: its other tasks' parts commit
+""",
+        tests=("tests/contract/test_contract_shared_query.py",),
+        select="sqlite-local and write_fails",
+    ),
 )
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec, dead_letter_spec
-from millstream.errors import WriterFencedError
+from millstream.errors import BadRecordError, WriterFencedError, from_spark_failure
 from millstream.ingest.sources import config_for
 from millstream.spark.options import (
     GroupSinkOptions,
@@ -28,19 +28,24 @@ from millstream.spark.options import (
 )
 from millstream.spark.runner import bootstrap
 from millstream.spark.shared import member_of
-from millstream.spark.sink import GroupMessage, GroupSink
-from millstream.spark.sources import GroupStreamReader
+from millstream.spark.sink import GroupMessage, GroupSink, MemberWriteError
+from millstream.spark.sources import SPLIT_MIN_RECORDS, GroupStreamReader
 from millstream.testing.model import canonical
 
 LINES = 30  # per partition
 
 
-def _datastream(tmp_path: Path, name: str, partitions: int) -> DatastreamSpec:
+def _datastream(
+    tmp_path: Path, name: str, partitions: int, clean: tuple[int, ...] = ()
+) -> DatastreamSpec:
+    """A files datastream of ``partitions`` partitions of :data:`LINES` records; offset 7 is
+    a bad record except in the ``clean`` partitions."""
     src = tmp_path / name
     for p in range(partitions):
         (src / str(p)).mkdir(parents=True)
         lines = [f'{{"id": {p * 1000 + i}, "v": "{name}{i}"}}' for i in range(LINES)]
-        lines[7] = "not json"  # a bad record per partition: dead-lettered
+        if p not in clean:
+            lines[7] = "not json"  # a bad record per partition: dead-lettered
         (src / str(p) / "00000.jsonl").write_text("\n".join(lines) + "\n")
     return DatastreamSpec.parse(
         {
@@ -53,7 +58,7 @@ def _datastream(tmp_path: Path, name: str, partitions: int) -> DatastreamSpec:
 
 
 def _options(
-    catalog: Catalog, spec: DatastreamSpec, *, stale_epochs: bool = False
+    catalog: Catalog, spec: DatastreamSpec, *, stale_epochs: bool = False, strict: bool = False
 ) -> tuple[SourceOptions, SinkOptions]:
     table = spec.table_spec()
     catalog.create_table(table)
@@ -62,7 +67,15 @@ def _options(
     kind, config = config_for(spec.source)
     epochs = {p: e + 1 for p, e in boot.epochs.items()} if stale_epochs else boot.epochs
     return (
-        SourceOptions(kind, config, start_offsets=boot.uppers, tasks=2, ranges_only=True),
+        SourceOptions(
+            kind,
+            config,
+            start_offsets=boot.uppers,
+            tasks=2,
+            ranges_only=True,
+            # the strict member's partitions go to different tasks, small as its batch is
+            split_min_records=1 if strict else SPLIT_MIN_RECORDS,
+        ),
         SinkOptions(
             settings=catalog.settings,
             table_spec=table,
@@ -71,16 +84,24 @@ def _options(
             dead_letter_epochs=boot.dead_letter_epochs,
             source_kind=kind,
             source_config=config,
+            bad_records="fail" if strict else "dead_letter",
         ),
     )
 
 
 def _batch(
-    catalog: Catalog, specs: list[DatastreamSpec], fenced: str | None = None
+    catalog: Catalog,
+    specs: list[DatastreamSpec],
+    fenced: str | None = None,
+    strict: str | None = None,
 ) -> tuple[GroupSink, Callable[[], list[Any]]]:
     """Plan one batch of every member; returns the sink and the batch's write tasks (run
-    again, they are Spark's replay of the batch: the same ranges, new files)."""
-    opts = {s.name: _options(catalog, s, stale_epochs=s.name == fenced) for s in specs}
+    again, they are Spark's replay of the batch: the same ranges, new files). ``strict``
+    names a member with ``bad_records: fail`` (its write fails on its bad records)."""
+    opts = {
+        s.name: _options(catalog, s, stale_epochs=s.name == fenced, strict=s.name == strict)
+        for s in specs
+    }
     source = GroupSourceOptions({n: o[0] for n, o in opts.items()})
     sink = GroupSinkOptions({n: o[1] for n, o in opts.items()})
     reader = GroupStreamReader(GroupSourceOptions.from_options(source.to_options()))
@@ -137,3 +158,29 @@ def test_a_fenced_member_does_not_keep_the_others_from_committing(
     assert member_of(Exception("\n".join([str(raised.value), *raised.value.__notes__]))) == "ga"
     assert _rows(catalog, a) == []
     assert _rows(catalog, b) == _expected(b, 2), "gb committed although ga was fenced"
+
+
+def test_a_member_whose_write_fails_does_not_fail_the_others_tasks(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    """ga's part of a write task fails (a bad record in its partition 0, with ``bad_records:
+    fail``); the task, which holds gb's part too, succeeds: gb commits the batch, ga commits
+    nothing of it (not even its partition 1, which another task wrote) and its error names
+    it and keeps its kind (the worker puts ga alone in ERROR)."""
+    a, b = _datastream(tmp_path, "ga", 2, clean=(1,)), _datastream(tmp_path, "gb", 2)
+    writer, write_tasks = _batch(catalog, [a, b], strict="ga")
+    messages = write_tasks()  # a member's failure does not fail its task
+    assert all(isinstance(m, GroupMessage) for m in messages)
+    assert [sorted(m.failed) for m in messages].count(["ga"]) == 1
+    assert [sorted(m.messages) for m in messages].count(["ga", "gb"]) == 1, (
+        "ga's partition 1 is written by the other task"
+    )
+    with pytest.raises(MemberWriteError) as raised:
+        writer.commit(messages, 0)
+    text = "\n".join([str(raised.value), *raised.value.__notes__])
+    assert member_of(Exception(text)) == "ga"
+    ours = from_spark_failure(Exception(text))
+    assert ours is not None and ours.kind is BadRecordError and ours.fields["offset"] == 7
+    assert _rows(catalog, a) == []
+    assert {s.partition: s.upper for s in catalog.store.list_shards(a.table_name)} == {0: 0, 1: 0}
+    assert _rows(catalog, b) == _expected(b, 2), "gb committed although ga's writes failed"

@@ -15,6 +15,7 @@ from millstream.api.metrics import make_registry
 from millstream.api.middleware import MAX_BODY_BYTES, BearerAuthMiddleware, BodyLimitMiddleware
 from millstream.api.openapi import openapi_factory
 from millstream.api.routes import cluster, datastreams, metrics, pinot, segments, tables
+from millstream.api.rows import LiveRows
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control.controller import Controller, ControlSettings
@@ -70,7 +71,10 @@ def create_app(
         ),
     )
     app.state.millstream = ctx
-    app.state.metrics_registry = make_registry(ctx)
+    #: live rows per table, counted by a read once per manifest version: one count for the
+    #: metrics and the table page's figure, so the two agree
+    app.state.live_rows = LiveRows(catalog, clock=clock)
+    app.state.metrics_registry = make_registry(ctx, app.state.live_rows)
     install_error_handlers(app)
     for router in (
         datastreams.router,

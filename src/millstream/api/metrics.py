@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from millstream.api.context import ApiContext
 from millstream.api.rows import LiveRows
 from millstream.api.sealing import debug_info
-from millstream.api.status import consuming_info, upstream_offsets
+from millstream.api.status import consuming_info, upstream_offsets, writer_health
 from millstream.control.workers import list_workers
 from millstream.core.lifecycle import State
 from millstream.errors import NotFoundError
@@ -27,14 +27,16 @@ _NO_TABLE = frozenset({State.INITIALIZING, State.DELETING})
 
 
 class MillstreamCollector:
-    def __init__(self, ctx: ApiContext) -> None:
+    def __init__(self, ctx: ApiContext, live_rows: LiveRows | None = None) -> None:
         self.ctx = ctx
-        self.live_rows = LiveRows(ctx.catalog, clock=ctx.clock)
+        #: shared with the console's table page (``/tables/{t}/segments``' ``live_rows``)
+        self.live_rows = live_rows or LiveRows(ctx.catalog, clock=ctx.clock)
 
     def describe(self) -> Iterator[Any]:
         yield from self._families()
         yield from self._repair_families()
         yield from self._row_families()
+        yield from self._health_families()
 
     def _families(self) -> tuple[Any, ...]:
         return (
@@ -213,6 +215,35 @@ class MillstreamCollector:
         )
         yield from self._repair_metrics([r.spec.table_name for r in live])
         yield from self._row_counters(workers)
+        yield from self._health_metrics(records, workers)
+
+    @staticmethod
+    def _health_families() -> tuple[GaugeMetricFamily, CounterMetricFamily]:
+        return (
+            GaugeMetricFamily(
+                "millstream_datastream_stalled",
+                "1 while a READY datastream's writer is stalled: its shard upper has not moved "
+                "for the stall time (--stall-seconds) while its source holds newer records, "
+                "until it is seen advancing again after the watchdog restarted it; else 0.",
+                labels=["datastream"],
+            ),
+            CounterMetricFamily(
+                "millstream_writer_stall_restarts",
+                "Restarts of a stalled writer by a worker's watchdog.",
+                labels=["datastream", "worker"],
+            ),
+        )
+
+    def _health_metrics(self, records: list[Any], workers: list[Any]) -> Iterator[Any]:
+        stalled, restarts = self._health_families()
+        for name, h in sorted(writer_health(self.ctx, records).items()):
+            stalled.add_metric([name], 1.0 if h.status == "stalled" else 0.0)
+        for w in workers:
+            for wr in w.info.get("writers") or []:
+                n = (wr.get("health") or {}).get("stall_restarts")
+                if n:
+                    restarts.add_metric([str(wr["datastream"]), w.id], int(n))
+        yield from (stalled, restarts)
 
     def _repair_families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily]:
         return (
@@ -285,7 +316,7 @@ class MillstreamCollector:
         yield from (consumed, dead_lettered, superseded)
 
 
-def make_registry(ctx: ApiContext) -> CollectorRegistry:
+def make_registry(ctx: ApiContext, live_rows: LiveRows | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(MillstreamCollector(ctx))
+    registry.register(MillstreamCollector(ctx, live_rows))
     return registry

@@ -24,6 +24,32 @@ class ErrorOut(_Out):
     message: str = Field(examples=["datastream 'orders' does not exist"])
 
 
+class WriterHealthOut(_Out):
+    """How the datastream's writer is doing, as the worker running it reports it (a READY
+    datastream's state says what it should do; this says whether it does)."""
+
+    status: Literal["running", "retrying", "stalled", "starting", "not running"] = Field(
+        description="running; retrying: it failed and is restarted after a backoff (until it "
+        "is seen advancing again); stalled: its shard upper has not moved for the stall time "
+        "while its source holds newer records (restarted with backoff); starting: waiting for "
+        "its state directory; not running: no live worker runs it."
+    )
+    error: str | None = Field(default=None, description="The writer's last error.")
+    since: float | None = Field(
+        default=None, description="Since when it has been failing or stalled (epoch seconds)."
+    )
+    retry_at: float | None = Field(
+        default=None, description="When its backoff ends and it is started again."
+    )
+    failures: int = 0
+    worker: str | None = Field(default=None, description="The worker reporting it.")
+    stalled: dict[str, Any] | None = Field(
+        default=None,
+        description="{since, partitions: {p: {upper, latest}}} of the stall that restarted it.",
+    )
+    stall_restarts: int = Field(default=0, description="Restarts the stall watchdog made.")
+
+
 class DatastreamOut(_Out):
     name: str
     state: State
@@ -33,10 +59,28 @@ class DatastreamOut(_Out):
     created_at: float
     updated_at: float
     spec: dict[str, Any] = Field(description="The datastream spec, as accepted.")
+    health: WriterHealthOut | None = Field(
+        default=None,
+        description="Its writer's health while it is READY (None in other states, and where "
+        "the response does not compute it: after a command).",
+    )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="Things to look at that did not stop the request (create: the source "
+        "could not be reached).",
+    )
 
     @classmethod
-    def of(cls, rec: DatastreamRecord) -> DatastreamOut:
-        return cls(table=rec.spec.table_name, **rec.to_dict())
+    def of(
+        cls,
+        rec: DatastreamRecord,
+        *,
+        health: WriterHealthOut | None = None,
+        warnings: list[str] | None = None,
+    ) -> DatastreamOut:
+        return cls(
+            table=rec.spec.table_name, health=health, warnings=warnings or [], **rec.to_dict()
+        )
 
 
 class ChangeOut(_Out):
@@ -105,7 +149,16 @@ class TableSegmentsOut(_Out):
     table: str
     manifest_version: int
     segment_count: int
-    row_count: int = Field(description="Rows stored in the segments, minus deleted rows.")
+    row_count: int = Field(
+        description="Row versions stored in the segments, minus the rows delete vectors mark "
+        "superseded; a keyed table's unsealed segments hold every version of a key (see "
+        "live_rows)."
+    )
+    live_rows: int | None = Field(
+        default=None,
+        description="Rows a read of the table returns (each key's versions merged, deleted "
+        "keys dropped): millstream_table_rows' figure. None while its first count runs.",
+    )
     deleted_rows: int = Field(0, description="Rows marked superseded by delete vectors.")
     partitions: list[PartitionSegmentsOut]
 
@@ -237,6 +290,11 @@ class ControlSettingsOut(_Out):
     worker_ttl: float
     takeover_ttl: float
     tick_seconds: float
+    stall_seconds: float = Field(
+        default=300.0,
+        description="A writer whose shard upper has not moved for this long while its source "
+        "holds newer records is stalled (reported, restarted with backoff).",
+    )
 
 
 class SettingsOut(_Out):

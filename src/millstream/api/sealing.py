@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from millstream.api.context import ApiContext
+from millstream.api.status import datastream_for_table, writer_health
 from millstream.control.workers import list_workers
 from millstream.metastore.jobs import (
     FAILED,
@@ -115,4 +116,15 @@ def debug_info(ctx: ApiContext, table: str) -> dict[str, Any]:
         ],
         "workers": reported,
         "repair": repair_info(ctx, manifest),
+        "writer_health": _writer_health(ctx, table),
     }
+
+
+def _writer_health(ctx: ApiContext, table: str) -> dict[str, Any] | None:
+    """The health of the writer of ``table`` (running, retrying, stalled: see
+    :func:`millstream.api.status.writer_health`), None unless its datastream is READY."""
+    rec = datastream_for_table(ctx.registry.list(), table)
+    if rec is None or rec.spec.table_name != table:
+        return None
+    health = writer_health(ctx, [rec]).get(rec.name)
+    return None if health is None else {"datastream": rec.name, **health.model_dump()}

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import and_, func, select
 
@@ -30,6 +31,7 @@ from millstream.api.models import (
     PartitionOffsetInfoOut,
     PinotPartitionOffsetInfoOut,
     ServingWorkerOut,
+    WriterHealthOut,
 )
 from millstream.control.registry import DatastreamRecord
 from millstream.control.workers import list_workers, read_assignments
@@ -170,6 +172,42 @@ def serving_workers(ctx: ApiContext, datastream: str) -> list[ServingWorkerOut]:
         )
         alive = w is not None and w.alive(now, ctx.worker_ttl)
         out.append(ServingWorkerOut(worker_id=worker_id, role=role, alive=alive, running=running))
+    return out
+
+
+#: What a writer's health is worse than: the reports of several workers (an active and its
+#: standbys) show the worst.
+_WORSE = {"stalled": 4, "retrying": 3, "starting": 2, "running": 1, "not running": 0}
+
+
+def writer_health(
+    ctx: ApiContext, records: Iterable[DatastreamRecord]
+) -> dict[str, WriterHealthOut]:
+    """Per READY datastream: its writer's health as the live workers running it report it
+    (the worst of their reports), or ``not running`` when none does. Other states get none:
+    their state says it all."""
+    now = ctx.clock.now()
+    reports: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for w in list_workers(ctx.catalog.store):
+        if not w.alive(now, ctx.worker_ttl):
+            continue
+        for wr in w.info.get("writers") or []:
+            reports.setdefault(str(wr.get("datastream")), []).append((w.id, wr))
+    out: dict[str, WriterHealthOut] = {}
+    for rec in records:
+        if rec.state is not State.READY:
+            continue
+        best: WriterHealthOut | None = None
+        for worker_id, wr in reports.get(rec.name, []):
+            h = wr.get("health")
+            if h is None:  # a worker of an older version: what it reports
+                error = wr.get("error")
+                status = "retrying" if error else "running" if wr.get("running") else "starting"
+                h = {"status": status, "error": error}
+            got = WriterHealthOut.model_validate({**h, "worker": worker_id})
+            if best is None or _WORSE[got.status] > _WORSE[best.status]:
+                best = got
+        out[rec.name] = best or WriterHealthOut(status="not running")
     return out
 
 

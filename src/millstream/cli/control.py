@@ -110,6 +110,17 @@ def controller(
             "needed is two writers racing through compare-and-append: nothing is lost.",
         ),
     ] = 1.5,
+    stall_seconds: Annotated[
+        float,
+        typer.Option(
+            "--stall-seconds",
+            min=10.0,
+            max=86400.0,
+            help="A datastream whose shard upper has not moved for this long while its source "
+            "holds newer records is stalled: reported (health, metric, alert) and its writer "
+            "restarted with backoff. Workers learn it from GET /settings.",
+        ),
+    ] = 300.0,
     auto_repair: Annotated[
         bool,
         typer.Option(
@@ -136,6 +147,7 @@ def controller(
             lease_ttl=lease_ttl,
             worker_ttl=worker_ttl,
             takeover_ttl=takeover_ttl,
+            stall_seconds=stall_seconds,
             auto_repair=auto_repair,
         )
         ctl = Controller(catalog, controller_id=controller_id, settings=settings)

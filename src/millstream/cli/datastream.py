@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 import yaml
+from rich.markup import escape
 
 from millstream.cli.client import DEFAULT_CONTROLLER, ControllerClient, segment
 from millstream.cli.output import (
@@ -16,6 +17,7 @@ from millstream.cli.output import (
     OutputOpt,
     console,
     emit_json,
+    err_console,
     exit_codes_help,
     handle_errors,
     table_text,
@@ -66,6 +68,32 @@ def _source(spec: dict[str, Any]) -> str:
     return str(kind)
 
 
+def _ago(ts: float | None) -> str:
+    if ts is None:
+        return ""
+    s = max(0.0, time.time() - ts)
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def health_text(health: dict[str, Any] | None) -> str:
+    """A writer's health in a few words: ``running``, ``retrying for 2 min (3 failures):
+    <error>``, ``stalled for 6 min: <what>``, ``not running``; empty when the record has none
+    (a datastream that is not READY: its state says it)."""
+    if not health:
+        return ""
+    status = str(health.get("status"))
+    if status in ("running", "starting", "not running"):
+        return status if status != "not running" else "not running (no live worker runs it)"
+    since = _ago(health.get("since"))
+    text = status + (f" for {since}" if since else "")
+    failures = int(health.get("failures") or 0)
+    if status == "retrying" and failures:
+        text += f" ({failures} failure{'s' if failures != 1 else ''})"
+    if health.get("error"):
+        text += f": {health['error']}"
+    return text
+
+
 def _show_record(rec: dict[str, Any], verb: str | None = None) -> None:
     head = f"datastream [bold]{rec['name']}[/] is {rec['state']}"
     console.print(head + (f" ({verb})" if verb else ""), highlight=False)
@@ -79,6 +107,8 @@ def _show_record(rec: dict[str, Any], verb: str | None = None) -> None:
         ("created", _when(rec.get("created_at"))),
         ("updated", _when(rec.get("updated_at"))),
     ]
+    if rec.get("health"):
+        lines.append(("writer", health_text(rec["health"])))
     if rec.get("last_error"):
         lines.append(("last error", rec["last_error"]))
     for key, value in lines:
@@ -115,6 +145,8 @@ def create(
             emit_json(rec)
         else:
             _show_record(rec, "created")
+            for warning in rec.get("warnings") or []:
+                err_console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
 
 
 @app.command("update", epilog=EXIT_CODES_HELP)
@@ -172,7 +204,7 @@ def list_(
     token: TokenOpt = None,
     output: OutputOpt = OutputFormat.text,
 ) -> None:
-    """List every datastream with its state."""
+    """List every datastream with its state and its writer's health."""
     with handle_errors(output), ControllerClient(controller, token=token) as client:
         recs = client.get("/datastreams")
         if output is OutputFormat.json:
@@ -189,6 +221,7 @@ def list_(
                         "source": _source(r["spec"]),
                         "version": r["version"],
                         "updated": _when(r["updated_at"]),
+                        "writer": health_text(r.get("health")),
                         "last error": r["last_error"],
                     }
                     for r in recs
@@ -203,7 +236,8 @@ def show(
     token: TokenOpt = None,
     output: OutputOpt = OutputFormat.text,
 ) -> None:
-    """Show one datastream: state, table, source, version, last error."""
+    """Show one datastream: state, table, source, version, its writer's health (running,
+    retrying with the error and since when, stalled), last error."""
     with handle_errors(output), ControllerClient(controller, token=token) as client:
         rec = client.get(f"/datastreams/{segment(name)}")
         if output is OutputFormat.json:

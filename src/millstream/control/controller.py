@@ -32,6 +32,7 @@ from millstream.control import events
 from millstream.control.leases import Lease, acquire_or_renew, release
 from millstream.control.registry import Registry
 from millstream.control.repair import AutoRepair, RepairSettings
+from millstream.control.watchdog import DEFAULT_STALL_SECONDS, check_stall_seconds
 from millstream.control.workers import (
     CONTROLLER_LEASE,
     list_workers,
@@ -79,6 +80,14 @@ class ControlSettings:
     #: A re-ingest job's lease: its controller renews it every third; a job not renewed for
     #: this long reads as ABANDONED and may be taken over.
     reingest_job_lease: float = 60.0
+    #: The stall watchdog: a datastream whose shard upper has not moved for this long while
+    #: its source holds records above it is reported (``millstream_datastream_stalled``, its
+    #: health ``stalled``) and its writer restarted with backoff. Between
+    #: ``MIN_STALL_SECONDS`` and ``MAX_STALL_SECONDS`` (10 s .. 1 day).
+    stall_seconds: float = DEFAULT_STALL_SECONDS
+
+    def __post_init__(self) -> None:
+        check_stall_seconds(self.stall_seconds)
 
 
 class Controller:

@@ -20,6 +20,13 @@ run on.
 It then heartbeats its status and the writers it runs. The worker reports RUNNING only when
 every writer it hosts, standbys included, holds its state-directory lock.
 
+A stall watchdog (:mod:`millstream.control.watchdog`) runs on its own supervised thread: a
+writer running actively whose shard upper has not moved for ``stall_seconds`` while its source
+holds records above it is reported in the heartbeat (its ``health``) and restarted with the
+backoff of a failed writer. Each writer's ``health`` (running, retrying with the error and
+since when, stalled) goes out with every heartbeat; it stays ``retrying`` or ``stalled``
+after a restart until the watchdog sees the writer advance (or catch up).
+
 Sealing runs on its own supervised thread (:mod:`millstream.supervise`): each table's pass has
 its own supervisor, so an error is logged with the table, counted, and retried with backoff
 for that table alone while the other tables keep sealing; the loop's and each table's status
@@ -43,6 +50,7 @@ from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control.controller import ControlSettings
 from millstream.control.registry import Registry
+from millstream.control.watchdog import Stall, StallWatch
 from millstream.control.workers import heartbeat, read_assignments
 from millstream.core.lifecycle import State
 from millstream.datastream import DatastreamSpec, dead_letter_spec
@@ -55,6 +63,8 @@ from millstream.errors import (
     from_spark_failure,
 )
 from millstream.faults import seal_faults
+from millstream.ingest.sources import spec_reader
+from millstream.ingest.sources.base import latest_offsets_of
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.maintenance import Maintainer
 from millstream.sealing.sealer import Sealer, SealFaults
@@ -96,6 +106,20 @@ class _Writer:
     failures: int = 0
     locked: bool = False
     done: threading.Event = field(default_factory=threading.Event)
+    #: Kept across restarts until the watchdog sees the writer advance: the last error, since
+    #: when the writer has been failing, and the stall that restarted it (if one did).
+    last_error: str | None = None
+    error_since: float | None = None
+    stalled: Stall | None = None
+
+    def carried(self) -> dict[str, Any]:
+        """What a restarted writer of the same datastream takes over from this one."""
+        return {
+            "failures": (self.failures + 1) if self.error else 0,
+            "last_error": self.last_error,
+            "error_since": self.error_since,
+            "stalled": self.stalled,
+        }
 
     @property
     def running(self) -> bool:
@@ -165,6 +189,16 @@ class Worker:
         self._beat_lock = threading.Lock()
         self._last_clean = 0.0
         self._stop = threading.Event()
+        #: The stall watchdog (see the module's docstring) and the restarts it made, per
+        #: datastream (``millstream_writer_stall_restarts_total``).
+        self.stall_watch = StallWatch(self.settings.stall_seconds)
+        self.stall_restarts: dict[str, int] = {}
+        self.watch_loop = SupervisedLoop(
+            "watchdog",
+            self.watch,
+            interval=max(tick, min(30.0, self.settings.stall_seconds / 5)),
+            clock=clock,
+        )
 
     # -- reconcile -------------------------------------------------------------------------
 
@@ -269,7 +303,7 @@ class Worker:
                 ds,
                 role,
                 StateDirectory(self.state_root, ds),
-                failures=(previous.failures + 1) if previous and previous.error else 0,
+                **(previous.carried() if previous is not None else {}),
             )
             try:
                 w.state_dir.lock()
@@ -319,7 +353,7 @@ class Worker:
         error = error.splitlines()[0][:2000]
         log.error("writer %s on %s failed: %s", ds, self.id, error)
         if w is not None:
-            w.error, w.failed_at = error, self.clock.now()
+            self._failed(w, error)
         if fail:
             self.registry.fail(ds, error)
 
@@ -356,9 +390,7 @@ class Worker:
         previous = self.writers.get(ds)
         if previous is not None and not previous.running and previous.state_dir.held:
             previous.state_dir.unlock()  # its thread ended (failed): release before retrying
-        w = _Writer(
-            ds, role, sd, failures=(previous.failures + 1) if previous and previous.error else 0
-        )
+        w = _Writer(ds, role, sd, **(previous.carried() if previous is not None else {}))
         self.writers[ds] = w
         try:
             sd.lock()
@@ -375,11 +407,11 @@ class Worker:
             try:
                 runner.run(available_now=False)
             except Exception as exc:
-                w.error = str(exc).splitlines()[0][:2000]
-                w.failed_at = self.clock.now()
-                log.error("writer %s on %s failed: %s", ds, self.id, w.error)
+                error = (str(exc).splitlines() or [repr(exc)])[0][:2000]
+                self._failed(w, error)
+                log.error("writer %s on %s failed: %s", ds, self.id, error)
                 if isinstance(exc, MillstreamError) or _bad_record(exc):
-                    self.registry.fail(ds, w.error)
+                    self.registry.fail(ds, error)
             finally:
                 w.done.set()
 
@@ -400,14 +432,107 @@ class Worker:
             commit_gate=gate if spec.replica_mode == "standby" else None,
         )
 
+    def _failed(self, w: _Writer, error: str) -> None:
+        """``w`` failed with ``error`` now: its backoff starts, its health says retrying."""
+        now = self.clock.now()
+        w.error, w.failed_at, w.last_error = error, now, error
+        if w.error_since is None:
+            w.error_since = now
+
+    @staticmethod
+    def _backoff(w: _Writer) -> float:
+        return min(300.0, 5.0 * float(2 ** min(w.failures, 6)))
+
     def _may_restart(self, w: _Writer | None) -> bool:
         """A writer that failed (a broker briefly down, say) is restarted after a backoff that
         doubles per failure, capped at 5 minutes. Errors that put the datastream in ERROR (a bad
         record with ``bad_records: fail``) stop it through the lifecycle instead."""
         if w is None or w.error is None or w.failed_at is None:
             return True
-        backoff = min(300.0, 5.0 * float(2 ** min(w.failures, 6)))
-        return self.clock.now() - w.failed_at >= backoff
+        return self.clock.now() - w.failed_at >= self._backoff(w)
+
+    # -- the stall watchdog ------------------------------------------------------------------
+
+    def watch(self) -> None:
+        """One pass of the stall watchdog over the writers running here (its own supervised
+        thread): each running writer's shard uppers against its source's latest offsets. A
+        stalled active writer is restarted with the backoff of a failed one (logged with the
+        datastream, worker and partitions, counted); a writer seen advancing or caught up is
+        healthy again. Standbys commit nothing: their source answering is their health."""
+        running = {
+            ds: w
+            for ds, w in list(self.writers.items())
+            if w.running and w.runner is not None and w.error is None
+        }
+        for ds in self.stall_watch.watching() - set(running):
+            self.stall_watch.forget(ds)
+        if not running:
+            return
+        answers = latest_offsets_of(
+            {ds: spec_reader(w.runner.spec.source) for ds, w in running.items() if w.runner}
+        )
+        now = self.clock.now()
+        for ds, w in running.items():
+            latest = answers[ds]
+            if isinstance(latest, Exception) or w.runner is None:
+                continue  # the writer meets the same source: its own error says why
+            if w.role != "active":
+                w.last_error = w.error_since = None
+                w.stalled = None
+                continue
+            table = w.runner.spec.table_name
+            uppers = {sh.partition: sh.upper for sh in self.catalog.store.list_shards(table)}
+            verdict = self.stall_watch.observe(ds, uppers, latest, now)
+            if verdict.healthy:
+                if w.last_error is not None or w.stalled is not None:
+                    log.info("writer %s on %s advances again", ds, self.id)
+                w.last_error = w.error_since = None
+                w.stalled = None
+            elif verdict.stall is not None:
+                self._restart_stalled(w, verdict.stall)
+
+    def _restart_stalled(self, w: _Writer, stall: Stall) -> None:
+        """Take a stalled writer down as if it had failed: the tick restarts it after the
+        backoff (a shared query's member: the query restarts without it, then with it)."""
+        ds = w.datastream
+        message = stall.describe(self.clock.now())
+        self.stall_restarts[ds] = self.stall_restarts.get(ds, 0) + 1
+        log.error(
+            "watchdog: writer %s on worker %s is %s; restarting it (stall restart %d)",
+            ds,
+            self.id,
+            message,
+            self.stall_restarts[ds],
+        )
+        w.stalled = stall
+        self.stall_watch.forget(ds)
+        self._failed(w, message)
+        if not self.shared_query and w.runner is not None:
+            w.runner.stop()  # its thread ends; the tick starts a new writer after the backoff
+
+    def health(self, w: _Writer) -> dict[str, Any]:
+        """A writer's health as the REST record, CLI and console show it: ``running``,
+        ``retrying`` (failed; restarted after a backoff and not yet seen advancing),
+        ``stalled`` (its upper stopped while its source holds newer records) or ``starting``
+        (waiting for its state directory), with the error and since when."""
+        if w.stalled is not None:
+            status = "stalled"
+        elif w.last_error is not None:
+            status = "retrying"
+        elif w.running:
+            status = "running"
+        else:
+            status = "starting"
+        retry_at = w.failed_at + self._backoff(w) if w.error is not None and w.failed_at else None
+        return {
+            "status": status,
+            "error": w.last_error,
+            "since": w.error_since,
+            "failures": w.failures + (1 if w.error else 0),
+            "retry_at": retry_at,
+            "stalled": w.stalled.to_dict() if w.stalled is not None else None,
+            "stall_restarts": self.stall_restarts.get(w.datastream, 0),
+        }
 
     def _stop_writer(self, ds: str) -> None:
         w = self.writers.pop(ds)
@@ -433,6 +558,7 @@ class Worker:
                 "running": w.running,
                 "locked": w.state_dir.held,
                 "error": w.error,
+                "health": self.health(w),
             }
             for w in hosted
         ]
@@ -554,6 +680,7 @@ class Worker:
         alive = self.seal_loop.alive
         return [
             self.beat_loop.status(),
+            self.watch_loop.status(),
             self.seal_loop.status(),
             *(s.status(alive=alive) for _, s in sorted(self.seal_supervisors.items())),
             *self.maintainer.loop_statuses(alive=alive),
@@ -565,6 +692,7 @@ class Worker:
         self._heartbeat()
         self.beat_loop.start()
         self.seal_loop.start()
+        self.watch_loop.start()
         while not self._stop.is_set():
             try:
                 self.tick()
@@ -573,6 +701,7 @@ class Worker:
                 # store briefly unreachable) runs again next time instead of ending the process.
                 log.warning("worker %s tick failed: %s", self.id, exc)
             self._stop.wait(self.settings.tick_seconds)
+        self.watch_loop.stop()
         self.seal_loop.stop()  # lets a seal in progress finish first
         self.beat_loop.stop()  # before the last heartbeat, which says STOPPED
         self._stop_shared()

@@ -447,9 +447,22 @@ class SegmentSink(DataSourceStreamArrowWriter):
 
 @dataclass
 class GroupMessage(WriterCommitMessage):
-    """A shared query's write task: the :class:`SinkMessage` of each member it wrote."""
+    """A shared query's write task: the :class:`SinkMessage` of each member it wrote, and the
+    error of each member whose part failed (``TypeName: message``, as a traceback ends)."""
 
     messages: dict[str, SinkMessage] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+class MemberWriteError(Exception):
+    """A shared query's member whose part of a write task failed: raised by the commit once
+    the other members have committed the batch. Its text is the member's own error
+    (``BadRecordError: ...``), so the worker treats it as that member's error alone."""
+
+
+def _member_failure(exc: BaseException) -> str:
+    text = (str(exc).splitlines() or [""])[0][:2000]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class GroupSink(DataSourceStreamArrowWriter):
@@ -457,7 +470,9 @@ class GroupSink(DataSourceStreamArrowWriter):
     per member datastream, each writing and committing exactly as it would alone (its table,
     its epochs, its standby gate, its commit log). A member's commit is its own transaction:
     one member fenced, gapped or failing does not keep the others from committing the batch;
-    its error is raised after they have committed, carrying :data:`MEMBER_NOTE`."""
+    its error is raised after they have committed, carrying :data:`MEMBER_NOTE`. A member
+    whose part of a write task fails does not fail the task either (the task holds the
+    others' parts): it commits nothing of the batch, and its error is raised likewise."""
 
     def __init__(self, options: GroupSinkOptions, stores: StoreRegistry | None = None) -> None:
         self.members = {n: SegmentSink(o, stores) for n, o in sorted(options.members.items())}
@@ -481,11 +496,21 @@ class GroupSink(DataSourceStreamArrowWriter):
                 )
             parts[name] = raw.filter(pc.equal(member, pa.scalar(name))).drop_columns(["member"])
 
-        def write(name: str) -> SinkMessage:
-            with member_errors(name):
+        def write(name: str) -> SinkMessage | str:
+            """The member's message, or its error: a member's failure (a bad record with
+            ``bad_records: fail``, its source not answering) must not fail the task, which
+            holds the other members' parts too; the commit raises it after they committed."""
+            try:
                 return self.members[name].write(iter(parts[name].to_batches()))
+            except Exception as exc:
+                log.warning("datastream %s: its part of a write task failed: %s", name, exc)
+                return _member_failure(exc)
 
-        return GroupMessage(each_member(list(parts), write, "member-write"))
+        done = each_member(list(parts), write, "member-write")
+        return GroupMessage(
+            {n: m for n, m in done.items() if isinstance(m, SinkMessage)},
+            {n: m for n, m in done.items() if isinstance(m, str)},
+        )
 
     def _of(
         self, name: str, messages: list[WriterCommitMessage | None]
@@ -493,11 +518,28 @@ class GroupSink(DataSourceStreamArrowWriter):
         return [m.messages.get(name) if isinstance(m, GroupMessage) else None for m in messages]
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Commit each member's part of the batch in its own transaction. A member whose part
+        of some write task failed commits nothing of the batch (its staged files are
+        deleted): the others commit, then its error is raised naming it."""
         errors: list[Exception] = []
+        failed: dict[str, str] = {}
+        for m in messages:
+            if isinstance(m, GroupMessage):
+                for name, error in m.failed.items():
+                    failed.setdefault(name, error)
         for name, sink in self.members.items():
             mine: list[WriterCommitMessage | None] = [
                 m for m in self._of(name, messages) if m is not None
             ]
+            if name in failed:
+                if mine:
+                    sink.abort([*mine, None], batchId)  # deletes what it staged
+                try:
+                    with member_errors(name):
+                        raise MemberWriteError(failed[name])
+                except MemberWriteError as exc:
+                    errors.append(exc)
+                continue
             if not mine:
                 continue
             try:

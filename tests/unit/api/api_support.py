@@ -100,3 +100,62 @@ def serve(app: FastAPI) -> Iterator[str]:
         server.should_exit = True
         thread.join(30)
         sock.close()
+
+
+def run_failing_writer(
+    catalog: Catalog, controller: Any, clock: ManualClock, state_root: Path, worker_id: str
+) -> Any:
+    """Run the writers of the datastreams created so far on a real :class:`Worker` whose
+    query cannot start for every datastream whose source cannot be read (as a Kafka topic
+    that does not exist): the worker heartbeats its writers' health. Spark is a stand-in
+    that accepts the query's set-up calls; each member's start reads its source first."""
+    from unittest.mock import MagicMock
+
+    from millstream.control.worker import Worker
+
+    heartbeat(catalog.store, worker_id, status="RUNNING", info={}, clock=clock)
+    controller.tick()  # READY, assigned to the worker
+    worker = Worker(
+        catalog,
+        MagicMock(name="spark"),
+        worker_id=worker_id,
+        settings=controller.settings,
+        clock=clock,
+        state_root=state_root,
+    )
+    worker.tick()
+    assert worker.shared_thread is not None
+    worker.shared_thread.join(30)  # the member's start failed
+    worker._heartbeat()
+    return worker
+
+
+def ingest_range(catalog: Catalog, spec: Any, partition: int, lo: int, hi: int) -> None:
+    """What a write task and the sink's commit do for one range of ``spec``'s source (no
+    Spark): read, decode, stage the rows and the bad records, commit both tables at once."""
+    import pyarrow as pa
+
+    from millstream.ingest.decode import dead_letter_rows, decode_records
+    from millstream.ingest.sources import spec_reader
+    from millstream.ingest.sources.base import RAW_SCHEMA
+    from millstream.table.commit import StagedWrite, commit_writes
+    from millstream.table.writer import stage_rows
+
+    batches = list(spec_reader(spec.source).read_range(partition, lo, hi))
+    raw = pa.Table.from_batches(batches).select(["partition", "offset", "key", "value"])
+    n = raw.num_rows
+    raw = raw.append_column("range_lo", pa.array([lo] * n, pa.int64()))
+    raw = raw.append_column("range_hi", pa.array([hi] * n, pa.int64()))
+    raw = raw.append_column("is_marker", pa.array([False] * n)).cast(RAW_SCHEMA)
+    table_spec = catalog.table(spec.table_name).spec
+    decoded = decode_records(table_spec, raw)
+    data = stage_rows(catalog.deep, table_spec, decoded.rows)
+    dl_spec = catalog.table(spec.dead_letter_table).spec
+    dead = stage_rows(catalog.deep, dl_spec, dead_letter_rows(decoded.dead))
+    commit_writes(
+        catalog.store,
+        catalog.deep,
+        spec.table_name,
+        [StagedWrite({partition: (lo, hi)}, data, dead)],
+        dead_letter_table=spec.dead_letter_table,
+    )

@@ -62,7 +62,7 @@ def test_promtool_accepts_the_rules_and_the_example_config() -> None:
         done = subprocess.run(["promtool", *args], capture_output=True, text=True, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
     assert (
-        "SUCCESS: 9 rules found"
+        "SUCCESS: 10 rules found"
         in subprocess.run(
             ["promtool", "check", "rules", str(RULES)], capture_output=True, text=True, check=True
         ).stdout

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import TOKEN, serve, store_snapshot, write_lines
+from api_support import TOKEN, run_failing_writer, serve, store_snapshot, write_lines
 from typer.testing import CliRunner
 
 from millstream.api import create_app
@@ -18,6 +18,7 @@ from millstream.catalog import Catalog
 from millstream.cli.app import app as cli
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller
+from millstream.ingest.sources.kafka import CONSUMERS
 from millstream.metastore.models import ShardAppend
 
 
@@ -313,3 +314,43 @@ def test_update_refuses_an_incompatible_change_with_exit_4_naming_column_and_rul
     assert "column 'status'" in result.output
     assert "string -> long is not a lossless widening" in result.output
     assert store_snapshot(catalog.store) == before
+
+
+def test_a_failing_datastream_looks_failed_in_list_and_show_and_create_warns(
+    run: Cli,
+    catalog: Catalog,
+    controller: Controller,
+    clock: ManualClock,
+    tmp_path: Path,
+    kafka_broker: Any,
+) -> None:
+    spec = tmp_path / "broken.yaml"
+    spec.write_text(
+        f"""
+name: broken
+source: {{kind: kafka, bootstrap_servers: "{kafka_broker.bootstrap}", topic: no-such}}
+table: {{mode: upsert, primary_key: [id]}}
+schema: {{id: long, status: string}}
+"""
+    )
+    created = run("datastream", "create", "-f", str(spec))
+    assert created.exit_code == 0, created.output  # created all the same
+    assert "datastream broken is INITIALIZING (created)" in created.stdout
+    assert "warning: cannot read the latest offsets of kafka topic 'no-such'" in created.stderr
+    assert "the topic was not found" in created.stderr
+
+    worker = run_failing_writer(catalog, controller, clock, tmp_path / "state", "worker-b")
+    try:
+        listed = run("datastream", "list")
+        assert listed.exit_code == 0, listed.output
+        row = next(line for line in listed.stdout.splitlines() if "broken" in line)
+        assert "READY" in row and "retrying for" in row and "(1 failure)" in row
+        shown = run("datastream", "show", "broken")
+        assert shown.exit_code == 0, shown.output
+        writer = next(line for line in shown.stdout.splitlines() if "writer:" in line)
+        assert "retrying for" in writer and "kafka topic 'no-such'" in writer
+        assert "the topic was not found" in writer
+        assert "last error" not in shown.stdout  # the record's own error is empty: READY
+    finally:
+        worker._stop_shared()
+        CONSUMERS.close()  # its clients of the test broker, before the broker stops

@@ -21,7 +21,15 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import yaml
-from api_support import TOKEN, beat, serve, spec_body, write_lines
+from api_support import (
+    TOKEN,
+    beat,
+    ingest_range,
+    run_failing_writer,
+    serve,
+    spec_body,
+    write_lines,
+)
 from selenium import webdriver
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
@@ -38,6 +46,7 @@ from millstream.control.workers import heartbeat
 from millstream.core.lifecycle import State
 from millstream.datastream import DatastreamSpec
 from millstream.errors import SegmentUnavailableError
+from millstream.ingest.sources.kafka import CONSUMERS
 from millstream.metastore.models import ShardAppend
 from millstream.sealing.sealer import Sealer, SealFaults
 
@@ -359,7 +368,10 @@ def test_creating_from_yaml_posts_the_spec_as_the_cli_does(
     browser.execute_script("arguments[0].value = arguments[1]", spec, text)
     click(browser, "#create")
 
-    assert "created datastream payments" in wait_text(browser, "#alerts", "payments")
+    created_text = wait_text(browser, "#alerts", "payments")
+    assert "created datastream payments" in created_text
+    # Its source directory does not exist yet: created all the same, with the API's warning.
+    assert f"Warning: cannot read the latest offsets of files under {source_dir}" in created_text
     wait_text(browser, "#datastream-list", "payments", "INITIALIZING")
     created = cluster.get("payments")
     assert created.spec == DatastreamSpec.parse(yaml.safe_load(text))
@@ -408,3 +420,157 @@ def test_the_console_is_served_from_the_package_and_root_redirects(console: str)
         for asset in ("console.js", "yaml.js", "console.css"):
             assert client.get(f"/ui/{asset}").status_code == 200
         assert "/ui/" not in client.get("/openapi.json").json()["paths"]
+
+
+def test_a_failing_datastream_shows_its_writer_failing_on_the_main_page(
+    browser: WebDriver,
+    catalog: Catalog,
+    controller: Controller,
+    clock: ManualClock,
+    tmp_path: Path,
+    kafka_broker: Any,
+    shots: Path,
+) -> None:
+    """READY with an empty last error, and its writer failing every few seconds (a topic that
+    does not exist): the main page says so, with the error and since when."""
+    Registry(catalog.store, clock=clock).create(
+        DatastreamSpec.parse(
+            {
+                "name": "broken",
+                "source": {
+                    "kind": "kafka",
+                    "bootstrap_servers": kafka_broker.bootstrap,
+                    "topic": "no-such",
+                },
+                "schema": {"id": "long", "status": "string"},
+                "table": {"mode": "upsert", "primary_key": ["id"]},
+            }
+        )
+    )
+    worker = run_failing_writer(catalog, controller, clock, tmp_path / "state", "worker-b")
+    try:
+        with serve(create_app(catalog, controller=controller, clock=clock)) as url:
+            browser.get("about:blank")  # an earlier test's page polls its stopped server
+            page_logs(browser, url)
+            browser.get(url + "/ui/#/datastreams")
+            row = 'tr[data-datastream="broken"]'
+            wait_text(browser, f"{row} .ds-state", "READY")
+            health = wait_text(browser, f"{row} .ds-health", "retrying for", "next try in")
+            assert "kafka topic 'no-such'" in health and "the topic was not found" in health
+            assert "error-text" in (
+                browser.find_element(By.CSS_SELECTOR, f"{row} .ds-health").get_attribute("class")
+                or ""
+            )
+            browser.save_screenshot(str(shots / "console-failing-datastream.png"))
+            # The table's page says it too, beside the state.
+            browser.get(url + "/ui/#/tables/broken")
+            assert "the topic was not found" in wait_text(browser, "#writer-health", "retrying")
+            js_errors, urls = page_logs(browser, url)
+            assert not js_errors, js_errors
+            assert_offline(urls)
+            browser.get("about:blank")  # no poll of this server after it stops
+    finally:
+        worker._stop_shared()
+        CONSUMERS.close()  # its clients of the test broker, before the broker stops
+
+
+def test_the_table_page_figures_agree_with_the_metrics(
+    browser: WebDriver,
+    catalog: Catalog,
+    controller: Controller,
+    clock: ManualClock,
+    source_dir: Path,
+) -> None:
+    """A 5-row upsert table holding 8 row versions (3 keys updated, not sealed yet): the
+    page's rows are millstream_table_rows' 5, the stored versions are shown as such, and no
+    chart label reads a negative zero."""
+    lines = [{"id": i % 5, "status": f"v{i}"} for i in range(8)]
+    d = source_dir / "0"
+    d.mkdir(parents=True)
+    (d / "00000.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    spec = DatastreamSpec.parse(spec_body("five", source_dir))
+    Registry(catalog.store, clock=clock).create(spec)
+    controller.tick()
+    ingest_range(catalog, spec, 0, 0, 8)
+    with serve(create_app(catalog, controller=controller, clock=clock)) as url:
+        metric = next(
+            line
+            for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines()
+            if line.startswith('millstream_table_rows{table="five"}')
+        )
+        assert metric.split()[-1] == "5.0"
+        browser.get("about:blank")  # an earlier test's page polls its stopped server
+        page_logs(browser, url)
+        browser.get(url + "/ui/#/tables/five")
+        assert wait_text(browser, "#rows", "5") == "5"
+        assert wait_text(browser, "#row-versions", "8") == "8"
+        WebDriverWait(browser, WAIT).until(lambda _: samples(browser) >= 2)
+        labels = [
+            e.text for e in browser.find_elements(By.CSS_SELECTOR, "svg.chart text") if e.text
+        ]
+        assert labels and not [t for t in labels if t.startswith("-0")], labels
+        # The axis's own formatting of a rate a hair below zero (float noise) reads 0.
+        assert browser.execute_script("return short(-0.0001) + '/s'") == "0/s"
+        js_errors, _ = page_logs(browser, url)
+        assert not js_errors, js_errors
+        browser.get("about:blank")  # no poll of this server after it stops
+
+
+def test_a_stalled_writer_shows_on_the_main_page_and_the_errors_page(
+    browser: WebDriver,
+    catalog: Catalog,
+    controller: Controller,
+    clock: ManualClock,
+    source_dir: Path,
+) -> None:
+    """What a worker's watchdog reports for a stalled writer (its heartbeat's ``health``)."""
+    write_lines(source_dir, 0, 15)
+    Registry(catalog.store, clock=clock).create(
+        DatastreamSpec.parse(spec_body("orders", source_dir))
+    )
+    beat(catalog, clock, "worker-a", "orders")
+    controller.tick()
+    since = clock.now() - 400
+    stall = (
+        "stalled: datastream 'orders' has not advanced for 400 s while its source holds "
+        "newer records: partition 0 at offset 10 (source latest 15)"
+    )
+    health = {
+        "status": "stalled",
+        "error": stall,
+        "since": since,
+        "failures": 1,
+        "retry_at": clock.now() + 5,
+        "stalled": {"since": since, "partitions": {"0": {"upper": 10, "latest": 15}}},
+        "stall_restarts": 1,
+    }
+    heartbeat(
+        catalog.store,
+        "worker-a",
+        status="RUNNING",
+        info={
+            "writers": [
+                {
+                    "datastream": "orders",
+                    "role": "active",
+                    "running": False,
+                    "error": stall,
+                    "health": health,
+                }
+            ]
+        },
+        clock=clock,
+    )
+    with serve(create_app(catalog, controller=controller, clock=clock)) as url:
+        browser.get("about:blank")  # an earlier test's page polls its stopped server
+        page_logs(browser, url)
+        browser.get(url + "/ui/#/datastreams")
+        cell = wait_text(browser, 'tr[data-datastream="orders"] .ds-health', "stalled for")
+        assert "partition 0 at offset 10 (source latest 15)" in cell
+        browser.get(url + "/ui/#/errors")
+        errors = wait_text(browser, "#page", "writer of orders on worker worker-a (stalled)")
+        assert "The watchdog restarts the writer with backoff (restarts so far: 1)" in errors
+        assert "pause and resume orders" in errors
+        js_errors, _ = page_logs(browser, url)
+        assert not js_errors, js_errors
+        browser.get("about:blank")  # no poll of this server after it stops

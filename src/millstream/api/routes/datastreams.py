@@ -9,6 +9,7 @@ from fastapi import APIRouter, Body, Depends, Query, Response, status
 
 from millstream.api.context import ApiContext, get_context
 from millstream.api.models import ChangeOut, DatastreamOut, DatastreamUpdateOut, ErrorOut
+from millstream.api.status import upstream_offsets, writer_health
 from millstream.core.lifecycle import Command
 from millstream.datastream import DatastreamSpec
 
@@ -55,20 +56,35 @@ SPEC_BODY = Body(
 def create_datastream(
     ctx: Ctx, response: Response, spec: Annotated[dict[str, Any], SPEC_BODY]
 ) -> DatastreamOut:
-    """Create a datastream (INITIALIZING); the leader creates its table and makes it READY."""
-    rec = ctx.registry.create(DatastreamSpec.parse(spec))
+    """Create a datastream (INITIALIZING); the leader creates its table and makes it READY.
+    Its source is probed first (its latest offsets, within the API's upstream timeout): one
+    that cannot be reached does not stop the create, the response's ``warnings`` say why."""
+    parsed = DatastreamSpec.parse(spec)
+    probe = upstream_offsets([parsed], ctx.upstream_timeout)[parsed.name]
+    rec = ctx.registry.create(parsed)
     response.headers["Location"] = f"/datastreams/{rec.name}"
-    return DatastreamOut.of(rec)
+    warnings = []
+    if probe.error is not None:
+        warnings.append(
+            f"{probe.error}; the datastream was created and its writer will retry (its "
+            "health shows the error)"
+        )
+    return DatastreamOut.of(rec, warnings=warnings)
 
 
 @router.get("", response_model=list[DatastreamOut])
 def list_datastreams(ctx: Ctx) -> list[DatastreamOut]:
-    return [DatastreamOut.of(r) for r in ctx.registry.list()]
+    """Every datastream, with its writer's ``health`` while READY."""
+    records = ctx.registry.list()
+    health = writer_health(ctx, records)
+    return [DatastreamOut.of(r, health=health.get(r.name)) for r in records]
 
 
 @router.get("/{name}", response_model=DatastreamOut, responses=NOT_FOUND)
 def get_datastream(ctx: Ctx, name: str) -> DatastreamOut:
-    return DatastreamOut.of(ctx.registry.get(name))
+    """The datastream's record, with its writer's ``health`` while READY."""
+    rec = ctx.registry.get(name)
+    return DatastreamOut.of(rec, health=writer_health(ctx, [rec]).get(rec.name))
 
 
 @router.patch(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 
 from millstream.api.context import ApiContext, get_context
 from millstream.api.models import (
@@ -31,9 +31,11 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
 
 
 @router.get("/{table}/segments", response_model=TableSegmentsOut, responses=NOT_FOUND)
-def table_segments(ctx: Ctx, table: str) -> TableSegmentsOut:
-    """The segments of the table's current manifest, grouped by partition."""
+def table_segments(ctx: Ctx, request: Request, table: str) -> TableSegmentsOut:
+    """The segments of the table's current manifest, grouped by partition, and the table's
+    live rows (what a read returns, as ``millstream_table_rows`` says)."""
     manifest = ctx.catalog.manifest(table)
+    live = request.app.state.live_rows.rows().get(table)
     by_partition: dict[int, list[SegmentOut]] = {}
     for e in manifest.entries:
         by_partition.setdefault(e.partition, []).append(SegmentOut.of(e))
@@ -45,6 +47,7 @@ def table_segments(ctx: Ctx, table: str) -> TableSegmentsOut:
         segment_count=len(manifest.entries),
         row_count=manifest.row_count - deleted,
         deleted_rows=deleted,
+        live_rows=live,
         partitions=[
             PartitionSegmentsOut(
                 partition=p,

@@ -199,6 +199,17 @@ function command(name, cmd) {
   });
 }
 
+// A READY datastream's writer health (the REST record's `health`): running, retrying with
+// the error and since when, stalled; empty in other states (the state says it).
+function healthText(h) {
+  if (!h) return "";
+  if (h.status === "running" || h.status === "starting") return h.status;
+  if (h.status === "not running") return "not running (no live worker runs it)";
+  const since = h.since ? ` for ${ago(serverNow() - h.since)}` : "";
+  const retry = h.retry_at ? `, next try in ${ago(h.retry_at - serverNow())}` : "";
+  return `${h.status}${since}${retry}${h.error ? `: ${h.error}` : ""}`;
+}
+
 function datastreamRow(d) {
   const buttons = Object.entries(COMMANDS).map(([cmd, from]) =>
     el(
@@ -221,6 +232,11 @@ function datastreamRow(d) {
     { "data-datastream": d.name },
     el("td", {}, el("strong", {}, d.name)),
     el("td", { class: "ds-state" }, badge(d.state)),
+    el(
+      "td",
+      { class: `ds-health${d.health && d.health.status !== "running" && d.health.status !== "starting" ? " error-text" : ""}` },
+      healthText(d.health),
+    ),
     el("td", {}, el("a", { href: `#/tables/${encodeURIComponent(d.table)}` }, d.table)),
     el("td", {}, describeSource(d.spec.source)),
     num(d.version),
@@ -253,7 +269,8 @@ const datastreamsPage = {
           throw new ApiError(0, { error: "InvalidSpecError", message: `invalid spec: not valid YAML: ${e.message}` }, "create");
         }
         const rec = await api("POST", "/datastreams", body);
-        return `created datastream ${rec.name} (${rec.state}; the controller makes it READY once its table exists)`;
+        const warned = (rec.warnings || []).map((w) => ` Warning: ${w}`).join("");
+        return `created datastream ${rec.name} (${rec.state}; the controller makes it READY once its table exists)${warned}`;
       });
     root.append(
       el("h2", {}, "Datastreams"),
@@ -274,7 +291,7 @@ const datastreamsPage = {
     const list = await api("GET", "/datastreams");
     fill(this.list, list, () =>
       table(
-        ["Name", "State", "Table", "Source", { label: "Version", num: true }, "Updated", "Last error", "Actions"],
+        ["Name", "State", "Writer", "Table", "Source", { label: "Version", num: true }, "Updated", "Last error", "Actions"],
         list.map(datastreamRow),
         "No datastream yet: create one below.",
       ),
@@ -282,7 +299,7 @@ const datastreamsPage = {
     // The "updated" ages go stale between changes; refresh them in place.
     for (const d of list) {
       const row = this.list.querySelector(`tr[data-datastream="${CSS.escape(d.name)}"]`);
-      if (row) row.children[5].textContent = sinceEpoch(d.updated_at);
+      if (row) row.children[6].textContent = sinceEpoch(d.updated_at);
     }
   },
 };
@@ -378,6 +395,8 @@ function chart(samples) {
 }
 
 function short(v) {
+  // A figure rounded to zero reads 0, never -0.00 (a rate or a lag is never below zero).
+  if (!(Math.abs(v) >= 0.005)) return "0";
   if (v >= 1e6) return (v / 1e6).toFixed(1) + "M";
   if (v >= 1e4) return (v / 1e3).toFixed(0) + "k";
   if (v >= 100) return v.toFixed(0);
@@ -430,7 +449,8 @@ const tablePage = {
     const last = samples[samples.length - 1];
     const ds = streams.find((d) => d.name === info.datastream);
     const seg = ds ? ds.spec.segments || {} : null;
-    fill(this.head, [info.datastream, info.state, info.upstream_error, seg], () =>
+    const health = ds ? healthText(ds.health) : "";
+    fill(this.head, [info.datastream, info.state, info.upstream_error, seg, health], () =>
       el(
         "div",
         {},
@@ -441,6 +461,7 @@ const tablePage = {
           info.datastream ? el("strong", {}, info.datastream) : "–",
           " ",
           info.state ? badge(info.state) : "",
+          health ? el("span", { id: "writer-health", class: ds.health.status === "running" ? "" : "error-text" }, ` writer ${health}`) : "",
           seg
             ? ` · sealing ${seg.pauseless === false ? "inline" : "pauseless"}, compaction ${
                 seg.compaction === false ? "off" : `on (${seg.compaction_min_segments || 4} segments at a time)`
@@ -451,11 +472,12 @@ const tablePage = {
       ),
     );
     const lagTotal = info.partitions.reduce((s, p) => s + (p.records_lag || 0), 0);
-    fill(this.cards, [segs.row_count, segs.segment_count, segs.deleted_rows, segs.manifest_version, lagTotal, last.freshness, last.rate], () =>
+    fill(this.cards, [segs.live_rows, segs.row_count, segs.segment_count, segs.deleted_rows, segs.manifest_version, lagTotal, last.freshness, last.rate], () =>
       el(
         "div",
         { class: "grid" },
-        card("rows (minus deleted)", fmt(segs.row_count)),
+        card("rows", segs.live_rows === null || segs.live_rows === undefined ? "–" : fmt(segs.live_rows), "rows"),
+        card("row versions stored (merged on read)", fmt(segs.row_count), "row-versions"),
         card("segments", fmt(segs.segment_count)),
         card("records lag (all partitions)", fmt(lagTotal)),
         card("freshness (largest availability lag)", last.freshness === null ? "–" : ago(last.freshness), "freshness"),
@@ -673,7 +695,14 @@ const errorsPage = {
         });
       }
       for (const x of w.writers) {
-        if (x.error) {
+        if (x.health && x.health.status === "stalled") {
+          rows.push({
+            where: `writer of ${x.datastream} on worker ${w.id} (stalled)`,
+            when: x.health.since,
+            error: x.health.error || "stalled",
+            action: `The watchdog restarts the writer with backoff (restarts so far: ${x.health.stall_restarts}). If it stays stalled: pause and resume ${x.datastream}, then check its source and the metadata store; the worker's log names the partitions.`,
+          });
+        } else if (x.error) {
           rows.push({ where: `writer of ${x.datastream} on worker ${w.id}`, when: w.heartbeat_at, error: x.error, action: "The worker restarts the writer after a backoff (doubling, up to 5 min); fix what the error names (the source, the stores). Errors that need you put the datastream in ERROR." });
         }
       }

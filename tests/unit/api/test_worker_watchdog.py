@@ -1,0 +1,291 @@
+"""No silent stalls: a writer whose shard upper stops moving while its source holds newer
+records is reported (its health in the REST record, ``millstream_datastream_stalled``,
+debugInfo) and restarted with backoff by its worker's watchdog; a healthy idle datastream
+(no new records, for an hour) raises nothing, nor does the first record after the idle hour.
+
+The writers here are wedged stand-ins for the Spark query: they start as the real one does
+(tables and shards created at the uppers) and never commit. The stall time passes on a
+:class:`ManualClock`: no test sleeps it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from api_support import TestClient, write_lines
+
+from millstream.api import create_app
+from millstream.catalog import Catalog
+from millstream.clock import ManualClock
+from millstream.control import worker as worker_module
+from millstream.control.controller import Controller, ControlSettings
+from millstream.control.registry import Registry
+from millstream.control.worker import Worker
+from millstream.control.workers import heartbeat
+from millstream.datastream import DatastreamSpec
+from millstream.errors import InvalidSpecError
+from millstream.metastore.models import ShardAppend
+from millstream.storage.statedir import StateDirectory
+
+STALL = 300.0
+
+
+class WedgedQuery:
+    """The shared query of a worker whose commits never advance: it starts as the real one
+    (each member's tables and shards at their uppers) and then runs without committing."""
+
+    starts: list[list[str]] = []
+
+    def __init__(self, members: list[Any], spark: Any, state_dir: StateDirectory) -> None:
+        self.members = {m.spec.name: m for m in members}
+        self._stop = threading.Event()
+        for m in members:
+            m.ensure_tables()
+            m.bootstrap()
+        WedgedQuery.starts.append(sorted(self.members))
+
+    def run(self) -> None:
+        self._stop.wait(60)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class WedgedRunner:
+    """A writer of its own (``--query-per-datastream``) that never commits."""
+
+    made: list[WedgedRunner] = []
+
+    def __init__(self, real: Any) -> None:
+        self.spec = real.spec
+        self.stats_file = real.stats_file
+        self.real = real
+        self.stopped = threading.Event()
+        self.started = threading.Event()
+        WedgedRunner.made.append(self)
+
+    def run(self, *, available_now: bool) -> None:
+        self.real.ensure_tables()
+        self.real.bootstrap()
+        self.started.set()
+        self.stopped.wait(60)
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    WedgedQuery.starts = []
+    WedgedRunner.made = []
+    monkeypatch.setattr(worker_module, "SharedQueryRunner", WedgedQuery)
+    clock = ManualClock(start=1_800_000_000.0)
+    catalog = Catalog.open(home=tmp_path / "home")
+    source = tmp_path / "orders"
+    write_lines(source, 0, 10)
+    Registry(catalog.store, clock=clock).create(
+        DatastreamSpec.parse(
+            {
+                "name": "orders",
+                "source": {"kind": "files", "path": str(source), "starting_offsets": "latest"},
+                "schema": {"id": "long", "status": "string"},
+            }
+        )
+    )
+    heartbeat(catalog.store, "w", status="RUNNING", info={}, clock=clock)
+    controller = Controller(catalog, controller_id="c", clock=clock)
+    controller.tick()  # READY, assigned to w
+    api = TestClient(create_app(catalog, controller=controller, clock=clock))
+    workers: list[Worker] = []
+
+    def worker(*, shared_query: bool = True) -> Worker:
+        w = Worker(
+            catalog,
+            None,
+            worker_id="w",
+            settings=ControlSettings(stall_seconds=STALL),
+            clock=clock,
+            state_root=tmp_path / "state",
+            shared_query=shared_query,
+        )
+        workers.append(w)
+        return w
+
+    yield catalog, clock, source, api, worker
+    for w in workers:
+        w._stop_shared()
+        for ds in list(w.writers):
+            w._stop_writer(ds)
+    catalog.close()
+
+
+def _health(api: TestClient) -> dict[str, Any]:
+    body = api.get("/datastreams/orders").json()
+    assert body["state"] == "READY"
+    return dict(body["health"])
+
+
+def _stalled_metric(api: TestClient) -> str:
+    text = api.get("/metrics").text
+    return next(
+        line.split()[-1]
+        for line in text.splitlines()
+        if line.startswith('millstream_datastream_stalled{datastream="orders"}')
+    )
+
+
+def test_a_wedged_writer_is_reported_and_restarted_with_backoff(
+    cluster: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    catalog, clock, source, api, make_worker = cluster
+    worker = make_worker()
+    worker.tick()
+    assert WedgedQuery.starts == [["orders"]]
+    assert {sh.partition: sh.upper for sh in catalog.store.list_shards("orders")} == {0: 10}
+    write_lines(source, 0, 5)  # offsets 10..14 wait; the writer never commits them
+    worker.watch()
+    worker._heartbeat()
+    assert _health(api)["status"] == "running"
+
+    clock.advance(STALL - 1)
+    worker.watch()  # behind for less than the stall time: nothing yet
+    worker._heartbeat()
+    assert _health(api)["status"] == "running" and _stalled_metric(api) == "0.0"
+
+    with caplog.at_level(logging.ERROR, logger="millstream.control.worker"):
+        clock.advance(2)
+        worker.watch()
+    assert worker.stall_restarts == {"orders": 1}
+    assert any(
+        "writer orders on worker w" in r.message and "partition 0 at offset 10" in r.message
+        for r in caplog.records
+    ), [r.message for r in caplog.records]
+    worker._heartbeat()
+    health = _health(api)
+    assert health["status"] == "stalled"
+    assert "partition 0 at offset 10 (source latest 15)" in health["error"]
+    assert health["stalled"]["partitions"] == {"0": {"upper": 10, "latest": 15}}
+    assert health["since"] == pytest.approx(clock.now() - STALL - 1)
+    assert health["worker"] == "w" and health["stall_restarts"] == 1
+    assert _stalled_metric(api) == "1.0"
+    assert 'millstream_writer_stall_restarts_total{datastream="orders",worker="w"} 1.0' in (
+        api.get("/metrics").text
+    )
+    debug = api.get("/tables/orders/debugInfo").json()["writer_health"]
+    assert debug["datastream"] == "orders" and debug["status"] == "stalled"
+    assert any(loop["loop"] == "watchdog" for loop in api.get("/workers").json()[0]["loops"])
+
+    worker.tick()  # the query stops; the writer waits out its backoff (5 s)
+    assert worker.shared is None and WedgedQuery.starts == [["orders"]]
+    clock.advance(6)
+    worker.tick()
+    assert WedgedQuery.starts == [["orders"], ["orders"]], "restarted after the backoff"
+    worker._heartbeat()
+    assert _health(api)["status"] == "stalled", "until it is seen advancing again"
+
+    # Still wedged: stalled again after a full stall time, and the backoff doubled.
+    worker.watch()
+    clock.advance(STALL + 1)
+    worker.watch()
+    assert worker.stall_restarts == {"orders": 2}
+    worker.tick()
+    clock.advance(6)
+    worker.tick()
+    assert len(WedgedQuery.starts) == 2, "within the doubled backoff (10 s)"
+    clock.advance(5)
+    worker.tick()
+    assert len(WedgedQuery.starts) == 3
+
+    # It commits again: healthy, the metric back to 0.
+    worker.watch()
+    catalog.store.compare_and_append(
+        "orders", [ShardAppend(0, 10, 15, 0, "data/orders/x.parquet", 5, 100)]
+    )
+    clock.advance(1)
+    worker.watch()
+    worker._heartbeat()
+    assert _health(api) | {"since": None} == {
+        "status": "running",
+        "error": None,
+        "since": None,
+        "retry_at": None,
+        "failures": 2,
+        "worker": "w",
+        "stalled": None,
+        "stall_restarts": 2,
+    }
+    assert _stalled_metric(api) == "0.0"
+
+
+def test_a_wedged_writer_of_its_own_is_stopped_and_started_again(cluster: Any) -> None:
+    _catalog, clock, source, api, make_worker = cluster
+    worker = make_worker(shared_query=False)
+    worker._runner = lambda spec, sd: WedgedRunner(Worker._runner(worker, spec, sd))  # type: ignore[method-assign]
+    worker.tick()
+    first = WedgedRunner.made[0]
+    assert first.started.wait(10)  # its shards exist
+    write_lines(source, 0, 5)
+    worker.watch()
+    clock.advance(STALL + 1)
+    worker.watch()
+    assert first.stopped.is_set(), "the stalled writer's query is stopped"
+    worker.writers["orders"].thread.join(10)  # type: ignore[union-attr]
+    worker.tick()
+    assert len(WedgedRunner.made) == 1, "not before its backoff"
+    clock.advance(6)
+    worker.tick()
+    assert len(WedgedRunner.made) == 2 and worker.writers["orders"].failures == 1
+    worker._heartbeat()
+    assert _health(api)["status"] == "stalled"
+
+
+def test_a_healthy_idle_datastream_raises_nothing(cluster: Any) -> None:
+    _catalog, clock, source, api, make_worker = cluster
+    worker = make_worker()
+    worker.tick()
+    for _ in range(60):  # an hour without a new record, watched every minute
+        clock.advance(60)
+        worker.watch()
+        worker.tick()
+    worker._heartbeat()
+    assert worker.stall_restarts == {}
+    assert WedgedQuery.starts == [["orders"]], "never restarted"
+    assert _health(api)["status"] == "running" and _stalled_metric(api) == "0.0"
+    # The first record after the idle hour is not a stall: the clock starts when it arrives.
+    write_lines(source, 0, 1)
+    worker.watch()
+    clock.advance(60)
+    worker.watch()
+    worker._heartbeat()
+    assert worker.stall_restarts == {} and _health(api)["status"] == "running"
+
+
+def test_the_stall_time_is_bounded() -> None:
+    for bad in (0.0, 9.9, 86_401.0):
+        with pytest.raises(InvalidSpecError, match="stall_seconds"):
+            ControlSettings(stall_seconds=bad)
+    assert ControlSettings().stall_seconds == 300.0
+
+
+def test_a_slow_writer_that_advances_is_not_stalled(cluster: Any) -> None:
+    """Behind for longer than the stall time, but its upper moves: a lag, not a stall."""
+    catalog, clock, source, api, make_worker = cluster
+    worker = make_worker()
+    worker.tick()
+    upper = 10
+    for minute in range(15):
+        write_lines(source, 0, 10)  # the producer: 10 records a minute
+        worker.watch()
+        catalog.store.compare_and_append(  # the writer: 5 a minute, never caught up
+            "orders",
+            [ShardAppend(0, upper, upper + 5, 0, f"data/orders/{minute}.parquet", 5, 100)],
+        )
+        upper += 5
+        clock.advance(60)
+    worker.watch()
+    worker._heartbeat()
+    assert worker.stall_restarts == {} and WedgedQuery.starts == [["orders"]]
+    assert _health(api)["status"] == "running" and _stalled_metric(api) == "0.0"
