@@ -2,8 +2,12 @@
 
 A read ``assign()``s and ``seek()``s one partition range and reads exactly ``[lo, hi)``;
 latest offsets come from the broker's high watermarks, asked for every partition of every
-topic in one request (:meth:`KafkaReader.latest_offsets_of`). ``client_options`` are passed to the
-client as they are (``security.protocol``, ``sasl.*`` ...).
+topic in one request (:meth:`KafkaReader.latest_offsets_of`), and are never below the
+highest offset the source has shown: a watermark that moved is checked by fetching from it
+(:meth:`KafkaReader._probe`), since a broker may answer a watermark short of records it
+serves (Tansu answers the base offset of a partition's last produce batch plus one, so a
+default-batching producer's last records were never planned). ``client_options`` are passed
+to the client as they are (``security.protocol``, ``sasl.*`` ...).
 
 Consumers are expensive to create (a connection and a metadata round trip), so a process keeps
 them in a :class:`ConsumerPool`. The pool lends each consumer to one caller at a time: a worker
@@ -23,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
 
 from millstream.errors import InvalidSpecError, SourceReadError
 from millstream.ingest.sources.base import (
@@ -41,6 +45,9 @@ STALL_TIMEOUT_S = 60.0
 #: the broker is asked again: partitions are only ever added, and a new one is planned this
 #: much later at most (a Kafka consumer's own metadata refresh is 5 minutes).
 PARTITIONS_TTL_S = 5.0
+#: How long a probe past the watermarks (:meth:`KafkaReader._probe`) waits for every partition
+#: probed to reach its end; a partition that did not is probed again at the next request.
+PROBE_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +190,12 @@ class KafkaReader(PartitionReader):
         self.headers = "headers" in (config.format.get("metadata") or {})
         #: the topic's partitions and when they were listed (monotonic seconds)
         self._partitions: tuple[float, list[int]] | None = None
+        #: per partition, one past the highest offset the source has shown (a record read,
+        #: or the end a fetch reached): the latest offset is never below it
+        self.shown: dict[int, int] = {}
+        #: per partition, the watermark last answered and the offset last probed to its end
+        self._marks: dict[int, int] = {}
+        self._probed: dict[int, int] = {}
 
     @classmethod
     def config_from_spec(cls, fields: dict[str, Any]) -> KafkaConfig:
@@ -199,7 +212,7 @@ class KafkaReader(PartitionReader):
 
     def __getstate__(self) -> dict[str, Any]:
         # A pool holds live clients: a reader shipped to another process uses that one's.
-        return {**self.__dict__, "consumers": None, "_partitions": None}
+        return {**self.__dict__, "consumers": None, "_partitions": None, "_probed": {}}
 
     @property
     def _pool(self) -> ConsumerPool:
@@ -290,8 +303,77 @@ class KafkaReader(PartitionReader):
             for i in members:
                 if out[i] is None:
                     out[i] = kafka[i]._ends(ends)
+            answered = [(kafka[i], got) for i in members if isinstance(got := out[i], dict)]
+            first._probe_past(answered)
+            for i in members:
+                got = out[i]
+                if isinstance(got, dict):
+                    shown = kafka[i].shown
+                    out[i] = {p: max(o, shown.get(p, o)) for p, o in got.items()}
         assert all(o is not None for o in out)
         return [o for o in out if o is not None]
+
+    def _probe_past(self, answered: list[tuple[KafkaReader, dict[int, int]]]) -> None:
+        """Raise each reader's :attr:`shown` to what its partitions hold past the watermarks
+        just ``answered``, probing (one fetch for all, :meth:`_probe`) only where the end to
+        probe from moved since a probe last reached it: a caught-up, idle source costs
+        nothing. A watermark below the last one answered (the topic deleted and created
+        again, the broker restarted empty) forgets what the partition showed before."""
+        todo: dict[tuple[str, int], int] = {}
+        for r, got in answered:
+            for p, w in got.items():
+                if w < r._marks.get(p, w):
+                    r.shown.pop(p, None)
+                    r._probed.pop(p, None)
+                r._marks[p] = w
+                at = max(w, r.shown.get(p, w))
+                if r._probed.get(p) != at:
+                    todo[(r.topic, p)] = max(at, todo.get((r.topic, p), at))
+        if not todo:
+            return
+        reached = self._probe(todo)
+        for r, got in answered:
+            for p in got:
+                end, settled = reached.get((r.topic, p), (None, False))
+                if end is not None:
+                    r.shown[p] = max(r.shown.get(p, end), end)
+                if settled and end is not None:
+                    r._probed[p] = end
+
+    def _probe(self, at: dict[tuple[str, int], int]) -> dict[tuple[str, int], tuple[int, bool]]:
+        """Fetch every ``(topic, partition)`` from its offset in ``at`` to its end (a fetch
+        answering nothing more: librdkafka's partition EOF). Per partition: one past the last
+        offset reached (a record, or the end), and whether the end was reached within
+        :data:`PROBE_TIMEOUT_S`. A broker whose watermark is exact answers the end at once
+        (one fetch's wait, ``fetch.wait.max.ms``); a partition the probe cannot fetch (an
+        error) is settled where it is, as its watermark says."""
+        conf = {**self.conf, "enable.partition.eof": True, "auto.offset.reset": "error"}
+        reached = {tp: (o, False) for tp, o in at.items()}
+        with self._pool.lease(conf) as c:
+            tps = [TopicPartition(t, p, o) for (t, p), o in at.items()]
+            c.assign(tps)
+            try:
+                deadline = time.monotonic() + PROBE_TIMEOUT_S
+                while (left := deadline - time.monotonic()) > 0 and not all(
+                    done for _, done in reached.values()
+                ):
+                    m = c.poll(min(left, 0.5))
+                    if m is None:
+                        continue
+                    tp = (m.topic(), m.partition())
+                    if tp not in reached:
+                        continue
+                    err = m.error()
+                    end, _ = reached[tp]
+                    if err is None:
+                        reached[tp] = (max(end, m.offset() + 1), False)
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        reached[tp] = (max(end, m.offset()), True)
+                    elif m.partition() is not None and m.partition() >= 0:
+                        reached[tp] = (end, True)  # cannot fetch it: its watermark stands
+            finally:
+                c.unassign()
+        return reached
 
     def _ends(self, answers: dict[tuple[str, int], Any]) -> dict[int, int] | Exception:
         assert self._partitions is not None
