@@ -19,6 +19,7 @@ fetching at once.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -29,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
 
-from millstream.errors import InvalidSpecError, SourceReadError
+from millstream.errors import InvalidSpecError, SourceGapError, SourceReadError
 from millstream.ingest.sources.base import (
     EXTRA_NAMES,
     RECORD_NAMES,
@@ -39,7 +40,12 @@ from millstream.ingest.sources.base import (
     records_batch,
 )
 
+log = logging.getLogger(__name__)
+
 CONSUME_BATCH = 10_000
+#: The errors of a fetch at an offset the broker no longer holds (with ``auto.offset.reset``
+#: ``error``: librdkafka's own code, or the broker's).
+_OUT_OF_RANGE = (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
 STALL_TIMEOUT_S = 60.0
 #: How long a topic's partition list is reused by :meth:`KafkaReader.latest_offsets` before
 #: the broker is asked again: partitions are only ever added, and a new one is planned this
@@ -58,19 +64,30 @@ class KafkaConfig:
     #: the record format (:func:`millstream.ingest.formats.format_config`); the reader passes
     #: values through, the sink decodes them with it
     format: dict[str, Any] = field(default_factory=dict)
+    #: records the broker deleted before they were read: ``fail`` (:class:`SourceGapError`)
+    #: or ``accept`` (go on from the first offset held; the loss is in :attr:`KafkaReader.losses`)
+    on_data_loss: str = "fail"
+    #: the datastream reading the topic, named in the reader's errors
+    datastream: str = ""
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers:
             raise InvalidSpecError("source.bootstrap_servers", "is required for a kafka source")
         if not self.topic:
             raise InvalidSpecError("source.topic", "is required for a kafka source")
+        if self.on_data_loss not in ("fail", "accept"):
+            raise InvalidSpecError(
+                "source.on_data_loss", f"{self.on_data_loss!r} is not fail or accept"
+            )
 
     def client_config(self) -> dict[str, Any]:
         return {
             "group.id": "millstream-reader",
             "enable.auto.commit": False,
             "enable.partition.eof": False,
-            "auto.offset.reset": "earliest",
+            # A range's start the broker no longer holds (retention) is an error the read
+            # handles (on_data_loss), never a silent jump to the earliest offset held.
+            "auto.offset.reset": "error",
             "session.timeout.ms": 6000,
             # A range is read only below the high watermark, so its records exist: a fetch
             # never needs to wait for data. With librdkafka's default (500 ms) a broker that
@@ -196,6 +213,9 @@ class KafkaReader(PartitionReader):
         #: per partition, the watermark last answered and the offset last probed to its end
         self._marks: dict[int, int] = {}
         self._probed: dict[int, int] = {}
+        #: ``(partition, first, end)`` of the offsets a read skipped because the broker no
+        #: longer held them (``on_data_loss: accept``); the sink reports them with its commit
+        self.losses: list[tuple[int, int, int]] = []
 
     @classmethod
     def config_from_spec(cls, fields: dict[str, Any]) -> KafkaConfig:
@@ -208,11 +228,19 @@ class KafkaReader(PartitionReader):
             fields["topic"],
             dict(fields.get("options") or {}),
             format_config(fields),
+            on_data_loss=fields.get("on_data_loss") or "fail",
+            datastream=fields.get("datastream") or "",
         )
 
     def __getstate__(self) -> dict[str, Any]:
         # A pool holds live clients: a reader shipped to another process uses that one's.
-        return {**self.__dict__, "consumers": None, "_partitions": None, "_probed": {}}
+        return {
+            **self.__dict__,
+            "consumers": None,
+            "_partitions": None,
+            "_probed": {},
+            "losses": [],
+        }
 
     @property
     def _pool(self) -> ConsumerPool:
@@ -482,6 +510,9 @@ class KafkaReader(PartitionReader):
             for m in msgs:
                 p = m.partition()
                 if m.error() is not None:
+                    if m.error().code() in _OUT_OF_RANGE and p in position:
+                        position[p] = self._past_lost(c, p, position[p], bounds[p][1])
+                        continue
                     raise SourceReadError(
                         f"kafka topic {self.topic!r}", str(m.error()), partition=p, topic=self.topic
                     )
@@ -514,6 +545,10 @@ class KafkaReader(PartitionReader):
                         continue
                     tp = TopicPartition(self.topic, p)
                     low, high = c.get_watermark_offsets(tp, timeout=10)
+                    if low > position[p]:  # deleted without the broker saying so
+                        position[p] = self._past_lost(c, p, position[p], bounds[p][1], low)
+                        last_progress = time.monotonic()
+                        continue
                     if position[p] >= low and high >= bounds[p][1]:
                         position[p] = bounds[p][1]  # compacted or markers: nothing more
                         continue
@@ -541,6 +576,10 @@ class KafkaReader(PartitionReader):
             headers: list[str | None] | None = [] if self.headers else None
             for m in msgs:
                 if m.error() is not None:
+                    if m.error().code() in _OUT_OF_RANGE and not offsets:
+                        position = self._past_lost(c, partition, position, hi)
+                        last_progress = time.monotonic()
+                        break
                     raise SourceReadError(
                         f"kafka topic {self.topic!r}",
                         str(m.error()),
@@ -564,6 +603,10 @@ class KafkaReader(PartitionReader):
                 # Offsets below the high watermark that never arrive (compacted, or
                 # transaction markers at the end): the range holds no more records.
                 low, high = c.get_watermark_offsets(tp, timeout=10)
+                if low > position:  # deleted without the broker saying so
+                    position = self._past_lost(c, partition, position, hi, low)
+                    last_progress = time.monotonic()
+                    continue
                 if position >= low and high >= hi:
                     break
                 raise SourceReadError(
@@ -573,6 +616,43 @@ class KafkaReader(PartitionReader):
                     partition=partition,
                     topic=self.topic,
                 )
+
+    def _past_lost(
+        self, c: Any, partition: int, position: int, hi: int, low: int | None = None
+    ) -> int:
+        """Where the read of ``partition`` (assigned to ``c``, up to ``hi``) goes on when the
+        broker no longer holds ``position``: its first offset held (``low`` if known). The
+        offsets between are lost: :class:`SourceGapError` with ``on_data_loss: fail``, the
+        default; with ``accept`` they are recorded in :attr:`losses` and logged, and the read
+        seeks past them."""
+        tp = TopicPartition(self.topic, partition)
+        if low is None:
+            low, _ = c.get_watermark_offsets(tp, timeout=10)
+        end = min(low, hi)
+        if low <= position:  # nothing deleted below it: the broker's error stands
+            raise SourceReadError(
+                f"kafka topic {self.topic!r}",
+                f"offset {position} is out of range although the first offset held is {low}",
+                partition=partition,
+                topic=self.topic,
+            )
+        name = self.config.datastream or "?"
+        if self.config.on_data_loss != "accept":
+            raise SourceGapError(name, self.topic, partition, position, end, low)
+        log.warning(
+            "datastream %s: kafka topic %r partition %d no longer holds offsets %d..%d "
+            "(%d records lost; on_data_loss: accept)",
+            name,
+            self.topic,
+            partition,
+            position,
+            end - 1,
+            end - position,
+        )
+        self.losses.append((partition, position, end))
+        if end < hi:
+            c.seek(TopicPartition(self.topic, partition, end))
+        return end
 
 
 def _append(
