@@ -305,6 +305,10 @@ def up(
             group.close()
             if spark is not None:
                 spark.stop()
+            # before the broker stops: a consumer that outlives it logs reconnects forever
+            from millstream.ingest.sources.kafka import CONSUMERS
+
+            CONSUMERS.close()
             broker.stop()
             catalog.close()
         _finish(group)

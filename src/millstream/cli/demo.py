@@ -70,12 +70,15 @@ def produce(bootstrap: str, records: int, seed: int) -> list[RawRecord]:
             raise RuntimeError(f"produce failed: {err}")
         acked.append((msg.partition(), msg.offset(), msg.key(), msg.value()))
 
+    from millstream.ingest.sources.kafka import CLIENT_LOG
+
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
             "linger.ms": 5,
             "acks": "all",
             "log.connection.close": False,
+            "logger": CLIENT_LOG,
         }
     )
     per = records // PARTITIONS
@@ -94,7 +97,7 @@ def run_demo(*, home: Path | None, records: int, seed: int, output: OutputFormat
     from millstream.catalog import Catalog
     from millstream.cli.progress import ProgressView
     from millstream.datastream import DatastreamSpec
-    from millstream.ingest.sources.kafka import CONSUMERS
+    from millstream.ingest.sources.kafka import CLIENT_LOG, CONSUMERS
     from millstream.local.tansu import TansuBroker
     from millstream.spark.runner import DatastreamRunner
     from millstream.spark.session import spark_session
@@ -164,7 +167,12 @@ def run_demo(*, home: Path | None, records: int, seed: int, output: OutputFormat
 
         # Freshness: produce probes one by one while the query runs; time until committed.
         producer = Producer(
-            {"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "log.connection.close": False}
+            {
+                "bootstrap.servers": broker.bootstrap,
+                "linger.ms": 0,
+                "log.connection.close": False,
+                "logger": CLIENT_LOG,
+            }
         )
         latencies: list[float] = []
         for i in range(PROBES):
