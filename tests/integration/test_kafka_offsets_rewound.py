@@ -12,16 +12,19 @@ broker looks the same.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from millstream.catalog import Catalog
 from millstream.control.worker import _bad_record
 from millstream.datastream import DatastreamSpec
-from millstream.errors import SourceOffsetsRewoundError
+from millstream.errors import SourceOffsetsRewoundError, from_spark_failure
 from millstream.ingest.sources import config_for
 from millstream.ingest.sources.kafka import CONSUMERS
 from millstream.local.tansu import TansuBroker
 from millstream.spark.options import GroupSourceOptions, SourceOptions
+from millstream.spark.runner import DatastreamRunner
 from millstream.spark.sources import MEMBER_NOTE, GroupStreamReader, StreamReader
 
 pytestmark = [pytest.mark.kafka]
@@ -84,3 +87,52 @@ def test_a_broker_restarted_empty_stops_the_partition_naming_both_offsets(tmp_pa
             assert behind.latestOffset({"0": 1}, behind.getDefaultReadLimit()) == {"0": 4}
         finally:
             CONSUMERS.close()
+
+
+@pytest.mark.spark
+def test_a_writer_whose_broker_restarted_empty_stops_and_commits_nothing(
+    tmp_path: Path, spark: Any
+) -> None:
+    """The writer itself (an available-now run, as ``millstream run --available-now``): its
+    first run commits offsets 0-12; after the broker restarted empty and got 4 records, the
+    next run stops with the error instead of taking them as consumed, and the table is as it
+    was."""
+    first = TansuBroker(tmp_path / "a")
+    with first, Catalog.open(home=tmp_path / "home") as cat:
+        port = first.port
+        first.create_topic("orders", 1)
+        _produce(first.bootstrap, 13)
+        spec = DatastreamSpec.parse(
+            {
+                "name": "orders_ds",
+                "source": {
+                    "kind": "kafka",
+                    "bootstrap_servers": first.bootstrap,
+                    "topic": "orders",
+                },
+                "table": {"name": "orders", "mode": "append"},
+                "schema": {"id": "long"},
+            }
+        )
+        DatastreamRunner(spec, cat, spark, writer_id="w1").run(available_now=True)
+        assert {s.partition: s.upper for s in cat.store.list_shards("orders")} == {0: 13}
+        first.stop()
+        CONSUMERS.close()
+
+        with TansuBroker(tmp_path / "b", port=port) as again:
+            again.create_topic("orders", 1)
+            _produce(again.bootstrap, 4)
+            try:
+                with pytest.raises(Exception) as failed:
+                    DatastreamRunner(spec, cat, spark, writer_id="w1").run(available_now=True)
+            finally:
+                CONSUMERS.close()
+        err = failed.value
+        kind = type(err) if isinstance(err, SourceOffsetsRewoundError) else None
+        if kind is None:
+            ours = from_spark_failure(err)
+            kind = ours.kind if ours is not None else None
+        assert kind is SourceOffsetsRewoundError, str(err)[:2000]
+        assert "ends at offset 4" in str(err) and "offset 13" in str(err)
+        assert {s.partition: s.upper for s in cat.store.list_shards("orders")} == {0: 13}
+        assert cat.read_table("orders").num_rows == 13

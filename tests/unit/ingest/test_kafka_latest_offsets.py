@@ -310,3 +310,21 @@ def test_a_probe_that_does_not_reach_the_end_is_tried_again(
     broker.slow = False
     assert reader.latest_offsets() == {0: 5}
     assert len(broker.probes) == 2
+
+
+def test_a_probe_that_fails_leaves_the_watermarks_and_what_was_shown() -> None:
+    class _Flaky(_Consumer):
+        broken = False
+
+        def assign(self, tps: list[TopicPartition]) -> None:
+            if self.broken:
+                raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+            super().assign(tps)
+
+    broker = _Flaky({"t": {0: 1, 1: 2}})
+    broker.served = {"t": {0: 3}}
+    (reader,) = _readers(broker, "t").values()
+    assert reader.latest_offsets() == {0: 3, 1: 2}
+    broker.broken = True
+    broker.topics["t"][1] = 5  # moved: probed, and the probe fails
+    assert reader.latest_offsets() == {0: 3, 1: 5}

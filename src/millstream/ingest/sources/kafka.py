@@ -416,7 +416,11 @@ class KafkaReader(PartitionReader):
                     todo[(r.topic, p)] = max(at, todo.get((r.topic, p), at))
         if not todo:
             return
-        reached = self._probe(todo)
+        try:
+            reached = self._probe(todo)
+        except Exception as exc:  # the watermarks (and what was shown before) stand
+            log.warning("kafka probe past the watermarks of %s failed: %r", sorted(todo), exc)
+            return
         for r, got in answered:
             for p in got:
                 end, settled = reached.get((r.topic, p), (None, False))
