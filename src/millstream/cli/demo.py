@@ -53,6 +53,7 @@ def produce(bootstrap: str, records: int, seed: int) -> list[RawRecord]:
     from confluent_kafka import Producer
 
     from millstream.ingest.sources.generator import GeneratorConfig, generate
+    from millstream.ingest.sources.kafka import CLIENT_LOG
 
     cfg = GeneratorConfig(
         seed=seed,
@@ -69,8 +70,6 @@ def produce(bootstrap: str, records: int, seed: int) -> list[RawRecord]:
         if err is not None:
             raise RuntimeError(f"produce failed: {err}")
         acked.append((msg.partition(), msg.offset(), msg.key(), msg.value()))
-
-    from millstream.ingest.sources.kafka import CLIENT_LOG
 
     producer = Producer(
         {
