@@ -1826,6 +1826,60 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         tests=("tests/contract/test_contract_shared_query.py",),
         select="sqlite-local and write_fails",
     ),
+    Guard(
+        name="kafka-end-never-below-what-the-source-showed",
+        file="src/millstream/ingest/sources/kafka.py",
+        what="latest_offsets_of: a watermark that moved is probed past, and a partition's "
+        "end is never below the highest offset the source has shown (Tansu's watermark lags "
+        "a multi-record produce batch)",
+        old="""\
+            first._probe_past(answered)
+""",
+        new="""\
+            pass  # MUTATION: the watermark is trusted
+""",
+        tests=("tests/unit/ingest/test_kafka_latest_offsets.py",),
+    ),
+    Guard(
+        name="kafka-deleted-start-is-an-error-not-a-jump",
+        file="src/millstream/ingest/sources/kafka.py",
+        what="a range read's start the broker no longer holds is reported by librdkafka "
+        "(auto.offset.reset: error), never a silent jump to the earliest offset held",
+        old="""\
+            "auto.offset.reset": "error",
+""",
+        new="""\
+            "auto.offset.reset": "earliest",  # MUTATION: silently from the first held
+""",
+        tests=("tests/unit/ingest/test_kafka_source_gaps.py",),
+    ),
+    Guard(
+        name="kafka-source-gap-fails-unless-accepted",
+        file="src/millstream/ingest/sources/kafka.py",
+        what="records the broker deleted before they were read fail the read "
+        "(SourceGapError) unless the source says on_data_loss: accept",
+        old="""\
+        if self.config.on_data_loss != "accept":
+            raise SourceGapError(name, self.topic, partition, position, end, low)
+""",
+        new="""\
+        pass  # MUTATION: every loss accepted
+""",
+        tests=("tests/unit/ingest/test_kafka_source_gaps.py",),
+    ),
+    Guard(
+        name="source-offsets-gone-backwards-stop-the-partition",
+        file="src/millstream/spark/sources.py",
+        what="latestOffset: a partition whose source ends below the batch's start (the shard "
+        "upper) is refused with SourceOffsetsRewoundError, not planned as consumed",
+        old="""\
+        self._refuse_rewound(begin, latest)
+""",
+        new="""\
+        pass  # MUTATION: offsets that went backwards look consumed
+""",
+        tests=("tests/integration/test_kafka_offsets_rewound.py",),
+    ),
 )
 
 

@@ -152,6 +152,12 @@ class KafkaSource(_SchemaFormat):
         "the table lacks grows the table (added at the end, nullable; lossless widenings "
         "too) at the batch that first carries it; none: such fields are ignored.",
     )
+    on_data_loss: Literal["fail", "accept"] = Field(
+        default="fail",
+        description="Records the broker deleted before they were read (retention): fail stops "
+        "the datastream naming the partition and offsets; accept skips them, goes on from the "
+        "first offset still held and records the loss (millstream_source_records_lost).",
+    )
 
 
 class FilesSource(_Frozen):

@@ -451,6 +451,59 @@ class SourceRangeGoneError(SourceReadError):
         self.reason = reason
 
 
+class SourceGapError(MillstreamError):
+    """A datastream's source no longer holds offsets it has not read yet: the broker deleted
+    them (retention expired while the writer lagged, or the records were deleted), so the read
+    of a planned range found its start gone.
+
+    Nothing was committed for the range; the datastream stops (ERROR) rather than skip the
+    records. Restore them at the source and resume, or accept the loss: set the kafka source's
+    ``on_data_loss: accept`` (``millstream datastream update``) and resume; the writer then
+    goes on from the first offset still held, and records the offsets lost
+    (``millstream_source_records_lost``, ``debugInfo``).
+    """
+
+    def __init__(
+        self, datastream: str, topic: str, partition: int, first: int, end: int, held: int
+    ) -> None:
+        super().__init__(
+            f"datastream {datastream!r}: kafka topic {topic!r} partition {partition} no longer "
+            f"holds offsets {first}..{end - 1} ({end - first} records, deleted before they were "
+            f"read; its first offset is now {held}); nothing was committed for them. Restore "
+            "them, or set source.on_data_loss: accept to skip them and record the loss",
+            datastream=datastream,
+            topic=topic,
+            partition=partition,
+            first_missing=first,
+            last_missing=end - 1,
+        )
+
+
+class SourceOffsetsRewoundError(MillstreamError):
+    """A datastream's source partition ends below the offset the table already holds: the
+    offsets went backwards (the topic was deleted and created again, or a broker that keeps
+    topics in memory restarted), so the records it holds now would be taken as consumed.
+
+    Nothing was committed; the datastream stops (ERROR) naming both offsets. Either roll the
+    table's partition back to a segment at or below the source's end (``millstream segments
+    rollback``) so it is read again from there, or re-create the datastream on a new table;
+    see docs/operations.md, "A source whose offsets went backwards".
+    """
+
+    def __init__(self, datastream: str, source: str, partition: int, latest: int, upper: int):
+        super().__init__(
+            f"datastream {datastream!r}: {source} partition {partition} ends at offset {latest}, "
+            f"below the offset {upper} the table already holds: the source's offsets went "
+            "backwards (the topic was re-created or the broker restarted empty); nothing was "
+            "committed. Roll the partition back, or re-create the datastream on a new table",
+            datastream=datastream,
+            source=source,
+            partition=partition,
+            latest=latest,
+            upper=upper,
+        )
+
+
 class InjectedSealFault(MillstreamError):
     """A fault injected at a named seal point (tests and drills, through ``SealFaults``).
 
@@ -525,6 +578,8 @@ HTTP_STATUS: dict[type[MillstreamError], int] = {
     BadRecordError: 422,
     SourceReadError: 502,
     SourceRangeGoneError: 410,
+    SourceGapError: 410,
+    SourceOffsetsRewoundError: 409,
     InjectedSealFault: 500,
     ServiceStartError: 500,
     SparkQueryError: 500,
@@ -559,6 +614,8 @@ EXIT_CODES: dict[type[MillstreamError], int] = {
     BadRecordError: 10,
     SourceReadError: 11,
     SourceRangeGoneError: 11,
+    SourceGapError: 11,
+    SourceOffsetsRewoundError: 11,
     InjectedSealFault: 1,
     ServiceStartError: 1,
     SparkQueryError: 9,

@@ -296,6 +296,14 @@ class MillstreamCollector:
                 labels=labels,
             ),
             CounterMetricFamily(
+                "millstream_source_records_lost",
+                "Source offsets the broker deleted before a worker's writer read them, skipped "
+                "because the kafka source says on_data_loss: accept (with the default, fail, "
+                "the datastream stops instead: millstream_source_offset_errors). The ranges "
+                "are in /tables/{t}/debugInfo.",
+                labels=labels,
+            ),
+            CounterMetricFamily(
                 "millstream_rows_superseded",
                 "Row versions a worker's sealer resolved away when sealing: duplicates (dedup), "
                 "older or out-of-order versions (upsert), rows folded into one (partial), "
@@ -303,17 +311,29 @@ class MillstreamCollector:
                 "sealed, not when consumed (reads merge unsealed rows); 0 for append tables.",
                 labels=labels,
             ),
+            CounterMetricFamily(
+                "millstream_source_offset_errors",
+                "Writer failures on source offsets it cannot go on from, by error: SourceGapError "
+                "(records the broker deleted before they were read, on_data_loss: fail) and "
+                "SourceOffsetsRewoundError (the source's offsets went backwards). The datastream "
+                "goes to ERROR; the last error is in /tables/{t}/debugInfo.",
+                labels=["datastream", "error", "worker"],
+            ),
         )
 
     def _row_counters(self, workers: list[Any]) -> Iterator[Any]:
-        consumed, dead_lettered, superseded = self._row_families()
+        consumed, dead_lettered, lost, superseded, offset_errors = self._row_families()
         for w in workers:
             for r in w.info.get("rows") or []:
                 labels = [str(r["datastream"]), str(r["table"]), str(r["partition"]), w.id]
                 consumed.add_metric(labels, int(r.get("consumed", 0)))
                 dead_lettered.add_metric(labels, int(r.get("dead_lettered", 0)))
+                lost.add_metric(labels, int(r.get("lost", 0)))
                 superseded.add_metric(labels, int(r.get("superseded", 0)))
-        yield from (consumed, dead_lettered, superseded)
+            for s in w.info.get("source_offsets") or []:
+                for kind, e in sorted((s.get("errors") or {}).items()):
+                    offset_errors.add_metric([str(s["datastream"]), kind, w.id], int(e["count"]))
+        yield from (consumed, dead_lettered, lost, superseded, offset_errors)
 
 
 def make_registry(ctx: ApiContext, live_rows: LiveRows | None = None) -> CollectorRegistry:

@@ -117,6 +117,14 @@ def debug_info(ctx: ApiContext, table: str) -> dict[str, Any]:
         "workers": reported,
         "repair": repair_info(ctx, manifest),
         "writer_health": _writer_health(ctx, table),
+        # writer failures on source offsets and the offsets an on_data_loss: accept source
+        # skipped, as each worker reports them
+        "source_offsets": [
+            {**s, "worker": w.id}
+            for w in list_workers(ctx.catalog.store)
+            for s in w.info.get("source_offsets") or []
+            if s.get("table") == table
+        ],
     }
 
 

@@ -317,6 +317,11 @@ def up(
             group.close()
             if spark is not None:
                 spark.stop()
+            # before the broker stops: a consumer that outlives it logs reconnects forever
+            # lazy: the Kafka source loads only when `millstream up` runs
+            from millstream.ingest.sources.kafka import CONSUMERS
+
+            CONSUMERS.close()
             broker.stop()
             catalog.close()
         _finish(group)

@@ -53,6 +53,7 @@ def produce(bootstrap: str, records: int, seed: int) -> list[RawRecord]:
     from confluent_kafka import Producer
 
     from millstream.ingest.sources.generator import GeneratorConfig, generate
+    from millstream.ingest.sources.kafka import CLIENT_LOG
 
     cfg = GeneratorConfig(
         seed=seed,
@@ -76,19 +77,15 @@ def produce(bootstrap: str, records: int, seed: int) -> list[RawRecord]:
             "linger.ms": 5,
             "acks": "all",
             "log.connection.close": False,
+            "logger": CLIENT_LOG,
         }
     )
     per = records // PARTITIONS
     for p in range(PARTITIONS):
-        recs = list(generate(cfg, p, 0, per))
-        for _, key, value in recs[:-1]:
+        for _, key, value in generate(cfg, p, 0, per):
             producer.produce(TOPIC, value=value, key=key, partition=p, on_delivery=on_delivery)
             producer.poll(0)
-        producer.flush()
-        # The broker's high watermark is exact only when the last batch holds one record.
-        _, key, value = recs[-1]
-        producer.produce(TOPIC, value=value, key=key, partition=p, on_delivery=on_delivery)
-        producer.flush()
+    producer.flush()
     return acked
 
 
@@ -99,7 +96,7 @@ def run_demo(*, home: Path | None, records: int, seed: int, output: OutputFormat
     from millstream.catalog import Catalog
     from millstream.cli.progress import ProgressView
     from millstream.datastream import DatastreamSpec
-    from millstream.ingest.sources.kafka import CONSUMERS
+    from millstream.ingest.sources.kafka import CLIENT_LOG, CONSUMERS
     from millstream.local.tansu import TansuBroker
     from millstream.spark.runner import DatastreamRunner
     from millstream.spark.session import spark_session
@@ -169,7 +166,12 @@ def run_demo(*, home: Path | None, records: int, seed: int, output: OutputFormat
 
         # Freshness: produce probes one by one while the query runs; time until committed.
         producer = Producer(
-            {"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "log.connection.close": False}
+            {
+                "bootstrap.servers": broker.bootstrap,
+                "linger.ms": 0,
+                "log.connection.close": False,
+                "logger": CLIENT_LOG,
+            }
         )
         latencies: list[float] = []
         for i in range(PROBES):

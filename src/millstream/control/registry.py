@@ -63,18 +63,37 @@ def _differences(old: Any, new: Any, path: str) -> str | None:
     return None if old == new else path
 
 
+#: Source fields an update may change: what the writer does about records the broker deleted
+#: before they were read (an operator accepting a loss the datastream stopped at).
+UPDATABLE_SOURCE_FIELDS = ("on_data_loss",)
+
+
+def _settings_changed(old: DatastreamSpec, new: DatastreamSpec) -> bool:
+    """Whether an :data:`UPDATABLE_SOURCE_FIELDS` field differs."""
+    before, after = old.source.model_dump(), new.source.model_dump()
+    return any(before.get(f) != after.get(f) for f in UPDATABLE_SOURCE_FIELDS)
+
+
+def _fixed(spec: DatastreamSpec) -> dict[str, Any]:
+    out: dict[str, Any] = spec.model_dump(mode="json", by_alias=True, exclude={"columns", "table"})
+    for f in UPDATABLE_SOURCE_FIELDS:
+        out["source"].pop(f, None)
+    return out
+
+
 def _check_fixed_fields(old: DatastreamSpec, new: DatastreamSpec) -> None:
-    """Everything but the schema and the table section (which the evolution rules check) must
-    stay as it is: a source, segment or replica change needs a new datastream today."""
-    before = old.model_dump(mode="json", by_alias=True, exclude={"columns", "table"})
-    after = new.model_dump(mode="json", by_alias=True, exclude={"columns", "table"})
+    """Everything but the schema, the table section (which the evolution rules check) and
+    :data:`UPDATABLE_SOURCE_FIELDS` must stay as it is: a source, segment or replica change
+    needs a new datastream today."""
+    before = _fixed(old)
+    after = _fixed(new)
     field = _differences(before, after, "")
     if field is not None:
         raise IncompatibleChangeError(
             old.table_name,
             field,
             None,
-            "an update may change only the schema and table.retention",
+            "an update may change only the schema and table.retention (and source.on_data_loss)",
             f"{_at(before, field)!r} -> {_at(after, field)!r}",
         )
 
@@ -207,7 +226,7 @@ class Registry:
             else:
                 info, changes = evolve_with_dead_letter(conn, self.store, new_table)
                 schema_version = info.schema_version
-            if dry_run or not changes:
+            if dry_run or not (changes or _settings_changed(rec.spec, spec)):
                 return rec, changes, schema_version
             cas_update(
                 conn,

@@ -58,6 +58,8 @@ from millstream.errors import (
     BadRecordError,
     CommitStateUnknownError,
     MillstreamError,
+    SourceGapError,
+    SourceOffsetsRewoundError,
     SourceReadError,
     StateDirLockedError,
     from_spark_failure,
@@ -87,11 +89,24 @@ LOCK_RETRY_MAX_SECONDS = 60.0
 TRANSIENT = (SourceReadError, CommitStateUnknownError)
 
 
-def _bad_record(exc: Exception) -> bool:
-    """The writer's query failed on a bad record (``bad_records: fail``): restarting cannot
-    help, the datastream goes to ERROR."""
+#: Source offsets a writer cannot go on from without an operator (records the broker deleted
+#: before they were read, offsets that went backwards): the datastream goes to ERROR.
+SOURCE_OFFSET_ERRORS = (SourceGapError, SourceOffsetsRewoundError)
+
+
+def _kind(exc: BaseException) -> type[BaseException]:
+    """The class of ``exc``, or of the error of ours a Spark query failed with."""
+    if isinstance(exc, MillstreamError):
+        return type(exc)
     ours = from_spark_failure(exc)
-    return ours is not None and issubclass(ours.kind, BadRecordError)
+    return ours.kind if ours is not None else type(exc)
+
+
+def _bad_record(exc: Exception) -> bool:
+    """The writer's query failed on a bad record (``bad_records: fail``) or on source offsets
+    it cannot go on from (:data:`SOURCE_OFFSET_ERRORS`): restarting cannot help, the
+    datastream goes to ERROR."""
+    return issubclass(_kind(exc), (BadRecordError, *SOURCE_OFFSET_ERRORS))
 
 
 @dataclass
@@ -159,6 +174,9 @@ class Worker:
         #: Per datastream: rows its writers committed here, from their commit logs (kept
         #: for the worker's life, so the counters it reports never go down).
         self.row_totals: dict[str, CommitLogTotals] = {}
+        #: Per (datastream, error class name): writer failures on source offsets
+        #: (:data:`SOURCE_OFFSET_ERRORS`) and the last one's message, for the worker's life
+        self.source_errors: dict[tuple[str, str], tuple[int, str]] = {}
         #: Backoff of a table whose sealing pass failed (other tables keep sealing meanwhile).
         self.seal_backoff = Backoff(base=5.0, cap=300.0)
         #: One supervisor per datastream's table sealing pass, inside the one sealing thread.
@@ -332,6 +350,7 @@ class Worker:
                 hopeless = (
                     isinstance(exc.error, MillstreamError) and not isinstance(exc.error, TRANSIENT)
                 ) or (isinstance(exc.error, Exception) and _bad_record(exc.error))
+                self._count_source_error(exc.member, exc.error, str(exc))
                 self._member_failed(exc.member, str(exc), fail=hopeless)
             except Exception as exc:  # the query's own: every member waits out a backoff
                 for w in members:
@@ -356,6 +375,14 @@ class Worker:
             self._failed(w, error)
         if fail:
             self.registry.fail(ds, error)
+
+    def _count_source_error(self, ds: str, exc: BaseException, message: str) -> None:
+        """Count a writer failure on source offsets (:data:`SOURCE_OFFSET_ERRORS`) and keep
+        its message: ``millstream_source_offset_errors`` and the table's ``debugInfo``."""
+        kind = _kind(exc)
+        if issubclass(kind, SOURCE_OFFSET_ERRORS):
+            n, _ = self.source_errors.get((ds, kind.__name__), (0, ""))
+            self.source_errors[(ds, kind.__name__)] = (n + 1, message.splitlines()[0][:2000])
 
     def _stop_shared(self) -> None:
         """Stop the shared query (if any) and release its members' state directories; a
@@ -410,6 +437,7 @@ class Worker:
                 error = (str(exc).splitlines() or [repr(exc)])[0][:2000]
                 self._failed(w, error)
                 log.error("writer %s on %s failed: %s", ds, self.id, error)
+                self._count_source_error(ds, exc, error)
                 if isinstance(exc, MillstreamError) or _bad_record(exc):
                     self.registry.fail(ds, error)
             finally:
@@ -577,6 +605,7 @@ class Worker:
                 "loops": [s.to_dict() for s in self.loop_statuses()],
                 "lost_races": lost_races,
                 "rows": rows,
+                "source_offsets": self.source_offsets(),
             },
             clock=self.clock,
             url=self.url,
@@ -616,10 +645,34 @@ class Worker:
                         "partition": p,
                         "consumed": c.get("consumed", 0),
                         "dead_lettered": c.get("dead_lettered", 0),
+                        "lost": c.get("lost", 0),
                         "superseded": superseded.get(p, 0),
                     }
                 )
         return out
+
+    def source_offsets(self) -> list[dict[str, Any]]:
+        """Per datastream with source offsets lost or refused: the writer failures on source
+        offsets (``errors``: {error class: {count, last_error}}) and the offsets an
+        ``on_data_loss: accept`` source skipped (``lost_ranges`` ``[partition, first, end]``,
+        the newest)."""
+        out: dict[str, dict[str, Any]] = {}
+        for (ds, kind), (n, message) in sorted(self.source_errors.items()):
+            entry = out.setdefault(ds, {"datastream": ds, "errors": {}, "lost_ranges": []})
+            entry["errors"][kind] = {"count": n, "last_error": message}
+        for ds, totals in sorted(self.row_totals.items()):
+            if totals.lost_ranges:
+                entry = out.setdefault(ds, {"datastream": ds, "errors": {}, "lost_ranges": []})
+                entry["lost_ranges"] = list(totals.lost_ranges)
+        for ds, entry in out.items():
+            w = self.writers.get(ds)
+            log_totals = self.row_totals.get(ds)
+            entry["table"] = (
+                w.runner.spec.table_name
+                if w is not None and w.runner is not None
+                else (log_totals.table if log_totals is not None else None)
+            )
+        return list(out.values())
 
     def seal(self) -> None:
         """Seal what is due for every datastream this worker runs actively. Runs on its own

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import os
 import shutil
 import time
@@ -62,7 +63,13 @@ class TansuBroker(ManagedServer):
 
     def admin(self) -> Any:
         """A confluent-kafka ``AdminClient`` for this broker."""
-        return AdminClient({"bootstrap.servers": self.bootstrap})
+        # librdkafka's lines to Python logging (rate limited once the kafka source is
+        # loaded), not stderr
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap,
+            "logger": logging.getLogger("millstream.kafka.client"),
+        }
+        return AdminClient(conf)
 
     def create_topic(self, name: str, partitions: int = 1, *, timeout: float = 30.0) -> None:
         """Create ``name`` and wait until broker metadata shows all its partitions."""

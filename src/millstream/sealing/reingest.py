@@ -5,10 +5,10 @@ The manifest knows exactly which offsets a segment covers, and row identity is (
 offset), so the rebuilt segment holds the same rows the original did (a sealed segment is
 compacted the same way again). Bad records in the range are already in the dead-letter table.
 
-Only if the source still holds the whole range: a Kafka consumer asked for an offset that
-retention deleted starts at the earliest one instead (``auto.offset.reset``), and a files
-source whose files were deleted ends early, so a re-read would quietly rebuild the segment
-with rows missing. :func:`check_source_range` refuses (:class:`SourceRangeGoneError`, with
+Only if the source still holds the whole range: a Kafka read of an offset that retention
+deleted fails (``SourceGapError``) or, with ``on_data_loss: accept``, skips to the earliest
+one, and a files source whose files were deleted ends early, so a re-read could rebuild the
+segment with rows missing. :func:`check_source_range` refuses (:class:`SourceRangeGoneError`, with
 the reason) before the read and again after it (retention may move on while it reads).
 """
 

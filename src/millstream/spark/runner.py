@@ -297,7 +297,7 @@ class DatastreamRunner:
     def query_options(self, boot: Bootstrap) -> tuple[SourceOptions, SinkOptions]:
         """The source's and the sink's options of this writer's query, started at ``boot``
         (the shard uppers and epochs): the query's own, or its member's in a shared query."""
-        kind, config = config_for(self.spec.source)
+        kind, config = config_for(self.spec.source, self.spec.name)
         settings = self.catalog.settings
         # The sink reads each planned range itself; the source sends only the range markers.
         # While it may not commit, a standby's source follows the shard uppers.
@@ -569,6 +569,10 @@ class DatastreamRunner:
         return out
 
 
+#: The accepted source losses a writer's status keeps (the newest; all are counted).
+LOST_RANGES_KEPT = 20
+
+
 class CommitLogTotals:
     """Running totals of a writer's commit log (``commits.jsonl``), read incrementally: each
     :meth:`update` reads only the lines appended since the last one, so a writer's status
@@ -587,8 +591,11 @@ class CommitLogTotals:
         self.file: tuple[int, int, bytes] | None = None  # the log read (see above)
         #: the table the log's writer writes (set by its reader)
         self.table: str | None = None
-        #: partition -> {"consumed": n, "dead_lettered": n}
+        #: partition -> {"consumed": n, "dead_lettered": n, "lost": n}
         self.partitions: dict[int, dict[str, int]] = {}
+        #: the last source offsets lost (``[partition, first, end]``, newest last; at most
+        #: :data:`LOST_RANGES_KEPT`): a kafka source's ``on_data_loss: accept`` skips
+        self.lost_ranges: list[list[int]] = []
         self.batches = 0
         self.rows = 0
         self.lost_races = 0
@@ -639,10 +646,12 @@ class CommitLogTotals:
             at = entry.get("at")
             if isinstance(at, int | float):
                 self.last_at = float(at)
-            for kind in ("consumed", "dead_lettered"):
+            for kind in ("consumed", "dead_lettered", "lost"):
                 for p, n in (entry.get(kind) or {}).items():
                     counts = self.partitions.setdefault(int(p), {"consumed": 0, "dead_lettered": 0})
-                    counts[kind] += int(n)
+                    counts[kind] = counts.get(kind, 0) + int(n)
+            if entry.get("lost_ranges"):
+                self.lost_ranges = [*self.lost_ranges, *entry["lost_ranges"]][-LOST_RANGES_KEPT:]
         return end
 
 

@@ -73,6 +73,9 @@ class SinkMessage(WriterCommitMessage):
     #: per partition with records: the last record's timestamp (epoch ms; its ingestion
     #: time if the source gives none)
     last_record_ms: dict[int, int] = field(default_factory=dict)
+    #: ``(partition, first, end)`` of offsets the source no longer held, skipped by its read
+    #: (a kafka source with ``on_data_loss: accept``); recorded when the range commits
+    lost: list[tuple[int, int, int]] = field(default_factory=list)
 
     def staged_write(self) -> StagedWrite:
         return StagedWrite(
@@ -176,7 +179,12 @@ class SegmentSink(DataSourceStreamArrowWriter):
         # pauseless: false -> the micro-batch waits for due seals (the comparison mode).
         self.seal_inline = options.seal_inline
 
-    def _record_pieces(self, raw: pa.Table, stamps: dict[int, int]) -> Iterator[pa.Table]:
+    def _record_pieces(
+        self,
+        raw: pa.Table,
+        stamps: dict[int, int],
+        lost: list[tuple[int, int, int]] | None = None,
+    ) -> Iterator[pa.Table]:
         """The task's records, in pieces of at most :data:`DECODE_ROWS`: those that came
         through Spark, then those of the ranges the source left for the sink to read (markers
         valued :data:`SELF_READ`), read one chunk at a time. ``stamps`` receives the source's
@@ -199,7 +207,10 @@ class SegmentSink(DataSourceStreamArrowWriter):
             )
         )
         # with the reader's optional columns (timestamp, headers) for metadata columns
-        yield from _coalesced(self.opts.source_reader().read_records(ranges, last_record_ms=stamps))
+        reader = self.opts.source_reader()
+        yield from _coalesced(reader.read_records(ranges, last_record_ms=stamps))
+        if lost is not None:
+            lost.extend(getattr(reader, "losses", ()))
 
     def current_spec(self) -> TableSpec:
         """The table's spec as it is now (one read of its row), which a write task decodes
@@ -214,7 +225,11 @@ class SegmentSink(DataSourceStreamArrowWriter):
             return self.spec
 
     def _decode(
-        self, spec: TableSpec, raw: pa.Table, stamps: dict[int, int]
+        self,
+        spec: TableSpec,
+        raw: pa.Table,
+        stamps: dict[int, int],
+        lost: list[tuple[int, int, int]] | None = None,
     ) -> tuple[TableSpec, Decoded]:
         """Decode the task's records piece by piece: a small working set that the allocator
         reuses, instead of fresh memory for the whole task (which costs kernel time).
@@ -228,7 +243,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
         dead: list[tuple[int, int, bytes | None, bytes | None, str]] = []
         fmt = decoder_for(self.opts.source_config)  # the source's format; None: JSON
         auto = absorber(self.opts.source_config)
-        for piece in self._record_pieces(raw, stamps):
+        for piece in self._record_pieces(raw, stamps, lost):
             if auto is not None:
                 values = piece.column("value").combine_chunks()
                 if auto.absorbing(spec, values) != spec:
@@ -298,7 +313,8 @@ class SegmentSink(DataSourceStreamArrowWriter):
         staged_at = time.time()  # before reading: no file of this task is older
         stamps: dict[int, int] = {}
         spec = self.current_spec() if ranges else self.spec
-        spec, decoded = self._decode(spec, raw, stamps)
+        lost: list[tuple[int, int, int]] = []
+        spec, decoded = self._decode(spec, raw, stamps, lost)
         read_ms = round(time.time() * 1000)  # the ingestion time of records without a stamp
         if decoded.dead and self.bad_records == "fail":
             p, o, _, _, err = min(decoded.dead, key=lambda d: (d[0], d[1]))
@@ -318,6 +334,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
             dead_counts=dict(dead.row_counts),
             staged_at=staged_at,
             last_record_ms={p: stamps.get(p, read_ms) for p in sorted(with_records)},
+            lost=lost,
         )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
@@ -353,7 +370,12 @@ class SegmentSink(DataSourceStreamArrowWriter):
             max_staged_age=self.opts.max_staged_age,
             raise_for_gaps=False,
         )
-        self._record(batchId, result, commit_s=time.perf_counter() - started)
+        self._record(
+            batchId,
+            result,
+            commit_s=time.perf_counter() - started,
+            lost=[m for m in messages if isinstance(m, SinkMessage) and m.lost],
+        )
         if self.seal_inline:
             self._seal_inline()
         faults.hit("after_commit", batchId)
@@ -414,7 +436,12 @@ class SegmentSink(DataSourceStreamArrowWriter):
         )
 
     def _record(
-        self, batch_id: int, result: BatchCommit | None, *, commit_s: float | None = None
+        self,
+        batch_id: int,
+        result: BatchCommit | None,
+        *,
+        commit_s: float | None = None,
+        lost: list[SinkMessage] | None = None,
     ) -> None:
         """Append the batch's line to the commit log; ``commit_s`` is how long the metadata
         commit took (:func:`commit_writes`: the transaction and deleting unreferenced files)."""
@@ -442,6 +469,8 @@ class SegmentSink(DataSourceStreamArrowWriter):
                 "uppers": {str(s.partition): s.decision.new_upper for s in table.shards},
                 **_row_counts(result),
             }
+            if lost:
+                entry.update(_lost_offsets(result, lost))
         append_commit_log(Path(self.stats_file), entry)
 
 
@@ -580,6 +609,22 @@ def append_commit_log(path: Path, entry: dict[str, Any], *, limit: int = COMMIT_
 
 def rotated_log(path: Path) -> Path:
     return path.with_name(path.name + ".1")
+
+
+def _lost_offsets(result: BatchCommit, messages: list[SinkMessage]) -> dict[str, Any]:
+    """The source offsets lost (skipped by ``on_data_loss: accept``) in the ranges this commit
+    appended: ``lost`` per partition (a count, as the row counts) and ``lost_ranges``
+    ``[partition, first, end]``. A replayed range that was dropped as persisted already
+    counted its loss when it committed."""
+    appended = {(s.partition, s.decision.end) for s in result.table.shards if s.decision.appends}
+    counts: dict[str, int] = {}
+    ranges: list[list[int]] = []
+    for m in messages:
+        for p, first, end in m.lost:
+            if p in m.ranges and (p, m.ranges[p][1]) in appended:
+                counts[str(p)] = counts.get(str(p), 0) + end - first
+                ranges.append([p, first, end])
+    return {"lost": counts, "lost_ranges": ranges} if ranges else {}
 
 
 def _row_counts(result: BatchCommit) -> dict[str, dict[str, int]]:

@@ -35,6 +35,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from millstream.errors import SourceOffsetsRewoundError
 from millstream.ingest.sources.base import (
     MIN_ADAPTIVE_BATCH,
     RAW_SCHEMA,
@@ -166,6 +167,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         elif latest is None:
             latest = self.source.latest_offsets()
         begin = self._fill_new_partitions(known, latest)
+        self._refuse_rewound(begin, latest)
         latest = {p: max(latest.get(p, o), o) for p, o in begin.items()}
         if isinstance(limit, ReadMaxRows):
             budget = limit.max_rows
@@ -183,6 +185,29 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # would start past it (its first records lost). It is read from the next batch on.
         end = {p: begin[p] if p not in known else o for p, o in end.items()}
         return encode_offsets(self._follow_shards(begin, end))
+
+    def _refuse_rewound(self, begin: dict[int, int], latest: dict[int, int]) -> None:
+        """A partition whose source ends below where the batch begins (the shard upper) had
+        its offsets go backwards: the topic was deleted and created again, or a broker that
+        keeps topics in memory restarted. Planned as before (nothing above the upper), its
+        new records were taken as consumed while the lag said 0. The source is asked once
+        more (an answer may have been short), then :class:`SourceOffsetsRewoundError` names
+        the partition and both offsets (the writer stops; docs/operations.md says how an
+        operator recovers)."""
+        behind = [p for p, o in begin.items() if p in latest and latest[p] < o]
+        if not behind:
+            return
+        again = self.source.latest_offsets()
+        for p in behind:
+            if again.get(p, begin[p]) < begin[p]:
+                config = self.source.config
+                raise SourceOffsetsRewoundError(
+                    getattr(config, "datastream", "") or "?",
+                    describe_reader(self.source),
+                    p,
+                    again[p],
+                    begin[p],
+                )
 
     def _follow_shards(self, begin: dict[int, int], end: dict[int, int]) -> dict[int, int]:
         """A warm standby (a source with a commit gate) that may not commit plans no further
@@ -449,6 +474,16 @@ class StreamSource(DataSource):
 
     def streamReader(self, schema: object) -> DataSourceStreamReader:
         return StreamReader(SourceOptions.from_options(self.options))
+
+
+def describe_reader(source: PartitionReader) -> str:
+    """A source in words, for an error: a kafka topic and its brokers, a files path."""
+    config = source.config
+    if getattr(config, "topic", None):
+        return f"kafka topic {config.topic!r} on {config.bootstrap_servers}"
+    if getattr(config, "path", None):
+        return f"files under {config.path}"
+    return f"the {source.kind} source"
 
 
 def marker_batch(partition: int, lo: int, hi: int) -> pa.RecordBatch:

@@ -32,6 +32,32 @@ class _Consumer:
         self.metadata = 0
         self.list_offsets: list[list[tuple[str, int, int]]] = []
         self.down = False
+        #: what a fetch serves past the watermark answered: ``{topic: {partition: end}}``
+        #: (a broker whose watermark lags its last produce batch, as Tansu's does)
+        self.served: dict[str, dict[int, int]] = {}
+        #: the partitions and offsets each probe (an assignment) fetched from
+        self.probes: list[dict[tuple[str, int], int]] = []
+        self._fetching: dict[tuple[str, int], int] = {}
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        self._fetching = {(tp.topic, tp.partition): tp.offset for tp in tps}
+        self.probes.append(dict(self._fetching))
+
+    def unassign(self) -> None:
+        self._fetching = {}
+
+    def poll(self, timeout: float) -> Any:
+        """The next record of an assigned partition, else its end (a partition EOF) once."""
+        for (t, p), at in self._fetching.items():
+            if at is None:
+                continue
+            end = self.served.get(t, {}).get(p, self.topics[t][p])
+            if at < end:
+                self._fetching[(t, p)] = at + 1
+                return _Message(t, p, at, None)
+            self._fetching[(t, p)] = None  # type: ignore[assignment]
+            return _Message(t, p, at, KafkaError(KafkaError._PARTITION_EOF))
+        return None
 
     def list_topics(self, topic: str, timeout: float) -> Any:
         self.metadata += 1
@@ -63,6 +89,23 @@ class _Consumer:
                 )
             )
         return out
+
+
+class _Message:
+    def __init__(self, topic: str, partition: int, offset: int, error: Any) -> None:
+        self._t, self._p, self._o, self._e = topic, partition, offset, error
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+    def error(self) -> Any:
+        return self._e
 
 
 def _readers(consumer: _Consumer, *topics: str) -> dict[str, PartitionReader]:
@@ -223,3 +266,65 @@ def test_an_unanswered_first_offset_fails_naming_the_partition() -> None:
     with pytest.raises(SourceReadError, match="first offsets were not answered") as err:
         reader.earliest_offsets()
     assert "'orders'" in str(err.value) and "partition 2" in str(err.value)
+
+
+def test_the_latest_offset_is_what_the_broker_serves_past_a_short_watermark() -> None:
+    """A broker may answer a watermark short of the records it serves (Tansu: the base offset
+    of a partition's last produce batch plus one). Planned to that watermark, the batch's other
+    records were never read and the lag said 0. The reader probes past a watermark that moved
+    and never answers an end below what the source has shown."""
+    broker = _Consumer({"t": {0: 1, 1: 4}})
+    broker.served = {"t": {0: 3}}  # offsets 1 and 2 of partition 0 lie past its watermark
+    (reader,) = _readers(broker, "t").values()
+
+    assert reader.latest_offsets() == {0: 3, 1: 4}
+    assert broker.probes == [{("t", 0): 1, ("t", 1): 4}]
+
+    assert reader.latest_offsets() == {0: 3, 1: 4}  # nothing moved: no probe
+    assert len(broker.probes) == 1
+
+    broker.topics["t"][0] = 4  # a new batch of 3 at offset 3: its base offset + 1
+    broker.served["t"][0] = 6
+    assert reader.latest_offsets() == {0: 6, 1: 4}
+    assert broker.probes[-1] == {("t", 0): 4}  # only the partition that moved
+
+    broker.topics["t"] = {0: 1, 1: 1}  # deleted and created again: offsets went backwards
+    broker.served = {"t": {0: 2}}
+    assert reader.latest_offsets() == {0: 2, 1: 1}  # what it showed before is forgotten
+
+
+def test_a_probe_that_does_not_reach_the_end_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class _Slow(_Consumer):
+        slow = True
+
+        def poll(self, timeout: float) -> Any:
+            return None if self.slow else super().poll(timeout)
+
+    monkeypatch.setattr(kafka_source, "PROBE_TIMEOUT_S", 0.01)
+    broker = _Slow({"t": {0: 1}})
+    broker.served = {"t": {0: 5}}
+    (reader,) = _readers(broker, "t").values()
+    assert reader.latest_offsets() == {0: 1}
+    broker.slow = False
+    assert reader.latest_offsets() == {0: 5}
+    assert len(broker.probes) == 2
+
+
+def test_a_probe_that_fails_leaves_the_watermarks_and_what_was_shown() -> None:
+    class _Flaky(_Consumer):
+        broken = False
+
+        def assign(self, tps: list[TopicPartition]) -> None:
+            if self.broken:
+                raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+            super().assign(tps)
+
+    broker = _Flaky({"t": {0: 1, 1: 2}})
+    broker.served = {"t": {0: 3}}
+    (reader,) = _readers(broker, "t").values()
+    assert reader.latest_offsets() == {0: 3, 1: 2}
+    broker.broken = True
+    broker.topics["t"][1] = 5  # moved: probed, and the probe fails
+    assert reader.latest_offsets() == {0: 3, 1: 5}

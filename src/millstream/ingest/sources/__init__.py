@@ -34,11 +34,15 @@ def reader_class(kind: str) -> type[PartitionReader]:
         ) from None
 
 
-def config_for(source: Any) -> tuple[str, dict[str, Any]]:
+def config_for(source: Any, datastream: str | None = None) -> tuple[str, dict[str, Any]]:
     """The kind and config fields (JSON-able) of a datastream's ``source`` section (a
-    :data:`millstream.datastream.SourceSpec` model)."""
+    :data:`millstream.datastream.SourceSpec` model); ``datastream`` names the datastream in
+    the reader's errors (a source kind that names it)."""
     cls = reader_class(source.kind)
-    config = cls.config_from_spec(source.model_dump())
+    fields = source.model_dump()
+    if datastream is not None:
+        fields["datastream"] = datastream
+    config = cls.config_from_spec(fields)
     return source.kind, dataclasses.asdict(config)
 
 

@@ -2,8 +2,12 @@
 
 A read ``assign()``s and ``seek()``s one partition range and reads exactly ``[lo, hi)``;
 latest offsets come from the broker's high watermarks, asked for every partition of every
-topic in one request (:meth:`KafkaReader.latest_offsets_of`). ``client_options`` are passed to the
-client as they are (``security.protocol``, ``sasl.*`` ...).
+topic in one request (:meth:`KafkaReader.latest_offsets_of`), and are never below the
+highest offset the source has shown: a watermark that moved is checked by fetching from it
+(:meth:`KafkaReader._probe`), since a broker may answer a watermark short of records it
+serves (Tansu answers the base offset of a partition's last produce batch plus one, so a
+default-batching producer's last records were never planned). ``client_options`` are passed
+to the client as they are (``security.protocol``, ``sasl.*`` ...).
 
 Consumers are expensive to create (a connection and a metadata round trip), so a process keeps
 them in a :class:`ConsumerPool`. The pool lends each consumer to one caller at a time: a worker
@@ -14,7 +18,10 @@ fetching at once.
 
 from __future__ import annotations
 
+import atexit
 import json
+import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -23,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
 
-from millstream.errors import InvalidSpecError, SourceReadError
+from millstream.errors import InvalidSpecError, SourceGapError, SourceReadError
 from millstream.ingest.sources.base import (
     EXTRA_NAMES,
     RECORD_NAMES,
@@ -35,12 +42,73 @@ from millstream.ingest.sources.base import (
     records_batch,
 )
 
+log = logging.getLogger(__name__)
+
+#: Where librdkafka's own log lines go (every client Millstream creates passes it as
+#: confluent-kafka's ``logger``), instead of the process's stderr: a datastream whose topic
+#: was missing made 793 of 889 lines of ``millstream up``'s log in two minutes. Without a
+#: logging configuration they are dropped (its NullHandler keeps Python's last-resort
+#: handler from printing them); with one they reach its handlers, rate limited
+#: (:class:`RateLimit`). The errors they repeat reach the writer as exceptions anyway.
+CLIENT_LOG = logging.getLogger("millstream.kafka.client")
+#: A librdkafka message is logged at most once per this many seconds per client.
+CLIENT_LOG_EVERY_S = 60.0
+
+
+class RateLimit(logging.Filter):
+    """Lets a client's message through at most once per ``every`` seconds; the next one that
+    gets through says how many like it were dropped. Messages are compared with their numbers
+    masked (``after 11013ms``, ports, counters), per client (librdkafka's client name, the
+    record's second argument: confluent-kafka logs ``"%s [%s] %s"``, facility, client,
+    message)."""
+
+    _NUMBERS = re.compile(r"\d+")
+    #: at most this many message kinds are remembered (older ones are forgotten first)
+    KEEP = 1000
+
+    def __init__(self, every: float, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.every = every
+        self._clock = clock
+        self._lock = threading.Lock()
+        #: (client, level, masked message) -> (when last let through, dropped since)
+        self._seen: dict[tuple[str, int, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        client = str(args[1]) if len(args) > 1 else ""
+        key = (client, record.levelno, self._NUMBERS.sub("#", record.getMessage()))
+        now = self._clock()
+        with self._lock:
+            last = self._seen.get(key)
+            if last is not None and now - last[0] < self.every:
+                self._seen[key] = (last[0], last[1] + 1)
+                return False
+            self._seen.pop(key, None)
+            self._seen[key] = (now, 0)
+            while len(self._seen) > self.KEEP:
+                del self._seen[next(iter(self._seen))]
+        if last is not None and last[1]:
+            record.msg = f"{record.msg} (%d more like it in the last %.0fs)"
+            record.args = (*args, last[1], now - last[0])
+        return True
+
+
+CLIENT_LOG.addHandler(logging.NullHandler())
+CLIENT_LOG.addFilter(RateLimit(CLIENT_LOG_EVERY_S))
+
 CONSUME_BATCH = 10_000
+#: The errors of a fetch at an offset the broker no longer holds (with ``auto.offset.reset``
+#: ``error``: librdkafka's own code, or the broker's).
+_OUT_OF_RANGE = (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
 STALL_TIMEOUT_S = 60.0
 #: How long a topic's partition list is reused by :meth:`KafkaReader.latest_offsets` before
 #: the broker is asked again: partitions are only ever added, and a new one is planned this
 #: much later at most (a Kafka consumer's own metadata refresh is 5 minutes).
 PARTITIONS_TTL_S = 5.0
+#: How long a probe past the watermarks (:meth:`KafkaReader._probe`) waits for every partition
+#: probed to reach its end; a partition that did not is probed again at the next request.
+PROBE_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,19 +119,30 @@ class KafkaConfig:
     #: the record format (:func:`millstream.ingest.formats.format_config`); the reader passes
     #: values through, the sink decodes them with it
     format: dict[str, Any] = field(default_factory=dict)
+    #: records the broker deleted before they were read: ``fail`` (:class:`SourceGapError`)
+    #: or ``accept`` (go on from the first offset held; the loss is in :attr:`KafkaReader.losses`)
+    on_data_loss: str = "fail"
+    #: the datastream reading the topic, named in the reader's errors
+    datastream: str = ""
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers:
             raise InvalidSpecError("source.bootstrap_servers", "is required for a kafka source")
         if not self.topic:
             raise InvalidSpecError("source.topic", "is required for a kafka source")
+        if self.on_data_loss not in ("fail", "accept"):
+            raise InvalidSpecError(
+                "source.on_data_loss", f"{self.on_data_loss!r} is not fail or accept"
+            )
 
     def client_config(self) -> dict[str, Any]:
         return {
             "group.id": "millstream-reader",
             "enable.auto.commit": False,
             "enable.partition.eof": False,
-            "auto.offset.reset": "earliest",
+            # A range's start the broker no longer holds (retention) is an error the read
+            # handles (on_data_loss), never a silent jump to the earliest offset held.
+            "auto.offset.reset": "error",
             "session.timeout.ms": 6000,
             # A range is read only below the high watermark, so its records exist: a fetch
             # never needs to wait for data. With librdkafka's default (500 ms) a broker that
@@ -115,7 +194,7 @@ class ConsumerPool:
             idle = self._idle.get(key)
             consumer = idle.pop()[0] if idle else None
         if consumer is None:
-            consumer = Consumer(conf)
+            consumer = Consumer({**conf, "logger": CLIENT_LOG})
         try:
             yield consumer
         except BaseException:
@@ -154,8 +233,10 @@ class ConsumerPool:
             return sum(len(idle) for idle in self._idle.values())
 
 
-#: The pool of this process; a reader uses it unless it is given its own.
+#: The pool of this process; a reader uses it unless it is given its own. Its consumers are
+#: closed when the process exits (a service closes them before it stops a broker it runs).
 CONSUMERS = ConsumerPool()
+atexit.register(CONSUMERS.close)
 
 
 #: confluent_kafka's ``TIMESTAMP_NOT_AVAILABLE`` (a record without a timestamp).
@@ -183,6 +264,15 @@ class KafkaReader(PartitionReader):
         self.headers = "headers" in (config.format.get("metadata") or {})
         #: the topic's partitions and when they were listed (monotonic seconds)
         self._partitions: tuple[float, list[int]] | None = None
+        #: per partition, one past the highest offset the source has shown (a record read,
+        #: or the end a fetch reached): the latest offset is never below it
+        self.shown: dict[int, int] = {}
+        #: per partition, the watermark last answered and the offset last probed to its end
+        self._marks: dict[int, int] = {}
+        self._probed: dict[int, int] = {}
+        #: ``(partition, first, end)`` of the offsets a read skipped because the broker no
+        #: longer held them (``on_data_loss: accept``); the sink reports them with its commit
+        self.losses: list[tuple[int, int, int]] = []
 
     @classmethod
     def config_from_spec(cls, fields: dict[str, Any]) -> KafkaConfig:
@@ -195,11 +285,19 @@ class KafkaReader(PartitionReader):
             fields["topic"],
             dict(fields.get("options") or {}),
             format_config(fields),
+            on_data_loss=fields.get("on_data_loss") or "fail",
+            datastream=fields.get("datastream") or "",
         )
 
     def __getstate__(self) -> dict[str, Any]:
         # A pool holds live clients: a reader shipped to another process uses that one's.
-        return {**self.__dict__, "consumers": None, "_partitions": None}
+        return {
+            **self.__dict__,
+            "consumers": None,
+            "_partitions": None,
+            "_probed": {},
+            "losses": [],
+        }
 
     @property
     def _pool(self) -> ConsumerPool:
@@ -290,8 +388,81 @@ class KafkaReader(PartitionReader):
             for i in members:
                 if out[i] is None:
                     out[i] = kafka[i]._ends(ends)
+            answered = [(kafka[i], got) for i in members if isinstance(got := out[i], dict)]
+            first._probe_past(answered)
+            for i in members:
+                got = out[i]
+                if isinstance(got, dict):
+                    shown = kafka[i].shown
+                    out[i] = {p: max(o, shown.get(p, o)) for p, o in got.items()}
         assert all(o is not None for o in out)
         return [o for o in out if o is not None]
+
+    def _probe_past(self, answered: list[tuple[KafkaReader, dict[int, int]]]) -> None:
+        """Raise each reader's :attr:`shown` to what its partitions hold past the watermarks
+        just ``answered``, probing (one fetch for all, :meth:`_probe`) only where the end to
+        probe from moved since a probe last reached it: a caught-up, idle source costs
+        nothing. A watermark below the last one answered (the topic deleted and created
+        again, the broker restarted empty) forgets what the partition showed before."""
+        todo: dict[tuple[str, int], int] = {}
+        for r, got in answered:
+            for p, w in got.items():
+                if w < r._marks.get(p, w):
+                    r.shown.pop(p, None)
+                    r._probed.pop(p, None)
+                r._marks[p] = w
+                at = max(w, r.shown.get(p, w))
+                if r._probed.get(p) != at:
+                    todo[(r.topic, p)] = max(at, todo.get((r.topic, p), at))
+        if not todo:
+            return
+        try:
+            reached = self._probe(todo)
+        except Exception as exc:  # the watermarks (and what was shown before) stand
+            log.warning("kafka probe past the watermarks of %s failed: %r", sorted(todo), exc)
+            return
+        for r, got in answered:
+            for p in got:
+                end, settled = reached.get((r.topic, p), (None, False))
+                if end is not None:
+                    r.shown[p] = max(r.shown.get(p, end), end)
+                if settled and end is not None:
+                    r._probed[p] = end
+
+    def _probe(self, at: dict[tuple[str, int], int]) -> dict[tuple[str, int], tuple[int, bool]]:
+        """Fetch every ``(topic, partition)`` from its offset in ``at`` to its end (a fetch
+        answering nothing more: librdkafka's partition EOF). Per partition: one past the last
+        offset reached (a record, or the end), and whether the end was reached within
+        :data:`PROBE_TIMEOUT_S`. A broker whose watermark is exact answers the end at once
+        (one fetch's wait, ``fetch.wait.max.ms``); a partition the probe cannot fetch (an
+        error) is settled where it is, as its watermark says."""
+        conf = {**self.conf, "enable.partition.eof": True, "auto.offset.reset": "error"}
+        reached = {tp: (o, False) for tp, o in at.items()}
+        with self._pool.lease(conf) as c:
+            tps = [TopicPartition(t, p, o) for (t, p), o in at.items()]
+            c.assign(tps)
+            try:
+                deadline = time.monotonic() + PROBE_TIMEOUT_S
+                while (left := deadline - time.monotonic()) > 0 and not all(
+                    done for _, done in reached.values()
+                ):
+                    m = c.poll(min(left, 0.5))
+                    if m is None:
+                        continue
+                    tp = (m.topic(), m.partition())
+                    if tp not in reached:
+                        continue
+                    err = m.error()
+                    end, _ = reached[tp]
+                    if err is None:
+                        reached[tp] = (max(end, m.offset() + 1), False)
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        reached[tp] = (max(end, m.offset()), True)
+                    elif m.partition() is not None and m.partition() >= 0:
+                        reached[tp] = (end, True)  # cannot fetch it: its watermark stands
+            finally:
+                c.unassign()
+        return reached
 
     def _ends(self, answers: dict[tuple[str, int], Any]) -> dict[int, int] | Exception:
         assert self._partitions is not None
@@ -400,6 +571,9 @@ class KafkaReader(PartitionReader):
             for m in msgs:
                 p = m.partition()
                 if m.error() is not None:
+                    if m.error().code() in _OUT_OF_RANGE and p in position:
+                        position[p] = self._past_lost(c, p, position[p], bounds[p][1])
+                        continue
                     raise SourceReadError(
                         f"kafka topic {self.topic!r}", str(m.error()), partition=p, topic=self.topic
                     )
@@ -432,6 +606,10 @@ class KafkaReader(PartitionReader):
                         continue
                     tp = TopicPartition(self.topic, p)
                     low, high = c.get_watermark_offsets(tp, timeout=10)
+                    if low > position[p]:  # deleted without the broker saying so
+                        position[p] = self._past_lost(c, p, position[p], bounds[p][1], low)
+                        last_progress = time.monotonic()
+                        continue
                     if position[p] >= low and high >= bounds[p][1]:
                         position[p] = bounds[p][1]  # compacted or markers: nothing more
                         continue
@@ -459,6 +637,10 @@ class KafkaReader(PartitionReader):
             headers: list[str | None] | None = [] if self.headers else None
             for m in msgs:
                 if m.error() is not None:
+                    if m.error().code() in _OUT_OF_RANGE and not offsets:
+                        position = self._past_lost(c, partition, position, hi)
+                        last_progress = time.monotonic()
+                        break
                     raise SourceReadError(
                         f"kafka topic {self.topic!r}",
                         str(m.error()),
@@ -482,6 +664,10 @@ class KafkaReader(PartitionReader):
                 # Offsets below the high watermark that never arrive (compacted, or
                 # transaction markers at the end): the range holds no more records.
                 low, high = c.get_watermark_offsets(tp, timeout=10)
+                if low > position:  # deleted without the broker saying so
+                    position = self._past_lost(c, partition, position, hi, low)
+                    last_progress = time.monotonic()
+                    continue
                 if position >= low and high >= hi:
                     break
                 raise SourceReadError(
@@ -491,6 +677,43 @@ class KafkaReader(PartitionReader):
                     partition=partition,
                     topic=self.topic,
                 )
+
+    def _past_lost(
+        self, c: Any, partition: int, position: int, hi: int, low: int | None = None
+    ) -> int:
+        """Where the read of ``partition`` (assigned to ``c``, up to ``hi``) goes on when the
+        broker no longer holds ``position``: its first offset held (``low`` if known). The
+        offsets between are lost: :class:`SourceGapError` with ``on_data_loss: fail``, the
+        default; with ``accept`` they are recorded in :attr:`losses` and logged, and the read
+        seeks past them."""
+        tp = TopicPartition(self.topic, partition)
+        if low is None:
+            low, _ = c.get_watermark_offsets(tp, timeout=10)
+        end = min(low, hi)
+        if low <= position:  # nothing deleted below it: the broker's error stands
+            raise SourceReadError(
+                f"kafka topic {self.topic!r}",
+                f"offset {position} is out of range although the first offset held is {low}",
+                partition=partition,
+                topic=self.topic,
+            )
+        name = self.config.datastream or "?"
+        if self.config.on_data_loss != "accept":
+            raise SourceGapError(name, self.topic, partition, position, end, low)
+        log.warning(
+            "datastream %s: kafka topic %r partition %d no longer holds offsets %d..%d "
+            "(%d records lost; on_data_loss: accept)",
+            name,
+            self.topic,
+            partition,
+            position,
+            end - 1,
+            end - position,
+        )
+        self.losses.append((partition, position, end))
+        if end < hi:
+            c.seek(TopicPartition(self.topic, partition, end))
+        return end
 
 
 def _append(
