@@ -120,7 +120,7 @@ def test_migrating_a_version_8_store_records_each_tables_spec_as_schema_version_
 
     again = MetadataStore(backend.metadata_url)
     try:
-        assert again.schema_version() == schema.LATEST_SCHEMA_VERSION == 9
+        assert again.schema_version() == schema.LATEST_SCHEMA_VERSION == 10
         assert again.get_table(TABLE).schema_version == 1
         assert again.schema_history(TABLE) == [(1, V1, 0)]
         info, _ = again.evolve_table(WITH_AMOUNT)
