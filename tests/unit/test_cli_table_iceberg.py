@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
-from iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows
 from typer.testing import CliRunner
 
+from iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows
 from millstream.catalog import Catalog
 from millstream.cli.app import app
 from millstream.table.writer import commit_staged, stage_rows
