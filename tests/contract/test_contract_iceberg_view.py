@@ -13,14 +13,15 @@ file its publish wrote: each equals ``read_table(as_of=V)`` of its manifest vers
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
-from iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows, s3_properties
 
+from iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows, s3_properties
 from millstream.catalog import Catalog
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
@@ -177,3 +178,189 @@ def test_a_version_already_published_is_not_published_again(catalog: Catalog) ->
     assert first.published and first.pointer is not None
     again = publish(catalog.store, catalog.deep, "kv")
     assert not again.published and again.pointer == first.pointer
+
+
+def _kv(catalog: Catalog, **retention: Any) -> History:
+    spec: dict[str, Any] = {"name": "kv", "schema": SCHEMA, "mode": "upsert", "primary_key": ["k"]}
+    if retention:
+        spec["retention"] = retention
+    return History(catalog, catalog.create_table(spec).spec, {})
+
+
+def test_superseded_rows_tombstones_and_trimmed_ranges_are_hidden_by_position_deletes(
+    catalog: Catalog,
+) -> None:
+    """An upsert table's file holds a superseded row and a tombstone, and a trimmed commit's
+    file holds rows below its entry's start: the snapshot's delete file names each of them,
+    and both readers return Millstream's rows."""
+    kv = _kv(catalog)
+    kv.batch(0, [(1, False, 0, 1, "a"), (2, False, 0, 2, "a"), (1, False, 0, 3, "b")])
+    kv.batch(0, [(2, True, 0, None, None), (3, False, 0, 4, "c")])
+    # A replayed range [3, 6): rows 3 and 4 are below the upper, only offset 5 is new.
+    rows = [
+        {
+            "k": k,
+            "cmp": 0,
+            "qty": q,
+            "note": "r",
+            PARTITION_COL: 0,
+            OFFSET_COL: o,
+            TOMBSTONE_COL: False,
+        }
+        for k, q, o in [(7, 70, 3), (8, 80, 4), (3, 9, 5)]
+    ]
+    staged = stage_rows(
+        catalog.deep,
+        kv.spec,
+        pa.Table.from_pylist(rows, schema=kv.spec.arrow_schema(system_columns=True)),
+    )
+    commit_staged(catalog.store, catalog.deep, "kv", staged, {0: (3, 6)}, {})
+    result = publish(catalog.store, catalog.deep, "kv")
+    assert result.published and result.pointer is not None
+    metadata = location(catalog.deep, result.pointer.metadata_location)
+    expected = millstream_rows(catalog, "kv", result.pointer.manifest_version)
+    assert [dict(r)["k"] for r in expected] == [1, 3]
+    if not catalog.settings.deep_store.startswith("s3://"):  # DuckDB reads S3 with httpfs only
+        assert duckdb_rows(duckdb_connection(), metadata) == expected
+    assert pyiceberg_rows(metadata, None, s3_properties(catalog)) == expected
+    from pyiceberg.table import StaticTable
+
+    tasks = list(
+        StaticTable.from_metadata(metadata, properties=s3_properties(catalog)).scan().plan_files()
+    )
+    # Each of the three files holds rows the read does not return.
+    assert len(tasks) == 3 and all(t.delete_files for t in tasks)
+    deleted = sum(
+        catalog.deep.read_parquet(relative_or_fail(catalog, d.file_path)).num_rows
+        for d in {d.file_path: d for t in tasks for d in t.delete_files}.values()
+    )
+    # 8 physical rows, 2 returned: (1, a) and (3, c) superseded, key 2's row and its
+    # tombstone, keys 7 and 8 below the trimmed entry's start.
+    assert deleted == 6
+
+
+def relative_or_fail(catalog: Catalog, uri: str) -> str:
+    from millstream.table.iceberg import relative
+
+    rel = relative(catalog.deep, uri)
+    assert rel is not None, uri
+    return rel
+
+
+def test_of_two_publishers_that_read_the_same_pointer_only_one_moves_it(catalog: Catalog) -> None:
+    from millstream.metastore.iceberg import read_pointer, swap_pointer
+
+    kv = _kv(catalog)
+    kv.batch(0, [(1, False, 0, 1, "a")])
+    # Two first publishes: the second's insert is refused.
+    assert swap_pointer(
+        catalog.store, "kv", None, metadata_location="a", manifest_version=1, now=0.0
+    )
+    assert (
+        swap_pointer(catalog.store, "kv", None, metadata_location="b", manifest_version=1, now=0.0)
+        is None
+    )
+    seen = read_pointer(catalog.store, "kv")
+    assert seen is not None and seen.metadata_location == "a"
+    won = swap_pointer(
+        catalog.store, "kv", seen, metadata_location="c", manifest_version=2, now=0.0
+    )
+    assert won is not None and won.version == seen.version + 1
+    # The slower one read the same pointer: it loses, and the winner's pointer stays.
+    assert (
+        swap_pointer(catalog.store, "kv", seen, metadata_location="d", manifest_version=2, now=0.0)
+        is None
+    )
+    assert read_pointer(catalog.store, "kv") == won
+
+
+def test_expired_versions_expire_their_snapshots_and_gc_keeps_every_file_a_retained_snapshot_needs(
+    catalog: Catalog,
+) -> None:
+    from millstream.clock import ManualClock
+    from millstream.metastore.iceberg import read_pointer
+    from millstream.table.iceberg import DeepStoreIO, load_metadata, view_prefix
+    from millstream.table.maintain import maintain
+
+    clock = ManualClock(time.time())
+    catalog.store.clock = clock
+    kv = _kv(catalog, time="1s", min_versions=2)
+    published: dict[int, str] = {}
+    for i in range(4):
+        kv.batch(0, [(i % 2, False, 0, i, "v"), (5, i == 2, 0, i, "w")])
+        clock.advance(10)
+        result = publish(catalog.store, catalog.deep, "kv")
+        assert result.pointer is not None
+        published[result.pointer.manifest_version] = result.pointer.metadata_location
+    before = {f.path for f in catalog.deep.list_files(view_prefix("kv"))}
+    clock.advance(3600)
+    maintain(catalog.store, catalog.deep, "kv", grace_seconds=0, clock=clock)
+    oldest = catalog.store.oldest_kept_version("kv")
+    assert oldest == 3
+    pointer = read_pointer(catalog.store, "kv")
+    assert pointer is not None and pointer.manifest_version == 4
+    current = location(catalog.deep, pointer.metadata_location)
+    props = s3_properties(catalog)
+    from pyiceberg.table import StaticTable
+
+    assert [
+        s.snapshot_id
+        for s in StaticTable.from_metadata(current, properties=props).metadata.snapshots
+    ] == [3, 4]
+    after = {f.path for f in catalog.deep.list_files(view_prefix("kv"))}
+    assert after < before | {pointer.metadata_location}, "expired snapshots' files were removed"
+    assert published[1] not in after and published[2] not in after
+    # Every retained snapshot reads, through the newest metadata and its own publish's file,
+    # and every file they reference is there.
+    io = DeepStoreIO(catalog.deep)
+    for version in (3, 4):
+        expected = millstream_rows(catalog, "kv", version)
+        assert pyiceberg_rows(current, version, props) == expected
+        assert pyiceberg_rows(location(catalog.deep, published[version]), None, props) == expected
+        snap = load_metadata(catalog.deep, published[version]).snapshot_by_id(version)
+        assert snap is not None
+        for m in snap.manifests(io):
+            for e in m.fetch_manifest_entry(io):
+                assert catalog.deep.exists(relative_or_fail(catalog, e.data_file.file_path))
+
+
+def test_an_unsealed_partial_update_is_published_as_its_merged_row(catalog: Catalog) -> None:
+    """Two updates of a key in consuming segments merge (qty summed, notes appended) into a
+    row no data file holds: the snapshot shows the merged row, not either physical row; once
+    sealed, the merged row is a physical row and nothing is written beside the data files."""
+    from millstream.table.iceberg import view_prefix
+
+    spec = {
+        "name": "p",
+        "schema": SCHEMA,
+        "mode": "partial",
+        "primary_key": ["k"],
+        "partial": {"qty": "sum", "note": "append"},
+    }
+    history = History(catalog, catalog.create_table(spec).spec, {})
+    history.batch(0, [(1, False, 0, 2, "a"), (2, False, 0, 5, "x")])
+    history.batch(0, [(1, False, 0, 3, "b")])
+    local = not catalog.settings.deep_store.startswith("s3://")
+    props = s3_properties(catalog)
+    for seal in (False, True):
+        if seal:
+            Sealer(catalog, "p", index_cache=IndexCache()).seal_partition(0, force=True)
+        result = publish(catalog.store, catalog.deep, "p")
+        assert result.published and result.pointer is not None
+        metadata = location(catalog.deep, result.pointer.metadata_location)
+        expected = millstream_rows(catalog, "p", result.pointer.manifest_version)
+        assert expected == canonical(
+            [
+                {"k": 1, "cmp": 0, "qty": 5, "note": "a,b"},
+                {"k": 2, "cmp": 0, "qty": 5, "note": "x"},
+            ]
+        )
+        assert pyiceberg_rows(metadata, None, props) == expected
+        if local:
+            assert duckdb_rows(duckdb_connection(), metadata) == expected
+        merged = [
+            f
+            for f in catalog.deep.list_files(f"{view_prefix('p')}/merged")
+            if f.path.split("/")[-1].startswith(f"{result.pointer.manifest_version:012d}-")
+        ]
+        assert len(merged) == (0 if seal else 1)

@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
+from pyiceberg.io import FileIO, InputFile, OutputFile
 from pyiceberg.io.pyarrow import PyArrowFile, _pyarrow_to_schema_without_ids
 from pyiceberg.manifest import (
     DataFile,
@@ -81,7 +82,7 @@ from millstream.metastore.iceberg import (
 from millstream.metastore.models import Entry, Manifest
 from millstream.metastore.store import MetadataStore
 from millstream.spec import OFFSET_COL, PARTITION_COL, SYSTEM_COLUMNS, TableSpec
-from millstream.storage.deepstore import DeepStore
+from millstream.storage.deepstore import DeepStore, StoredFile
 from millstream.table.read import conform, read_manifest
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,31 @@ def _file(deep: DeepStore, path: str, *, create: bool = False) -> PyArrowFile:
     if create:
         deep.fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
     return PyArrowFile(location(deep, path), full, deep.fs)
+
+
+class DeepStoreIO(FileIO):
+    """pyiceberg's file access through the deep store's own file system (its S3 endpoint and
+    credentials included), for locations under its root."""
+
+    def __init__(self, deep: DeepStore) -> None:
+        super().__init__()
+        self.deep = deep
+
+    def _path(self, uri: str) -> str:
+        rel = relative(self.deep, uri)
+        if rel is None:
+            raise ValueError(f"{uri!r} is not in the deep store {self.deep.uri!r}")
+        return rel
+
+    def new_input(self, location: str) -> PyArrowFile:
+        return _file(self.deep, self._path(location))
+
+    def new_output(self, location: str) -> PyArrowFile:
+        return _file(self.deep, self._path(location), create=True)
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        uri = location if isinstance(location, str) else location.location
+        self.deep.delete(self._path(uri))
 
 
 class DeleteManifestWriter(ManifestWriterV2):
@@ -388,7 +414,7 @@ def _write_manifest(
 def write_snapshot(
     deep: DeepStore,
     spec: TableSpec,
-    view: VersionView,
+    view: VersionView | None,
     previous: TableMetadata | None,
     *,
     previous_location: str | None,
@@ -398,11 +424,24 @@ def write_snapshot(
 ) -> tuple[str, tuple[int, ...]]:
     """Write the files of a snapshot of ``view`` and the table metadata that adds it to
     ``previous`` (dropping the snapshots of versions below ``oldest_kept``); returns the new
-    metadata file's path (relative) and the expired snapshot ids."""
+    metadata file's path (relative) and the expired snapshot ids. Without ``view``, the new
+    metadata only drops the expired snapshots."""
     table = spec.name
+    prefix = view_prefix(table)
+    if view is None:
+        assert previous is not None and previous.current_snapshot_id is not None
+        expired = tuple(s.snapshot_id for s in previous.snapshots if s.snapshot_id < oldest_kept)
+        metadata = update_table_metadata(
+            previous,
+            (RemoveSnapshotsUpdate(snapshot_ids=list(expired)),),
+            metadata_location=previous_location,
+        )
+        tag = f"{previous.current_snapshot_id:012d}-{uuid.uuid4().hex}"
+        metadata_path = f"{prefix}/metadata/{tag}.metadata.json"
+        ToOutputFile.table_metadata(metadata, _file(deep, metadata_path, create=True))
+        return metadata_path, expired
     v = view.version
     tag = f"{v:012d}-{uuid.uuid4().hex}"
-    prefix = view_prefix(table)
     schema = iceberg_schema(spec.arrow_schema(), previous)
 
     data_files = [
@@ -468,8 +507,9 @@ def write_snapshot(
         ),
         schema_id=schema.schema_id,
     )
-    base = previous
-    if base is None:
+    if previous is not None:
+        base = previous
+    else:
         base = new_table_metadata(
             schema,
             UNPARTITIONED_PARTITION_SPEC,
@@ -511,11 +551,19 @@ def publish(store: MetadataStore, deep: DeepStore, table: str) -> PublishResult:
     pointer = read_pointer(store, table)
     manifest = store.manifest(table)
     v = manifest.version
-    if v == 0 or (pointer is not None and pointer.manifest_version >= v):
+    if v == 0:
         return PublishResult(table, pointer, False)
     previous = load_metadata(deep, pointer.metadata_location) if pointer is not None else None
-    view = version_view(deep, manifest)
     oldest = store.oldest_kept_version(table)
+    view: VersionView | None = None
+    if pointer is not None and pointer.manifest_version >= v:
+        # Nothing new; still drop the snapshots of versions retention expired.
+        assert previous is not None
+        if not any(s.snapshot_id < oldest for s in previous.snapshots):
+            return PublishResult(table, pointer, False)
+        v = pointer.manifest_version
+    else:
+        view = version_view(deep, manifest)
     committed_at = version_committed_at(store, table, v)
     metadata_path, expired = write_snapshot(
         deep,
@@ -535,8 +583,84 @@ def publish(store: MetadataStore, deep: DeepStore, table: str) -> PublishResult:
     except CommitStateUnknownError:
         again = read_pointer(store, table)
         landed = again is not None and again.metadata_location == metadata_path
-        return PublishResult(table, again, landed, expired if landed else ())
+        return PublishResult(table, again, landed and view is not None, expired if landed else ())
     if moved is None:
         log.info("iceberg view of %s: another publisher moved the pointer first", table)
         return PublishResult(table, read_pointer(store, table), False)
-    return PublishResult(table, moved, True, expired)
+    return PublishResult(table, moved, view is not None, expired)
+
+
+# -- garbage collection -----------------------------------------------------------------------
+
+
+def referenced_view_files(store: MetadataStore, deep: DeepStore, table: str) -> set[str]:
+    """Every file of ``table``'s view (relative paths under :func:`view_prefix`) that a
+    retained snapshot needs: the current metadata file and the earlier ones its log lists
+    whose snapshot is retained, and of every retained snapshot (manifest version at or above
+    the oldest kept one) they list, its manifest list, manifests, delete files and merged-row
+    files."""
+    pointer = read_pointer(store, table)
+    if pointer is None:
+        return set()
+    oldest = store.oldest_kept_version(table)
+    io = DeepStoreIO(deep)
+    current = load_metadata(deep, pointer.metadata_location)
+    keep = {pointer.metadata_location}
+    metadata = [current]
+    for entry in current.metadata_log:
+        rel = relative(deep, entry.metadata_file)
+        if rel is None or _version_of(rel) < oldest or not deep.exists(rel):
+            continue
+        keep.add(rel)
+        metadata.append(load_metadata(deep, rel))
+    prefix = view_prefix(table) + "/"
+    seen: set[int] = set()
+    for md in metadata:
+        for snap in md.snapshots:
+            if snap.snapshot_id < oldest or snap.snapshot_id in seen:
+                continue
+            seen.add(snap.snapshot_id)
+            keep.add(io._path(snap.manifest_list))
+            for m in snap.manifests(io):
+                keep.add(io._path(m.manifest_path))
+                for e in m.fetch_manifest_entry(io, discard_deleted=False):
+                    rel = relative(deep, e.data_file.file_path)
+                    if rel is not None and rel.startswith(prefix):
+                        keep.add(rel)
+    return keep
+
+
+def _version_of(path: str) -> int:
+    """The manifest version in a view file's name (``<version>-<uuid>...``)."""
+    name = path.rsplit("/", 1)[-1].removeprefix("snap-")
+    head = name.split("-", 1)[0]
+    return int(head) if head.isdigit() else -1
+
+
+def collect_view_garbage(
+    store: MetadataStore,
+    deep: DeepStore,
+    table: str,
+    *,
+    grace_seconds: float,
+    now: float,
+    dry_run: bool = False,
+) -> list[StoredFile]:
+    """Delete the files of ``table``'s view that no retained snapshot needs
+    (:func:`referenced_view_files`) and that are older than the grace period (a publish in
+    progress writes its files before it moves the pointer). Lists before it reads the
+    references, as :func:`millstream.table.gc.collect_garbage` does."""
+    files = deep.list_files(view_prefix(table))
+    if not files:
+        return []
+    referenced = referenced_view_files(store, deep, table)
+    cutoff = now - grace_seconds
+    doomed = [
+        f
+        for f in files
+        if f.path not in referenced and f.mtime is not None and f.mtime.timestamp() < cutoff
+    ]
+    if not dry_run:
+        for f in doomed:
+            deep.delete(f.path)
+    return doomed
