@@ -32,6 +32,7 @@ LAZY_IMPORT_MODULES = {
     "ingest/sources/files.py": "the decoders' libraries load where a spec is read, not in the "
     "query's source process",
     "ingest/sources/kafka.py": "as files.py",
+    "table/maintain.py": "pyiceberg loads only where a table has an Iceberg view",
 }
 
 

@@ -177,24 +177,23 @@ def iceberg(
     from millstream.table.iceberg import publish as publish_view
 
     with handle_errors(output), Catalog.open(home=home) as cat:
-        cat.store.get_table(table)  # raises NotFoundError naming the table
-        pointer = (
-            publish_view(cat.store, cat.deep, table).pointer
-            if publish
-            else read_pointer(cat.store, table)
-        )
+        cat.store.get_table(table)  # raises TableNotFoundError naming the table
+        if publish:
+            pointer = publish_view(cat.store, cat.deep, table).pointer
+        else:
+            pointer = read_pointer(cat.store, table)
         if pointer is None:
             # Nothing committed yet (or, with --no-publish, nothing published yet).
             raise NotFoundError("Iceberg view of table", table)
-        where = location(cat.deep, pointer.metadata_location)
         if output is OutputFormat.json:
             emit_json(
                 {
                     "table": table,
-                    "metadata_location": where,
+                    "metadata_location": location(cat.deep, pointer.metadata_location),
                     "manifest_version": pointer.manifest_version,
                     "snapshot_id": pointer.manifest_version,
                 }
             )
         else:
+            where = location(cat.deep, pointer.metadata_location)
             console.print(where, highlight=False, soft_wrap=True)

@@ -12,7 +12,6 @@ from millstream.metastore.iceberg import read_pointer
 from millstream.metastore.store import MetadataStore
 from millstream.storage.deepstore import DeepStore
 from millstream.table.gc import DEFAULT_GRACE_SECONDS, collect_garbage_files
-from millstream.table.iceberg import collect_view_garbage, publish
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,15 +64,19 @@ def maintain(
     """Expire ``table``'s old versions, then delete the files no kept version references and
     that are older than the grace period (see :func:`millstream.table.gc.collect_garbage`)."""
     expiry = expire_versions(store, table, now=clock.now(), dry_run=dry_run)
-    if not dry_run and read_pointer(store, table) is not None:
-        # The Iceberg view drops the snapshots of the versions that just expired.
-        publish(store, deep, table)
     removed = collect_garbage_files(
         store, deep, table, grace_seconds=grace_seconds, clock=clock, dry_run=dry_run
     )
-    removed += collect_view_garbage(
-        store, deep, table, grace_seconds=grace_seconds, now=clock.now(), dry_run=dry_run
-    )
+    if read_pointer(store, table) is not None:
+        # lazy: pyiceberg (about a second to import) loads only where a table has a view
+        from millstream.table.iceberg import collect_view_garbage, publish
+
+        if not dry_run:
+            # The Iceberg view drops the snapshots of the versions that just expired.
+            publish(store, deep, table)
+        removed += collect_view_garbage(
+            store, deep, table, grace_seconds=grace_seconds, now=clock.now(), dry_run=dry_run
+        )
     return Maintenance(
         table,
         dry_run,
