@@ -364,3 +364,64 @@ def test_an_unsealed_partial_update_is_published_as_its_merged_row(catalog: Cata
             if f.path.split("/")[-1].startswith(f"{result.pointer.manifest_version:012d}-")
         ]
         assert len(merged) == (0 if seal else 1)
+
+
+def test_schema_changes_keep_field_ids_and_old_snapshots_read_with_their_schema(
+    catalog: Catalog,
+) -> None:
+    """A column added and an int widened to long: the next snapshot's schema keeps every
+    field id and gives the new column a new one; the old snapshot reads with its own schema,
+    the new one with nulls for the old rows' new column, both as Millstream reads them."""
+    from pyiceberg.table import StaticTable
+
+    from millstream.spec import TableSpec
+
+    v1 = {"name": "ev", "schema": {"k": "long", "n": "int"}, "mode": "upsert", "primary_key": ["k"]}
+    spec = catalog.create_table(v1).spec
+
+    def commit(spec: TableSpec, rows: list[dict[str, Any]], lo: int) -> None:
+        full = [
+            {**r, PARTITION_COL: 0, OFFSET_COL: lo + i, TOMBSTONE_COL: False}
+            for i, r in enumerate(rows)
+        ]
+        table = pa.Table.from_pylist(full, schema=spec.arrow_schema(system_columns=True))
+        staged = stage_rows(catalog.deep, spec, table)
+        commit_staged(catalog.store, catalog.deep, "ev", staged, {0: (lo, lo + len(rows))}, {})
+
+    commit(spec, [{"k": 1, "n": 10}, {"k": 2, "n": 20}], 0)
+    first = publish(catalog.store, catalog.deep, "ev").pointer
+    assert first is not None
+    v2 = TableSpec.parse({**v1, "schema": {"k": "long", "n": "long", "note": "string"}})
+    evolved, _ = catalog.store.evolve_table(v2)
+    commit(evolved.spec, [{"k": 2, "n": 2**40, "note": "big"}], 2)
+    second = publish(catalog.store, catalog.deep, "ev").pointer
+    assert second is not None
+    props = s3_properties(catalog)
+    metadata = location(catalog.deep, second.metadata_location)
+    table = StaticTable.from_metadata(metadata, properties=props)
+    old_schema = table.metadata.schema_by_id(
+        table.metadata.snapshot_by_id(first.manifest_version).schema_id
+    )
+    new_schema = table.schema()
+    assert old_schema is not None
+    assert [(f.field_id, f.name, str(f.field_type)) for f in old_schema.fields] == [
+        (1, "k", "long"),
+        (2, "n", "int"),
+    ]
+    assert [(f.field_id, f.name, str(f.field_type)) for f in new_schema.fields] == [
+        (1, "k", "long"),
+        (2, "n", "long"),
+        (3, "note", "string"),
+    ]
+    assert pyiceberg_rows(metadata, None, props) == millstream_rows(
+        catalog, "ev", second.manifest_version
+    )
+    assert pyiceberg_rows(metadata, None, props) == canonical(
+        [{"k": 1, "n": 10, "note": None}, {"k": 2, "n": 2**40, "note": "big"}]
+    )
+    old = location(catalog.deep, first.metadata_location)
+    assert pyiceberg_rows(old, None, props) == canonical([{"k": 1, "n": 10}, {"k": 2, "n": 20}])
+    if not catalog.settings.deep_store.startswith("s3://"):
+        assert duckdb_rows(duckdb_connection(), metadata) == millstream_rows(
+            catalog, "ev", second.manifest_version
+        )
