@@ -33,6 +33,7 @@ LAZY_IMPORT_MODULES = {
     "query's source process",
     "ingest/sources/kafka.py": "as files.py",
     "table/maintain.py": "pyiceberg loads only where a table has an Iceberg view",
+    "sealing/maintenance.py": "pyiceberg loads only in a process that publishes Iceberg views",
 }
 
 
