@@ -237,6 +237,8 @@ class ControlSettingsOut(_Out):
     worker_ttl: float
     takeover_ttl: float
     tick_seconds: float
+    #: Seconds between two publishes of a table's Iceberg view by its worker (None: off).
+    iceberg_publish_interval: float | None = None
 
 
 class SettingsOut(_Out):

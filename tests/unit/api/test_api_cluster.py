@@ -73,6 +73,7 @@ def test_settings_give_a_worker_the_stores_and_timings(api: TestClient, catalog:
             "worker_ttl": 5.0,
             "takeover_ttl": 1.5,
             "tick_seconds": 1.0,
+            "iceberg_publish_interval": None,
         },
     }
 

@@ -72,3 +72,22 @@ def test_pyiceberg_attaches_the_catalog_and_reads_a_table_as_millstream_does(
             assert (
                 httpx.get(f"{url}/iceberg/v1/namespaces/default/tables/orders").status_code == 401
             )
+
+
+def test_workers_learn_the_publish_interval_from_the_controllers_settings(
+    catalog: Catalog, clock: ManualClock
+) -> None:
+    from api_support import TestClient
+
+    from millstream.control.controller import ControlSettings
+
+    ctl = Controller(
+        catalog,
+        controller_id="c",
+        settings=ControlSettings(iceberg_publish_interval=15.0),
+        clock=clock,
+    )
+    with TestClient(create_app(catalog, controller=ctl, clock=clock)) as client:
+        remote = client.get("/settings").json()
+    # What `millstream worker` builds its settings from.
+    assert ControlSettings(**remote["control"]).iceberg_publish_interval == 15.0

@@ -64,5 +64,6 @@ def settings(ctx: Ctx) -> SettingsOut:
             worker_ttl=ctx.control.worker_ttl,
             takeover_ttl=ctx.control.takeover_ttl,
             tick_seconds=ctx.control.tick_seconds,
+            iceberg_publish_interval=ctx.control.iceberg_publish_interval,
         ),
     )
