@@ -453,10 +453,14 @@ def write_snapshot(
         data_files.append(
             _data_file(deep, merged_path, DataFileContent.DATA, view.merged.num_rows, size)
         )
-    paths = [location(deep, f.path) for f in view.files for _ in range(len(f.deleted))]
+    # Each file's location once, repeated by its deleted positions (files come sorted).
+    which = np.repeat(
+        np.arange(len(view.files), dtype=np.int64), [len(f.deleted) for f in view.files]
+    )
+    paths = pa.array([location(deep, f.path) for f in view.files], pa.string()).take(which)
     deletes = pa.table(
         {
-            "file_path": pa.array(paths, pa.string()),
+            "file_path": paths,
             "pos": pa.array(
                 np.concatenate([f.deleted for f in view.files] or [np.zeros(0, np.int64)]),
                 pa.int64(),
