@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows, s3_properties
 from millstream.catalog import Catalog
+from millstream.metastore.rollback import rollback_partition
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.sealer import Sealer
@@ -70,6 +71,7 @@ step = st.one_of(
     st.tuples(st.just("seal"), st.integers(0, PARTITIONS - 1)),
     st.tuples(st.just("compact"), st.integers(0, PARTITIONS - 1)),
     st.tuples(st.just("publish")),
+    st.tuples(st.just("rollback"), st.integers(0, PARTITIONS - 1), st.integers(0, 9)),
 )
 
 
@@ -77,7 +79,6 @@ step = st.one_of(
 class History:
     catalog: Catalog
     spec: TableSpec
-    uppers: dict[int, int]
 
     def batch(self, partition: int, records: list[tuple[Any, ...]]) -> None:
         rows_of: dict[int, list[dict[str, Any]]] = {}
@@ -96,15 +97,26 @@ class History:
             )
         ranges: dict[int, tuple[int, int]] = {}
         out = []
+        # Each partition goes on from its shard's upper, in its epoch (a rollback moves both).
+        shards = {sh.partition: sh for sh in self.catalog.store.list_shards(self.spec.name)}
         for p, rows in sorted(rows_of.items()):
-            lo = self.uppers.get(p, 0)
+            lo = shards[p].upper if p in shards else 0
             for i, r in enumerate(rows):
                 out.append({**r, PARTITION_COL: p, OFFSET_COL: lo + i})
             ranges[p] = (lo, lo + len(rows))
-            self.uppers[p] = lo + len(rows)
         table = pa.Table.from_pylist(out, schema=self.spec.arrow_schema(system_columns=True))
         staged = stage_rows(self.catalog.deep, self.spec, table)
-        commit_staged(self.catalog.store, self.catalog.deep, self.spec.name, staged, ranges, {})
+        epochs = {p: shards[p].epoch for p in ranges if p in shards}
+        commit_staged(self.catalog.store, self.catalog.deep, self.spec.name, staged, ranges, epochs)
+
+    def rollback(self, partition: int, pick: int) -> None:
+        """Roll ``partition`` back to before one of its live segments (sealed ones too)."""
+        seqs = sorted(
+            e.seq for e in self.catalog.manifest(self.spec.name).entries if e.partition == partition
+        )
+        if seqs:
+            seq = seqs[pick % len(seqs)]
+            rollback_partition(self.catalog.store, self.spec.name, partition, seq, dry_run=False)
 
 
 def millstream_rows(catalog: Catalog, table: str, version: int) -> list[Any]:
@@ -123,7 +135,7 @@ def test_every_published_snapshot_reads_as_millstreams_read_of_its_version(
     info = catalog.create_table(spec)
     name = info.name
     note(f"spec: {spec}")
-    history = History(catalog, info.spec, {})
+    history = History(catalog, info.spec)
     sealer = Sealer(
         catalog, name, compaction=CompactionPolicy(min_segments=2), index_cache=IndexCache()
     )
@@ -148,6 +160,8 @@ def test_every_published_snapshot_reads_as_millstreams_read_of_its_version(
             sealer.seal_partition(s[1], force=True)
         elif s[0] == "compact":
             sealer.compact_partition(s[1])
+        elif s[0] == "rollback":
+            history.rollback(s[1], s[2])
         else:
             result = publish(catalog.store, catalog.deep, name)
             if result.pointer is None:
@@ -171,7 +185,7 @@ def test_a_version_already_published_is_not_published_again(catalog: Catalog) ->
     info = catalog.create_table(
         {"name": "kv", "schema": SCHEMA, "mode": "upsert", "primary_key": ["k"]}
     )
-    history = History(catalog, info.spec, {})
+    history = History(catalog, info.spec)
     assert publish(catalog.store, catalog.deep, "kv").pointer is None  # nothing committed yet
     history.batch(0, [(1, False, 0, 1, "a"), (1, False, 0, 2, "b")])
     first = publish(catalog.store, catalog.deep, "kv")
@@ -184,7 +198,7 @@ def _kv(catalog: Catalog, **retention: Any) -> History:
     spec: dict[str, Any] = {"name": "kv", "schema": SCHEMA, "mode": "upsert", "primary_key": ["k"]}
     if retention:
         spec["retention"] = retention
-    return History(catalog, catalog.create_table(spec).spec, {})
+    return History(catalog, catalog.create_table(spec).spec)
 
 
 def test_superseded_rows_tombstones_and_trimmed_ranges_are_hidden_by_position_deletes(
@@ -337,7 +351,7 @@ def test_an_unsealed_partial_update_is_published_as_its_merged_row(catalog: Cata
         "primary_key": ["k"],
         "partial": {"qty": "sum", "note": "append"},
     }
-    history = History(catalog, catalog.create_table(spec).spec, {})
+    history = History(catalog, catalog.create_table(spec).spec)
     history.batch(0, [(1, False, 0, 2, "a"), (2, False, 0, 5, "x")])
     history.batch(0, [(1, False, 0, 3, "b")])
     local = not catalog.settings.deep_store.startswith("s3://")
