@@ -1880,6 +1880,112 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
 """,
         tests=("tests/integration/test_kafka_offsets_rewound.py",),
     ),
+    Guard(
+        name="iceberg-position-deletes-written",
+        file="src/millstream/table/iceberg.py",
+        what="the Iceberg view: a snapshot's position delete file (and its delete manifest) is "
+        "written whenever its data files hold rows Millstream's read does not return",
+        old="""\
+    if deletes.num_rows:
+""",
+        new="""\
+    if False:  # MUTATION: no position deletes
+""",
+        tests=(
+            "tests/contract/test_contract_iceberg_view.py::"
+            "test_superseded_rows_tombstones_and_trimmed_ranges_are_hidden_by_position_deletes",
+        ),
+        select="sqlite-local",
+    ),
+    Guard(
+        name="iceberg-view-keeps-only-the-reads-rows",
+        file="src/millstream/table/iceberg.py",
+        what="the Iceberg view keeps a row of a data file only if it lies in one of the "
+        "file's entries and Millstream's read returns its (partition, offset)",
+        old="""\
+        keep = pc.fill_null(pc.and_(keep, member), False).to_numpy(zero_copy_only=False)
+""",
+        new="""\
+        keep = pc.fill_null(keep, False).to_numpy(zero_copy_only=False)  # MUTATION
+""",
+        tests=(
+            "tests/contract/test_contract_iceberg_view.py::"
+            "test_superseded_rows_tombstones_and_trimmed_ranges_are_hidden_by_position_deletes",
+        ),
+        select="sqlite-local",
+    ),
+    Guard(
+        name="iceberg-merged-partial-rows",
+        file="src/millstream/table/iceberg.py",
+        what="the Iceberg view compares each returned row with its physical row: a partial "
+        "table's unsealed merged row is written beside the data files, its physical row hidden",
+        old="""\
+    merged = w_sorted.select(user.names).cast(user).filter(pa.array(~same))
+    if not same.all():
+""",
+        new="""\
+    merged = w_sorted.select(user.names).cast(user).slice(0, 0)  # MUTATION
+    if False:
+""",
+        tests=(
+            "tests/contract/test_contract_iceberg_view.py::"
+            "test_an_unsealed_partial_update_is_published_as_its_merged_row",
+        ),
+        select="sqlite-local",
+    ),
+    Guard(
+        name="iceberg-pointer-compare-and-set",
+        file="src/millstream/metastore/iceberg.py",
+        what="swap_pointer moves a table's Iceberg pointer only from the row version the "
+        "publisher read, so of two publishers that read the same pointer only one moves it",
+        old="""\
+                new_version = cas_update(conn, p, {"table_name": table}, expected.version, values)
+""",
+        new="""\
+                now_at = _read(conn, table)  # MUTATION: whatever the row is now
+                assert now_at is not None
+                new_version = cas_update(conn, p, {"table_name": table}, now_at.version, values)
+""",
+        tests=(
+            "tests/contract/test_contract_iceberg_view.py::"
+            "test_of_two_publishers_that_read_the_same_pointer_only_one_moves_it",
+        ),
+        select="sqlite-local",
+    ),
+    Guard(
+        name="iceberg-gc-keeps-retained-snapshots-files",
+        file="src/millstream/table/iceberg.py",
+        what="the view's GC keeps the manifest list, manifests, delete and merged-row files "
+        "of every retained snapshot, not only the current one's",
+        old="""\
+            if snap.snapshot_id < oldest or snap.snapshot_id in seen:
+""",
+        new="""\
+            if snap.snapshot_id != current.current_snapshot_id:  # MUTATION
+""",
+        tests=(
+            "tests/contract/test_contract_iceberg_view.py::"
+            "test_expired_versions_expire_their_snapshots_and_gc_keeps_every_file_a_retained_snapshot_needs",
+        ),
+        select="sqlite-local",
+    ),
+    Guard(
+        name="iceberg-gc-keeps-retained-metadata-files",
+        file="src/millstream/table/iceberg.py",
+        what="the view's GC keeps the earlier metadata files (a reader may hold their "
+        "location) whose snapshot is retained",
+        old="""\
+        if rel is None or _version_of(rel) < oldest or not deep.exists(rel):
+""",
+        new="""\
+        if True:  # MUTATION: only the current metadata file is kept
+""",
+        tests=(
+            "tests/contract/test_contract_iceberg_view.py::"
+            "test_expired_versions_expire_their_snapshots_and_gc_keeps_every_file_a_retained_snapshot_needs",
+        ),
+        select="sqlite-local",
+    ),
 )
 
 

@@ -32,6 +32,8 @@ LAZY_IMPORT_MODULES = {
     "ingest/sources/files.py": "the decoders' libraries load where a spec is read, not in the "
     "query's source process",
     "ingest/sources/kafka.py": "as files.py",
+    "table/maintain.py": "pyiceberg loads only where a table has an Iceberg view",
+    "sealing/maintenance.py": "pyiceberg loads only in a process that publishes Iceberg views",
 }
 
 

@@ -14,7 +14,7 @@ from millstream.api.errors import install_error_handlers
 from millstream.api.metrics import make_registry
 from millstream.api.middleware import MAX_BODY_BYTES, BearerAuthMiddleware, BodyLimitMiddleware
 from millstream.api.openapi import openapi_factory
-from millstream.api.routes import cluster, datastreams, metrics, pinot, segments, tables
+from millstream.api.routes import cluster, datastreams, iceberg, metrics, pinot, segments, tables
 from millstream.api.rows import LiveRows
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
@@ -83,6 +83,7 @@ def create_app(
         cluster.router,
         metrics.router,
         pinot.router,
+        iceberg.router,
     ):
         app.include_router(router)
     install_console(app)

@@ -295,6 +295,8 @@ class ControlSettingsOut(_Out):
         description="A writer whose shard upper has not moved for this long while its source "
         "holds newer records is stalled (reported, restarted with backoff).",
     )
+    #: Seconds between two publishes of a table's Iceberg view by its worker (None: off).
+    iceberg_publish_interval: float | None = None
 
 
 class SettingsOut(_Out):

@@ -129,6 +129,15 @@ def controller(
             "(durable jobs in GET /reingestJobs), with backoff per segment.",
         ),
     ] = True,
+    iceberg_publish_interval: Annotated[
+        float | None,
+        typer.Option(
+            "--iceberg-publish-interval",
+            min=1.0,
+            help="Workers publish each table's Iceberg view this often (seconds; off unless "
+            "given). Workers learn it from GET /settings.",
+        ),
+    ] = None,
     output: OutputOpt = OutputFormat.text,
 ) -> None:
     """Run a controller (leader election, lifecycle, assignment, automatic repair) and serve
@@ -149,6 +158,7 @@ def controller(
             takeover_ttl=takeover_ttl,
             stall_seconds=stall_seconds,
             auto_repair=auto_repair,
+            iceberg_publish_interval=iceberg_publish_interval,
         )
         ctl = Controller(catalog, controller_id=controller_id, settings=settings)
         app = create_app(catalog, controller=ctl, api_token=api_token, read_token=read_token)

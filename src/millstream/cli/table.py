@@ -151,3 +151,49 @@ def compact(
                 else:
                     line = f"did not merge {what}: the partition changed meanwhile"
             console.print(f"{table} partition {r['partition']}: {line}", highlight=False)
+
+
+@app.command("iceberg", epilog=exit_codes_help())
+def iceberg(
+    table: Annotated[str, typer.Argument(help="The table whose Iceberg view to show.")],
+    publish: Annotated[
+        bool,
+        typer.Option(
+            "--publish/--no-publish",
+            help="Publish the table's current version first (if not published yet).",
+        ),
+    ] = True,
+    home: HomeOpt = None,
+    output: OutputOpt = OutputFormat.text,
+) -> None:
+    """Print the location of the table's current Iceberg metadata file, for DuckDB's
+    ``iceberg_scan`` and pyiceberg's ``StaticTable.from_metadata``. By default the table's
+    current version is published first, so the location shows it."""
+    # lazy: only the command that runs needs it; keeps `millstream --help` fast
+    from millstream.catalog import Catalog
+    from millstream.errors import NotFoundError
+    from millstream.metastore.iceberg import read_pointer
+    from millstream.table.iceberg import location
+    from millstream.table.iceberg import publish as publish_view
+
+    with handle_errors(output), Catalog.open(home=home) as cat:
+        cat.store.get_table(table)  # raises TableNotFoundError naming the table
+        if publish:
+            pointer = publish_view(cat.store, cat.deep, table).pointer
+        else:
+            pointer = read_pointer(cat.store, table)
+        if pointer is None:
+            # Nothing committed yet (or, with --no-publish, nothing published yet).
+            raise NotFoundError("Iceberg view of table", table)
+        if output is OutputFormat.json:
+            emit_json(
+                {
+                    "table": table,
+                    "metadata_location": location(cat.deep, pointer.metadata_location),
+                    "manifest_version": pointer.manifest_version,
+                    "snapshot_id": pointer.manifest_version,
+                }
+            )
+        else:
+            where = location(cat.deep, pointer.metadata_location)
+            console.print(where, highlight=False, soft_wrap=True)

@@ -64,6 +64,10 @@ class ControlSettings:
     state_cleanup_delay: float = 600.0
     #: Seconds between two maintenance runs (expiry + GC) of a table, +-20% jitter.
     maintenance_interval: float = 600.0
+    #: Seconds between two publishes of a written table's Iceberg view (and its dead-letter
+    #: table's) on the worker's sealing thread; None: not published automatically (each
+    #: publish reads every data file of the version, see docs/design.md "Open tables").
+    iceberg_publish_interval: float | None = None
     #: GC deletes unreferenced files only once they are older than this (a writer's staged
     #: files are unreferenced until its commit, which refuses files older than half of it).
     gc_grace_seconds: float = DEFAULT_GRACE_SECONDS

@@ -187,6 +187,7 @@ class Worker:
             interval=self.settings.maintenance_interval,
             grace_seconds=self.settings.gc_grace_seconds,
             clock=clock,
+            publish_interval=self.settings.iceberg_publish_interval,
         )
         self.seal_loop = SupervisedLoop(
             "sealer", self.seal, interval=self.settings.tick_seconds * 2, clock=clock

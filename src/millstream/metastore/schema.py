@@ -269,7 +269,25 @@ table_owners = Table(
     Column("created_at", Float, nullable=False),
 )
 
-LATEST_SCHEMA_VERSION = 10
+# -- the Iceberg view (schema version 11) ---------------------------------------------------------
+
+open_tables = MetaData()
+
+#: Schema v11: where each table's Iceberg view stands (:mod:`millstream.metastore.iceberg`):
+#: the location of its current Iceberg table metadata file and the manifest version that file's
+#: newest snapshot shows. Publishers write new files, then move this row by compare-and-set on
+#: ``version``, so two publishers never both become current.
+iceberg_pointers = Table(
+    "ms_iceberg_pointers",
+    open_tables,
+    Column("table_name", String(128), primary_key=True),
+    Column("metadata_location", Text, nullable=False),
+    Column("manifest_version", BigInteger, nullable=False),
+    Column("published_at", Float, nullable=False),
+    Column("version", BigInteger, nullable=False),
+)
+
+LATEST_SCHEMA_VERSION = 11
 
 
 def _v1(conn: Connection) -> None:
@@ -366,6 +384,11 @@ def _v10(conn: Connection) -> None:
                 owned.add(t)
 
 
+def _v11(conn: Connection) -> None:
+    """The Iceberg view's pointers (:data:`iceberg_pointers`)."""
+    open_tables.create_all(conn, checkfirst=True)
+
+
 #: Migration N takes the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _v1,
@@ -378,6 +401,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     8: _v8,
     9: _v9,
     10: _v10,
+    11: _v11,
 }
 
 

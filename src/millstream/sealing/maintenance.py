@@ -7,6 +7,11 @@ logged with the table, counted (``millstream_background_errors{loop="maintainer"
 ``debugInfo`` and retried with backoff; it never stops sealing or another table's maintenance.
 Two workers maintaining one table at once (active-active) are safe: expiry is a compare-and-set
 on the table row, and GC deletes only what nothing references.
+
+With ``publish_interval`` set, the same thread also publishes each table's Iceberg view
+(:func:`millstream.table.iceberg.publish`) every that many seconds, supervised the same way
+(``loop="publisher"``); two publishers of one table are safe (the pointer moves by
+compare-and-set).
 """
 
 from __future__ import annotations
@@ -71,9 +76,16 @@ class Maintainer:
         clock: Clock = SYSTEM_CLOCK,
         rng: random.Random | None = None,
         backoff: Backoff | None = None,
+        publish_interval: float | None = None,
     ) -> None:
         self.catalog = catalog
         self.interval = interval
+        #: Seconds between two publishes of a table's Iceberg view (None: not published here).
+        self.publish_interval = publish_interval
+        self.publishers: dict[str, Supervisor] = {}
+        self._next_publish: dict[str, float] = {}
+        #: Per table: the manifest version its view shows, and when this worker last published.
+        self.published: dict[str, dict[str, Any]] = {}
         self.grace_seconds = grace_seconds
         self.clock = clock
         self._rng = rng or random.Random()
@@ -89,6 +101,8 @@ class Maintainer:
         """``tables``: datastream -> its tables. Maintain each datastream's tables whose turn
         has come (the first turn is one jittered interval after the datastream shows up)."""
         now = self.clock.now()
+        if self.publish_interval is not None:
+            self._publish_due(tables, now, self.publish_interval)
         for ds, names in tables.items():
             if ds not in self._next:
                 self._next[ds] = now + self._jittered()
@@ -106,6 +120,37 @@ class Maintainer:
             if supervisor.attempt(self.maintain, names):
                 self._next[ds] = self.clock.now() + self._jittered()
 
+    def _publish_due(
+        self, tables: Mapping[str, Sequence[str]], now: float, interval: float
+    ) -> None:
+        for ds, names in tables.items():
+            if now < self._next_publish.get(ds, 0.0):
+                continue
+            supervisor = self.publishers.get(ds)
+            if supervisor is None:
+                supervisor = Supervisor(
+                    "publisher", table=names[0], clock=self.clock, backoff=self.backoff
+                )
+                self.publishers[ds] = supervisor
+            if not supervisor.due():
+                continue
+            if supervisor.attempt(self.publish, names):
+                self._next_publish[ds] = self.clock.now() + interval
+
+    def publish(self, names: Sequence[str]) -> None:
+        """Publish each table's current version as an Iceberg snapshot (if it is new)."""
+        # lazy: pyiceberg loads only in a process that publishes Iceberg views
+        from millstream.table.iceberg import publish
+
+        for name in names:
+            result = publish(self.catalog.store, self.catalog.deep, name)
+            if result.pointer is not None:
+                self.published[name] = {
+                    "manifest_version": result.pointer.manifest_version,
+                    "published_at": result.pointer.published_at,
+                    "metadata_location": result.pointer.metadata_location,
+                }
+
     def maintain(self, names: Sequence[str]) -> None:
         for name in names:
             report = maintain(
@@ -120,7 +165,12 @@ class Maintainer:
                 log.info("maintenance: %s", report.describe())
 
     def status(self) -> dict[str, dict[str, Any]]:
-        return {name: t.to_dict() for name, t in sorted(self.tables.items())}
+        out = {name: t.to_dict() for name, t in sorted(self.tables.items())}
+        for name, view in sorted(self.published.items()):
+            out.setdefault(name, TableMaintenance().to_dict())["iceberg"] = view
+        return out
 
     def loop_statuses(self, *, alive: bool) -> list[LoopStatus]:
-        return [s.status(alive=alive) for _, s in sorted(self.supervisors.items())]
+        return [s.status(alive=alive) for _, s in sorted(self.supervisors.items())] + [
+            s.status(alive=alive) for _, s in sorted(self.publishers.items())
+        ]

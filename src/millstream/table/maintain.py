@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.metastore.expiry import Expiry, expire_versions
+from millstream.metastore.iceberg import read_pointer
 from millstream.metastore.store import MetadataStore
 from millstream.storage.deepstore import DeepStore
 from millstream.table.gc import DEFAULT_GRACE_SECONDS, collect_garbage_files
@@ -66,6 +67,16 @@ def maintain(
     removed = collect_garbage_files(
         store, deep, table, grace_seconds=grace_seconds, clock=clock, dry_run=dry_run
     )
+    if read_pointer(store, table) is not None:
+        # lazy: pyiceberg (about a second to import) loads only where a table has a view
+        from millstream.table.iceberg import collect_view_garbage, publish
+
+        if not dry_run:
+            # The Iceberg view drops the snapshots of the versions that just expired.
+            publish(store, deep, table)
+        removed += collect_view_garbage(
+            store, deep, table, grace_seconds=grace_seconds, now=clock.now(), dry_run=dry_run
+        )
     return Maintenance(
         table,
         dry_run,

@@ -65,5 +65,6 @@ def settings(ctx: Ctx) -> SettingsOut:
             takeover_ttl=ctx.control.takeover_ttl,
             tick_seconds=ctx.control.tick_seconds,
             stall_seconds=ctx.control.stall_seconds,
+            iceberg_publish_interval=ctx.control.iceberg_publish_interval,
         ),
     )

@@ -1,0 +1,96 @@
+"""Where a table's Iceberg view stands: one pointer row per table (schema v11).
+
+The pointer names the current Iceberg table metadata file of the table (a path relative to
+the deep store root) and the manifest version its newest snapshot shows. A publisher writes
+every file of a new Iceberg metadata version first (new names, never overwritten) and then
+moves the pointer with :func:`swap_pointer`, a compare-and-set on the row's ``version`` with
+a rowcount check: of two publishers that read the same pointer, one moves it and the other
+learns it lost (its files are then unreferenced, and garbage collection removes them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, insert, select
+from sqlalchemy.exc import IntegrityError
+
+from millstream.errors import CommitConflictError
+from millstream.metastore import schema as s
+from millstream.metastore.cas import cas_update
+from millstream.metastore.store import MetadataStore
+
+
+@dataclass(frozen=True, slots=True)
+class IcebergPointer:
+    table: str
+    #: The current Iceberg table metadata file, relative to the deep store root.
+    metadata_location: str
+    #: The manifest version the metadata's current snapshot shows.
+    manifest_version: int
+    published_at: float
+    #: The row's compare-and-set version.
+    version: int
+
+
+def read_pointer(store: MetadataStore, table: str) -> IcebergPointer | None:
+    """The table's Iceberg pointer, or None if nothing was published yet."""
+    with store.read() as conn:
+        return _read(conn, table)
+
+
+def _read(conn: Connection, table: str) -> IcebergPointer | None:
+    p = s.iceberg_pointers
+    row = conn.execute(select(p).where(p.c.table_name == table)).first()
+    if row is None:
+        return None
+    return IcebergPointer(
+        row.table_name,
+        row.metadata_location,
+        int(row.manifest_version),
+        float(row.published_at),
+        int(row.version),
+    )
+
+
+def swap_pointer(
+    store: MetadataStore,
+    table: str,
+    expected: IcebergPointer | None,
+    *,
+    metadata_location: str,
+    manifest_version: int,
+    now: float,
+) -> IcebergPointer | None:
+    """Move ``table``'s pointer from ``expected`` (None: there is none yet) to
+    ``metadata_location``: a compare-and-set on the row version ``expected`` was read at (an
+    insert that the primary key refuses when there is no row yet). Returns the new pointer,
+    or None when another publisher moved it first (nothing changed here)."""
+    p = s.iceberg_pointers
+    values = {
+        "metadata_location": metadata_location,
+        "manifest_version": manifest_version,
+        "published_at": now,
+    }
+    try:
+        with store.write() as conn:
+            if expected is None:
+                conn.execute(insert(p).values(table_name=table, version=1, **values))
+                new_version = 1
+            else:
+                new_version = cas_update(conn, p, {"table_name": table}, expected.version, values)
+    except (CommitConflictError, IntegrityError):
+        return None
+    return IcebergPointer(table, metadata_location, manifest_version, now, new_version)
+
+
+def version_committed_at(store: MetadataStore, table: str, version: int) -> float:
+    """When ``table``'s manifest version ``version`` was committed (now, if its row is gone)."""
+    tv = s.table_versions
+    with store.read() as conn:
+        row = conn.execute(
+            select(tv.c.committed_at).where(
+                tv.c.table_name == table, tv.c.manifest_version == version
+            )
+        ).first()
+    return float(row[0]) if row is not None else store.clock.now()
