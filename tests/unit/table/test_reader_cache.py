@@ -68,6 +68,8 @@ class Table:
         for p, values in sorted(batch.items()):
             lo = self.pos.get(p, 0)
             for o, (k, v, s, d) in enumerate(values, start=lo):
+                if v is None and not d and self.spec.comparison_column:
+                    v = 0  # a record that is not a delete carries its comparison value
                 rows.append(
                     {
                         "k": k,
