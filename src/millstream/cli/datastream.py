@@ -28,8 +28,9 @@ app = typer.Typer(
     name="datastream",
     help="Create, list, show, update, pause, resume, stop and delete datastreams (REST API "
     "client).",
-    epilog=EXIT_CODES_HELP,
+    epilog="Exit codes: see millstream --help.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 ControllerOpt = Annotated[
@@ -96,7 +97,7 @@ def _command(
             _show_record(rec)
 
 
-@app.command("create", epilog=EXIT_CODES_HELP)
+@app.command("create")
 def create(
     file: Annotated[Path, typer.Option("--file", "-f", help="Datastream spec (YAML).")],
     controller: ControllerOpt = DEFAULT_CONTROLLER,
@@ -117,7 +118,7 @@ def create(
             _show_record(rec, "created")
 
 
-@app.command("update", epilog=EXIT_CODES_HELP)
+@app.command("update", short_help="Evolve a datastream's schema from a YAML spec.")
 def update(
     file: Annotated[Path, typer.Option("--file", "-f", help="Datastream spec (YAML).")],
     dry_run: Annotated[
@@ -166,7 +167,7 @@ def _spec_file(file: Path) -> Any:
         raise InvalidSpecError("spec", f"is not valid YAML: {exc}") from None
 
 
-@app.command("list", epilog=EXIT_CODES_HELP)
+@app.command("list")
 def list_(
     controller: ControllerOpt = DEFAULT_CONTROLLER,
     token: TokenOpt = None,
@@ -196,7 +197,7 @@ def list_(
             )
 
 
-@app.command("show", epilog=EXIT_CODES_HELP)
+@app.command("show")
 def show(
     name: NameArg,
     controller: ControllerOpt = DEFAULT_CONTROLLER,
@@ -212,7 +213,7 @@ def show(
             _show_record(rec)
 
 
-@app.command("pause", epilog=EXIT_CODES_HELP)
+@app.command("pause", short_help="READY -> PAUSED: writers stop at the shard upper.")
 def pause(
     name: NameArg,
     controller: ControllerOpt = DEFAULT_CONTROLLER,
@@ -223,7 +224,7 @@ def pause(
     _command(name, "pause", controller, token, output)
 
 
-@app.command("resume", epilog=EXIT_CODES_HELP)
+@app.command("resume")
 def resume(
     name: NameArg,
     controller: ControllerOpt = DEFAULT_CONTROLLER,
@@ -234,7 +235,7 @@ def resume(
     _command(name, "resume", controller, token, output)
 
 
-@app.command("stop", epilog=EXIT_CODES_HELP)
+@app.command("stop")
 def stop(
     name: NameArg,
     controller: ControllerOpt = DEFAULT_CONTROLLER,
@@ -245,7 +246,7 @@ def stop(
     _command(name, "stop", controller, token, output)
 
 
-@app.command("delete", epilog=EXIT_CODES_HELP)
+@app.command("delete", short_help="Any state -> DELETING; removed once no worker runs it.")
 def delete(
     name: NameArg,
     controller: ControllerOpt = DEFAULT_CONTROLLER,
