@@ -4,6 +4,8 @@ and what a reading command says when the table or the home is missing."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -162,3 +164,25 @@ def test_table_list_and_describe(tmp_path: Path) -> None:
     assert "1 consuming" in result.output
     missing = CliRunner().invoke(app, ["table", "describe", "nope", "--home", str(tmp_path)])
     assert missing.exit_code == 3 and "table 'nope' does not exist" in missing.output
+
+
+def test_query_in_a_fresh_process_as_a_user_runs_it(tmp_path: Path) -> None:
+    """The console script's path (``main``), which keeps pandas out of a DuckDB query."""
+    _home(tmp_path)
+    cli = [sys.executable, "-c", "from millstream.cli.app import main; main()", "query"]
+    done = subprocess.run(
+        [*cli, "SELECT count(*) AS n FROM orders", "--home", str(tmp_path), "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [{"n": 2}]
+    missing = subprocess.run(
+        [*cli, "SELECT * FROM ordrs", "--home", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert missing.returncode == 3
+    assert " ".join(missing.stderr.split()) == "error: table 'ordrs' does not exist"

@@ -313,4 +313,10 @@ app.command("chaos", short_help="Seeded fault campaigns against the production c
 
 
 def main() -> None:
+    args = sys.argv[1:]
+    if args[:1] == ["query"] and not {"spark", "--engine=spark"} & set(args):
+        # lazy: the module is light; only `millstream query` needs it
+        from millstream.cli.query import skip_pandas
+
+        skip_pandas()
     app()

@@ -15,8 +15,10 @@ SQL only Spark speaks, or tables larger than this process's memory.
 
 from __future__ import annotations
 
+import importlib.abc
 import json
 import re
+import sys
 from typing import Any
 
 from millstream.errors import InvalidSpecError, TableNotFoundError
@@ -112,6 +114,21 @@ def _condition(
             values.append(value)
         return (column, "in", tuple(values))
     return None
+
+
+class _NoPandas(importlib.abc.MetaPathFinder):
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+def skip_pandas() -> None:
+    """Make pandas unimportable in this process (the ``millstream query`` process only, from
+    :func:`millstream.cli.app.main`): pyarrow imports it on its first ``pa.array()`` just to
+    ask whether the argument is a DataFrame, which costs 0.5-4 s of a one-second query, and
+    nothing on the DuckDB path uses it."""
+    if "pandas" not in sys.modules:
+        sys.meta_path.insert(0, _NoPandas())
 
 
 def pushdown(sql: str, table: str, spec: Any) -> list[tuple[str, str, Any]]:
