@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.abc
 import json
+import logging
 import re
 import sys
 from typing import Any
@@ -210,10 +211,14 @@ def spark_query(catalog: Any, sql: str, limit: int, master: str | None) -> list[
     :class:`InvalidSpecError` naming ``sql``."""
     # lazy: only `millstream query --engine spark` needs Spark
     from pyspark.errors import AnalysisException, ParseException
+    from pyspark.logger import PySparkLogger
 
     from millstream.spark.session import spark_session
     from millstream.spark.table_source import read_dataframe
 
+    # PySpark logs every failed analysis at ERROR, Java stack included, before raising it;
+    # the one sentence below says what the user needs.
+    PySparkLogger.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     spark = spark_session(master=master)
     try:
         for info in catalog.store.list_tables():
