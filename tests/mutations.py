@@ -1986,6 +1986,38 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         ),
         select="sqlite-local",
     ),
+    Guard(
+        name="query-pushes-only-key-conditions-into-a-keyed-merge",
+        file="src/millstream/cli/query.py",
+        what="millstream query hands the reader conditions on a keyed table's key columns only "
+        "(one on another column before the merge could bring back a superseded row)",
+        old="""\
+    columns = spec.primary_key if spec.keyed else tuple(spec.columns)
+""",
+        new="""\
+    columns = tuple(spec.columns)  # MUTATION: any column of a keyed table, too
+""",
+        tests=(
+            "tests/unit/test_cli_query.py::"
+            "test_a_filter_on_a_key_is_applied_before_the_merge_and_one_on_a_value_after",
+        ),
+    ),
+    Guard(
+        name="a-reading-command-creates-no-home",
+        file="src/millstream/cli/output.py",
+        what="query and table commands open an existing deployment only: a missing local home "
+        "is named, never created empty (a typo would read, and maintain, an empty one)",
+        old="""\
+        if not db.exists():
+            raise HomeNotFoundError(str(settings.home), str(db))
+""",
+        new="""\
+        if False:  # MUTATION: a missing home is created
+            raise HomeNotFoundError(str(settings.home), str(db))
+""",
+        tests=("tests/unit/test_cli_query.py",),
+        select="without_a_home",
+    ),
 )
 
 

@@ -294,7 +294,7 @@ class DatastreamSpec(_Frozen):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise _first_error(exc, prefix="") from None
+            raise _first_error(exc, prefix="", model=cls) from None
 
     @classmethod
     def from_yaml(cls, text: str) -> DatastreamSpec:

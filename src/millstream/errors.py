@@ -60,6 +60,22 @@ class TableNotFoundError(NotFoundError):
         super().__init__("table", name)
 
 
+class HomeNotFoundError(NotFoundError):
+    """A command that reads found no Millstream deployment where it looked (it creates none).
+    Pass ``--home DIR`` or set ``MILLSTREAM_HOME`` (or ``MILLSTREAM_METADATA_URL``)."""
+
+    def __init__(self, home: str, looked_for: str) -> None:
+        MillstreamError.__init__(
+            self,
+            f"no Millstream home at {home} ({looked_for} does not exist): pass --home DIR or "
+            "set MILLSTREAM_HOME (or MILLSTREAM_METADATA_URL) to the deployment to read",
+            kind="Millstream home",
+            name=home,
+        )
+        self.kind = "Millstream home"
+        self.name = home
+
+
 class VersionExpiredError(MillstreamError):
     """A manifest version (or a point in time) older than the table's retention keeps: its
     manifest rows were expired and its files may be gone.

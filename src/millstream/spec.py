@@ -6,9 +6,10 @@ Validation errors are raised as :class:`~millstream.errors.InvalidSpecError` nam
 
 from __future__ import annotations
 
+import difflib
 import re
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -27,8 +28,28 @@ ARROW_TYPES: dict[str, pa.DataType] = dict(SCALARS)
 
 
 def normalize_columns(columns: dict[str, str]) -> dict[str, str]:
-    """Every column type checked and in its canonical text; an error names ``schema.<col>``."""
-    return {c: normalize(t, field=f"schema.{c}") for c, t in columns.items()}
+    """Every column type checked and in its canonical text; an error names ``schema.<col>``
+    (one error naming every bad column)."""
+    out: dict[str, str] = {}
+    bad: list[InvalidSpecError] = []
+    for c, t in columns.items():
+        try:
+            out[c] = normalize(t, field=f"schema.{c}")
+        except InvalidSpecError as exc:
+            bad.append(exc)
+    if bad:
+        raise combined(bad)
+    return out
+
+
+def combined(errors: list[InvalidSpecError]) -> InvalidSpecError:
+    """One error for several: it names the first field (``field``) and says every problem,
+    ``invalid a: ...; invalid b: ...``."""
+    if len(errors) == 1:
+        return errors[0]
+    first = errors[0]
+    rest = "; ".join(e.message for e in errors[1:])
+    return InvalidSpecError(first.field, f"{first.message.split(': ', 1)[-1]}; {rest}")
 
 
 def _scalar_only(t: str) -> bool:
@@ -263,13 +284,48 @@ class TableSpec(BaseModel):
             raise _first_error(exc, prefix="table") from None
 
 
-def _first_error(exc: ValidationError, *, prefix: str) -> InvalidSpecError:
-    err = exc.errors()[0]
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation holds (``X``, ``X | None``, ``A | B | C``, ``list[X]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def _models_at(model: type[BaseModel], loc: list[str]) -> list[type[BaseModel]]:
+    """The model(s) at ``loc`` under ``model``: one, or a tagged union's members (the source
+    kinds); empty if ``loc`` leads elsewhere (a dict's key, a list's index)."""
+    candidates = [model]
+    for part in loc:
+        if len(candidates) > 1:  # a tagged union: the loc names the tag ('kafka')
+            candidates = [
+                m for m in candidates if part in get_args(m.model_fields["kind"].annotation)
+            ]
+            continue
+        if len(candidates) != 1:
+            return []
+        fields = candidates[0].model_fields
+        found = next((f for n, f in fields.items() if part in (n, f.alias)), None)
+        if found is None:
+            return []
+        candidates = _models_in(found.annotation)
+    return candidates
+
+
+def _fields_at(model: type[BaseModel], loc: list[str]) -> list[str]:
+    """The field names (as a spec spells them) of the model at ``loc`` under ``model``."""
+    models = _models_at(model, loc)
+    if len(models) != 1:
+        return []
+    return [f.alias or n for n, f in models[0].model_fields.items()]
+
+
+def _one_error(err: Any, model: type[BaseModel], prefix: str) -> InvalidSpecError:
     ctx = err.get("ctx") or {}
     inner = ctx.get("error")
     if isinstance(inner, InvalidSpecError):
         return inner
-    parts = [str(p) for p in err["loc"]]
+    raw = [str(p) for p in err["loc"]]
+    parts = list(raw)
     if len(parts) > 1 and parts[0] == "source" and parts[1] in ("kafka", "files", "generator"):
         del parts[1]  # the discriminator tag is not a field the user wrote
     loc = ".".join(parts)
@@ -278,6 +334,44 @@ def _first_error(exc: ValidationError, *, prefix: str) -> InvalidSpecError:
     else:
         field = f"{prefix}.{loc}" if loc else prefix
     msg = err["msg"]
-    if err["type"] == "literal_error" and "input" in err:
+    kind = err["type"]
+    if kind == "literal_error" and "input" in err:
         msg = f"{err['input']!r} is not one of {ctx.get('expected', '')}"
+    elif kind == "extra_forbidden":
+        known = _fields_at(model, raw[:-1])
+        close = difflib.get_close_matches(raw[-1], known, n=1)
+        msg = "is not a field of the spec" + (f"; did you mean `{close[0]}`?" if close else "")
+        if known and not close:
+            msg += f" (the fields here: {', '.join(known)})"
+    elif kind in ("union_tag_invalid", "union_tag_not_found"):
+        tags = [
+            str(tag)
+            for m in _models_at(model, raw)
+            if "kind" in m.model_fields
+            for tag in get_args(m.model_fields["kind"].annotation)
+        ]
+        tag = ctx.get("tag")
+        field = f"{field}.kind" if not field.endswith(".kind") else field
+        if tag is None:
+            msg = f"is missing; a source is one of the kinds {', '.join(tags)}"
+        else:
+            close = difflib.get_close_matches(str(tag), tags, n=1)
+            msg = f"{tag!r} is not a source kind; the kinds are {', '.join(tags)}" + (
+                f" (did you mean {close[0]!r}?)" if close else ""
+            )
     return InvalidSpecError(field, msg)
+
+
+def _first_error(
+    exc: ValidationError, *, prefix: str, model: type[BaseModel] | None = None
+) -> InvalidSpecError:
+    """Every problem pydantic found, as one InvalidSpecError naming the first field (see
+    :func:`combined`): an unknown field with the closest known one, an unknown source kind
+    with the kinds there are."""
+    base = model or TableSpec
+    errors: list[InvalidSpecError] = []
+    for err in exc.errors():
+        one = _one_error(err, base, prefix)
+        if all(one.message != e.message for e in errors):
+            errors.append(one)
+    return combined(errors)

@@ -6,9 +6,12 @@ lists them all, from :func:`millstream.cli.output.exit_codes_help`).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
+import threading
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,27 +28,23 @@ from millstream.cli.output import (
     err_console,
     exit_codes_help,
     handle_errors,
+    open_catalog,
     table_text,
 )
 
 app = typer.Typer(
     name="millstream",
     help="Reliable nearline ingestion on Apache Spark.",
-    epilog=exit_codes_help(),
+    epilog=exit_codes_help(rest_client=True),
     no_args_is_help=True,
+    # click's plain help: option names whole, descriptions rewrapped, flags without a metavar
+    rich_markup_mode=None,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
 
 
-def _catalog(home: Path | None) -> Any:
-    # lazy: only the command that runs needs it; keeps `millstream --help` fast
-    from millstream.catalog import Catalog
-
-    return Catalog.open(home=home)
-
-
-@app.command()
+@app.command(short_help="Ingest one datastream without any service.")
 def run(
     file: Annotated[Path, typer.Option("--file", "-f", help="Datastream spec (YAML).")],
     available_now: Annotated[
@@ -61,18 +60,22 @@ def run(
         float,
         typer.Option(
             min=1.0,
+            metavar="SECONDS",
             help="Seconds (+-20% jitter) between two runs of expiry and garbage collection of "
             "the table and its dead-letter table, beside the background sealer.",
         ),
     ] = 600.0,
 ) -> None:
-    """Ingest one datastream without any service. Ctrl-C stops cleanly. In the background
-    (not with --available-now) it seals, compacts sealed segments, and expires history and
-    collects unreferenced files per the table's retention."""
+    """Ingest one datastream without any service. Ctrl-C (or SIGTERM) stops at a batch
+    boundary, prints a summary and exits 0. In the background (not with --available-now) it
+    seals, compacts sealed segments, and expires history and collects unreferenced files per
+    the table's retention."""
     # lazy: only the command that runs needs it; keeps `millstream --help` fast
     from millstream.datastream import DatastreamSpec
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    stop = GracefulStop()
+    stop.install()  # before Spark starts: a Ctrl-C while it starts stops as cleanly
     with handle_errors(output):
         spec = DatastreamSpec.from_file(file)
         # lazy: only the command that runs needs it; keeps `millstream --help` fast
@@ -80,8 +83,9 @@ def run(
         from millstream.spark.runner import DatastreamRunner
         from millstream.spark.session import spark_session
 
-        catalog = _catalog(home)
+        catalog = open_catalog(home, create=True)
         spark = spark_session(master=master)
+        stop.install()  # again: the SparkContext took SIGINT
         runner = DatastreamRunner(
             spec,
             catalog,
@@ -90,28 +94,20 @@ def run(
             background_sealing=not available_now,
             maintenance_interval=maintenance_interval,
         )
-
-        def _sigterm(*_: object) -> None:
-            runner.stop()
-
-        signal.signal(signal.SIGTERM, _sigterm)
-        view: ProgressView | None = None
+        stop.attach(runner, spark)
+        view = ProgressView(runner)
+        stats = None
         try:
             if output is OutputFormat.text and sys.stdout.isatty():
                 with Live(console=console, refresh_per_second=2) as live:
-
-                    def tick(r: DatastreamRunner) -> None:
-                        nonlocal view
-                        view = view or ProgressView(r)
-                        live.update(view.render())
-
-                    stats = runner.run(available_now=available_now, on_tick=tick)
+                    stats = runner.run(
+                        available_now=available_now,
+                        on_tick=lambda _r: live.update(view.render()),
+                    )
             else:
                 last = [0.0]
 
                 def tick_plain(r: DatastreamRunner) -> None:
-                    nonlocal view
-                    view = view or ProgressView(r)
                     if output is OutputFormat.text and time.time() - last[0] > 5:
                         last[0] = time.time()
                         s = view.snapshot()
@@ -121,31 +117,98 @@ def run(
                             f"{s['rows_committed']} rows committed, {s['rows_per_second']:.0f} rows/s, "
                             f"offset lag {lag}" + (f"; {sealing}" if sealing else ""),
                             highlight=False,
+                            soft_wrap=True,
                         )
 
                 stats = runner.run(available_now=available_now, on_tick=tick_plain)
-        except KeyboardInterrupt:
-            runner.stop()
-            err_console.print("stopped")
-            raise typer.Exit(130) from None
-        summary = (view or ProgressView(runner)).snapshot()
-        summary["restarts"] = stats.restarts
-        summary["discarded_checkpoints"] = stats.discarded_checkpoints
+        except Exception as exc:
+            if not stop.requested:
+                raise
+            # the batch the stop cut short: nothing of it was committed
+            logging.getLogger(__name__).debug("stopping: %r", exc)
+        stop.finish()
+        summary = view.snapshot()
+        if stats is not None:
+            summary["restarts"] = stats.restarts
+            summary["discarded_checkpoints"] = stats.discarded_checkpoints
         summary["dead_letter_rows"] = catalog.read_table(spec.dead_letter_table).num_rows
-        if stats.sealing is not None:
+        summary["stopped"] = stop.requested
+        if stats is not None and stats.sealing is not None:
             summary["seal_before_exit"] = stats.sealing
+        spark.stop()
         if output is OutputFormat.json:
             emit_json(summary)
         else:
-            console.print(
-                f"[green]done[/]: {summary['rows_committed']} rows committed to "
-                f"{spec.table_name} in {summary['batches']} batches; "
-                f"{summary['dead_letter_rows']} rows in {spec.dead_letter_table}",
-                highlight=False,
+            uppers = ", ".join(
+                f"{p}: {v['upper']}" for p, v in summary["partitions"].items() if v["upper"]
             )
-            if stats.sealing is not None:
+            console.print(
+                f"[green]{'stopped' if stop.requested else 'done'}[/]: "
+                f"{summary['rows_committed']} rows committed to {spec.table_name} in "
+                f"{summary['batches']} batches; {summary['dead_letter_rows']} rows in "
+                f"{spec.dead_letter_table}; last offsets {{{uppers}}}",
+                highlight=False,
+                soft_wrap=True,
+            )
+            if stats is not None and stats.sealing is not None:
                 console.print(_seal_report(stats.sealing), highlight=False)
-        spark.stop()
+
+
+class GracefulStop:
+    """SIGINT and SIGTERM of ``millstream run``: the first stops the writer at a batch boundary
+    (:meth:`~millstream.spark.runner.DatastreamRunner.stop_after_batch`, on a thread: a signal
+    handler must not wait on Spark) and silences what Spark and py4j log about the query it
+    stops; the run then ends normally with its summary. A signal before the runner exists
+    stops it as soon as it does. A second signal stops without waiting for the batch."""
+
+    def __init__(self, timeout: float = 30.0) -> None:
+        self.requested = False
+        self.timeout = timeout
+        self._runner: Any = None
+        self._spark: Any = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def attach(self, runner: Any, spark: Any) -> None:
+        with self._lock:
+            self._runner, self._spark = runner, spark
+            requested = self.requested
+        if requested:
+            self._stop(force=False)
+
+    def _handle(self, _signum: int, _frame: object) -> None:
+        with self._lock:
+            again, self.requested = self.requested, True
+            attached = self._runner is not None
+        if attached:
+            self._thread = threading.Thread(
+                target=self._stop, kwargs={"force": again}, name="stop", daemon=True
+            )
+            self._thread.start()
+        elif again:  # still starting, asked twice: leave now
+            os._exit(130)
+
+    def _stop(self, *, force: bool) -> None:
+        logging.getLogger("py4j").setLevel(logging.CRITICAL)
+        try:
+            # The stopped query's batch logs "aborting" and its interruption at ERROR.
+            self._spark.sparkContext.setLogLevel("OFF")
+            if force:
+                self._runner.stop()
+            else:
+                self._runner.stop_after_batch(self.timeout)
+        except Exception as exc:  # the run ended meanwhile (its query, or Spark, stopped)
+            logging.getLogger(__name__).debug("stopping: %r", exc)
+
+    def finish(self) -> None:
+        """Wait for a stop under way (before Spark stops under it)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(self.timeout + 30.0)
 
 
 def _seal_report(report: dict[str, Any]) -> str:
@@ -166,37 +229,52 @@ def _seal_report(report: dict[str, Any]) -> str:
     return "\n".join(parts) if parts else "nothing to seal"
 
 
-@app.command()
+class Engine(StrEnum):
+    duckdb = "duckdb"
+    spark = "spark"
+
+
+@app.command(short_help="SQL over the tables' current rows (DuckDB or Spark).")
 def query(
-    sql: Annotated[str, typer.Argument(help="Spark SQL; every table is registered as a view.")],
+    sql: Annotated[
+        str,
+        typer.Argument(help="SQL; every table is known by its name.", show_default=False),
+    ],
+    engine: Annotated[
+        Engine,
+        typer.Option(
+            help="duckdb: in this process, about a second, for tables that fit in memory. "
+            "spark: Spark SQL on a local Spark (10-30 s to start), for Spark-only SQL or "
+            "larger tables.",
+        ),
+    ] = Engine.duckdb,
     home: HomeOpt = None,
     output: OutputOpt = OutputFormat.text,
     limit: Annotated[int, typer.Option(help="Rows to print at most.")] = 1000,
-    master: Annotated[str | None, typer.Option(help="Spark master (default local[2]).")] = None,
+    master: Annotated[
+        str | None, typer.Option(help="Spark master with --engine spark (default local[2]).")
+    ] = None,
 ) -> None:
-    """Run Spark SQL over every Millstream table."""
+    """Run SQL over the tables' current rows (DuckDB by default; only the tables the SQL names
+    are read). A missing table exits 3 naming it."""
     with handle_errors(output):
         # lazy: only the command that runs needs it; keeps `millstream --help` fast
-        from millstream.spark.session import spark_session
-        from millstream.spark.table_source import read_dataframe
+        from millstream.cli.query import duckdb_query, spark_query
 
-        catalog = _catalog(home)
-        spark = spark_session(master=master)
-        for info in catalog.store.list_tables():
-            read_dataframe(spark, info.name, settings=catalog.settings).createOrReplaceTempView(
-                info.name
-            )
-        rows = [r.asDict(recursive=True) for r in spark.sql(sql).limit(limit).collect()]
+        with open_catalog(home) as catalog:
+            if engine is Engine.spark:
+                rows = spark_query(catalog, sql, limit, master)
+            else:
+                rows = duckdb_query(catalog, sql, limit)
         if output is OutputFormat.json:
             emit_json(rows)
         elif rows:
             table_text(rows)
         else:
             console.print("(no rows)")
-        spark.stop()
 
 
-@app.command()
+@app.command(short_help="Broker, generator, ingestion and a check against the model.")
 def demo(
     home: HomeOpt = None,
     records: Annotated[int, typer.Option(help="Records to produce.")] = 50_000,
@@ -215,13 +293,30 @@ def demo(
 
 
 control.register(app)
-app.add_typer(datastream.app, name="datastream")
-app.add_typer(table.app, name="table")
-app.command("segments", epilog=datastream.EXIT_CODES_HELP)(datastream.segments)
-app.command("rollback", epilog=datastream.EXIT_CODES_HELP)(datastream.rollback)
-app.command("reingest", epilog=datastream.EXIT_CODES_HELP)(datastream.reingest)
-app.command("chaos", epilog=chaos.EPILOG)(chaos.chaos)
+app.add_typer(
+    datastream.app,
+    name="datastream",
+    short_help="Create and manage datastreams (REST API client).",
+)
+app.add_typer(table.app, name="table", short_help="List, describe and maintain tables.")
+# The exit codes are listed once, in `millstream --help`.
+app.command("segments", short_help="A table's segments by partition (REST API client).")(
+    datastream.segments
+)
+app.command("rollback", short_help="Move a partition back: remove its newest segments.")(
+    datastream.rollback
+)
+app.command("reingest", short_help="Rebuild a lost or corrupt segment from its source.")(
+    datastream.reingest
+)
+app.command("chaos", short_help="Seeded fault campaigns against the production code.")(chaos.chaos)
 
 
 def main() -> None:
+    args = sys.argv[1:]
+    if args[:1] == ["query"] and not {"spark", "--engine=spark"} & set(args):
+        # lazy: the module is light; only `millstream query` needs it
+        from millstream.cli.query import skip_pandas
+
+        skip_pandas()
     app()

@@ -337,6 +337,14 @@ def up(
         _finish(group)
 
 
+#: One line each for `millstream --help`'s list of commands.
+SHORT_HELP = {
+    "controller": "Run a controller and serve the REST API.",
+    "worker": "Run a worker: the writers the controller assigns to it.",
+    "up": "Broker, controller, REST API and a worker in one process.",
+}
+
+
 def register(app: typer.Typer) -> None:
     for fn in (controller, worker, up):
-        app.command(fn.__name__, epilog=SERVICE_EXIT_HELP)(fn)
+        app.command(fn.__name__, epilog=SERVICE_EXIT_HELP, short_help=SHORT_HELP[fn.__name__])(fn)

@@ -30,8 +30,9 @@ app = typer.Typer(
     name="datastream",
     help="Create, list, show, update, pause, resume, stop and delete datastreams (REST API "
     "client).",
-    epilog=EXIT_CODES_HELP,
+    epilog="Exit codes: see millstream --help.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 ControllerOpt = Annotated[
@@ -126,7 +127,7 @@ def _command(
             _show_record(rec)
 
 
-@app.command("create", epilog=EXIT_CODES_HELP)
+@app.command("create")
 def create(
     file: Annotated[Path, typer.Option("--file", "-f", help="Datastream spec (YAML).")],
     controller: ControllerOpt = DEFAULT_CONTROLLER,
@@ -149,7 +150,7 @@ def create(
                 err_console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
 
 
-@app.command("update", epilog=EXIT_CODES_HELP)
+@app.command("update", short_help="Evolve a datastream's schema from a YAML spec.")
 def update(
     file: Annotated[Path, typer.Option("--file", "-f", help="Datastream spec (YAML).")],
     dry_run: Annotated[
@@ -198,7 +199,7 @@ def _spec_file(file: Path) -> Any:
         raise InvalidSpecError("spec", f"is not valid YAML: {exc}") from None
 
 
-@app.command("list", epilog=EXIT_CODES_HELP)
+@app.command("list")
 def list_(
     controller: ControllerOpt = DEFAULT_CONTROLLER,
     token: TokenOpt = None,
@@ -229,7 +230,7 @@ def list_(
             )
 
 
-@app.command("show", epilog=EXIT_CODES_HELP)
+@app.command("show")
 def show(
     name: NameArg,
     controller: ControllerOpt = DEFAULT_CONTROLLER,
@@ -246,7 +247,7 @@ def show(
             _show_record(rec)
 
 
-@app.command("pause", epilog=EXIT_CODES_HELP)
+@app.command("pause", short_help="READY -> PAUSED: writers stop at the shard upper.")
 def pause(
     name: NameArg,
     controller: ControllerOpt = DEFAULT_CONTROLLER,
@@ -257,7 +258,7 @@ def pause(
     _command(name, "pause", controller, token, output)
 
 
-@app.command("resume", epilog=EXIT_CODES_HELP)
+@app.command("resume")
 def resume(
     name: NameArg,
     controller: ControllerOpt = DEFAULT_CONTROLLER,
@@ -268,7 +269,7 @@ def resume(
     _command(name, "resume", controller, token, output)
 
 
-@app.command("stop", epilog=EXIT_CODES_HELP)
+@app.command("stop")
 def stop(
     name: NameArg,
     controller: ControllerOpt = DEFAULT_CONTROLLER,
@@ -279,7 +280,7 @@ def stop(
     _command(name, "stop", controller, token, output)
 
 
-@app.command("delete", epilog=EXIT_CODES_HELP)
+@app.command("delete", short_help="Any state -> DELETING; removed once no worker runs it.")
 def delete(
     name: NameArg,
     controller: ControllerOpt = DEFAULT_CONTROLLER,

@@ -18,6 +18,7 @@ from rich.table import Table
 from millstream.errors import (
     EXIT_FAMILIES,
     HTTP_EXIT_CODES,
+    HomeNotFoundError,
     MillstreamError,
     exit_code,
     from_spark_failure,
@@ -48,6 +49,23 @@ def _default(o: Any) -> Any:
     if isinstance(o, bytes):
         return o.decode("utf-8", errors="replace")
     return str(o)
+
+
+def open_catalog(home: Path | None, *, create: bool = False) -> Any:
+    """The deployment's catalog (``--home`` or the ``MILLSTREAM_*`` environment). A command
+    that only reads passes ``create=False``: a local home without its metadata database raises
+    :class:`HomeNotFoundError` naming where it looked, rather than creating an empty one."""
+    # lazy: only the command that runs needs it; keeps `millstream --help` fast
+    from millstream.catalog import Catalog
+    from millstream.config import Settings
+
+    settings = Settings.load(home=home)
+    prefix = "sqlite:///"
+    if not create and settings.metadata_url.startswith(prefix):
+        db = Path(settings.metadata_url.removeprefix(prefix))
+        if not db.exists():
+            raise HomeNotFoundError(str(settings.home), str(db))
+    return Catalog.open(settings=settings)
 
 
 def emit_json(data: Any) -> None:

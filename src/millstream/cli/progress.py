@@ -1,4 +1,5 @@
-"""Live progress of a running writer: rows/s, offset lag per partition, last commit age."""
+"""Live progress of a running writer: rows/s committed, offset lag per partition, last commit
+age."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from millstream.ingest.sources import spec_reader
-from millstream.spark.runner import CommitLogTotals, DatastreamRunner
+from millstream.spark.runner import RATE_WINDOW_S, CommitLogTotals, DatastreamRunner
 
 
 class ProgressView:
@@ -22,8 +23,12 @@ class ProgressView:
         #: the writer's commit log, read incrementally
         self.log = CommitLogTotals()
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, now: float | None = None) -> dict[str, Any]:
+        """The writer's figures at ``now`` (default: the time). ``rows_per_second`` is the
+        rows committed per second over the last :data:`RATE_WINDOW_S` seconds (since this
+        view started, if later), from the writer's commit log."""
         r = self.runner
+        now = time.time() if now is None else now
         if time.time() - self._latest_at > 2.0:
             with contextlib.suppress(Exception):  # lag is advisory; never stop ingestion over it
                 self.latest = self.reader.latest_offsets()
@@ -32,7 +37,7 @@ class ProgressView:
         log = self.log
         log.update(r.stats_file)  # only the lines added since the last refresh
         last = log.last_at
-        rate = r.rows_per_second()
+        rate = log.rows_per_second(now, window=RATE_WINDOW_S, since=self.started)
         parts = sorted(set(shards) | set(self.latest))
         return {
             "datastream": r.spec.name,
@@ -41,7 +46,7 @@ class ProgressView:
             "rows_committed": log.rows,
             "rows_per_second": round(float(rate), 1),
             "batches": log.batches,
-            "last_commit_age_s": None if last is None else round(time.time() - last, 1),
+            "last_commit_age_s": None if last is None else round(now - last, 1),
             "lost_races": log.lost_races,
             "sealing": r.sealing_status(),
             "partitions": {
@@ -56,8 +61,8 @@ class ProgressView:
             },
         }
 
-    def render(self) -> Table:
-        s = self.snapshot()
+    def render(self, now: float | None = None) -> Table:
+        s = self.snapshot(now)
         age = s["last_commit_age_s"]
         t = Table(
             title=(
@@ -70,5 +75,5 @@ class ProgressView:
             t.add_column(c, justify="right")
         for p, v in s["partitions"].items():
             t.add_row(str(p), str(v["upper"]), str(v["latest"]), str(v["lag"]))
-        t.caption = self.runner.sealing_summary(time.time())
+        t.caption = self.runner.sealing_summary(time.time() if now is None else now)
         return t

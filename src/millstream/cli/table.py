@@ -3,7 +3,7 @@ deep store (``--home`` or the ``MILLSTREAM_*`` environment), no service needed."
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -13,8 +13,9 @@ from millstream.cli.output import (
     OutputOpt,
     console,
     emit_json,
-    exit_codes_help,
     handle_errors,
+    open_catalog,
+    table_text,
 )
 from millstream.errors import InvalidSpecError
 
@@ -25,14 +26,122 @@ MIN_GRACE_SECONDS = 1800.0
 
 app = typer.Typer(
     name="table",
-    help="Table maintenance: expire old versions (retention), delete unreferenced files, "
-    "merge sealed segments.",
-    epilog=exit_codes_help(),
+    help="List and describe tables; maintain them: expire old versions (retention), delete "
+    "unreferenced files, merge sealed segments.",
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
 
-@app.command("maintain", epilog=exit_codes_help())
+def _summary(cat: Any, info: Any) -> dict[str, Any]:
+    """What ``table list`` prints of one table. ``rows`` is the current row count: summed from
+    the manifest for an append table, counted after the merge for a keyed one (an upsert's
+    superseded and deleted rows are not rows)."""
+    manifest = cat.manifest(info.name)
+    spec = info.spec
+    rows = cat.read_table(info.name).num_rows if spec.keyed else manifest.row_count
+    return {
+        "table": info.name,
+        "mode": spec.mode,
+        "partitions": len(cat.store.list_shards(info.name)),
+        "rows": rows,
+        "version": manifest.version,
+    }
+
+
+@app.command("list", short_help="Every table: mode, partitions, rows, newest version.")
+def list_tables(home: HomeOpt = None, output: OutputOpt = OutputFormat.text) -> None:
+    """Every table: its mode, partitions, current rows and newest version."""
+    with handle_errors(output), open_catalog(home) as cat:
+        rows = [_summary(cat, info) for info in cat.store.list_tables()]
+        if output is OutputFormat.json:
+            emit_json(rows)
+        elif rows:
+            table_text(rows)
+        else:
+            console.print("(no tables)")
+
+
+@app.command("describe", short_help="A table's schema, key, partitions, segments, versions.")
+def describe(
+    name: Annotated[str, typer.Argument(help="The table.", show_default=False)],
+    home: HomeOpt = None,
+    output: OutputOpt = OutputFormat.text,
+) -> None:
+    """A table's schema, key, mode, comparison column, partitions (shard upper, segments by
+    state), and the versions it keeps."""
+    with handle_errors(output), open_catalog(home) as cat:
+        info = cat.table(name)  # raises TableNotFoundError naming it
+        spec = info.spec
+        manifest = cat.manifest(name)
+        shards = {s.partition: s for s in cat.store.list_shards(name)}
+        segments: dict[int, dict[str, int]] = {}
+        for e in manifest.entries:
+            per = segments.setdefault(e.partition, {"segments": 0, "rows": 0, "bytes": 0})
+            per["segments"] += 1
+            per["rows"] += e.row_count
+            per["bytes"] += e.size_bytes
+            per[str(e.state).lower()] = per.get(str(e.state).lower(), 0) + 1
+        partitions = {
+            p: {
+                "upper": shards[p].upper if p in shards else None,
+                "epoch": shards[p].epoch if p in shards else None,
+                **segments.get(p, {"segments": 0, "rows": 0, "bytes": 0}),
+            }
+            for p in sorted(set(shards) | set(segments))
+        }
+        record = {
+            "table": name,
+            "mode": spec.mode,
+            "schema": dict(spec.columns),
+            "primary_key": list(spec.primary_key),
+            "comparison_column": spec.comparison_column,
+            "delete_column": spec.delete_column,
+            "partitioned_by_key": spec.partitioned_by_key,
+            "schema_version": info.schema_version,
+            "version": manifest.version,
+            "oldest_kept_version": cat.store.oldest_kept_version(name),
+            "retention": spec.retention.model_dump(),
+            "segments": len(manifest.entries),
+            "delete_vectors": len(manifest.delete_vectors),
+            "partitions": partitions,
+        }
+        if output is OutputFormat.json:
+            emit_json(record)
+            return
+        key = ", ".join(spec.primary_key) or "(none)"
+        lines = [
+            f"table {name}: {spec.mode}, key {key}, comparison column "
+            f"{spec.comparison_column or '(none)'}",
+            f"versions {record['oldest_kept_version']}..{manifest.version} kept "
+            f"(schema version {info.schema_version}); {len(manifest.entries)} segments, "
+            f"{len(manifest.delete_vectors)} delete vectors",
+            "schema:",
+            *(f"  {c}: {t}" for c, t in spec.columns.items()),
+        ]
+        for line in lines:
+            console.print(line, highlight=False, markup=False)
+        if partitions:
+            table_text(
+                [
+                    {
+                        "partition": p,
+                        "shard upper": v["upper"],
+                        "segments": v["segments"],
+                        "by state": ", ".join(
+                            f"{v[s]} {s}"
+                            for s in ("consuming", "online", "committing", "error")
+                            if v.get(s)
+                        ),
+                        "rows stored": v["rows"],
+                        "bytes": v["bytes"],
+                    }
+                    for p, v in partitions.items()
+                ]
+            )
+
+
+@app.command("maintain", short_help="Expire old versions, delete unreferenced files.")
 def maintain(
     tables: Annotated[
         list[str] | None,
@@ -54,7 +163,6 @@ def maintain(
     """Expire the versions each table's retention no longer keeps, then delete the files no
     kept version references. Prints one line per table."""
     # lazy: only the command that runs needs it; keeps `millstream --help` fast
-    from millstream.catalog import Catalog
     from millstream.table.maintain import maintain as run_maintenance
 
     with handle_errors(output):
@@ -64,7 +172,7 @@ def maintain(
                 f"{grace:g} s is shorter than {MIN_GRACE_SECONDS:g} s: a running writer's staged "
                 "files are unreferenced until its commit, which accepts files that old",
             )
-    with handle_errors(output), Catalog.open(home=home) as cat:
+    with handle_errors(output), open_catalog(home) as cat:
         names = tables or [t.name for t in cat.store.list_tables()]
         reports = [
             run_maintenance(cat.store, cat.deep, name, dry_run=dry_run, grace_seconds=grace)
@@ -77,7 +185,7 @@ def maintain(
                 console.print(r.describe(), highlight=False, soft_wrap=True)
 
 
-@app.command("compact", epilog=exit_codes_help())
+@app.command("compact", short_help="Merge the sealed segments that are due.")
 def compact(
     table: Annotated[str, typer.Argument(help="The table whose sealed segments to merge.")],
     partition: Annotated[
@@ -98,12 +206,11 @@ def compact(
     after its seals (a running sealer whose partition this changes rebuilds its key index
     once). Prints one line per partition."""
     # lazy: only the command that runs needs it; keeps `millstream --help` fast
-    from millstream.catalog import Catalog
     from millstream.sealing.compaction import CompactionPolicy
     from millstream.sealing.keyindex import IndexCache
     from millstream.sealing.sealer import Sealer
 
-    with handle_errors(output), Catalog.open(home=home) as cat:
+    with handle_errors(output), open_catalog(home) as cat:
         sealer = Sealer(
             cat,
             table,

@@ -15,6 +15,8 @@ import logging
 import os
 import shutil
 import socket
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -538,6 +540,26 @@ class DatastreamRunner:
         if self._catching_up:  # an available-now run's batch job
             self.spark.sparkContext.cancelJobGroup(self.job_group)
 
+    def stop_after_batch(self, timeout: float = 30.0) -> None:
+        """Stop at a batch boundary: no new batch starts, the running one (a query's trigger, an
+        available-now run's job) commits, then the query stops. After ``timeout`` seconds it
+        stops anyway (a batch cut short commits nothing; the next run reads its range again)."""
+        self._stopping = True  # an available-now run ends after its current batch
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            query = self.query
+            if query is None:
+                if not self._catching_up:
+                    break
+            else:
+                try:
+                    if not query.status.get("isTriggerActive"):
+                        break
+                except Exception:  # the query ended meanwhile
+                    break
+            time.sleep(0.05)
+        self.stop()
+
     def release(self) -> None:
         """Release the state directory lock (after the query has stopped)."""
         self.state_dir.unlock()
@@ -572,6 +594,9 @@ class DatastreamRunner:
 #: The accepted source losses a writer's status keeps (the newest; all are counted).
 LOST_RANGES_KEPT = 20
 
+#: The window of progress output's rows/s (:meth:`CommitLogTotals.rows_per_second`).
+RATE_WINDOW_S = 10.0
+
 
 class CommitLogTotals:
     """Running totals of a writer's commit log (``commits.jsonl``), read incrementally: each
@@ -601,6 +626,8 @@ class CommitLogTotals:
         self.lost_races = 0
         #: when the last batch read was committed (epoch seconds), None before any
         self.last_at: float | None = None
+        #: (commit time, rows) of the latest batches read, for :meth:`rows_per_second`
+        self.recent: deque[tuple[float, int]] = deque(maxlen=4096)
 
     def update(self, path: Path) -> dict[int, dict[str, int]]:
         try:
@@ -616,6 +643,17 @@ class CommitLogTotals:
             return self.partitions
         self.position += self._add(chunk)
         return self.partitions
+
+    def rows_per_second(
+        self, now: float, *, window: float = RATE_WINDOW_S, since: float | None = None
+    ) -> float:
+        """Rows committed per second over the last ``window`` seconds (by each batch's commit
+        time), or since ``since`` when that is later (a writer started 3 s ago has committed
+        for 3 s): what ingestion achieves, whatever Spark counts as a batch's input."""
+        start = now - window if since is None else max(now - window, since)
+        if now <= start:
+            return 0.0
+        return sum(rows for at, rows in self.recent if start < at <= now) / (now - start)
 
     def _finish_rotated(self, rotated: Path) -> None:
         """Read what is left of the log last read if the sink rotated it to ``rotated``."""
@@ -641,11 +679,13 @@ class CommitLogTotals:
             except ValueError:
                 continue
             self.batches += 1
-            self.rows += int(entry.get("rows") or 0)
+            rows = int(entry.get("rows") or 0)
+            self.rows += rows
             self.lost_races += 1 if entry.get("lost_race") else 0
             at = entry.get("at")
             if isinstance(at, int | float):
                 self.last_at = float(at)
+                self.recent.append((float(at), rows))
             for kind in ("consumed", "dead_lettered", "lost"):
                 for p, n in (entry.get(kind) or {}).items():
                     counts = self.partitions.setdefault(int(p), {"consumed": 0, "dead_lettered": 0})

@@ -19,6 +19,15 @@ LOCAL_FILES_WITHOUT_CHECKSUMS = {
 }
 
 
+def worker_python(config: Mapping[str, str] | None = None) -> str:
+    """The interpreter Spark's Python workers run: the one the user chose (``PYSPARK_PYTHON``,
+    or ``spark.pyspark.python`` in ``config``), else this one. Not "python3" from PATH: a venv
+    used without activation (``.venv/bin/python app.py``) has millstream, PATH's python3
+    does not."""
+    chosen = (config or {}).get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
+    return chosen or sys.executable
+
+
 def spark_session(
     *,
     master: str | None = None,
@@ -27,9 +36,10 @@ def spark_session(
     config: Mapping[str, str] | None = None,
 ) -> Any:
     """Create (or get) the SparkSession. Master: argument, else ``MILLSTREAM_SPARK_MASTER``,
-    else ``local[2]``. Workers run this interpreter (``PYSPARK_PYTHON``). ``config`` adds or
-    overrides Spark settings (the tests pin a warehouse directory)."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    else ``local[2]``. Spark's Python workers run this interpreter (:func:`worker_python`).
+    ``config`` adds or overrides Spark settings (the tests pin a warehouse directory)."""
+    python = worker_python(config)
+    os.environ.setdefault("PYSPARK_PYTHON", python)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = (
@@ -46,6 +56,9 @@ def spark_session(
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         # The millstream source takes key filters before its merge (table_source.PUSHDOWN_CONF)
         .config("spark.sql.python.filterPushdown.enabled", "true")
+        # The workers of Python UDFs and of the Python data sources (the JVM starts those
+        # from this setting, whatever the driver's environment says).
+        .config("spark.pyspark.python", python)
     )
     # A query's offset and commit logs on a local disk without Hadoop's .crc sidecar files:
     # two writes and renames less per log entry, ~55 ms less of every micro-batch

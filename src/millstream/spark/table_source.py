@@ -291,10 +291,13 @@ _REGISTER_LOCK = threading.Lock()
 
 def register(spark: SparkSession) -> None:
     """Register the ``millstream`` data source (batch reads, streaming sink) and the stream
-    source ``millstream_source`` (idempotent; one thread at a time)."""
+    sources, each once per session (registering again would make Spark warn "replaced a
+    previously registered data source"; one thread at a time)."""
     with _REGISTER_LOCK:
+        manager = spark._jsparkSession.sessionState().dataSourceManager()
         for ds in (MillstreamDataSource, StreamSource, MillstreamGroupSink, GroupStreamSource):
-            spark.dataSource.register(ds)
+            if not manager.dataSourceExists(ds.name()):
+                spark.dataSource.register(ds)
 
 
 def read_dataframe(

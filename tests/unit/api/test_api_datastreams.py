@@ -169,7 +169,7 @@ INVALID_SPECS = {
     "schema.status": _with(BASE, "varchar", "schema", "status"),
     "replicas": _with(BASE, 0, "replicas"),
     "trigger_interval": _with(BASE, "soon", "trigger_interval"),
-    "source": _with(BASE, "ftp", "source", "kind"),
+    "source.kind": _with(BASE, "ftp", "source", "kind"),
     "unexpected": _with(BASE, 1, "unexpected"),
 }
 
