@@ -230,7 +230,7 @@ def list_(
             )
 
 
-@app.command("show")
+@app.command("show", short_help="One datastream: state, writer health, table, source, last error.")
 def show(
     name: NameArg,
     controller: ControllerOpt = DEFAULT_CONTROLLER,

@@ -260,7 +260,7 @@ def compact(
             console.print(f"{table} partition {r['partition']}: {line}", highlight=False)
 
 
-@app.command("iceberg", epilog=exit_codes_help())
+@app.command("iceberg", short_help="Publish and print the Iceberg metadata location of a table.")
 def iceberg(
     table: Annotated[str, typer.Argument(help="The table whose Iceberg view to show.")],
     publish: Annotated[
@@ -277,13 +277,12 @@ def iceberg(
     ``iceberg_scan`` and pyiceberg's ``StaticTable.from_metadata``. By default the table's
     current version is published first, so the location shows it."""
     # lazy: only the command that runs needs it; keeps `millstream --help` fast
-    from millstream.catalog import Catalog
     from millstream.errors import NotFoundError
     from millstream.metastore.iceberg import read_pointer
     from millstream.table.iceberg import location
     from millstream.table.iceberg import publish as publish_view
 
-    with handle_errors(output), Catalog.open(home=home) as cat:
+    with handle_errors(output), open_catalog(home) as cat:
         cat.store.get_table(table)  # raises TableNotFoundError naming the table
         if publish:
             pointer = publish_view(cat.store, cat.deep, table).pointer
