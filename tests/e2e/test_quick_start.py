@@ -12,6 +12,7 @@ reported at the end, together.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -60,10 +61,16 @@ def _model(produced: list[tuple[str, dict[str, Any] | None]]) -> dict[int, dict[
     return table
 
 
+#: The test's own consumer keeps its librdkafka lines to itself.
+_QUIET = logging.getLogger("tests.quick_start.consumer")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+
+
 def _topic_ends(bootstrap: str, topic: str) -> dict[int, int]:
     """Per partition, one past the last offset a consumer reads (not the watermark)."""
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "quick-start-check", "logger": _quiet}
+        {"bootstrap.servers": bootstrap, "group.id": "quick-start-check", "logger": _QUIET}
     )
     try:
         meta = consumer.list_topics(topic, timeout=10).topics[topic]
@@ -80,10 +87,6 @@ def _topic_ends(bootstrap: str, topic: str) -> dict[int, int]:
         return ends
     finally:
         consumer.close()
-
-
-def _quiet(*_: Any) -> None:
-    """The test's own consumer keeps its librdkafka lines to itself."""
 
 
 class QuickStart:
