@@ -2018,6 +2018,37 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         tests=("tests/unit/test_cli_query.py",),
         select="without_a_home",
     ),
+    Guard(
+        name="up-broker-reuses-its-recorded-port",
+        file="src/millstream/local/tansu.py",
+        what="`up`'s broker starts on the port recorded under the home, so specs saved against "
+        "its bootstrap address still reach it after a restart",
+        old="""\
+    chosen = port if port is not None else (recorded.port if recorded is not None else None)
+""",
+        new="""\
+    chosen = port  # MUTATION: a restart picks a new port
+""",
+        tests=(
+            "tests/integration/test_up_broker.py::"
+            "test_restarted_broker_keeps_the_port_it_was_given",
+        ),
+    ),
+    Guard(
+        name="up-broker-refuses-a-taken-recorded-port",
+        file="src/millstream/local/tansu.py",
+        what="a recorded (or given) broker port something else holds is an error naming it "
+        "and the record is kept: the broker never moves away from the saved specs silently",
+        old="""\
+    elif not _port_free(chosen):
+""",
+        new="""\
+    elif False:  # MUTATION: start anyway
+""",
+        tests=(
+            "tests/integration/test_up_broker.py::test_recorded_port_taken_is_an_error_naming_it",
+        ),
+    ),
 )
 
 

@@ -7,6 +7,7 @@ import logging
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from millstream.cli.client import DEFAULT_CONTROLLER, ControllerClient
 from millstream.cli.output import (
@@ -259,6 +260,25 @@ def up(
     port: PortOpt = 8600,
     host: HostOpt = "127.0.0.1",
     home: HomeOpt = None,
+    broker_port: Annotated[
+        int | None,
+        typer.Option(
+            "--broker-port",
+            help="Port of the embedded broker (127.0.0.1). Default: the port the home's last "
+            "`up` used (HOME/broker/broker.json), else 9092 unless taken, else a free one.",
+            show_default=False,
+        ),
+    ] = None,
+    broker_storage: Annotated[
+        str | None,
+        typer.Option(
+            "--broker-storage",
+            help="Where the broker keeps topics: memory://tansu/ (the default: throwaway, "
+            "lost when `up` stops) or s3://BUCKET/ (durable; endpoint from "
+            "MILLSTREAM_S3_ENDPOINT, credentials from AWS_*). Recorded like the port.",
+            show_default=False,
+        ),
+    ] = None,
     api_token: ApiTokenOpt = None,
     read_token: ReadTokenOpt = None,
     master: MasterOpt = None,
@@ -266,9 +286,11 @@ def up(
 ) -> None:
     """All in one process: embedded broker, controller with the REST API, one worker.
 
-    The broker is Tansu (Kafka protocol) with its files under HOME/broker. Prints the API URL,
-    the web console's URL and the broker's bootstrap address; Ctrl-C or SIGTERM stops
-    everything."""
+    The broker is Tansu (Kafka protocol) on 127.0.0.1:9092 by default; its port and storage
+    are recorded in HOME/broker/broker.json and reused by the next `up`. By default it keeps
+    topics in memory: they are lost when `up` stops (--broker-storage s3://BUCKET/ keeps
+    them). Prints the API URL, the web console's URL and the broker's bootstrap address;
+    Ctrl-C or SIGTERM stops everything."""
     # lazy: the API, the catalog, Spark and the broker load only when `millstream up` runs
     from millstream.api import create_app
     from millstream.api.console import console_url
@@ -276,19 +298,35 @@ def up(
     from millstream.config import Settings
     from millstream.control.controller import Controller
     from millstream.control.worker import Worker
-    from millstream.local.tansu import TansuBroker
+    from millstream.local.process import ServerStartError
+    from millstream.local.tansu import TansuBroker, start_home_broker
     from millstream.spark.session import spark_session
 
     _logging()
     with handle_errors(output):
         settings = Settings.load(home=home)
         catalog = Catalog.open(settings=settings)
-        broker = TansuBroker(settings.home / "broker")
+        broker: TansuBroker | None = None
         spark: Any = None
         group = ServiceGroup()
         try:
             group.handle_signals()
-            broker.start()
+            try:
+                broker, broker_settings = start_home_broker(
+                    settings.home / "broker",
+                    port=broker_port,
+                    storage=broker_storage,
+                    s3_endpoint=settings.s3_endpoint,
+                )
+            except ServerStartError as exc:  # a sentence (and the broker's log), no traceback
+                err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+                raise typer.Exit(1) from None
+            kept = (
+                f"topics kept in {broker_settings.storage}"
+                if broker_settings.durable
+                else "topics in memory: lost when `up` stops; --broker-storage s3://BUCKET/ "
+                "keeps them"
+            )
             ctl = Controller(catalog)
             group.start("controller", ctl.run_forever, ctl.stop)
             url = serve_api(
@@ -301,7 +339,7 @@ def up(
                 console.print(
                     f"REST API  {url}  (OpenAPI at {url}/docs)\n"
                     f"console   {console_url(url)}\n"
-                    f"broker    {broker.bootstrap}\n"
+                    f"broker    {broker.bootstrap}  ({kept})\n"
                     "starting Spark for the worker (first start takes 10-20 s) ...",
                     highlight=False,
                 )
@@ -316,6 +354,8 @@ def up(
                         "api": url,
                         "console": console_url(url),
                         "broker": broker.bootstrap,
+                        "broker_storage": broker_settings.storage,
+                        "broker_durable": broker_settings.durable,
                         "controller_id": ctl.id,
                         "worker_id": w.id,
                         "home": str(settings.home),
@@ -332,7 +372,8 @@ def up(
             from millstream.ingest.sources.kafka import CONSUMERS
 
             CONSUMERS.close()
-            broker.stop()
+            if broker is not None:
+                broker.stop()
             catalog.close()
         _finish(group)
 
