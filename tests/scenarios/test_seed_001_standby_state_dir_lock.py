@@ -240,9 +240,15 @@ def test_worker_reports_starting_not_running_while_its_standby_waits_for_the_loc
 
         info = {w.id: w for w in list_workers(cat.store)}["worker-b"]
         assert info.status == "STARTING"
-        assert info.info["writers"] == [
-            {"datastream": TASK, "role": STANDBY, "running": False, "locked": False, "error": None}
-        ]
+        [writer] = info.info["writers"]
+        assert {k: writer[k] for k in ("datastream", "role", "running", "locked", "error")} == {
+            "datastream": TASK,
+            "role": STANDBY,
+            "running": False,
+            "locked": False,
+            "error": None,
+        }
+        assert writer["health"]["status"] == "starting"  # never running without its lock
         assert not worker_b.writers[TASK].state_dir.held
         a.unlock()
 

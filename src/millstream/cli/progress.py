@@ -37,7 +37,11 @@ class ProgressView:
         log = self.log
         log.update(r.stats_file)  # only the lines added since the last refresh
         last = log.last_at
-        rate = log.rows_per_second(now, window=RATE_WINDOW_S, since=self.started)
+        # A writer this view saw start has committed only since then; one that committed
+        # before the view existed (a view made mid-run) is measured over the whole window.
+        first = min((at for at, _ in log.recent), default=None)
+        since = self.started if first is None or first >= self.started else None
+        rate = log.rows_per_second(now, window=RATE_WINDOW_S, since=since)
         parts = sorted(set(shards) | set(self.latest))
         return {
             "datastream": r.spec.name,

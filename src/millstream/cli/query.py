@@ -138,7 +138,8 @@ def pushdown(sql: str, table: str, spec: Any) -> list[tuple[str, str, Any]]:
     CTE, no set operation), only its top-level ``AND``-ed comparisons of a column the reader
     may filter (every column of an append table, the key columns of a keyed one) with a
     constant of a matching type. Empty when in doubt: DuckDB applies the full ``WHERE`` anyway."""
-    import duckdb  # lazy: only `millstream query` needs it
+    # lazy: only `millstream query` needs it
+    import duckdb
 
     try:
         row = duckdb.execute("SELECT json_serialize_sql(?::VARCHAR)", [sql]).fetchone()
@@ -170,7 +171,8 @@ def duckdb_query(catalog: Any, sql: str, limit: int) -> list[dict[str, Any]]:
     """Run ``sql`` in DuckDB over the tables it names; at most ``limit`` rows, as dicts. A
     table that does not exist raises :class:`TableNotFoundError`; SQL DuckDB cannot parse or
     run raises :class:`InvalidSpecError` naming ``sql``."""
-    import duckdb  # lazy: only `millstream query` needs it
+    # lazy: only `millstream query` needs it
+    import duckdb
 
     try:
         named = duckdb.get_table_names(sql)

@@ -135,7 +135,14 @@ class TansuBroker(ManagedServer):
         ]  # fmt: skip
 
     def _popen_kwargs(self) -> dict[str, Any]:
-        return {"cwd": self.base_dir, "env": {**os.environ, **self._env, "NO_COLOR": "1"}}
+        # A session of its own: a terminal's Ctrl-C reaches `millstream up`, which closes its
+        # Kafka clients and then stops the broker by its PID. In the terminal's process group
+        # the broker would die first, and every client still open would log reconnects.
+        return {
+            "cwd": self.base_dir,
+            "env": {**os.environ, **self._env, "NO_COLOR": "1"},
+            "start_new_session": True,
+        }
 
     def _wait_ready(self) -> None:
         super()._wait_ready()
