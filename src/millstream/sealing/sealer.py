@@ -558,13 +558,12 @@ class Sealer:
             force = True
         if not run or not (force or self.due(run)):
             return None
-        now = self.clock.now()
-        if any(e.claim_held(now) for e in run):
-            return None  # another sealer is building it (its claim has not expired)
         started = time.monotonic()
-        claimed = claim_run(self.store, run, owner=self.claim_owner, ttl=self.claim_ttl, now=now)
+        # Whether another sealer's claim on any segment of the run still holds is judged by
+        # claim_run on the metadata store's clock, not this sealer's (which may be skewed).
+        claimed = claim_run(self.store, run, owner=self.claim_owner, ttl=self.claim_ttl)
         if claimed is None:
-            return None
+            return None  # another sealer is building it (its claim has not expired)
         # A seal may run longer than its claim (a large run, a slow deep store): the claim is
         # renewed while it builds, so no other sealer takes the run over from a live one.
         renewer = _ClaimRenewer(self, partition, claimed)
@@ -615,7 +614,6 @@ class Sealer:
                     reflects=sealed_from,
                     delete_vector=None if dv_path is None else (dv_path, len(dropped)),
                 ),
-                claim_clock=self.clock,
             )
         except BaseException as exc:
             claimed = renewer.stop()
