@@ -430,6 +430,9 @@ class Sealer:
             },
             "compaction_failures": {str(p): n for p, n in self.compaction_failures.items()},
             "compaction_errors": {str(p): e for p, e in self.compaction_errors.items()},
+            "claim_renewals": self.claim_renewals,
+            "claim_renewal_failures": self.claim_renewal_failures,
+            "claims_lost": self.claims_lost,
         }
 
     # -- compaction of sealed segments -----------------------------------------------------
