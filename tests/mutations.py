@@ -705,11 +705,15 @@ GUARDS: tuple[Guard, ...] = (
             if cur.claim_held(now):
                 return None
             checked[e.id] = cur.row_version
+        versions: dict[int, int] = {}
 """,
         new="""\
             if cur.claim_held(now):
                 continue  # MUTATION: a claimed segment is skipped, the newer ones claimed
             checked[e.id] = cur.row_version
+        if not checked:
+            return None
+        versions: dict[int, int] = {}
 """,
         tests=(COMMIT_CAMPAIGN,),
     ),

@@ -6,7 +6,9 @@ One seal of partition P:
 1. **claim** the run: every not-yet-sealed entry of P, in sequence order (always the whole
    suffix after the last sealed segment, so segments of a partition seal strictly in order).
    Claiming is a compare-and-set of each entry CONSUMING -> COMMITTING; a run another sealer
-   has claimed is left alone.
+   has claimed is left alone until its claim expires, judged on the metadata store's clock
+   (never this sealer's, which may be skewed), as are the claim's renewals and the swap's
+   expiry check.
 2. **build**: read the run's rows and :func:`millstream.core.merge.compact` them (resolving
    keys where that provably gives the same table), sorted by key, in sized row groups; look
    the run's keys up in the partition's key index (:mod:`millstream.sealing.keyindex`) to find
