@@ -214,7 +214,7 @@ GUARDS: tuple[Guard, ...] = (
         file=CLAIMS,
         what="claim_run: a run whose claim expired may be claimed again",
         old="""\
-            if cur.claim_held(at):
+            if cur.claim_held(now):
                 return None
 """,
         new="""\
@@ -228,16 +228,15 @@ GUARDS: tuple[Guard, ...] = (
         file=CLAIMS,
         what="claim_run: a run another sealer's live claim holds is left alone",
         old="""\
-            if cur.claim_held(at):
+            if cur.claim_held(now):
                 return None
 """,
         new="""\
-            if cur.claim_held(at):
+            if cur.claim_held(now):
                 pass  # MUTATION: a live claim is taken over
 """,
-        # Sealer.seal_partition leaves a run with a live claim alone before it calls
-        # claim_run; only two sealers that both read the run unclaimed and then claim it one
-        # after the other reach this check, which is what the first test does.
+        # The first test: two sealers that both read the run unclaimed and then claim it one
+        # after the other; the second: a sealer that finds the run claimed.
         tests=(
             _guard_test(
                 "test_a_run_claimed_between_reading_it_and_claiming_it_is_not_claimed_twice"
@@ -254,11 +253,11 @@ GUARDS: tuple[Guard, ...] = (
             cur = get_entry(conn, e.id)
             if cur is None or cur.removed_version is not None:
                 return None
-            if cur.claim_held(at):
+            if cur.claim_held(now):
                 return None
             checked[e.id] = cur.row_version
         versions: dict[int, int] = {}
-        for e in run:
+        for entry_id, version in checked.items():
 """,
         new="""\
         versions: dict[int, int] = {}
@@ -266,9 +265,9 @@ GUARDS: tuple[Guard, ...] = (
             cur = get_entry(conn, e.id)
             if cur is None or cur.removed_version is not None:
                 return None
-            if cur.claim_held(at):
+            if cur.claim_held(now):
                 return None
-            checked[e.id] = cur.row_version
+            entry_id, version = e.id, cur.row_version
 """,
         tests=(_guard_test("test_a_claim_that_finds_one_entry_taken_claims_none_of_the_run"),),
     ),
@@ -277,16 +276,16 @@ GUARDS: tuple[Guard, ...] = (
         file=CLAIMS,
         what="claim_run: the claim's compare-and-set uses the version its check read",
         old="""\
-            versions[e.id] = update_entry(
+            versions[entry_id] = update_entry(
                 conn,
-                e.id,
-                checked[e.id],
+                entry_id,
+                version,
 """,
         new="""\
-            versions[e.id] = update_entry(
+            versions[entry_id] = update_entry(
                 conn,
-                e.id,
-                get_entry(conn, e.id).row_version,  # type: ignore[union-attr]  # MUTATION
+                entry_id,
+                get_entry(conn, entry_id).row_version,  # type: ignore[union-attr]  # MUTATION
 """,
         tests=(
             "tests/contract/test_postgres_manifest_races.py::"
@@ -640,7 +639,7 @@ GUARDS: tuple[Guard, ...] = (
         what="replace_run: a seal whose claim expired before its swap is discarded (GC may "
         "have deleted its upload)",
         old="""\
-        if claim_clock is not None and not all(e.claim_held(claim_clock.now()) for e in entries):
+        if not all(e.claim_held(at) for e in entries):
 """,
         new="""\
         if False:  # MUTATION: an expired claim still swaps
@@ -650,6 +649,8 @@ GUARDS: tuple[Guard, ...] = (
                 "test_a_sealer_stalled_past_its_claim_swaps_nothing_even_if_nobody_took_the_"
                 "run_over"
             ),
+            "tests/unit/sealing/test_claim_clock_skew.py::"
+            "test_a_swap_after_the_claim_expired_is_refused_whatever_the_sealers_clock",
         ),
     ),
     Guard(
@@ -698,17 +699,21 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         name="campaign-sealer-claims-in-order",
-        file="src/millstream/sealing/sealer.py",
-        what="seal_partition leaves a run alone while a segment of it is claimed (in order)",
+        file=CLAIMS,
+        what="claim_run leaves a run alone while a segment of it is claimed (in order)",
         old="""\
-        if any(e.claim_held(now) for e in run):
-            return None  # another sealer is building it (its claim has not expired)
+            if cur.claim_held(now):
+                return None
+            checked[e.id] = cur.row_version
+        versions: dict[int, int] = {}
 """,
         new="""\
-        while run and run[0].claim_held(now):  # MUTATION: seal the newer, unclaimed segments
-            run = run[1:]
-        if not run:
+            if cur.claim_held(now):
+                continue  # MUTATION: a claimed segment is skipped, the newer ones claimed
+            checked[e.id] = cur.row_version
+        if not checked:
             return None
+        versions: dict[int, int] = {}
 """,
         tests=(COMMIT_CAMPAIGN,),
     ),
@@ -2048,6 +2053,26 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         tests=(
             "tests/integration/test_up_broker.py::test_recorded_port_taken_is_an_error_naming_it",
         ),
+    ),
+    Guard(
+        name="a-take-over-is-judged-on-the-stores-clock",
+        file="src/millstream/sealing/sealer.py",
+        what="whether another sealer's claim on a run is live is judged on the metadata "
+        "store's clock (in claim_run), never on the sealer's own, so a sealer whose clock runs "
+        "behind still takes an expired claim over",
+        old="""\
+        claimed = claim_run(self.store, run, owner=self.claim_owner, ttl=self.claim_ttl)
+""",
+        new="""\
+        if any(e.claim_held(self.clock.now()) for e in run):  # MUTATION: the sealer's clock
+            return None
+        claimed = claim_run(self.store, run, owner=self.claim_owner, ttl=self.claim_ttl)
+""",
+        tests=(
+            "tests/unit/sealing/test_claim_clock_skew.py::"
+            "test_an_expired_claim_is_taken_over_by_a_sealer_whose_clock_is_skewed",
+        ),
+        select="sqlite",
     ),
 )
 

@@ -235,10 +235,15 @@ def test_reingesting_a_segment_a_sealer_holds_does_not_wedge_sealing_of_its_part
 def test_a_sealer_whose_expired_claim_was_taken_over_cannot_swap_its_stale_seal_in(
     pipe: Pipeline,
 ) -> None:
-    later = ManualClock(time.time() + DEFAULT_CLAIM_TTL + 60)
-    successor = Sealer(pipe.catalog, TABLE, clock=later)
+    successor = Sealer(pipe.catalog, TABLE)
     taken: list[object] = []
-    faults = _at("before_swap", lambda: taken.append(successor.seal_partition(0, force=True)))
+
+    def expire_and_take_over() -> None:
+        # Claims are judged on the metadata store's clock: move it past the claim.
+        pipe.catalog.store.clock = ManualClock(time.time() + DEFAULT_CLAIM_TTL + 60)
+        taken.append(successor.seal_partition(0, force=True))
+
+    faults = _at("before_swap", expire_and_take_over)
     slow = Sealer(pipe.catalog, TABLE, faults=faults)
     with pytest.raises(SegmentChangedError):
         slow.seal_partition(0, force=True)
@@ -250,11 +255,11 @@ def test_a_sealer_whose_expired_claim_was_taken_over_cannot_swap_its_stale_seal_
 def test_a_sealer_whose_run_a_successor_claimed_but_not_yet_sealed_swaps_nothing(
     pipe: Pipeline,
 ) -> None:
-    later = time.time() + DEFAULT_CLAIM_TTL + 60
 
     def successor_claims() -> None:
         run = [e for e in pipe.catalog.manifest(TABLE).entries if e.partition == 0]
-        assert claim_run(pipe.catalog.store, run, owner="successor", now=later) is not None
+        pipe.catalog.store.clock = ManualClock(time.time() + DEFAULT_CLAIM_TTL + 60)
+        assert claim_run(pipe.catalog.store, run, owner="successor") is not None
 
     slow = Sealer(pipe.catalog, TABLE, faults=_at("before_swap", successor_claims))
     with pytest.raises(SegmentChangedError):
@@ -270,17 +275,18 @@ def test_a_sealer_stalled_past_its_claim_swaps_nothing_even_if_nobody_took_the_r
     than GC's grace period, with no other sealer taking its run over, swapped in a sealed file
     GC had already deleted. Its claim had expired long before; the swap now refuses that."""
     clock = ManualClock(time.time())
+    pipe.catalog.store.clock = clock  # the metadata store's clock, which judges claims
 
     def stall_and_collect() -> None:
         clock.advance(DEFAULT_CLAIM_TTL + 3600 + 1)  # stalled past its claim and GC's grace
         collect_garbage(pipe.catalog.store, pipe.catalog.deep, TABLE, clock=clock)
 
-    stalled = Sealer(pipe.catalog, TABLE, clock=clock, faults=_at("before_swap", stall_and_collect))
+    stalled = Sealer(pipe.catalog, TABLE, faults=_at("before_swap", stall_and_collect))
     with pytest.raises(SegmentChangedError, match="expired before the swap"):
         stalled.seal_partition(0, force=True)
     assert all(state is SegmentState.CONSUMING for _, state in pipe.entries(0))
     pipe.assert_reads_every_row_once()
-    assert Sealer(pipe.catalog, TABLE, clock=clock).seal_partition(0, force=True) is not None
+    assert Sealer(pipe.catalog, TABLE).seal_partition(0, force=True) is not None
     pipe.assert_reads_every_row_once()
 
 

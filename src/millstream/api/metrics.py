@@ -216,6 +216,7 @@ class MillstreamCollector:
         yield from self._repair_metrics([r.spec.table_name for r in live])
         yield from self._row_counters(workers)
         yield from self._health_metrics(records, workers)
+        yield from self._claim_metrics(workers)
 
     @staticmethod
     def _health_families() -> tuple[GaugeMetricFamily, CounterMetricFamily]:
@@ -244,6 +245,37 @@ class MillstreamCollector:
                 if n:
                     restarts.add_metric([str(wr["datastream"]), w.id], int(n))
         yield from (stalled, restarts)
+
+    @staticmethod
+    def _claim_metrics(workers: list[Any]) -> Iterator[Any]:
+        """The seal-claim renewals of each worker's sealer, per datastream (from its
+        heartbeat's ``sealing``)."""
+        families = {
+            "claim_renewals": CounterMetricFamily(
+                "millstream_seal_claim_renewals",
+                "Renewals of a running seal's claim a worker's sealer made (every third of the "
+                "claim's TTL while a seal builds).",
+                labels=["datastream", "worker"],
+            ),
+            "claim_renewal_failures": CounterMetricFamily(
+                "millstream_seal_claim_renewal_failures",
+                "Renewals of a seal's claim that failed (the metadata store unreachable) and "
+                "were tried again at the next renewal.",
+                labels=["datastream", "worker"],
+            ),
+            "claims_lost": CounterMetricFamily(
+                "millstream_seal_claims_lost",
+                "Seal claims the metadata store refused to renew (expired on its clock, or "
+                "taken over by another sealer): the seal was discarded and retried.",
+                labels=["datastream", "worker"],
+            ),
+        }
+        for w in workers:
+            for ds, st in sorted((w.info.get("sealing") or {}).items()):
+                for key, family in families.items():
+                    if key in st:
+                        family.add_metric([ds, w.id], int(st[key]))
+        yield from families.values()
 
     def _repair_families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily]:
         return (

@@ -28,19 +28,21 @@ def claim_run(
     *,
     owner: str,
     ttl: float = DEFAULT_CLAIM_TTL,
-    now: float | None = None,
 ) -> dict[int, int] | None:
     """Claim ``run`` for a seal: every entry CONSUMING|ERROR -> COMMITTING, owned by ``owner``
-    until ``now + ttl``. Returns ``{entry id: version after the claim}``, or None when another
-    sealer's claim on any entry is still live or an entry is gone (removed or re-ingested).
+    until the store's now + ``ttl``. Returns ``{entry id: version after the claim}``, or None
+    when another sealer's claim on any entry is still live or an entry is gone (removed or
+    re-ingested).
 
     Precondition per entry: live, and CONSUMING or ERROR, or COMMITTING whose claim expired (its
     sealer is presumed dead; if it comes back, its swap finds the version moved and is
-    discarded). A claim without an expiry (schema v3) counts as expired."""
-
-    at = store.clock.now() if now is None else now
+    discarded). A claim without an expiry (schema v3) counts as expired. Whether a claim is
+    live, and when the new one expires, are judged on the metadata store's clock
+    (:func:`store_now`), never the sealer's: two sealers whose clocks disagree by more than the
+    TTL still agree on who holds a run."""
 
     def _txn(conn: Connection) -> dict[int, int] | None:
+        now = store_now(store, conn)
         # Every entry's precondition first: returning None after claiming some entries would
         # commit a partial claim that nobody releases until it expires.
         checked: dict[int, int] = {}
@@ -48,20 +50,20 @@ def claim_run(
             cur = get_entry(conn, e.id)
             if cur is None or cur.removed_version is not None:
                 return None
-            if cur.claim_held(at):
+            if cur.claim_held(now):
                 return None
             checked[e.id] = cur.row_version
         versions: dict[int, int] = {}
-        for e in run:
+        for entry_id, version in checked.items():
             # The version the check saw: a claim committed since then makes this fail.
-            versions[e.id] = update_entry(
+            versions[entry_id] = update_entry(
                 conn,
-                e.id,
-                checked[e.id],
+                entry_id,
+                version,
                 {
                     "state": SegmentState.COMMITTING.value,
                     "claimed_by": owner,
-                    "claim_expires_at": at + ttl,
+                    "claim_expires_at": now + ttl,
                 },
             )
         return versions
@@ -110,8 +112,9 @@ def release_run(
 def store_now(store: MetadataStore, conn: Connection) -> float:
     """The metadata store's time (epoch seconds), read in ``conn``'s transaction: the
     database server's clock (PostgreSQL's ``clock_timestamp()``; SQLite's ``julianday``, on
-    the host of its file), so every sealer's renewal is judged on one clock whatever its own
-    host's says. A store given its own clock (tests, simulations) uses that instead."""
+    the host of its file), so every sealer's claim, take-over, renewal and swap is judged on
+    one clock whatever its own host's says. A store given its own clock (tests, simulations)
+    uses that instead."""
     if store.clock is not SYSTEM_CLOCK:
         return store.clock.now()
     if store.is_sqlite:

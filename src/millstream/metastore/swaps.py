@@ -14,6 +14,7 @@ from sqlalchemy import Connection
 
 from millstream.clock import Clock
 from millstream.errors import SegmentChangedError
+from millstream.metastore.claims import store_now
 from millstream.metastore.manifest import (
     insert_delete_vector,
     insert_entry,
@@ -55,16 +56,15 @@ def replace_run(
     partition: int,
     claimed: Mapping[int, int],
     sealed: SealedSegment,
-    *,
-    claim_clock: Clock | None = None,
 ) -> tuple[Entry, int | None]:
     """Swap a sealed segment in for the claimed run, in one transaction: the run's entries are
     removed, one ONLINE entry covering ``[run start, run end)`` with the run's first sequence
     number is added, with its delete vector. Returns (the new entry, the vector's id or None).
 
-    Preconditions: every claimed entry is live and still at its claimed version; with
-    ``claim_clock`` (the sealer's), its claim has not expired when the transaction ends; with a key index, the partition's live
-    sealed entries and delete vectors are the ones it reflects. Any failing raises
+    Preconditions: every claimed entry is live and still at its claimed version, and its claim
+    has not expired when the transaction ends, on the metadata store's clock
+    (:func:`~millstream.metastore.claims.store_now`, never the sealer's); with a key index, the
+    partition's live sealed entries and delete vectors are the ones it reflects. Any failing raises
     :class:`SegmentChangedError` (the seal is discarded).
 
     Why an expired claim is refused even when nobody took the run over: the sealed file was
@@ -135,7 +135,8 @@ def replace_run(
         new = get_entry(conn, new_id)
         assert new is not None
         # Last, right before COMMIT: a swap that waited on locks is judged by when it lands.
-        if claim_clock is not None and not all(e.claim_held(claim_clock.now()) for e in entries):
+        at = store_now(store, conn)
+        if not all(e.claim_held(at) for e in entries):
             raise SegmentChangedError(
                 f"the claim on the run being sealed in {table} partition {partition} expired "
                 "before the swap landed (the sealer stalled); its uploaded files may already "

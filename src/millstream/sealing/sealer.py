@@ -6,7 +6,9 @@ One seal of partition P:
 1. **claim** the run: every not-yet-sealed entry of P, in sequence order (always the whole
    suffix after the last sealed segment, so segments of a partition seal strictly in order).
    Claiming is a compare-and-set of each entry CONSUMING -> COMMITTING; a run another sealer
-   has claimed is left alone.
+   has claimed is left alone until its claim expires, judged on the metadata store's clock
+   (never this sealer's, which may be skewed), as are the claim's renewals and the swap's
+   expiry check.
 2. **build**: read the run's rows and :func:`millstream.core.merge.compact` them (resolving
    keys where that provably gives the same table), sorted by key, in sized row groups; look
    the run's keys up in the partition's key index (:mod:`millstream.sealing.keyindex`) to find
@@ -430,6 +432,9 @@ class Sealer:
             },
             "compaction_failures": {str(p): n for p, n in self.compaction_failures.items()},
             "compaction_errors": {str(p): e for p, e in self.compaction_errors.items()},
+            "claim_renewals": self.claim_renewals,
+            "claim_renewal_failures": self.claim_renewal_failures,
+            "claims_lost": self.claims_lost,
         }
 
     # -- compaction of sealed segments -----------------------------------------------------
@@ -558,13 +563,12 @@ class Sealer:
             force = True
         if not run or not (force or self.due(run)):
             return None
-        now = self.clock.now()
-        if any(e.claim_held(now) for e in run):
-            return None  # another sealer is building it (its claim has not expired)
         started = time.monotonic()
-        claimed = claim_run(self.store, run, owner=self.claim_owner, ttl=self.claim_ttl, now=now)
+        # Whether another sealer's claim on any segment of the run still holds is judged by
+        # claim_run on the metadata store's clock, not this sealer's (which may be skewed).
+        claimed = claim_run(self.store, run, owner=self.claim_owner, ttl=self.claim_ttl)
         if claimed is None:
-            return None
+            return None  # another sealer is building it (its claim has not expired)
         # A seal may run longer than its claim (a large run, a slow deep store): the claim is
         # renewed while it builds, so no other sealer takes the run over from a live one.
         renewer = _ClaimRenewer(self, partition, claimed)
@@ -615,7 +619,6 @@ class Sealer:
                     reflects=sealed_from,
                     delete_vector=None if dv_path is None else (dv_path, len(dropped)),
                 ),
-                claim_clock=self.clock,
             )
         except BaseException as exc:
             claimed = renewer.stop()

@@ -90,8 +90,9 @@ def test_a_run_claimed_by_a_killed_sealer_is_taken_over_once_the_claim_expires(
 
     assert Sealer(cat, "t").seal_partition(0, force=True) is None, "a live claim is respected"
 
-    later = ManualClock(max(e.claim_expires_at or 0 for e in run) + 1)
-    result = Sealer(cat, "t", clock=later).seal_partition(0, force=True)
+    # Claims are judged on the metadata store's clock: move it past the dead sealer's claim.
+    cat.store.clock = ManualClock(max(e.claim_expires_at or 0 for e in run) + 1)
+    result = Sealer(cat, "t").seal_partition(0, force=True)
     assert result is not None
     assert [(e.seq, e.state) for e in cat.manifest("t").entries] == [(0, SegmentState.ONLINE)]
     assert sorted(cat.read_table("t").column("id").to_pylist()) == ids

@@ -1,0 +1,67 @@
+"""A worker's sealer counts the renewals of its seals' claims (issue 35): renewed, failed
+(tried again) and lost (the store refused: expired or taken over). The counts go out with the
+worker's heartbeat and are Prometheus counters in ``/metrics``, per datastream and worker."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from api_support import TestClient, spec_body
+
+from millstream.catalog import Catalog
+from millstream.clock import ManualClock
+from millstream.control.controller import Controller
+from millstream.control.registry import Registry
+from millstream.control.worker import Worker, _Writer
+from millstream.spark.runner import DatastreamRunner
+from millstream.storage.statedir import StateDirectory
+
+WORKER = "w1"
+
+
+@pytest.fixture
+def running() -> Iterator[threading.Event]:
+    """Set at the end of the test: the stand-in writer thread runs until then."""
+    done = threading.Event()
+    yield done
+    done.set()
+
+
+def test_a_sealers_claim_renewals_are_counters_in_the_metrics(
+    api: TestClient,
+    controller: Controller,
+    catalog: Catalog,
+    clock: ManualClock,
+    source_dir: Path,
+    tmp_path: Path,
+    running: threading.Event,
+) -> None:
+    assert api.post("/datastreams", json=spec_body("payments", source_dir)).status_code == 201
+    controller.tick()
+    worker = Worker(catalog, None, worker_id=WORKER, clock=clock, state_root=tmp_path / "state")
+    spec = Registry(catalog.store).get("payments").spec
+    sd = StateDirectory(tmp_path / "state", "payments")
+    runner = DatastreamRunner(spec, catalog, None, writer_id=WORKER, state_dir=sd)
+    thread = threading.Thread(target=running.wait, name="writer-payments", daemon=True)
+    thread.start()
+    worker.writers["payments"] = _Writer("payments", "active", sd, runner=runner, thread=thread)
+
+    worker.seal()  # creates the datastream's sealer
+    labels = f'{{datastream="payments",worker="{WORKER}"}}'
+    worker._heartbeat()
+    text = api.get("/metrics").text
+    assert f"millstream_seal_claim_renewals_total{labels} 0.0" in text
+    assert f"millstream_seal_claims_lost_total{labels} 0.0" in text
+
+    sealer = worker.sealers["payments"]
+    sealer.claim_renewals, sealer.claim_renewal_failures, sealer.claims_lost = 7, 2, 1
+    worker._heartbeat()
+    text = api.get("/metrics").text
+    assert f"millstream_seal_claim_renewals_total{labels} 7.0" in text
+    assert f"millstream_seal_claim_renewal_failures_total{labels} 2.0" in text
+    assert f"millstream_seal_claims_lost_total{labels} 1.0" in text
+    debug = api.get("/tables/payments/debugInfo").json()["workers"][WORKER]["payments"]
+    assert (debug["claim_renewals"], debug["claims_lost"]) == (7, 1)
