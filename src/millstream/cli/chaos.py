@@ -19,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from millstream.cli.output import console, exit_codes_help
+from millstream.cli.output import console
 
 
 class Layer(enum.StrEnum):
@@ -162,6 +162,3 @@ def chaos(
     if anomalies:
         out(f"re-run: millstream chaos --seed {seed} --layer {layer} --minutes {minutes:g}")
         raise typer.Exit(1)
-
-
-EPILOG = exit_codes_help()

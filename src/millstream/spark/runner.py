@@ -217,8 +217,6 @@ class DatastreamRunner:
         self.query: Any = None
         self._stopping = False
         self._catching_up = False  # an available-now run's jobs run (stop() cancels them)
-        #: the last batch an available-now run committed (its rate, for progress output)
-        self.last_batch: BatchDone | None = None
 
     # -- bootstrap -------------------------------------------------------------------------
 
@@ -402,7 +400,6 @@ class DatastreamRunner:
         source, sink = self.query_options(boot)
 
         def batch_done(done: BatchDone) -> None:
-            self.last_batch = done
             if self.checkpoint.exists():
                 log.info(
                     "writer %s: removing the Spark checkpoint at %s, which the shards have "
@@ -565,15 +562,6 @@ class DatastreamRunner:
         self.state_dir.unlock()
 
     # -- status ----------------------------------------------------------------------------
-
-    def rows_per_second(self) -> float:
-        """Input records per second of the last batch: Spark's figure for a query's, the
-        batch's records over its wall time for an available-now run's."""
-        if self.query is not None:
-            progress = self.query.lastProgress or {}
-            return float(progress.get("processedRowsPerSecond") or 0.0)
-        done = self.last_batch
-        return done.records / done.seconds if done is not None and done.seconds > 0 else 0.0
 
     def commits(self) -> list[dict[str, Any]]:
         """The retained commit log, oldest first: the rotated file (if any) and the current
