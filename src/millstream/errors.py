@@ -642,7 +642,7 @@ EXIT_CODES: dict[type[MillstreamError], int] = {
 }
 
 #: Every exit code of the CLI with the few words that name its family, for the CLI help
-#: (``millstream --help``) and the README (checked against this). 0 and 130 are no errors.
+#: (``millstream --help``) and docs/cli.md (checked against this). 0 and 130 are no errors.
 EXIT_FAMILIES: dict[int, str] = {
     0: "ok",
     1: "unexpected error or service failure",
