@@ -1,7 +1,12 @@
 """Every link in README.md and docs/*.md leads somewhere inside the repository: a relative link
 names a file (or directory) that exists, a ``#anchor`` names a heading of that page, and no link
 leaves the repository (the project stands on its own). Pages move and headings get renamed; a
-reader following a dead link from the README's first screen is the failure this catches."""
+reader following a dead link from the README's first screen is the failure this catches.
+
+The code cites the docs too (``docs/design.md, "Merge engines"`` in a docstring, an error
+message naming ``docs/sources.md, 'The files source'``): every ``.md`` file a source, test,
+benchmark or page names exists, and every cited section is a heading of that page. Nine places
+once pointed to a DESIGN.md that was never in the repository."""
 
 from __future__ import annotations
 
@@ -100,4 +105,67 @@ def test_the_check_finds_a_missing_file_a_missing_heading_and_an_outside_link(
         "README.md: (docs/a.md#today-figures): no heading #today-figures",
         "README.md: (https://example.com/x) leaves the repository",
         "README.md: (../elsewhere.md) leaves the repository",
+    ]
+
+
+# -- what the code and the pages cite --------------------------------------------------------
+
+_MD_NAME = re.compile(r"(?<![\w./-])((?:\.\./|docs/)?[\w-]+\.md)\b")
+_CITATION = re.compile(r"((?:docs/)?[\w-]+\.md),? \(?[\"']([^\"'\n]{3,80})[\"']")
+#: A run-in section: a paragraph or list item that starts with bold text.
+_RUN_IN = re.compile(r"^(?:\* )?\*\*(.+?)\*\*", re.M)
+#: This file's own examples of what the checks refuse.
+_SELF = Path(__file__).resolve()
+
+
+def cited_files(root: Path = ROOT) -> list[Path]:
+    files = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    for tree in ("src", "tests", "bench"):
+        files += sorted((root / tree).rglob("*.py"))
+    return [f for f in files if f.resolve() != _SELF]
+
+
+def citation_problems(root: Path = ROOT) -> list[str]:
+    """``.md`` names that are no file of the repository, and ``docs/x.md, "Section"``
+    citations whose section is no heading or bold run-in of that page (a prefix of one,
+    ignoring case and backticks)."""
+    problems = []
+    for path in cited_files(root):
+        text = path.read_text()
+        where = path.relative_to(root)
+        for name in set(_MD_NAME.findall(text)):
+            candidates = [root / name, root / "docs" / name, path.parent / name]
+            if not any(c.resolve().is_relative_to(root) and c.is_file() for c in candidates):
+                problems.append(f"{where}: names {name}, which is not in the repository")
+        for name, section in _CITATION.findall(text):
+            page = next((c for c in (root / name, path.parent / name) if c.is_file()), None)
+            if page is None:
+                continue  # reported above
+            body = _FENCE.sub("", page.read_text())
+            headings = [
+                h.replace("`", "").lower() for h in _HEADING.findall(body) + _RUN_IN.findall(body)
+            ]
+            if not any(h.startswith(section.replace("`", "").lower()) for h in headings):
+                problems.append(f"{where}: cites {name}, {section!r}, which is no heading there")
+    return sorted(problems)
+
+
+def test_every_document_the_code_and_the_pages_cite_exists() -> None:
+    problems = citation_problems()
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_citation_check_finds_a_missing_file_and_a_missing_section(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "design.md").write_text("# Design\n\n## Merge engines (read-time)\n")
+    (tmp_path / "README.md").write_text("# Readme\n")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "mod.py").write_text(
+        '"""See DESIGN.md "Data path", docs/design.md, "Merge engines" and\n'
+        'docs/design.md, "Commit protocol"."""\n'
+    )
+
+    assert citation_problems(tmp_path) == [
+        "src/mod.py: cites docs/design.md, 'Commit protocol', which is no heading there",
+        "src/mod.py: names DESIGN.md, which is not in the repository",
     ]
