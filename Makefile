@@ -23,7 +23,7 @@ uv_install = $(UV) pip install --python $(VPY) --offline --quiet $(1) 2>/dev/nul
 
 export MILLSTREAM_TEST_SPARK_MASTER ?= local[2]
 
-.PHONY: venv system-deps test lint lock demo chaos clean distclean
+.PHONY: venv system-deps test lint lock demo docs chaos clean distclean
 
 venv: $(STAMP)
 
@@ -76,6 +76,10 @@ lock: | $(UV)
 
 demo: venv
 	$(VENV)/bin/millstream demo
+
+# docs/spec-reference.md from the spec models' field descriptions (a unit test checks it is current)
+docs: venv
+	$(VPY) -m millstream.cli.spec_reference
 
 # A longer fault campaign than CI's: make chaos SEED=123 MINUTES=30 [LAYER=all|commit|process]
 # [BACKEND=postgresql|sqlite]

@@ -1,4 +1,5 @@
-"""The datastream spec file (DESIGN.md "Spec file"): one pipeline from a source into a table.
+"""The datastream spec file: one pipeline from a source into a table. Every field is listed in
+docs/spec-reference.md, generated from these models (``python -m millstream.cli.spec_reference``).
 
 Loaded and validated once at the edge; every problem is an InvalidSpecError naming the field
 (``source.topic``, ``table.mode``, ``max_records_per_batch`` ...).
@@ -73,7 +74,11 @@ class SchemaRegistry(_Frozen):
 class _SchemaFormat(_Frozen):
     """The fields of a schema'd format (avro, protobuf) shared by the sources that carry it."""
 
-    schema_registry: SchemaRegistry | None = None
+    schema_registry: SchemaRegistry | None = Field(
+        default=None,
+        description="avro or protobuf: values in the Confluent wire format, schemas fetched "
+        "by id (GET /schemas/ids/{id}) and cached.",
+    )
     schema_file: str | None = Field(
         default=None, description="A fixed schema: .avsc, or a .desc FileDescriptorSet."
     )
@@ -129,12 +134,22 @@ DEBEZIUM_METADATA: dict[str, tuple[str, ...]] = {
 
 
 class KafkaSource(_SchemaFormat):
-    kind: Literal["kafka"]
+    kind: Literal["kafka"] = Field(description="A Kafka-protocol topic.")
     bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port]")
-    topic: str = Field(min_length=1)
-    format: Literal["json", "avro", "protobuf"] = "json"
-    key_field: str | None = None
-    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    topic: str = Field(min_length=1, description="The topic to read, every partition of it.")
+    format: Literal["json", "avro", "protobuf"] = Field(
+        default="json",
+        description="How values are decoded; avro and protobuf need a schema_registry or a "
+        "schema_file.",
+    )
+    key_field: str | None = Field(
+        default=None, description="Accepted and not read: keys are the primary_key columns."
+    )
+    starting_offsets: Literal["earliest", "latest"] = Field(
+        default="earliest",
+        description="Where a new datastream starts in each partition; afterwards it resumes "
+        "at the shard uppers.",
+    )
     options: dict[str, str] = Field(default_factory=dict, description="Passed to the client.")
     envelope: Literal["debezium"] | None = Field(
         default=None,
@@ -161,58 +176,132 @@ class KafkaSource(_SchemaFormat):
 
 
 class FilesSource(_Frozen):
-    kind: Literal["files"]
+    kind: Literal["files"] = Field(
+        description="A directory of JSON-lines or CSV files, one subdirectory per partition."
+    )
     path: str = Field(min_length=1, description="Directory with one subdirectory per partition.")
     format: Literal["json", "csv"] = Field(
         default="json", description="json: JSON lines; csv: a header row per file."
     )
-    key_field: str | None = None
-    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    key_field: str | None = Field(
+        default=None, description="Accepted and not read: keys are the primary_key columns."
+    )
+    starting_offsets: Literal["earliest", "latest"] = Field(
+        default="earliest",
+        description="Where a new datastream starts in each partition; afterwards it resumes "
+        "at the shard uppers.",
+    )
 
 
 class GeneratorSource(_Frozen):
-    kind: Literal["generator"]
-    seed: int = 0
-    partitions: int = Field(default=4, ge=1, le=1024)
+    kind: Literal["generator"] = Field(
+        description="Deterministic generated records (demo, benchmarks)."
+    )
+    seed: int = Field(default=0, description="The same seed generates the same records.")
+    partitions: int = Field(default=4, ge=1, le=1024, description="Source partitions.")
     rate: float = Field(default=0, ge=0, description="Rows/s over all partitions; 0 = unthrottled.")
     total: int | None = Field(default=None, ge=0, description="Stop after this many rows in all.")
-    key_cardinality: int = Field(default=10_000, ge=1)
-    update_fraction: float = Field(default=0.3, ge=0, le=1)
-    delete_fraction: float = Field(default=0.02, ge=0, le=1)
-    duplicate_fraction: float = Field(default=0.02, ge=0, le=1)
-    malformed_fraction: float = Field(default=0.0, ge=0, le=1)
-    format: Literal["json"] = "json"
-    key_field: str | None = None
-    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    key_cardinality: int = Field(default=10_000, ge=1, description="Distinct keys generated.")
+    update_fraction: float = Field(
+        default=0.3, ge=0, le=1, description="Share of records that update an earlier key."
+    )
+    delete_fraction: float = Field(
+        default=0.02, ge=0, le=1, description="Share of records that delete a key."
+    )
+    duplicate_fraction: float = Field(
+        default=0.02, ge=0, le=1, description="Share of records that repeat an earlier record."
+    )
+    malformed_fraction: float = Field(
+        default=0.0, ge=0, le=1, description="Share of records that cannot be decoded."
+    )
+    format: Literal["json"] = Field(default="json", description="Always JSON.")
+    key_field: str | None = Field(
+        default=None, description="Accepted and not read: keys are the primary_key columns."
+    )
+    starting_offsets: Literal["earliest", "latest"] = Field(
+        default="earliest",
+        description="Where a new datastream starts in each partition; afterwards it resumes "
+        "at the shard uppers.",
+    )
 
 
 SourceSpec = Annotated[KafkaSource | FilesSource | GeneratorSource, Field(discriminator="kind")]
 
 
 class TableSection(_Frozen):
-    name: str | None = None
-    primary_key: list[str] = Field(default_factory=list)
-    mode: MergeMode = "append"
-    comparison_column: str | None = None
-    delete_column: str | None = None
-    dedup_ttl: str | None = None
-    time_column: str | None = None
-    partial: dict[str, PartialStrategy] = Field(default_factory=dict)
-    retention: Retention | None = None
-    partitioned_by_key: bool = False
+    name: str | None = Field(
+        default=None, description="The table's name; default: the datastream's name."
+    )
+    primary_key: list[str] = Field(
+        default_factory=list, description="Key columns (dedup, upsert, partial; not append)."
+    )
+    mode: MergeMode = Field(
+        default="append",
+        description="Merge engine: append keeps every row; dedup the first row of a key; "
+        "upsert the last; partial merges a key's rows column by column.",
+    )
+    comparison_column: str | None = Field(
+        default=None,
+        description="Orders rows of one key (ties: the later offset wins). A delete without a "
+        "value takes its key's highest earlier value in its partition; any other record must "
+        "carry it (else dead-lettered).",
+    )
+    delete_column: str | None = Field(
+        default=None, description="Boolean column; true deletes the key (keyed modes)."
+    )
+    dedup_ttl: str | None = Field(
+        default=None, description="dedup only: a duplicate within this window of time_column."
+    )
+    time_column: str | None = Field(
+        default=None, description="Event-time column (timestamp, long or date) for dedup_ttl."
+    )
+    partial: dict[str, PartialStrategy] = Field(
+        default_factory=dict,
+        description="partial only: column -> strategy; unlisted columns use ignore_null.",
+    )
+    retention: Retention | None = Field(
+        default=None,
+        description="History kept for time travel, for the table and its dead-letter table "
+        "(may change with datastream update).",
+    )
+    partitioned_by_key: bool = Field(
+        default=False,
+        description="Keyed modes: every record of a key arrives on one source partition, so "
+        "reads merge each partition alone and a sealed upsert partition needs no merge.",
+    )
 
 
 class SegmentsSection(_Frozen):
-    flush_rows: int = Field(default=500_000, ge=1)
-    flush_seconds: float = Field(default=300, gt=0)
-    flush_bytes: int = Field(default=256 * 1024**2, ge=1)
-    pauseless: bool = True
+    flush_rows: int = Field(
+        default=500_000,
+        ge=1,
+        description="Seal a partition's consuming segments at this many rows.",
+    )
+    flush_seconds: float = Field(
+        default=300, gt=0, description="... or this old (seconds, or a duration like 5m)."
+    )
+    flush_bytes: int = Field(
+        default=256 * 1024**2, ge=1, description="... or this large (bytes, or a size like 256MiB)."
+    )
+    pauseless: bool = Field(
+        default=True,
+        description="Seal in the background while ingestion commits; false seals inside the "
+        "micro-batch's commit.",
+    )
     #: Merge a partition's sealed segments in the background (:mod:`millstream.sealing.compaction`):
     #: ``compaction_min_segments`` of similar size at a time; segments with
     #: ``compaction_max_rows`` live rows are not merged again.
-    compaction: bool = True
-    compaction_min_segments: int = Field(default=4, ge=2, le=64)
-    compaction_max_rows: int = Field(default=4_000_000, ge=1)
+    compaction: bool = Field(
+        default=True, description="Merge a partition's sealed segments in the background."
+    )
+    compaction_min_segments: int = Field(
+        default=4, ge=2, le=64, description="Sealed segments of similar size merged at a time."
+    )
+    compaction_max_rows: int = Field(
+        default=4_000_000,
+        ge=1,
+        description="A segment with this many live rows is not merged again.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -230,19 +319,44 @@ class SegmentsSection(_Frozen):
 
 class DatastreamSpec(_Frozen):
     name: str = Field(description="[a-z0-9][a-z0-9_-]{0,63}")
-    source: SourceSpec
-    table: TableSection = Field(default_factory=TableSection)
-    columns: dict[str, ColumnType] = Field(alias="schema", min_length=1)
-    segments: SegmentsSection = Field(default_factory=SegmentsSection)
+    source: SourceSpec = Field(description="Where records come from, by kind.")
+    table: TableSection = Field(
+        default_factory=TableSection, description="The table written and its merge engine."
+    )
+    columns: dict[str, ColumnType] = Field(
+        alias="schema", min_length=1, description="Column name -> type, in order."
+    )
+    segments: SegmentsSection = Field(
+        default_factory=SegmentsSection, description="When segments are sealed and compacted."
+    )
     #: records per micro-batch at most; unset, the batch budget adapts (what the write tasks
     #: hold in ``task_memory_mb`` each: large batches while behind, small ones once caught up)
-    max_records_per_batch: int | None = Field(default=None, ge=1, le=50_000_000)
+    max_records_per_batch: int | None = Field(
+        default=None, ge=1, le=50_000_000, description="Records per micro-batch at most."
+    )
     #: memory a write task may fill with its decoded rows, for the adaptive batch budget
-    task_memory_mb: int = Field(default=512, ge=16, le=65_536)
-    trigger_interval: str = "500ms"
-    replicas: int = Field(default=1, ge=1, le=16)
-    replica_mode: Literal["standby", "active-active"] = "standby"
-    bad_records: Literal["dead_letter", "fail"] = "dead_letter"
+    task_memory_mb: int = Field(
+        default=512,
+        ge=16,
+        le=65_536,
+        description="Memory a write task fills with decoded rows (sizes batches while behind).",
+    )
+    trigger_interval: str = Field(
+        default="500ms", description="Time between micro-batches, like 500ms or 5s."
+    )
+    replicas: int = Field(
+        default=1, ge=1, le=16, description="Writers per datastream under a controller."
+    )
+    replica_mode: Literal["standby", "active-active"] = Field(
+        default="standby",
+        description="standby: one replica commits, the others take over when its worker stops "
+        "heartbeating; active-active: every replica commits (compare-and-append decides).",
+    )
+    bad_records: Literal["dead_letter", "fail"] = Field(
+        default="dead_letter",
+        description="dead_letter: a record that cannot be decoded goes to <table>__dead_letter "
+        "and the frontier moves on; fail: the batch stops, naming partition and offset.",
+    )
 
     @field_validator("columns")
     @classmethod

@@ -503,7 +503,7 @@ class SourceOffsetsRewoundError(MillstreamError):
     Nothing was committed; the datastream stops (ERROR) naming both offsets. Either roll the
     table's partition back to a segment at or below the source's end (``millstream segments
     rollback``) so it is read again from there, or re-create the datastream on a new table;
-    see docs/operations.md, "A source whose offsets went backwards".
+    see docs/operations.md, "Source offsets" (``SourceOffsetsRewoundError``).
     """
 
     def __init__(self, datastream: str, source: str, partition: int, latest: int, upper: int):
@@ -642,7 +642,7 @@ EXIT_CODES: dict[type[MillstreamError], int] = {
 }
 
 #: Every exit code of the CLI with the few words that name its family, for the CLI help
-#: (``millstream --help``) and the README (checked against this). 0 and 130 are no errors.
+#: (``millstream --help``) and docs/cli.md (checked against this). 0 and 130 are no errors.
 EXIT_FAMILIES: dict[int, str] = {
     0: "ok",
     1: "unexpected error or service failure",

@@ -1,5 +1,5 @@
 """The README's quick start, run as a user runs it: ``millstream up`` in a process of its own,
-the spec and the producer taken from README.md ("Using it", "Quick start"), the CLI for
+the spec and the producer taken from README.md ("A five-minute tour"), the CLI for
 ``datastream create`` / ``pause`` / ``resume`` / ``query``, and Ctrl-C at the end.
 
 It checks what a user would: every produced record arrived (the shard uppers reach the ends a
@@ -178,8 +178,8 @@ class QuickStart:
 
 def test_readme_quick_start(tmp_path: Path) -> None:
     readme = README.read_text()
-    spec_yaml = _block(readme, "## Using it", "yaml")
-    producer_py = _block(readme, "### Quick start", "python")
+    spec_yaml = _block(readme, "## A five-minute tour", "yaml")
+    producer_py = _block(readme, "## A five-minute tour", "python")
     assert README_BOOTSTRAP in spec_yaml and README_BOOTSTRAP in producer_py
 
     qs = QuickStart(tmp_path)

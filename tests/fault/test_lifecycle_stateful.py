@@ -70,7 +70,7 @@ CLIENTS = 3
 WORKER = "worker-1"
 SETTINGS = ControlSettings(lease_ttl=3600, worker_ttl=3600, tick_seconds=1)
 
-#: The reference model of user commands (DESIGN.md "Control plane"), by the state found.
+#: The reference model of user commands (docs/design.md, "Control plane"), by the state found.
 MODEL_COMMANDS: dict[tuple[State, Command], State] = {
     (S.READY, Command.PAUSE): S.PAUSED,
     (S.PAUSED, Command.RESUME): S.READY,

@@ -1,6 +1,6 @@
 """One error tree: every error Millstream raises on purpose is a class of ``millstream.errors``
 with a docstring for the operator, a REST status and a CLI exit code, and the exit codes the
-CLI help and the README list are exactly the table's. Errors once lived in five modules and
+CLI help and docs/cli.md list are exactly the table's. Errors once lived in five modules and
 in neither table, so a lost lease answered HTTP 500 and exited 1 like a crash."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from millstream.errors import (
 )
 
 PACKAGE = Path(millstream.__file__).parent
-README = Path(__file__).parents[2] / "README.md"
+CLI_DOC = Path(__file__).parents[2] / "docs" / "cli.md"
 NOT_ERRORS = {0, 130}  # ok, interrupted
 
 
@@ -122,7 +122,7 @@ def test_no_code_raises_the_root_error_itself() -> None:
     assert found == {}, "raise a class of millstream.errors (add one if none fits)"
 
 
-# -- the exit codes the CLI help and the README list ---------------------------------------
+# -- the exit codes the CLI help and docs/cli.md list ---------------------------------------
 
 
 def listed_exit_codes(text: str) -> dict[int, str]:
@@ -153,10 +153,10 @@ def exit_code_list_problems(text: str) -> list[str]:
     return sorted(problems)
 
 
-def readme_exit_codes_paragraph() -> str:
-    paragraphs = re.split(r"\n\s*\n", README.read_text())
+def cli_doc_exit_codes_paragraph() -> str:
+    paragraphs = re.split(r"\n\s*\n", CLI_DOC.read_text())
     found = [p for p in paragraphs if p.startswith("Exit codes:")]
-    assert len(found) == 1, "the README has one paragraph starting 'Exit codes:'"
+    assert len(found) == 1, "docs/cli.md has one paragraph starting 'Exit codes:'"
     return found[0]
 
 
@@ -172,8 +172,8 @@ def test_the_check_finds_a_missing_code_an_extra_code_and_a_wrong_meaning() -> N
     assert exit_code_list_problems(wrong) == ["3 should say 'not found', says 'already exists'"]
 
 
-def test_the_readme_lists_exactly_the_exit_codes_of_the_table() -> None:
-    assert exit_code_list_problems(readme_exit_codes_paragraph()) == []
+def test_the_cli_doc_lists_exactly_the_exit_codes_of_the_table() -> None:
+    assert exit_code_list_problems(cli_doc_exit_codes_paragraph()) == []
 
 
 def test_the_cli_help_lists_exactly_the_exit_codes_of_the_table() -> None:

@@ -1,4 +1,4 @@
-"""The REST API: a FastAPI app over the metadata store (DESIGN.md "Interfaces").
+"""The REST API: a FastAPI app over the metadata store (docs/rest-api.md).
 
 Build it with :func:`millstream.api.app.create_app`; routes live in :mod:`millstream.api.routes`,
 one module per resource.

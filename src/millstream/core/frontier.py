@@ -2,7 +2,7 @@
 
 A shard's ``upper`` is the first offset not yet committed; everything below it is persisted
 exactly once. A writer proposes a batch covering the source offset range ``[lo, hi)`` of one
-partition. The decision (DESIGN.md "Data path"):
+partition. The decision (docs/design.md, "compare_and_append"):
 
 * ``hi <= upper``      -> DROP: already persisted (by this writer's earlier attempt or a peer).
 * ``lo < upper < hi``  -> TRIM: commit only ``[upper, hi)``; rows below upper are dropped.

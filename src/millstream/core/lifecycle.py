@@ -1,4 +1,4 @@
-"""The datastream lifecycle: every transition in one table (DESIGN.md "Control plane").
+"""The datastream lifecycle: every transition in one table (docs/design.md, "Control plane").
 
     INITIALIZING -> READY <-> PAUSED
     READY | PAUSED -> STOPPING -> STOPPED -> READY (resume)

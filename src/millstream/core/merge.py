@@ -1,6 +1,6 @@
 """Merge engines, vectorized over Arrow: resolve a set of rows to the table's current rows.
 
-The hot ingest path keeps no per-key state (DESIGN.md "Data path"); key semantics are applied
+The hot ingest path keeps no per-key state (docs/design.md, "Merge engines"); key semantics are applied
 here, when data is read and when it is sealed. The rules are the sequential model in
 :mod:`millstream.testing.model`, applied per key in the **order key**:
 

@@ -62,7 +62,7 @@ def spark_session(
     )
     # A query's offset and commit logs on a local disk without Hadoop's .crc sidecar files:
     # two writes and renames less per log entry, ~55 ms less of every micro-batch
-    # (docs/performance.md, session 19). The checkpoint is a cache Millstream checks against
+    # (docs/performance.md, "Ingest", (e)). The checkpoint is a cache Millstream checks against
     # the shards before using it (runner.checkpoint_verdict), so it needs no checksum.
     for key, value in LOCAL_FILES_WITHOUT_CHECKSUMS.items():
         builder = builder.config(key, value)

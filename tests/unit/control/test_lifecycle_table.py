@@ -1,4 +1,4 @@
-"""The lifecycle table (DESIGN.md "Control plane"), checked pair by pair against a copy
+"""The lifecycle table (docs/design.md, "Control plane"), checked pair by pair against a copy
 written out from the design text, so a change to either shows up here:
 
     INITIALIZING -> READY <-> PAUSED

@@ -1,5 +1,5 @@
-"""The files source's contract (README, "The files source"): a line is a record once its newline
-is written; only the last file of a partition grows, by appending; a file with a later file
+"""The files source's contract (docs/sources.md, "The files source"): a line is a record once
+its newline is written; only the last file of a partition grows, by appending; a file with a later file
 after it is complete; a new file's name sorts after every file already there; nothing is
 removed, renamed, truncated or rewritten. A reader refuses every listing that breaks it,
 naming the file, instead of shifting offsets (offsets are line numbers across the files).
@@ -127,7 +127,7 @@ def _broken(reader: FilesReader, match: str) -> str:
     with pytest.raises(SourceReadError, match=match) as raised:
         reader.latest_offsets()
     text = str(raised.value)
-    assert "partition 0" in text and "README, 'The files source'" in text
+    assert "partition 0" in text and "docs/sources.md, 'The files source'" in text
     return text
 
 

@@ -2,7 +2,7 @@
 holding JSON-lines files read in name order. Offset = line number across the partition.
 
 Offsets are line numbers, so they hold only while a partition's files keep their lines. The
-contract (README, "The files source"): a line is a record once its newline is written (a
+contract (docs/sources.md, "The files source"): a line is a record once its newline is written (a
 partial last line, a producer mid-write, is not read yet); only the last file (in name order)
 may grow, by appending; a file with a later file after it is complete (its last line is a
 record even without a newline) and never changes again; a new file's name sorts after every
@@ -256,7 +256,7 @@ class FilesReader(PartitionReader):
             f"file {f.name} {what}. Offsets are line numbers across the partition's files in "
             f"name order, so this would shift {shift} (records read twice or never): only "
             "the last file may grow, by appending lines, and a new file's name must sort "
-            "after every file already there (README, 'The files source'). Restore the "
+            "after every file already there (docs/sources.md, 'The files source'). Restore the "
             "files, or roll the table back to before the shifted offsets and restart the "
             "writer",
             partition=partition,
@@ -389,6 +389,6 @@ class FilesReader(PartitionReader):
             raise SourceReadError(
                 f"the files source {self.root}",
                 f"offsets [{lo}, {hi}) were planned but its files hold {base} complete lines "
-                "now: a file shrank or was removed (README, 'The files source')",
+                "now: a file shrank or was removed (docs/sources.md, 'The files source')",
                 partition=partition,
             )
