@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.live import Live
 
 from millstream.cli import chaos, control, datastream, table
 from millstream.cli.output import (
@@ -99,6 +98,9 @@ def run(
         stats = None
         try:
             if output is OutputFormat.text and sys.stdout.isatty():
+                # lazy: only `run` shows a live display
+                from rich.live import Live
+
                 with Live(console=console, refresh_per_second=2) as live:
                     stats = runner.run(
                         available_now=available_now,
