@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -243,16 +245,33 @@ def _loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
     return sorted(n for n in names if n in modules or any(m.startswith(n + ".") for m in modules))
 
 
-def test_a_query_imports_only_what_it_needs(tmp_path: Path) -> None:
-    """A query's wall time is mostly imports (docs/performance.md): the query command of the
-    console script loads no other command's libraries. Its answer is unchanged."""
+@pytest.mark.parametrize(
+    ("command", "answer", "expected"),
+    [
+        (["query", "SELECT id FROM orders ORDER BY id"], lambda out: out, [{"id": 1}, {"id": 3}]),
+        (
+            ["table", "list"],
+            lambda out: {t["table"]: t["rows"] for t in out},
+            {"orders": 2, "events": 3},
+        ),
+        (
+            ["table", "describe", "orders"],
+            lambda out: (out["table"], out["mode"]),
+            ("orders", "upsert"),
+        ),
+    ],
+)
+def test_a_reading_command_imports_only_what_it_needs(
+    tmp_path: Path, command: list[str], answer: Callable[[Any], Any], expected: object
+) -> None:
+    """A query's wall time is mostly imports (docs/performance.md): the reading commands of
+    the console script load no other command's libraries, nor pandas (pyarrow's first
+    ``pa.array()`` would import it). Their answers are unchanged."""
     _home(tmp_path)
-    done, modules = _modules_after(
-        ["query", "SELECT id FROM orders ORDER BY id", "--home", str(tmp_path), "-o", "json"]
-    )
+    done, modules = _modules_after([*command, "--home", str(tmp_path), "-o", "json"])
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == [{"id": 1}, {"id": 3}]
-    assert "duckdb" in modules and "millstream.catalog" in modules  # the probe sees imports
+    assert answer(json.loads(done.stdout)) == expected
+    assert "millstream.catalog" in modules and "pyarrow" in modules  # the probe sees imports
     assert _loaded(modules, NOT_FOR_A_QUERY) == []
 
 

@@ -314,10 +314,16 @@ app.command("reingest", short_help="Rebuild a lost or corrupt segment from its s
 app.command("chaos", short_help="Seeded fault campaigns against the production code.")(chaos.chaos)
 
 
+#: The commands whose process never needs pandas (no Spark in it): pyarrow would import it
+#: on its first ``pa.array()``, which costs these commands more than all they do.
+WITHOUT_PANDAS = (("query",), ("table", "list"), ("table", "describe"))
+
+
 def main() -> None:
     args = sys.argv[1:]
-    if args[:1] == ["query"] and not {"spark", "--engine=spark"} & set(args):
-        # lazy: the module is light; only `millstream query` needs it
+    spark = {"spark", "--engine=spark"} & set(args)
+    if any(tuple(args[: len(c)]) == c for c in WITHOUT_PANDAS) and not spark:
+        # lazy: the module is light; only the commands above need it
         from millstream.cli.query import skip_pandas
 
         skip_pandas()
