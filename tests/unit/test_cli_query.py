@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -186,3 +188,97 @@ def test_query_in_a_fresh_process_as_a_user_runs_it(tmp_path: Path) -> None:
     )
     assert missing.returncode == 3
     assert " ".join(missing.stderr.split()) == "error: table 'ordrs' does not exist"
+
+
+#: What a DuckDB query does not need, each imported by some other command or path: Spark,
+#: the REST client and services, Kafka, the Iceberg view, metrics, pandas, the spec's YAML,
+#: the record decoders, PostgreSQL's drivers, object stores, and the CLI's live displays.
+NOT_FOR_A_QUERY = (
+    "pyspark",
+    "py4j",
+    "httpx",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "confluent_kafka",
+    "prometheus_client",
+    "pyiceberg",
+    "pandas",
+    "polars",
+    "yaml",
+    "fastavro",
+    "google.protobuf",
+    "psycopg",
+    "psycopg2",
+    "sqlalchemy.dialects.postgresql",
+    "boto3",
+    "botocore",
+    "rich.live",
+    "millstream.spark",
+    "millstream.api",
+    "millstream.control",
+    "millstream.ingest",
+    "millstream.sealing",
+    "millstream.cli.progress",
+    "millstream.cli.demo",
+)
+
+
+def _modules_after(argv: list[str]) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """Run the console script's ``main`` with ``argv`` in a fresh interpreter; its result and
+    the modules it had imported when it exited."""
+    code = (
+        "import sys\n"
+        f"sys.argv = ['millstream', *{argv!r}]\n"
+        "from millstream.cli.app import main\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    print('MODULES', *sorted(sys.modules), file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    line = next(x for x in done.stderr.splitlines() if x.startswith("MODULES "))
+    return done, set(line.split()[1:])
+
+
+def _loaded(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(n for n in names if n in modules or any(m.startswith(n + ".") for m in modules))
+
+
+@pytest.mark.parametrize(
+    ("command", "answer", "expected"),
+    [
+        (["query", "SELECT id FROM orders ORDER BY id"], lambda out: out, [{"id": 1}, {"id": 3}]),
+        (
+            ["table", "list"],
+            lambda out: {t["table"]: t["rows"] for t in out},
+            {"orders": 2, "events": 3},
+        ),
+        (
+            ["table", "describe", "orders"],
+            lambda out: (out["table"], out["mode"]),
+            ("orders", "upsert"),
+        ),
+    ],
+)
+def test_a_reading_command_imports_only_what_it_needs(
+    tmp_path: Path, command: list[str], answer: Callable[[Any], Any], expected: object
+) -> None:
+    """A query's wall time is mostly imports (docs/performance.md): the reading commands of
+    the console script load no other command's libraries, nor pandas (pyarrow's first
+    ``pa.array()`` would import it). Their answers are unchanged."""
+    _home(tmp_path)
+    done, modules = _modules_after([*command, "--home", str(tmp_path), "-o", "json"])
+    assert done.returncode == 0, done.stderr
+    assert answer(json.loads(done.stdout)) == expected
+    assert "millstream.catalog" in modules and "pyarrow" in modules  # the probe sees imports
+    assert _loaded(modules, NOT_FOR_A_QUERY) == []
+
+
+def test_help_imports_no_engine_nor_metadata_store() -> None:
+    """``millstream --help`` lists every command without loading what the commands use."""
+    done, modules = _modules_after(["--help"])
+    assert done.returncode == 0, done.stderr
+    assert "query" in done.stdout and "table" in done.stdout
+    heavy = ("duckdb", "pyarrow", "sqlalchemy", "pydantic", "numpy", "millstream.catalog")
+    assert _loaded(modules, NOT_FOR_A_QUERY + heavy) == []

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.live import Live
 
 from millstream.cli import chaos, control, datastream, table
 from millstream.cli.output import (
@@ -99,6 +98,9 @@ def run(
         stats = None
         try:
             if output is OutputFormat.text and sys.stdout.isatty():
+                # lazy: only `run` shows a live display
+                from rich.live import Live
+
                 with Live(console=console, refresh_per_second=2) as live:
                     stats = runner.run(
                         available_now=available_now,
@@ -312,10 +314,16 @@ app.command("reingest", short_help="Rebuild a lost or corrupt segment from its s
 app.command("chaos", short_help="Seeded fault campaigns against the production code.")(chaos.chaos)
 
 
+#: The commands whose process never needs pandas (no Spark in it): pyarrow would import it
+#: on its first ``pa.array()``, which costs these commands more than all they do.
+WITHOUT_PANDAS = (("query",), ("table", "list"), ("table", "describe"))
+
+
 def main() -> None:
     args = sys.argv[1:]
-    if args[:1] == ["query"] and not {"spark", "--engine=spark"} & set(args):
-        # lazy: the module is light; only `millstream query` needs it
+    spark = {"spark", "--engine=spark"} & set(args)
+    if any(tuple(args[: len(c)]) == c for c in WITHOUT_PANDAS) and not spark:
+        # lazy: the module is light; only the commands above need it
         from millstream.cli.query import skip_pandas
 
         skip_pandas()

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-import httpx
-
 from millstream.errors import ControllerUnreachableError, RemoteError
+
+if TYPE_CHECKING:
+    import httpx
 
 DEFAULT_CONTROLLER = "http://127.0.0.1:8600"
 
@@ -25,6 +26,9 @@ class ControllerClient:
     def __init__(self, url: str, *, token: str | None = None, timeout: float = 30.0) -> None:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # lazy: only the REST client commands need httpx; `millstream query` and `--help` don't
+        import httpx
+
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
     def get(self, path: str) -> Any:
@@ -42,6 +46,9 @@ class ControllerClient:
     def request(self, method: str, path: str, body: Any = None) -> Any:
         content = None if body is None else json.dumps(body, default=str).encode()
         headers = {"Content-Type": "application/json"} if content is not None else {}
+        # lazy: as in __init__ (loaded by then)
+        import httpx
+
         try:
             response = self._http.request(method, path, content=content, headers=headers)
         except httpx.TransportError as exc:

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from rich.markup import escape
 
 from millstream.cli.client import DEFAULT_CONTROLLER, ControllerClient, segment
@@ -193,6 +192,9 @@ def update(
 def _spec_file(file: Path) -> Any:
     if not file.is_file():
         raise InvalidSpecError("file", f"{str(file)!r} does not exist")
+    # lazy: only the commands that read a spec file need it; `millstream query` doesn't
+    import yaml
+
     try:
         return yaml.safe_load(file.read_text())
     except yaml.YAMLError as exc:

@@ -124,10 +124,10 @@ class _NoPandas(importlib.abc.MetaPathFinder):
 
 
 def skip_pandas() -> None:
-    """Make pandas unimportable in this process (the ``millstream query`` process only, from
-    :func:`millstream.cli.app.main`): pyarrow imports it on its first ``pa.array()`` just to
-    ask whether the argument is a DataFrame, which costs 0.5-4 s of a one-second query, and
-    nothing on the DuckDB path uses it."""
+    """Make pandas unimportable in this process (a DuckDB ``millstream query``, ``table list``
+    or ``table describe``, from :func:`millstream.cli.app.main`): pyarrow imports it on its
+    first ``pa.array()`` just to ask whether the argument is a DataFrame, which costs 0.5-4 s
+    of a one-second command, and nothing those commands run uses it."""
     if "pandas" not in sys.modules:
         sys.meta_path.insert(0, _NoPandas())
 

@@ -26,8 +26,6 @@ from sqlalchemy import (
     text,
 )
 
-from millstream.datastream import DatastreamSpec
-
 metadata = MetaData()
 
 meta = Table(
@@ -366,6 +364,10 @@ def _v9(conn: Connection) -> None:
 def _v10(conn: Connection) -> None:
     """Table owners (:data:`table_owners`): every existing datastream owns its table and its
     dead-letter table (where two already share one, the first by name keeps it)."""
+    # lazy: only this migration needs the datastream spec (pydantic models of every source
+    # kind, YAML); every process that opens the store (`millstream query`) would load it
+    from millstream.datastream import DatastreamSpec
+
     ownership.create_all(conn, checkfirst=True)
     owned = {r[0] for r in conn.execute(select(table_owners.c.table_name))}
     for name, spec, created_at in conn.execute(
