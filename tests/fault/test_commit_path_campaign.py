@@ -1,4 +1,4 @@
-"""The commit-path campaign in CI: 60 schedules against real PostgreSQL (see
+"""The commit-path campaign in CI: 45 schedules against real PostgreSQL (see
 :mod:`millstream.testing.chaos.commitpath` for the actors, the faults and the checks).
 
 Seeded: the seed is printed first and in the failure message; re-run a failure with
@@ -22,13 +22,13 @@ from millstream.testing.servers import PostgresServer
 pytestmark = pytest.mark.postgres
 
 SEED = int(os.environ.get("MILLSTREAM_FAULT_SEED") or secrets.randbits(32))
-#: 60 schedules take about 2.5 minutes on two idle cores. The three guards only this campaign
-#: catches (tests/mutations.py, "campaign-*") each broke a schedule within the first 45 of every
-#: seed tried: the frontier and lifecycle mutants within 5, the rarest (a sealer sealing past an
-#: older segment's claim, which needs two sealers, as most schedules now have) at schedules
-#: 5-43 of six seeds. Longer campaigns: ``MILLSTREAM_COMMIT_SCHEDULES=N`` or ``millstream chaos
-#: --layer commit --minutes M``.
-SCHEDULES = int(os.environ.get("MILLSTREAM_COMMIT_SCHEDULES") or 60)
+#: 60 schedules took 70 s on two nearly idle cores; 45 take about three quarters of that. The
+#: three guards only this campaign catches (tests/mutations.py, "campaign-*") each broke a
+#: schedule within the first 45 of every seed tried: the frontier and lifecycle mutants within 5, the rarest (a sealer
+#: sealing past an older segment's claim, which needs two sealers, as most schedules now have)
+#: at schedules 5-43 of six seeds. Longer campaigns (``make chaos``):
+#: ``MILLSTREAM_COMMIT_SCHEDULES=N`` or ``millstream chaos --layer commit --minutes M``.
+SCHEDULES = int(os.environ.get("MILLSTREAM_COMMIT_SCHEDULES") or 45)
 
 
 def test_commit_path_campaign_on_postgres_finds_no_anomaly(

@@ -49,10 +49,11 @@ SEED = int(os.environ.get("MILLSTREAM_FAULT_SEED") or secrets.randbits(32))
 #: faults the campaign itself strikes in them, whatever the seed draws (a schedule on
 #: PostgreSQL strikes at least 5: a process fault, a REST action, a side storm of 2 or more
 #: commands and a network fault; one on SQLite with one datastream at least 2); the seal faults
-#: the workers hit at their armed points come on top. Both runs: at least 17 struck faults, in
-#: about 4 minutes on two idle cores. Schedule 0 of every seed opens each lane with its core
-#: kind (a kill of orders_sb's active, a pause held), so the failover and pause checks always
-#: run; the other kinds come in a seeded order, so successive CI runs cover them all.
+#: the workers hit at their armed points come on top. Both runs: at least 12 struck faults.
+#: Schedule 0 of every seed opens each lane with its core kind (a kill of orders_sb's active, a
+#: pause held), so the failover and pause checks always run; the other kinds come in a seeded
+#: order, so successive CI runs cover them all (longer runs: ``make chaos``). A schedule adds
+#: its faults and their recovery to the cluster's start and end checks.
 @pytest.mark.parametrize(
     ("metadata", "modes", "schedules", "struck_at_least"),
     [
@@ -61,8 +62,8 @@ SEED = int(os.environ.get("MILLSTREAM_FAULT_SEED") or secrets.randbits(32))
         pytest.param(
             "postgresql",
             MODES,
-            3,
-            15,
+            2,
+            10,
             marks=[pytest.mark.postgres, pytest.mark.s3],
             id="postgresql-s3",
         ),

@@ -22,9 +22,10 @@ drawing its steps from ``Random(f"{seed}/{schedule}/{actor}")``:
   (sometimes past the claim's expiry, so another sealer takes the run over and the frozen
   one's swap must be refused; a compaction past garbage collection's grace period); each with
   its own key-index cache.
-* an **operator**: rollbacks of a recent segment (:func:`millstream.metastore.rollback.
-  rollback_partition`) and re-ingests of a live segment from the source
-  (:func:`millstream.sealing.reingest.reingest_segment`) while everything else runs.
+* an **operator** (in schedule 0 of every seed and in most others): rollbacks of a recent
+  segment (:func:`millstream.metastore.rollback.rollback_partition`) and re-ingests of a live
+  segment from the source (:func:`millstream.sealing.reingest.reingest_segment`), each at least
+  once, while everything else runs; a step waits for a live segment to act on.
 * a **maintainer**: expiry (:func:`millstream.metastore.expiry.expire_versions`) and garbage
   collection (:func:`millstream.table.gc.collect_garbage`) with a grace period twice the
   staged-file age limit, as in production.
@@ -194,7 +195,8 @@ class Plan:
             # Two sealers in most schedules: one frozen holding its claim while the other
             # tries the same partition is the race seed 003 is about.
             sealers=rng.choice([1, 2, 2, 2]),
-            operator=rng.random() < 0.6,
+            # Schedule 0 of every seed has one, so every run rolls back and re-ingests.
+            operator=rng.random() < 0.6 or index == 0,
             maintainer=rng.random() < 0.7,
             reader=rng.random() < 0.5,
             lifecycle=rng.random() < 0.5,
@@ -467,18 +469,36 @@ def _sealer(sch: Schedule, name: str, rng: random.Random) -> None:
         catalog.close()
 
 
+#: The operator's kinds, dealt as a seeded shuffle per pass of ``len(OPERATOR_KINDS)`` steps:
+#: every operator does each of them at least once.
+OPERATOR_KINDS = ("rollback", "reingest")
+
+
 def _operator(sch: Schedule, name: str, rng: random.Random) -> None:
+    """Rollbacks and re-ingests of a recent segment while the writers commit. A step waits
+    for a live segment rather than being skipped: on a loaded machine the first commit can come
+    after every step would have been drawn, and the campaign would then prove nothing about
+    rollbacks."""
     catalog = sch.catalog()
     try:
-        for _ in range(max(1, sch.plan.steps // 3)):
-            if sch.stop.is_set():
-                return
+        steps = max(len(OPERATOR_KINDS), sch.plan.steps // 3)
+        deck: list[str] = []
+        for _ in range(steps):
+            if not deck:
+                deck = list(OPERATOR_KINDS)
+                rng.shuffle(deck)
+            kind = deck.pop()
             time.sleep(rng.uniform(0.02, 0.2))
             live = catalog.manifest(sch.table).entries
-            if not live:
-                continue
+            while not live:
+                # Nothing to roll back yet; once the writers are done nothing will come.
+                if sch.stop.is_set() or sch.writers_done.wait(0.05):
+                    return
+                live = catalog.manifest(sch.table).entries
+            if sch.stop.is_set():
+                return
             entry = rng.choice(live[-4:])
-            if rng.random() < 0.5:
+            if kind == "rollback":
                 sch.fault("rollback", name, f"partition {entry.partition} from seq {entry.seq}")
                 with contextlib.suppress(*OPERATOR_EXPECTED):
                     rollback_partition(
