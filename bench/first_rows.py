@@ -10,7 +10,8 @@ shared query are warm. Then, each round, a new topic gets 100 records and a new 
 it is created through the REST API; from the moment ``POST /datastreams`` returns, the
 benchmark polls (every 50 ms) the datastream's state (READY), its assignment (``GET
 /workers``), its writer running (the worker's heartbeat) and its first commit (the table's
-manifest version above 0), and prints when each happened.
+manifest version above 0), and prints when each happened, and after each round the worker's
+shared query as its heartbeat reports it (run id, members, starts, joins and leaves).
 """
 
 from __future__ import annotations
@@ -110,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.rounds):
             seen = _measure(api, bootstrap, f"fresh{i}")
             log(f"round {i}: " + ", ".join(f"{k} {v:.2f}s" for k, v in seen.items()))
+            for w in api.workers().values():  # the shared query's starts, joins and run id
+                if w.get("shared_query"):
+                    log(f"  {w['id']}: shared query {w['shared_query']}")
             rounds.append(seen)
     finally:
         up.terminate()

@@ -1491,11 +1491,13 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         what="a shared query's member whose start is empty ({}: its source had no partition) "
         "plans from that start, so a partition its source gains is read from its first record",
         old="""\
-                if n not in start:
+                if n not in start or n in entering:
                     return r.initialOffset()
                 begin = start[n]
 """,
         new="""\
+                if n in entering:
+                    return r.initialOffset()
                 begin = start.get(n) or r.initialOffset()  # MUTATION: {} taken as no start
 """,
         tests=("tests/unit/ingest/test_shared_query_new_partitions.py",),
@@ -2073,6 +2075,55 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_an_expired_claim_is_taken_over_by_a_sealer_whose_clock_is_skewed",
         ),
         select="sqlite",
+    ),
+    Guard(
+        name="a-member-that-left-the-shared-query-commits-nothing",
+        file="src/millstream/spark/sink.py",
+        what="a running shared query's commit commits a member's part of a batch only while "
+        "the member is in the query with the incarnation the batch was written for",
+        old="""\
+                and incarnations[name] != {current.get(name)}
+""",
+        new="""\
+                and False  # MUTATION: a member that left commits its batch in flight
+""",
+        tests=(
+            "tests/unit/ingest/test_shared_query_membership.py::"
+            "test_a_member_that_left_mid_batch_commits_nothing_of_it_and_rejoins_where_it_was",
+        ),
+    ),
+    Guard(
+        name="a-member-leaves-once-no-commit-holds-the-membership",
+        file="src/millstream/spark/shared.py",
+        what="a member leaves the running shared query under the membership's exclusive lock, "
+        "so no commit of it is in flight once the leave returns",
+        old="""\
+                with self.membership.exclusive(timeout):
+""",
+        new="""\
+                if True:  # MUTATION: no wait for the commits in flight
+""",
+        tests=(
+            "tests/unit/ingest/test_shared_query_membership.py::"
+            "test_a_member_leaves_only_once_no_commit_holds_the_membership",
+        ),
+    ),
+    Guard(
+        name="a-rejoined-member-enters-at-its-new-start",
+        file="src/millstream/spark/sources.py",
+        what="a member that joins the running shared query again plans from its new entry's "
+        "start (its shard uppers), not from the end its previous incarnation left in the "
+        "batch's start",
+        old="""\
+        entering = {n for n, at in self._entering.items() if n not in start or start[n] != at}
+""",
+        new="""\
+        entering = {n for n in self._entering if n not in start}  # MUTATION: stale start
+""",
+        tests=(
+            "tests/unit/ingest/test_shared_query_membership.py::"
+            "test_a_member_that_left_mid_batch_commits_nothing_of_it_and_rejoins_where_it_was",
+        ),
     ),
 )
 

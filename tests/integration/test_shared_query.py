@@ -1,7 +1,9 @@
 """A worker with ``shared_query`` runs all its datastreams in ONE Spark streaming query, and each
 keeps the contract it has alone: its table equals the model of its source, a pause and a
 resume of one member lose and duplicate nothing of it or of the others, and a member whose
-bad record fails it (``bad_records: fail``) goes to ERROR alone while the others run on."""
+bad record fails it (``bad_records: fail``) goes to ERROR alone while the others run on. A
+pause, a resume and a new datastream change the running query's members without restarting it
+(its run id, in the worker's status, stays the same)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from millstream.clock import SYSTEM_CLOCK
 from millstream.control.controller import Controller, ControlSettings
 from millstream.control.registry import Registry
 from millstream.control.worker import Worker
-from millstream.control.workers import heartbeat
+from millstream.control.workers import heartbeat, list_workers
 from millstream.core.lifecycle import Command, State
 from millstream.datastream import DatastreamSpec
 from millstream.ingest.sources import config_for
@@ -91,7 +93,7 @@ def test_datastreams_share_one_query_and_each_keeps_its_contract(
     )
     queries_seen: set[int] = set()
 
-    def run_until(done: Callable[[], bool], what: str, timeout: float = 150.0) -> None:
+    def run_until(done: Callable[[], bool], what: str, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
         while not done():
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -109,11 +111,15 @@ def test_datastreams_share_one_query_and_each_keeps_its_contract(
                 sum(uppers_or_empty(cat, a.table_name).values()) > 0
                 and worker.shared is not None
                 and set(worker.shared.members) == {"ga", "gb"}
+                and worker.shared.status()["run_id"] is not None
             ),
             "ga to commit in a query without gc",
         )
 
-        # Pause gb mid-stream: the shared query restarts without it, ga runs on.
+        # From here on no membership change restarts the query: its run id stays.
+        run_id = worker.shared.status()["run_id"]
+
+        # Pause gb mid-stream: gb leaves the running query, ga runs on.
         registry.command("gb", Command.PAUSE)
         run_until(
             lambda: worker.shared is not None and set(worker.shared.members) == {"ga"},
@@ -126,21 +132,29 @@ def test_datastreams_share_one_query_and_each_keeps_its_contract(
             "ga to commit while gb is paused",
         )
         assert sum(uppers_or_empty(cat, b.table_name).values()) == paused_at
+        # gb joins the running query again, and a new datastream gd joins it too.
         registry.command("gb", Command.RESUME)
+        d = _spec("gd", "append", {"seed": 4, "partitions": 2, "rate": 400, "total": 1000})
+        registry.create(d)
 
-        records = {spec.name: _records(spec) for spec in (a, b)}
+        records = {spec.name: _records(spec) for spec in (a, b, d)}
         run_until(
             lambda: all(
-                uppers_or_empty(cat, s.table_name) == _ends(records[s.name]) for s in (a, b)
+                uppers_or_empty(cat, s.table_name) == _ends(records[s.name]) for s in (a, b, d)
             ),
-            "ga and gb to catch up",
+            "ga, gb and gd to catch up",
         )
-        assert set(worker.shared.members) == {"ga", "gb"}
-        for spec in (a, b):
+        assert set(worker.shared.members) == {"ga", "gb", "gd"}
+        for spec in (a, b, d):
             assert_table_matches_source(cat, spec, records[spec.name])
         # every datastream in one query, never one each
         assert max(queries_seen) == 1
         assert registry.get("ga").state is State.READY
+        # gb left and joined, gd joined, and the query never restarted (the worker says so)
+        status = {w.id: w for w in list_workers(cat.store)}["w1"].info["shared_query"]
+        assert status["run_id"] == run_id, "a membership change restarted the shared query"
+        assert status["members"] == ["ga", "gb", "gd"]
+        assert status["joins"] == 2 and status["leaves"] == 1
     finally:
         worker._stop_shared()
     assert not any(w.state_dir.held for w in worker.writers.values())

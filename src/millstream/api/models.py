@@ -277,6 +277,12 @@ class WorkerOut(_Out):
         description="Its background loops (sealer, maintainer) as it reported them: runs, "
         "errors, consecutive_failures, last_error, next_attempt_at.",
     )
+    shared_query: dict[str, Any] | None = Field(
+        default=None,
+        description="Its shared query (null when none runs): query_id, run_id (the same "
+        "while datastreams join and leave it; a restart changes it), members, generation, "
+        "starts, joins, leaves.",
+    )
 
 
 class HealthOut(_Out):

@@ -12,10 +12,12 @@ Each :meth:`Worker.tick` reads the stored assignments and datastream states and 
 With ``shared_query`` (the default) the writers of all its READY datastreams run in ONE
 streaming query
 (:mod:`millstream.spark.shared`): a micro-batch's fixed cost is paid once per trigger for all
-of them instead of once per datastream. The membership is fixed for the query's life, so a
-change to it (a datastream added, paused, stopped, or back from its backoff) restarts the
-shared query; a member's error takes that member out (ERROR, or a backoff) and the others
-run on.
+of them instead of once per datastream. A change to its membership (a datastream added,
+paused, stopped, or back from its backoff) does not restart it: the datastream joins or leaves
+the running query (:meth:`SharedQueryRunner.add`, :meth:`SharedQueryRunner.remove`); only a
+change it cannot take (the last member leaving, a member whose trigger is shorter than the
+query's) restarts it. A member's error takes that member out (ERROR, or a backoff) and the
+others run on.
 
 It then heartbeats its status and the writers it runs. The worker reports RUNNING only when
 every writer it hosts, standbys included, holds its state-directory lock.
@@ -102,6 +104,14 @@ def _kind(exc: BaseException) -> type[BaseException]:
     return ours.kind if ours is not None else type(exc)
 
 
+def _hopeless(exc: SharedQueryMemberError) -> bool:
+    """A shared query's member error that restarting cannot help: the datastream goes to ERROR
+    (as for a writer of its own); any other is retried after a backoff."""
+    return (isinstance(exc.error, MillstreamError) and not isinstance(exc.error, TRANSIENT)) or (
+        isinstance(exc.error, Exception) and _bad_record(exc.error)
+    )
+
+
 def _bad_record(exc: Exception) -> bool:
     """The writer's query failed on a bad record (``bad_records: fail``) or on source offsets
     it cannot go on from (:data:`SOURCE_OFFSET_ERRORS`): restarting cannot help, the
@@ -167,6 +177,7 @@ class Worker:
         self.shared_query = shared_query
         self.shared: SharedQueryRunner | None = None
         self.shared_thread: threading.Thread | None = None
+        self._shared_writers: list[_Writer] = []
         #: A datastream whose state directory was held elsewhere: when to try it again, and
         #: the wait before that (doubling, see :meth:`_lock_free`).
         self._lock_retry: dict[str, tuple[float, float]] = {}
@@ -253,8 +264,10 @@ class Worker:
     # -- one shared query for every writer ---------------------------------------------------
 
     def _reconcile_shared(self, mine: dict[str, str], states: dict[str, Any]) -> None:
-        """Restart the shared query when the datastreams it should run differ from those it
-        runs: READY and assigned here, less those waiting out a failure's backoff."""
+        """Change the shared query's members when the datastreams it should run differ from
+        those it runs (READY and assigned here, less those waiting out a failure's backoff):
+        they join or leave the running query; the query is restarted only when that cannot
+        be done (see :meth:`_change_members`) or when none runs."""
         ready = {
             ds: role
             for ds, role in mine.items()
@@ -274,6 +287,8 @@ class Worker:
         gone = set(self.writers) - set(ready)
         if members == wanted and not gone and (running or not wanted):
             return
+        if running and wanted and self._change_members(members, wanted, gone, ready):
+            return
         self._stop_shared()
         for ds in gone:
             w = self.writers.pop(ds)
@@ -284,9 +299,9 @@ class Worker:
 
     def _lock_free(self, ds: str, role: str) -> bool:
         """Whether a datastream not in the shared query may join it now: its state directory
-        is not held by someone else. Tried here, before the query is stopped for it, and
-        again only after a backoff: each try that fails would otherwise restart the query
-        for nothing. Meanwhile it is listed unlocked, so the worker reports STARTING
+        is not held by someone else. Tried here, before it joins the query (or the query is
+        restarted for it), and again only after a backoff: a restart for a try that fails
+        would cost every member its freshness for nothing. Meanwhile it is listed unlocked, so the worker reports STARTING
         (KAFKA-8187)."""
         now = self.clock.now()
         w = self.writers.get(ds)
@@ -309,30 +324,82 @@ class Worker:
         self._lock_retry.pop(ds, None)
         return True
 
+    def _change_members(
+        self, members: set[str], wanted: set[str], gone: set[str], ready: dict[str, str]
+    ) -> bool:
+        """Change the running shared query's members without restarting it: those no longer
+        wanted leave it, new ones join it at their shard uppers. False when a change needs a
+        restart (the last member leaves, a commit holds the membership too long, a member's
+        trigger is shorter than the query's); the caller then restarts the query."""
+        shared, thread = self.shared, self.shared_thread
+        assert shared is not None and thread is not None
+        for ds in sorted(members - wanted):
+            if not shared.remove(ds):
+                return False
+            w = self.writers[ds]
+            w.thread = None
+            w.done.set()
+            if w.locked and w.error is None:  # a member in its backoff keeps its lock
+                w.state_dir.unlock()
+                w.locked = False
+        for ds in gone:
+            w = self.writers.pop(ds)
+            if w.locked:
+                w.state_dir.unlock()
+        for ds in sorted(wanted - members):
+            new = self._new_member(ds, ready[ds])
+            if new is None:
+                continue
+            assert new.runner is not None
+            try:
+                joined = shared.add(new.runner)
+            except SharedQueryMemberError as exc:
+                new.state_dir.unlock()
+                new.locked = False
+                self._count_source_error(ds, exc.error, str(exc))
+                self._member_failed(ds, str(exc), fail=_hopeless(exc))
+                continue
+            if not joined:
+                new.state_dir.unlock()
+                new.locked = False
+                return False
+            new.thread = thread
+            self._shared_writers.append(new)
+        return True
+
+    def _new_member(self, ds: str, role: str) -> _Writer | None:
+        """A fresh writer of ``ds`` holding its state directory, for the shared query (None,
+        listed unlocked and retried later, if someone took the directory meanwhile)."""
+        rec = self.registry.get(ds)
+        previous = self.writers.get(ds)
+        if previous is not None and previous.locked:
+            previous.state_dir.unlock()  # kept through its backoff; the new writer locks
+        # a fresh writer per start, as a writer of its own gets (its backoff carried on)
+        w = self.writers[ds] = _Writer(
+            ds,
+            role,
+            StateDirectory(self.state_root, ds),
+            **(previous.carried() if previous is not None else {}),
+        )
+        try:
+            w.state_dir.lock()
+        except StateDirLockedError as exc:
+            # taken between the check and now: listed unlocked (STARTING), tried later
+            log.info("writer %s waits for its state directory: %s", ds, exc)
+            self._lock_retry[ds] = (self.clock.now() + LOCK_RETRY_SECONDS, LOCK_RETRY_SECONDS)
+            return None
+        w.locked = True
+        w.runner = self._runner(rec.spec, w.state_dir)
+        return w
+
     def _start_shared(self, wanted: dict[str, str]) -> None:
         runners: list[DatastreamRunner] = []
         members: list[_Writer] = []
         for ds, role in wanted.items():
-            rec = self.registry.get(ds)
-            previous = self.writers.get(ds)
-            if previous is not None and previous.locked:
-                previous.state_dir.unlock()  # kept through its backoff; the new writer locks
-            # a fresh writer per start, as a writer of its own gets (its backoff carried on)
-            w = self.writers[ds] = _Writer(
-                ds,
-                role,
-                StateDirectory(self.state_root, ds),
-                **(previous.carried() if previous is not None else {}),
-            )
-            try:
-                w.state_dir.lock()
-            except StateDirLockedError as exc:
-                # taken between the check and now: listed unlocked (STARTING), tried later
-                log.info("writer %s waits for its state directory: %s", ds, exc)
-                self._lock_retry[ds] = (self.clock.now() + LOCK_RETRY_SECONDS, LOCK_RETRY_SECONDS)
+            w = self._new_member(ds, role)
+            if w is None:
                 continue
-            w.locked = True
-            w.runner = self._runner(rec.spec, w.state_dir)
+            assert w.runner is not None
             runners.append(w.runner)
             members.append(w)
         if not runners:
@@ -348,22 +415,21 @@ class Worker:
                 # A source or store that did not answer (at a restart for another member's
                 # sake, say) is retried after a backoff; what restarting cannot help goes to
                 # ERROR, as for a writer of its own.
-                hopeless = (
-                    isinstance(exc.error, MillstreamError) and not isinstance(exc.error, TRANSIENT)
-                ) or (isinstance(exc.error, Exception) and _bad_record(exc.error))
                 self._count_source_error(exc.member, exc.error, str(exc))
-                self._member_failed(exc.member, str(exc), fail=hopeless)
+                self._member_failed(exc.member, str(exc), fail=_hopeless(exc))
             except Exception as exc:  # the query's own: every member waits out a backoff
-                for w in members:
-                    self._member_failed(w.datastream, str(exc) or repr(exc), fail=False)
+                for ds in list(shared.members):
+                    self._member_failed(ds, str(exc) or repr(exc), fail=False)
             finally:
-                for w in members:
+                for w in members:  # those that joined the running query too
                     w.done.set()
 
         thread = threading.Thread(target=_run, name="writer-shared-query", daemon=True)
         for w in members:
             w.thread = thread
         self.shared, self.shared_thread = shared, thread
+        #: the query's writers, those that join it later included (see ``_run``)
+        self._shared_writers = members
         thread.start()
 
     def _member_failed(self, ds: str, error: str, *, fail: bool) -> None:
@@ -522,7 +588,8 @@ class Worker:
 
     def _restart_stalled(self, w: _Writer, stall: Stall) -> None:
         """Take a stalled writer down as if it had failed: the tick restarts it after the
-        backoff (a shared query's member: the query restarts without it, then with it)."""
+        backoff (a shared query's member leaves the running query, and joins it again after
+        the backoff)."""
         ds = w.datastream
         message = stall.describe(self.clock.now())
         self.stall_restarts[ds] = self.stall_restarts.get(ds, 0) + 1
@@ -592,6 +659,7 @@ class Worker:
             for w in hosted
         ]
         all_locked = all(w.state_dir.held for w in hosted)
+        shared = self.shared
         rows = self.row_counters()  # reads each commit log's new lines (once per heartbeat)
         lost_races = sum(t.lost_races for t in self.row_totals.values())
         heartbeat(
@@ -607,6 +675,7 @@ class Worker:
                 "lost_races": lost_races,
                 "rows": rows,
                 "source_offsets": self.source_offsets(),
+                "shared_query": shared.status() if shared is not None else None,
             },
             clock=self.clock,
             url=self.url,

@@ -310,21 +310,45 @@ def _members_options(members: Mapping[str, SourceOptions | SinkOptions]) -> dict
     return {"members": json.dumps({n: o.to_options() for n, o in _nonempty(members).items()})}
 
 
+def _membership_options(group: GroupSourceOptions | GroupSinkOptions) -> dict[str, str]:
+    if group.membership is None:
+        return {}
+    return {"membership": group.membership, "since": json.dumps(group.since)}
+
+
+def _membership_of(options: Mapping[str, str]) -> dict[str, Any]:
+    o = Options(options)
+    if not o.get("membership"):
+        return {}
+    since = _json(o, "since", {})
+    if not isinstance(since, dict):
+        raise InvalidSpecError("since", f"{since!r} is not a map of member to generation")
+    return {"membership": o["membership"], "since": {str(k): int(v) for k, v in since.items()}}
+
+
 @dataclass(frozen=True, slots=True)
 class GroupSourceOptions:
     """The source of a shared query: each member datastream's :class:`SourceOptions`, by name."""
 
     members: dict[str, SourceOptions]
+    #: The running query's membership file (:mod:`millstream.spark.membership`): members
+    #: join and leave without a restart. None: the members are fixed for the query's life.
+    membership: str | None = None
+    #: Each starting member's incarnation (the membership generation it joined at).
+    since: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _nonempty(self.members)
 
     def to_options(self) -> dict[str, str]:
-        return _members_options(self.members)
+        return {**_members_options(self.members), **_membership_options(self)}
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> GroupSourceOptions:
-        return cls({n: SourceOptions.from_options(o) for n, o in _members(options).items()})
+        return cls(
+            {n: SourceOptions.from_options(o) for n, o in _members(options).items()},
+            **_membership_of(options),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,13 +356,20 @@ class GroupSinkOptions:
     """The sink of a shared query: each member datastream's :class:`SinkOptions`, by name."""
 
     members: dict[str, SinkOptions]
+    #: As :attr:`GroupSourceOptions.membership`: the commit commits a member's part of a
+    #: batch only while the member is still in the query (the same incarnation).
+    membership: str | None = None
+    since: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _nonempty(self.members)
 
     def to_options(self) -> dict[str, str]:
-        return _members_options(self.members)
+        return {**_members_options(self.members), **_membership_options(self)}
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> GroupSinkOptions:
-        return cls({n: SinkOptions.from_options(o) for n, o in _members(options).items()})
+        return cls(
+            {n: SinkOptions.from_options(o) for n, o in _members(options).items()},
+            **_membership_of(options),
+        )

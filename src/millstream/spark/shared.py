@@ -18,9 +18,15 @@ standby gate. Nothing about a member's correctness depends on the others:
 * a member's error carries its name (:data:`~millstream.spark.sources.MEMBER_NOTE`), so the
   worker puts that member alone in ERROR or backoff and restarts the others without it.
 
-What it costs: the membership is fixed for a query's life. Adding, pausing or removing a
-datastream restarts the shared query (a query start, ~1-2 s without new rows for the other
-members), and a member's restartable error restarts them all.
+Members join and leave the running query (:meth:`SharedQueryRunner.add`,
+:meth:`SharedQueryRunner.remove`) without a restart: the runner keeps the membership in a file
+(:mod:`millstream.spark.membership`) that the source reads at each batch it plans and the
+sink's commit reads under a shared lock. A member that joins enters at its shard uppers (as at
+a start); one that leaves is planned no more, and once :meth:`~SharedQueryRunner.remove` has
+returned none of its batches commits. A query start costs seconds (Spark initialises the
+query, starts a Python process for its source and one for its sink's planning), so a new
+datastream's first rows no longer wait for one, nor do the other members. A member's
+restartable error still restarts them all, from their shard uppers.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +42,12 @@ from typing import Any
 from pyspark.errors import StreamingQueryException
 
 from millstream.errors import InvalidSpecError, from_spark_failure
+from millstream.spark.membership import (
+    MEMBERSHIP_FILE,
+    Member,
+    Membership,
+    MembershipLockTimeout,
+)
 from millstream.spark.options import (
     GroupSinkOptions,
     GroupSourceOptions,
@@ -109,44 +122,163 @@ class SharedQueryRunner:
         self.restarts: dict[str, int] = {}
         self.query: Any = None
         self._stopping = False
+        #: The running query's members (see :mod:`millstream.spark.membership`): the file,
+        #: its generation (one more at each start, join and leave) and each member's entry.
+        self.membership = Membership(state_dir.path / MEMBERSHIP_FILE)
+        self.generation = 0
+        self.entries: dict[str, Member] = {}
+        #: The query's trigger (its members' shortest at its start).
+        self.shortest = 0.0
+        #: Query starts, members joined and left the running query (for the worker's status).
+        self.starts = self.joins = self.leaves = 0
+        #: One membership change at a time (the worker's tick, the query's restarts).
+        self._lock = threading.RLock()
 
     @property
     def checkpoint(self) -> Path:
         return self.state_dir.checkpoint_dir  # raises unless the lock is held
 
-    def start(self) -> Any:
-        self.spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(
-            self.spark._jsparkSession
+    def _entry(self, name: str, m: DatastreamRunner, *, members: int) -> Member:
+        """A member's entry at the next generation: its options from its shard uppers."""
+        try:
+            m.ensure_tables()
+            source, sink = m.query_options(m.bootstrap())
+        except Exception as exc:
+            raise SharedQueryMemberError(name, exc) from exc
+        source = member_source(
+            source, members=members, trigger=m.spec.trigger_seconds, shortest=self.shortest
         )
-        register(self.spark)
-        sources: dict[str, SourceOptions] = {}
-        sinks: dict[str, SinkOptions] = {}
-        shortest = min(m.spec.trigger_seconds for m in self.members.values())
-        for name, m in self.members.items():
-            try:
-                m.ensure_tables()
-                source, sinks[name] = m.query_options(m.bootstrap())
-            except Exception as exc:
-                raise SharedQueryMemberError(name, exc) from exc
-            sources[name] = member_source(
-                source, members=len(self.members), trigger=m.spec.trigger_seconds, shortest=shortest
+        return Member(self.generation + 1, source.to_options(), sink.to_options())
+
+    def begin(self) -> tuple[GroupSourceOptions, GroupSinkOptions]:
+        """The options a query starts with: every member's entry from its shard uppers, at a
+        new generation, also written to the membership file (which the query then follows)."""
+        with self._lock:
+            self.shortest = min(m.spec.trigger_seconds for m in self.members.values())
+            entries = {
+                name: self._entry(name, m, members=len(self.members))
+                for name, m in self.members.items()
+            }
+            self.generation += 1
+            self.entries = entries
+            self.membership.write(self.generation, entries)
+            since = {n: self.generation for n in entries}
+            path = str(self.membership.path)
+            return (
+                GroupSourceOptions(
+                    {n: SourceOptions.from_options(e.source) for n, e in entries.items()},
+                    path,
+                    since,
+                ),
+                GroupSinkOptions(
+                    {n: SinkOptions.from_options(e.sink) for n, e in entries.items()}, path, since
+                ),
             )
-        # A cache like a writer's checkpoint; each member starts at its shard uppers instead.
-        shutil.rmtree(self.checkpoint, ignore_errors=True)
-        self.query = (
-            self.spark.readStream.format(GROUP_FORMAT)
-            .options(**GroupSourceOptions(sources).to_options())
-            .load()
-            .writeStream.format(GROUP_SINK_FORMAT)
-            .options(**GroupSinkOptions(sinks).to_options())
-            .option("checkpointLocation", str(self.checkpoint))
-            .queryName(f"millstream-shared-{self.state_dir.path.name}")
-            .trigger(processingTime=f"{int(shortest * 1000)} milliseconds")
-            .start()
-        )
-        for m in self.members.values():
-            m.query = self.query
-        return self.query
+
+    def start(self) -> Any:
+        with self._lock:
+            self.spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(
+                self.spark._jsparkSession
+            )
+            register(self.spark)
+            source, sink = self.begin()
+            # A cache like a writer's checkpoint; each member starts at its shard uppers instead.
+            shutil.rmtree(self.checkpoint, ignore_errors=True)
+            self.query = (
+                self.spark.readStream.format(GROUP_FORMAT)
+                .options(**source.to_options())
+                .load()
+                .writeStream.format(GROUP_SINK_FORMAT)
+                .options(**sink.to_options())
+                .option("checkpointLocation", str(self.checkpoint))
+                .queryName(f"millstream-shared-{self.state_dir.path.name}")
+                .trigger(processingTime=f"{int(self.shortest * 1000)} milliseconds")
+                .start()
+            )
+            self.starts += 1
+            for m in self.members.values():
+                m.query = self.query
+            return self.query
+
+    def add(self, member: DatastreamRunner) -> bool:
+        """Let ``member`` (whose state directory the caller holds) join the running query at
+        its shard uppers, without a restart. False when it cannot join a running query: none
+        runs, or its trigger is shorter than the query's (the caller then restarts the query
+        with it). A member whose tables or source do not answer raises
+        :class:`SharedQueryMemberError`, and the query runs on without it."""
+        name = member.spec.name
+        with self._lock:
+            if self._stopping or self.query is None or not self.query.isActive:
+                return False
+            if name in self.members:
+                return True
+            if member.spec.trigger_seconds < self.shortest:
+                return False
+            entry = self._entry(name, member, members=len(self.members) + 1)
+            self.generation = entry.since
+            self.entries[name] = entry
+            self.members = dict(sorted({**self.members, name: member}.items()))
+            self.membership.write(self.generation, self.entries)
+            member.query = self.query
+            self.joins += 1
+            log.info(
+                "datastream %s joined shared query %s (generation %d)",
+                name,
+                self.state_dir.path.name,
+                self.generation,
+            )
+            return True
+
+    def remove(self, name: str, timeout: float = 60.0) -> bool:
+        """Take ``name`` out of the running query without a restart: once this returns True,
+        none of its batches commits any more (a commit in flight has ended; one that starts
+        later finds it gone and deletes its files). False when it cannot: it is the last
+        member, or a commit held the membership longer than ``timeout`` seconds (the caller
+        then stops the query instead)."""
+        with self._lock:
+            if name not in self.members:
+                return True
+            if len(self.members) == 1:
+                return False
+            try:
+                with self.membership.exclusive(timeout):
+                    entries = {n: e for n, e in self.entries.items() if n != name}
+                    self.membership.write(self.generation + 1, entries)
+            except MembershipLockTimeout:
+                log.warning(
+                    "datastream %s could not leave shared query %s within %.0f s (a commit "
+                    "held its membership): the query is restarted without it",
+                    name,
+                    self.state_dir.path.name,
+                    timeout,
+                )
+                return False
+            self.generation += 1
+            self.entries = entries
+            member = self.members.pop(name)
+            member.query = None
+            self.leaves += 1
+            log.info(
+                "datastream %s left shared query %s (generation %d)",
+                name,
+                self.state_dir.path.name,
+                self.generation,
+            )
+            return True
+
+    def status(self) -> dict[str, Any]:
+        """The query's ids (a join or a leave keeps them; a restart changes the run id), its
+        members and its counts of starts, joins and leaves."""
+        query = self.query
+        return {
+            "query_id": str(query.id) if query is not None else None,
+            "run_id": str(query.runId) if query is not None else None,
+            "members": sorted(self.members),
+            "generation": self.generation,
+            "starts": self.starts,
+            "joins": self.joins,
+            "leaves": self.leaves,
+        }
 
     def run(self) -> None:
         """Run until :meth:`stop`. A restartable error (a member fenced, gapped, or its staged
@@ -190,6 +322,7 @@ class SharedQueryRunner:
             return exc
 
     def stop(self) -> None:
-        self._stopping = True
+        with self._lock:  # no member joins a query being stopped
+            self._stopping = True
         if self.query is not None:
             self.query.stop()

@@ -43,8 +43,15 @@ from millstream.ingest.sources.base import RAW_SCHEMA
 from millstream.metastore.assignments import may_commit
 from millstream.metastore.evolve import absorb
 from millstream.metastore.store import MetadataStore
+from millstream.spark.membership import Member, Membership
 from millstream.spark.options import GroupSinkOptions, SinkOptions
-from millstream.spark.sources import GROUP_SCHEMA, SELF_READ, each_member, member_errors
+from millstream.spark.sources import (
+    ENTRY,
+    GROUP_SCHEMA,
+    SELF_READ,
+    each_member,
+    member_errors,
+)
 from millstream.spec import TableSpec
 from millstream.storage.deepstore import DeepStore
 from millstream.table.commit import (
@@ -481,6 +488,11 @@ class GroupMessage(WriterCommitMessage):
 
     messages: dict[str, SinkMessage] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    #: Each member's incarnation the task wrote for (the membership generation it joined at).
+    since: dict[str, int] = field(default_factory=dict)
+    #: The entry of each member that joined the running query (the commit's sink was made at
+    #: the query's start and knows only the members it started with).
+    joined: dict[str, Member] = field(default_factory=dict)
 
 
 class MemberWriteError(Exception):
@@ -505,6 +517,27 @@ class GroupSink(DataSourceStreamArrowWriter):
 
     def __init__(self, options: GroupSinkOptions, stores: StoreRegistry | None = None) -> None:
         self.members = {n: SegmentSink(o, stores) for n, o in sorted(options.members.items())}
+        self.stores = stores
+        self.since = dict(options.since)
+        self.membership = Membership(options.membership) if options.membership else None
+
+    def _sink_of(self, name: str, joined: Member | None) -> SegmentSink:
+        """The member's sink: the query's own for a member it started with, one of its entry
+        for a member that joined the running query."""
+        if joined is None:
+            return self.members[name]
+        return SegmentSink(SinkOptions.from_options(joined.sink), self.stores)
+
+    @staticmethod
+    def _entries(raw: pa.Table) -> tuple[pa.Table, dict[str, Member]]:
+        """The rows that carry joined members' entries (:data:`ENTRY`) out of ``raw``."""
+        is_entry = pc.fill_null(pc.equal(raw.column("value"), pa.scalar(ENTRY, pa.binary())), False)
+        if not pc.any(is_entry).as_py():
+            return raw, {}
+        entries: dict[str, Member] = {}
+        for row in raw.filter(is_entry).select(["member", "key"]).to_pylist():
+            entries[row["member"]] = Member.from_json(row["member"], json.loads(row["key"]))
+        return raw.filter(pc.invert(is_entry)), entries
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> GroupMessage:
         """Each member's part of the task, written by its own sink on a thread of its own:
@@ -513,11 +546,11 @@ class GroupSink(DataSourceStreamArrowWriter):
         after another made a task's time grow with its members, not with its records
         (bench/scale.py (b): 8 datastreams of 1,000 rows/s in batches of ~3 s, the worker's
         CPU 0.6 cores). The decoding and staging release the GIL for most of their time."""
-        raw = pa.Table.from_batches(list(iterator), schema=GROUP_SCHEMA)
+        raw, joined = self._entries(pa.Table.from_batches(list(iterator), schema=GROUP_SCHEMA))
         member = raw.column("member")
         parts: dict[str, pa.Table] = {}
         for name in sorted(pc.unique(member).to_pylist()):
-            if name not in self.members:
+            if name not in self.members and name not in joined:
                 raise InvalidSpecError(
                     "members",
                     f"the shared query's source planned datastream {name!r}, which its sink "
@@ -530,7 +563,8 @@ class GroupSink(DataSourceStreamArrowWriter):
             ``bad_records: fail``, its source not answering) must not fail the task, which
             holds the other members' parts too; the commit raises it after they committed."""
             try:
-                return self.members[name].write(iter(parts[name].to_batches()))
+                sink = self._sink_of(name, joined.get(name))
+                return sink.write(iter(parts[name].to_batches()))
             except Exception as exc:
                 log.warning("datastream %s: its part of a write task failed: %s", name, exc)
                 return _member_failure(exc)
@@ -539,6 +573,8 @@ class GroupSink(DataSourceStreamArrowWriter):
         return GroupMessage(
             {n: m for n, m in done.items() if isinstance(m, SinkMessage)},
             {n: m for n, m in done.items() if isinstance(m, str)},
+            {n: joined[n].since if n in joined else self.since.get(n, 0) for n in done},
+            {n: joined[n] for n in done if n in joined},
         )
 
     def _of(
@@ -546,20 +582,70 @@ class GroupSink(DataSourceStreamArrowWriter):
     ) -> list[WriterCommitMessage | None]:
         return [m.messages.get(name) if isinstance(m, GroupMessage) else None for m in messages]
 
+    def _sinks(self, messages: list[WriterCommitMessage | None]) -> dict[str, SegmentSink]:
+        """The sink of every member the query started with or the batch's tasks wrote for."""
+        joined: dict[str, Member] = {}
+        for m in messages:
+            if isinstance(m, GroupMessage):
+                joined.update(m.joined)
+        sinks = {n: self._sink_of(n, e) for n, e in joined.items()}
+        return dict(sorted({**self.members, **sinks}.items()))
+
+    @staticmethod
+    def _incarnations(messages: list[WriterCommitMessage | None]) -> dict[str, set[int]]:
+        out: dict[str, set[int]] = {}
+        for m in messages:
+            if isinstance(m, GroupMessage):
+                for name, since in m.since.items():
+                    out.setdefault(name, set()).add(since)
+        return out
+
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Commit each member's part of the batch in its own transaction. A member whose part
         of some write task failed commits nothing of the batch (its staged files are
-        deleted): the others commit, then its error is raised naming it."""
+        deleted): the others commit, then its error is raised naming it.
+
+        In a running query whose members change (``membership``), the commit holds the
+        membership's shared lock: a member that left the query (or whose incarnation the
+        batch was written for was replaced) commits nothing of it, its staged files are
+        deleted, and its error, if any, is not raised; none can leave meanwhile."""
+        if self.membership is None:
+            self._commit(messages, batchId, None)
+            return
+        with self.membership.shared() as current:
+            self._commit(messages, batchId, {n: m.since for n, m in current.items()})
+
+    def _commit(
+        self,
+        messages: list[WriterCommitMessage | None],
+        batchId: int,
+        current: dict[str, int] | None,
+    ) -> None:
         errors: list[Exception] = []
         failed: dict[str, str] = {}
         for m in messages:
             if isinstance(m, GroupMessage):
                 for name, error in m.failed.items():
                     failed.setdefault(name, error)
-        for name, sink in self.members.items():
+        incarnations = self._incarnations(messages)
+        for name, sink in self._sinks(messages).items():
             mine: list[WriterCommitMessage | None] = [
                 m for m in self._of(name, messages) if m is not None
             ]
+            if (
+                current is not None
+                and name in incarnations
+                and incarnations[name] != {current.get(name)}
+            ):
+                log.info(
+                    "batch %s of datastream %s is not committed: the datastream left the "
+                    "shared query (its files are deleted)",
+                    batchId,
+                    name,
+                )
+                if mine:
+                    sink.abort([*mine, None], batchId)
+                continue
             if name in failed:
                 if mine:
                     sink.abort([*mine, None], batchId)  # deletes what it staged
@@ -583,7 +669,7 @@ class GroupSink(DataSourceStreamArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         if all(isinstance(m, GroupMessage) for m in messages):
             return  # every task succeeded: commit disposed of the files (see SegmentSink)
-        for name, sink in self.members.items():
+        for name, sink in self._sinks(messages).items():
             mine = self._of(name, messages)
             if any(m is not None for m in mine):
                 sink.abort([*mine, None], batchId)

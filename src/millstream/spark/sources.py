@@ -19,6 +19,7 @@ Ranges are fixed by the batch's offsets, so a replayed batch re-reads exactly th
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +48,7 @@ from millstream.ingest.sources.base import (
     raw_columns,
     split_budget,
 )
+from millstream.spark.membership import Member, Membership
 from millstream.spark.options import SPLIT_MIN_RECORDS, GroupSourceOptions, SourceOptions
 
 T = TypeVar("T")
@@ -61,6 +63,9 @@ RAW_DDL = (
 
 #: The value of a marker whose range the sink must read itself (``ranges_only`` sources).
 SELF_READ = b"millstream:read-range"
+
+#: The value of the row that carries a joined member's entry to its task's sink.
+ENTRY = b"millstream:member-entry"
 
 #: The Spark format name of a shared query's source (several datastreams in one query).
 GROUP_FORMAT = "millstream_group_source"
@@ -269,11 +274,19 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 class GroupTask(InputPartition):
-    """One Spark task of a shared query: ``(member, ranges)`` of one or more datastreams."""
+    """One Spark task of a shared query: ``(member, ranges)`` of one or more datastreams, and
+    the entry (:class:`~millstream.spark.membership.Member`) of each member that joined the
+    running query: the task's reader and sink were made at the query's start and know only
+    the members it started with."""
 
-    def __init__(self, parts: list[tuple[str, list[tuple[int, int, int]]]]) -> None:
+    def __init__(
+        self,
+        parts: list[tuple[str, list[tuple[int, int, int]]]],
+        joined: dict[str, Member] | None = None,
+    ) -> None:
         super().__init__(parts)
         self.parts = parts
+        self.joined = joined or {}
 
 
 def whole_if_small(
@@ -334,9 +347,52 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.tasks = max(o.tasks for o in options.members.values())
         #: when each member with a trigger of its own was last planned (monotonic seconds)
         self._planned_at: dict[str, float] = {}
+        #: The running query's membership (None: fixed members), the generation last read,
+        #: each member's incarnation, and the entries of the members that joined since the
+        #: query started (their tasks carry them).
+        self._membership = Membership(options.membership) if options.membership else None
+        self._generation = -1
+        self.since: dict[str, int] = dict(options.since)
+        self.joined: dict[str, Member] = {}
+        #: A member that joined as a new incarnation of one the batch's start still holds:
+        #: the end its entry starts it at, until a batch starts there (then it plans).
+        self._entering: dict[str, Any] = {}
+        #: Members whose end in the batch last planned is their entry's start, not a plan.
+        self._unplanned: set[str] = set()
+        #: Readers made for joined members in a task's process, by (member, since).
+        self._task_readers: dict[tuple[str, int], StreamReader] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_planned_at": {}}
+        return {**self.__dict__, "_planned_at": {}, "_task_readers": {}}
+
+    def refresh(self) -> None:
+        """Take the membership file's members (at each batch planned): a member that joined
+        gets a reader of its entry's options and enters at their start offsets; a member
+        that left is planned no more. An error names the file."""
+        if self._membership is None:
+            return
+        generation, members = self._membership.read()
+        if generation == self._generation or not members:
+            return
+        self._generation = generation
+        for name in [n for n in self.members if n not in members]:
+            del self.members[name]
+            self.since.pop(name, None)
+            self.joined.pop(name, None)
+            self._planned_at.pop(name, None)
+            self._entering.pop(name, None)
+        for name, entry in sorted(members.items()):
+            if self.since.get(name) == entry.since:
+                continue
+            with member_errors(name):
+                reader = StreamReader(SourceOptions.from_options(entry.source))
+            self.members[name] = reader
+            self.since[name] = entry.since
+            self.joined[name] = entry
+            self._planned_at.pop(name, None)
+            self._entering[name] = None
+        self.members = dict(sorted(self.members.items()))
+        self.tasks = max(r.opts.tasks for r in self.members.values())
 
     def _due(self, name: str, now: float) -> bool:
         """A member whose own trigger is longer than the query's is planned once per its
@@ -346,6 +402,7 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return every <= 0 or last is None or now - last >= 0.9 * every
 
     def initialOffset(self) -> dict[str, Any]:
+        self.refresh()
         out: dict[str, Any] = {}
         for n, r in self.members.items():
             with member_errors(n):
@@ -368,8 +425,15 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         watermark per partition, each member on its thread, waited 180-350 ms a batch for a
         busy broker (bench/scale.py (b))."""
 
+        self.refresh()
+        # A member that joined enters where its entry starts it: until a batch starts there,
+        # its end is that start (``partitions`` plans nothing for it). The batch's start may
+        # hold an earlier incarnation's end, which is not where the new one begins.
+        entering = {n for n, at in self._entering.items() if n not in start or start[n] != at}
+        for n in [n for n in self._entering if n not in entering]:
+            del self._entering[n]
         now = time.monotonic()
-        due = {n for n in self.members if self._due(n, now)}
+        due = {n for n in self.members if self._due(n, now) and n not in entering}
         asked = latest_offsets_of(
             {n: r.source for n, r in self.members.items() if n in due and r._target is None}
         )
@@ -382,7 +446,7 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 # an end past that start would skip its first records. One it knows with no
                 # partitions yet (``{}``: falsy) keeps that start, so a partition its source
                 # gains is planned from its first record.
-                if n not in start:
+                if n not in start or n in entering:
                     return r.initialOffset()
                 begin = start[n]
                 if n not in due:
@@ -395,21 +459,43 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     self._planned_at[n] = now
                 return end
 
-        return each_member(list(self.members), latest, "member-plan")
+        ends = each_member(list(self.members), latest, "member-plan")
+        for n in entering:
+            self._entering[n] = ends[n]
+        self._unplanned = entering | {n for n in self.members if n not in start}
+        return ends
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         planned = [
             (n, whole_if_small(buckets, r.opts.split_min_records))
             for n, r in self.members.items()
-            if (buckets := r.plan(start[n] if n in start else end.get(n, {}), end.get(n, {})))
+            if n not in self._unplanned
+            and n in start
+            and (buckets := r.plan(start[n], end.get(n, start[n])))
         ]
-        return [GroupTask(t) for t in plan_group_tasks(planned, self.tasks)]
+        return [
+            GroupTask(t, {n: self.joined[n] for n, _ in t if n in self.joined})
+            for t in plan_group_tasks(planned, self.tasks)
+        ]
+
+    def _reader_of(self, name: str, joined: Member | None) -> StreamReader:
+        """The member's reader in a task: the query's own for a member it started with, one
+        of the task's entry for a member that joined the running query."""
+        if joined is None:
+            return self.members[name]
+        key = (name, joined.since)
+        if key not in self._task_readers:
+            self._task_readers[key] = StreamReader(SourceOptions.from_options(joined.source))
+        return self._task_readers[key]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, GroupTask)
         for n, ranges in partition.parts:
+            joined = partition.joined.get(n)
             with member_errors(n):
-                for batch in self.members[n].read(RangeTask(ranges)):
+                if joined is not None:
+                    yield with_member(entry_batch(joined), n)
+                for batch in self._reader_of(n, joined).read(RangeTask(ranges)):
                     yield with_member(batch, n)
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -484,6 +570,24 @@ def describe_reader(source: PartitionReader) -> str:
     if getattr(config, "path", None):
         return f"files under {config.path}"
     return f"the {source.kind} source"
+
+
+def entry_batch(entry: Member) -> pa.RecordBatch:
+    """The row that brings a joined member's entry to the sink of its task (whose sink was
+    made at the query's start): partition -1, the entry as JSON in its key, :data:`ENTRY` as
+    its value."""
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([-1], pa.int32()),
+            pa.array([-1], pa.int64()),
+            pa.array([json.dumps(entry.to_json()).encode()], pa.binary()),
+            pa.array([ENTRY], pa.binary()),
+            pa.array([-1], pa.int64()),
+            pa.array([-1], pa.int64()),
+            pa.array([True], pa.bool_()),
+        ],
+        schema=RAW_SCHEMA,
+    )
 
 
 def marker_batch(partition: int, lo: int, hi: int) -> pa.RecordBatch:

@@ -12,7 +12,27 @@ from millstream.api.routes.cluster import public_url
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller
+from millstream.control.workers import heartbeat
 from millstream.metastore.models import ShardAppend
+
+
+def test_workers_shows_the_shared_query_a_worker_reports(
+    api: TestClient, catalog: Catalog, clock: ManualClock
+) -> None:
+    """A worker's shared query as its heartbeat reports it: the run id that stays the same
+    while datastreams join and leave it, and its counts of starts, joins and leaves."""
+    status = {"run_id": "r1", "members": ["a", "b"], "starts": 1, "joins": 2, "leaves": 1}
+    heartbeat(
+        catalog.store,
+        "worker-a",
+        status="RUNNING",
+        info={"writers": [], "shared_query": status},
+        clock=clock,
+    )
+    heartbeat(catalog.store, "worker-b", status="RUNNING", info={"writers": []}, clock=clock)
+    workers = {w["id"]: w for w in api.get("/workers").json()}
+    assert workers["worker-a"]["shared_query"] == status
+    assert workers["worker-b"]["shared_query"] is None
 
 
 def test_workers_lists_heartbeats_with_the_alive_flag_and_assignments(

@@ -53,6 +53,15 @@ class WedgedQuery:
     def stop(self) -> None:
         self._stop.set()
 
+    def add(self, member: Any) -> bool:
+        return False  # a member joins only by a restart here (the starts are counted)
+
+    def remove(self, name: str) -> bool:
+        return False
+
+    def status(self) -> dict[str, Any]:
+        return {"members": sorted(self.members)}
+
 
 class WedgedRunner:
     """A writer of its own (``--query-per-datastream``) that never commits."""

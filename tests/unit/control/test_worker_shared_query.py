@@ -18,14 +18,19 @@ from millstream.control.controller import Controller, ControlSettings
 from millstream.control.registry import Registry
 from millstream.control.worker import Worker
 from millstream.control.workers import heartbeat, list_workers
+from millstream.core.lifecycle import Command
 from millstream.datastream import DatastreamSpec
 from millstream.storage.statedir import StateDirectory
 
 
 class FakeShared:
-    """Stands in for the Spark query: records its members, runs until stopped."""
+    """Stands in for the Spark query: records its members, the starts, joins and leaves,
+    runs until stopped. ``refuse`` makes joins and leaves answer False (the runner's answer
+    when a change needs a restart)."""
 
     starts: list[list[str]] = []
+    changes: list[str] = []
+    refuse = False
 
     def __init__(self, members: list[Any], spark: Any, state_dir: StateDirectory) -> None:
         self.members = {m.spec.name: m for m in members}
@@ -38,10 +43,27 @@ class FakeShared:
     def stop(self) -> None:
         self._stop.set()
 
+    def add(self, member: Any) -> bool:
+        if FakeShared.refuse:
+            return False
+        self.members[member.spec.name] = member
+        FakeShared.changes.append(f"+{member.spec.name}")
+        return True
+
+    def remove(self, name: str) -> bool:
+        if FakeShared.refuse or len(self.members) == 1:
+            return False
+        del self.members[name]
+        FakeShared.changes.append(f"-{name}")
+        return True
+
+    def status(self) -> dict[str, Any]:
+        return {"members": sorted(self.members)}
+
 
 @pytest.fixture
 def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    FakeShared.starts = []
+    FakeShared.starts, FakeShared.changes, FakeShared.refuse = [], [], False
     monkeypatch.setattr(worker_module, "SharedQueryRunner", FakeShared)
     clock = ManualClock(start=1_800_000_000.0)
     catalog = Catalog.open(home=tmp_path / "home")
@@ -95,7 +117,7 @@ def test_a_held_state_directory_does_not_restart_the_query_at_every_tick(setup: 
     elsewhere.unlock()
     clock.advance(5)
     worker.tick()
-    assert FakeShared.starts == [["a"], ["a", "b"]]
+    assert FakeShared.starts == [["a"]] and FakeShared.changes == ["+b"], "b joined the query"
     assert _status(catalog) == "RUNNING"
     assert all(w.state_dir.held for w in worker.writers.values())
 
@@ -107,11 +129,44 @@ def test_a_member_in_its_backoff_keeps_its_lock(setup: Any) -> None:
     worker._member_failed("b", "SourceReadError: the broker did not answer", fail=False)
     assert worker.shared is not None
     worker.shared.stop()  # the query ends with b's error
+    assert worker.shared_thread is not None
+    worker.shared_thread.join(5)
     worker.tick()  # b waits out its backoff: the query runs a alone
     assert FakeShared.starts[-1] == ["a"]
     assert worker.writers["b"].state_dir.held, "b's lock is kept through its backoff"
     assert _status(catalog) == "RUNNING"
     clock.advance(6)
     worker.tick()
-    assert FakeShared.starts[-1] == ["a", "b"]
+    assert FakeShared.starts[-1] == ["a"] and FakeShared.changes == ["+b"], "b joined it"
     assert worker.writers["b"].error is None and worker.writers["b"].failures == 1
+    assert worker.writers["b"].state_dir.held
+
+
+def test_members_join_and_leave_the_running_query_without_a_restart(setup: Any) -> None:
+    """A pause, a stop and a datastream back from its backoff change the running query's
+    members; only a change it cannot take (its answer False) restarts it."""
+    catalog, clock, worker = setup
+    registry = Registry(catalog.store, clock=clock)
+    worker.tick()
+    assert FakeShared.starts == [["a", "b"]]
+    registry.command("b", Command.PAUSE)
+    worker.tick()
+    assert FakeShared.starts == [["a", "b"]] and FakeShared.changes == ["-b"]
+    assert "b" not in worker.writers and not StateDirectory(worker.state_root, "b").held
+    assert _status(catalog) == "RUNNING"
+    registry.command("b", Command.RESUME)
+    worker.tick()
+    assert FakeShared.changes == ["-b", "+b"] and len(FakeShared.starts) == 1
+    assert worker.writers["b"].state_dir.held and worker.writers["b"].running
+    info = {w.id: w for w in list_workers(catalog.store)}["w"].info
+    assert info["shared_query"] == {"members": ["a", "b"]}
+
+    # b's watchdog restart: it leaves and waits out its backoff (keeping its lock)
+    worker._failed(worker.writers["b"], "stalled")
+    worker.tick()
+    assert FakeShared.changes[-1] == "-b" and worker.writers["b"].state_dir.held
+    FakeShared.refuse = True  # the query cannot take b back (say its trigger is shorter)
+    clock.advance(6)
+    worker.tick()
+    assert FakeShared.starts[-1] == ["a", "b"] and len(FakeShared.starts) == 2
+    assert all(w.state_dir.held for w in worker.writers.values())

@@ -34,6 +34,7 @@ def workers(ctx: Ctx) -> list[WorkerOut]:
             writers=list(w.info.get("writers", [])),
             assignments=assigned.get(w.id, []),
             loops=list(w.info.get("loops") or []),
+            shared_query=w.info.get("shared_query"),
         )
         for w in list_workers(ctx.catalog.store)
     ]

@@ -1,0 +1,254 @@
+"""Members join and leave a running shared query without a restart, and lose and duplicate
+nothing: the production pieces (the runner's membership, the group source's planning, the
+group sink's write tasks and commit) driven as Spark drives them in one query's life.
+
+Spark is stood in for by :class:`Query`: the source plans a batch (``latestOffset``,
+``partitions``) in its own process, which follows the membership file; the write tasks run
+with a reader and a sink made when the query started (Spark makes them once per query), so a
+member that joined later reaches them only through its tasks; each commit gets a fresh sink
+from the query's options (Spark's commit process does). Offsets and tasks go through JSON and
+pickle, as they travel in Spark. A batch's commit may come after membership changes (a join
+or a leave while the batch is in flight)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from millstream.catalog import Catalog
+from millstream.datastream import DatastreamSpec
+from millstream.spark.options import GroupSinkOptions, GroupSourceOptions
+from millstream.spark.runner import DatastreamRunner
+from millstream.spark.shared import SharedQueryRunner
+from millstream.spark.sink import GroupSink
+from millstream.spark.sources import GroupStreamReader
+from millstream.storage.statedir import StateDirectory
+
+NAMES = ("ma", "mb", "mc")
+PARTITIONS = 2
+LINES = 11  # per partition; batches of at most 4 records per member
+SPARK = SimpleNamespace(sparkContext=SimpleNamespace(defaultParallelism=2))
+
+
+def _spec(root: Path, name: str, trigger: str = "500ms") -> DatastreamSpec:
+    for p in range(PARTITIONS):
+        (root / name / str(p)).mkdir(parents=True)
+        (root / name / str(p) / "00000.jsonl").write_text(
+            "".join(f'{{"id": {p * 1000 + i}, "v": "{name}{i}"}}\n' for i in range(LINES))
+        )
+    return DatastreamSpec.parse(
+        {
+            "name": name,
+            "source": {"kind": "files", "path": str(root / name)},
+            "schema": {"id": "long", "v": "string"},
+            "table": {"mode": "append"},  # a duplicate would be a second row
+            "max_records_per_batch": 4,
+            "trigger_interval": trigger,
+        }
+    )
+
+
+class Query:
+    """One shared query's life as Spark runs it (see the module's docstring)."""
+
+    def __init__(self, runner: SharedQueryRunner) -> None:
+        source, sink = runner.begin()
+        runner.query = SimpleNamespace(isActive=True, id="q", runId="r")
+        self.source_options, self.sink_options = source.to_options(), sink.to_options()
+        self.planner = GroupStreamReader(GroupSourceOptions.from_options(self.source_options))
+        self.task_reader = GroupStreamReader(GroupSourceOptions.from_options(self.source_options))
+        self.task_sink = GroupSink(GroupSinkOptions.from_options(self.sink_options))
+        self.start: dict[str, Any] = json.loads(json.dumps(self.planner.initialOffset()))
+        self.batch = 0
+        self.in_flight: list[Any] | None = None
+
+    def plan(self) -> bool:
+        """Plan the next batch and run its write tasks (its commit is :meth:`commit`)."""
+        self.commit()
+        end = json.loads(
+            json.dumps(self.planner.latestOffset(self.start, self.planner.getDefaultReadLimit()))
+        )
+        if end == self.start:
+            return False  # Spark runs no batch
+        tasks = pickle.loads(pickle.dumps(self.planner.partitions(self.start, end)))
+        self.in_flight = pickle.loads(
+            pickle.dumps([self.task_sink.write(self.task_reader.read(t)) for t in tasks])
+        )
+        self.start = end
+        return True
+
+    def commit(self) -> None:
+        if self.in_flight is not None:
+            sink = GroupSink(GroupSinkOptions.from_options(self.sink_options))
+            sink.commit(self.in_flight, self.batch)
+            self.batch, self.in_flight = self.batch + 1, None
+
+
+def _uppers(catalog: Catalog, spec: DatastreamSpec) -> dict[int, int]:
+    return {s.partition: s.upper for s in catalog.store.list_shards(spec.table_name)}
+
+
+OPS = st.sampled_from(
+    ["plan", "plan", "commit", *(f"{op} {n}" for op in ("join", "leave") for n in NAMES)]
+)
+
+
+@settings(max_examples=30, deadline=None, print_blob=True)
+@given(first=st.sets(st.sampled_from(NAMES), min_size=1), ops=st.lists(OPS, max_size=25))
+def test_joins_and_leaves_in_a_running_query_lose_and_duplicate_nothing(
+    first: set[str], ops: list[str]
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        catalog = Catalog.open(home=root / "home")
+        try:
+            specs = {n: _spec(root / "sources", n) for n in NAMES}
+
+            def member(name: str) -> DatastreamRunner:
+                return DatastreamRunner(
+                    specs[name],
+                    catalog,
+                    SPARK,
+                    writer_id="w1",
+                    state_dir=StateDirectory(root / "state", name),
+                )
+
+            runner = SharedQueryRunner(
+                [member(n) for n in sorted(first)], SPARK, StateDirectory(root / "state", "_q")
+            )
+            query = Query(runner)
+            left: dict[str, dict[int, int]] = {}  # a member out of the query: its uppers then
+            for op in ops:
+                if op == "plan":
+                    query.plan()
+                elif op == "commit":
+                    query.commit()
+                elif op.startswith("join"):
+                    name = op.split()[1]
+                    assert runner.add(member(name)) is True
+                    left.pop(name, None)
+                else:
+                    name = op.split()[1]
+                    was = name in runner.members
+                    last = set(runner.members) == {name}
+                    assert runner.remove(name) is (not last), "the last member cannot leave"
+                    if was and not last:
+                        left[name] = _uppers(catalog, specs[name])
+                for name, uppers in left.items():
+                    assert _uppers(catalog, specs[name]) == uppers, (
+                        f"{name} committed after it left the query"
+                    )
+            for name in NAMES:
+                runner.add(member(name))
+            idle = 0
+            for _ in range(100):
+                idle = 0 if query.plan() else idle + 1
+                if idle == 2:
+                    break
+            query.commit()
+            assert runner.status()["starts"] == 0, "members changed without a query start"
+            for name, spec in specs.items():
+                assert _uppers(catalog, spec) == dict.fromkeys(range(PARTITIONS), LINES), name
+                rows = catalog.read_table(spec.table_name).to_pylist()
+                assert sorted(r["id"] for r in rows) == sorted(
+                    p * 1000 + i for p in range(PARTITIONS) for i in range(LINES)
+                ), f"{name}: rows lost or duplicated"
+        finally:
+            catalog.close()
+
+
+def test_a_member_that_left_mid_batch_commits_nothing_of_it_and_rejoins_where_it_was(
+    tmp_path: Path,
+) -> None:
+    """mb leaves while a batch holding its records is in flight: the batch commits ma's part
+    alone and deletes mb's staged files; mb joins again at its shard uppers, and its rows
+    arrive once."""
+    specs = {n: _spec(tmp_path / "sources", n) for n in ("ma", "mb")}
+    catalog = Catalog.open(home=tmp_path / "home")
+    members = {
+        n: DatastreamRunner(
+            specs[n], catalog, SPARK, writer_id="w1", state_dir=StateDirectory(tmp_path, n)
+        )
+        for n in specs
+    }
+    runner = SharedQueryRunner(list(members.values()), SPARK, StateDirectory(tmp_path, "_q"))
+    query = Query(runner)
+    assert query.plan()
+    assert query.in_flight is not None and any("mb" in m.messages for m in query.in_flight)
+    assert runner.remove("mb")
+    query.commit()
+    assert _uppers(catalog, specs["mb"]) == {0: 0, 1: 0}, "mb committed after it left"
+    assert sum(_uppers(catalog, specs["ma"]).values()) == 4
+    staged = Path(catalog.settings.deep_store).rglob("*.parquet")
+    assert not [p for p in staged if "mb" in p.relative_to(catalog.settings.deep_store).parts[1]]
+    assert runner.add(members["mb"])
+    while query.plan():
+        pass
+    query.commit()
+    assert runner.status()["joins"] == 1 and runner.status()["leaves"] == 1
+    for spec in specs.values():
+        assert _uppers(catalog, spec) == {0: LINES, 1: LINES}
+        assert catalog.read_table(spec.table_name).num_rows == PARTITIONS * LINES
+    catalog.close()
+
+
+def test_a_member_cannot_join_a_query_that_does_not_run_or_triggers_slower(
+    tmp_path: Path,
+) -> None:
+    specs = {n: _spec(tmp_path / "sources", n) for n in ("ma", "mb")}
+    catalog = Catalog.open(home=tmp_path / "home")
+    a = DatastreamRunner(specs["ma"], catalog, SPARK, state_dir=StateDirectory(tmp_path, "ma"))
+    fast = _spec(tmp_path / "fast", "mb", trigger="200ms")
+    b = DatastreamRunner(fast, catalog, SPARK, state_dir=StateDirectory(tmp_path, "mb"))
+    runner = SharedQueryRunner([a], SPARK, StateDirectory(tmp_path, "_q"))
+    assert runner.add(b) is False, "no query runs"
+    Query(runner)
+    assert runner.add(b) is False, "its trigger is shorter than the query's: a restart"
+    assert set(runner.members) == {"ma"}
+    catalog.close()
+
+
+def test_the_last_member_does_not_leave_a_running_query(tmp_path: Path) -> None:
+    spec = _spec(tmp_path / "sources", "ma")
+    catalog = Catalog.open(home=tmp_path / "home")
+    runner = SharedQueryRunner(
+        [DatastreamRunner(spec, catalog, SPARK, state_dir=StateDirectory(tmp_path, "ma"))],
+        SPARK,
+        StateDirectory(tmp_path, "_q"),
+    )
+    Query(runner)
+    assert runner.remove("ma") is False
+    assert set(runner.members) == {"ma"}
+    catalog.close()
+
+
+def test_a_member_leaves_only_once_no_commit_holds_the_membership(tmp_path: Path) -> None:
+    """A commit holds the membership's shared lock (the sink's commit process): a member's
+    leave waits for it, and gives up after its timeout (the worker then restarts the query
+    instead), leaving the membership as it was."""
+    specs = {n: _spec(tmp_path / "sources", n) for n in ("ma", "mb")}
+    catalog = Catalog.open(home=tmp_path / "home")
+    runner = SharedQueryRunner(
+        [
+            DatastreamRunner(s, catalog, SPARK, state_dir=StateDirectory(tmp_path, n))
+            for n, s in specs.items()
+        ],
+        SPARK,
+        StateDirectory(tmp_path, "_q"),
+    )
+    Query(runner)
+    with runner.membership.shared() as current:  # a commit in flight
+        assert set(current) == {"ma", "mb"}
+        assert runner.remove("mb", timeout=0.3) is False
+        assert set(runner.members) == {"ma", "mb"}
+        assert set(runner.membership.read()[1]) == {"ma", "mb"}
+    assert runner.remove("mb", timeout=0.3) is True
+    assert set(runner.membership.read()[1]) == {"ma"}
+    catalog.close()
