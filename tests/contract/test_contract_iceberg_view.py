@@ -540,3 +540,37 @@ def test_every_column_type_and_a_dead_letter_table_read_as_millstream_reads_them
         cur = duckdb_connection(catalog).execute("SELECT * FROM iceberg_scan(?)", [metadata])
         names = [d[0] for d in cur.description or ()]
         assert plain([dict(zip(names, r, strict=True)) for r in cur.fetchall()]) == expected
+
+
+def test_the_snapshot_the_pointer_shows_keeps_its_files_after_its_version_would_expire(
+    catalog: Catalog,
+) -> None:
+    """Retention never expires the version the Iceberg pointer shows: engines load that
+    snapshot by name until the next publish, so expiry and GC keep its files (a rolled-back
+    segment's file here, which no newer version references)."""
+    from millstream.clock import ManualClock
+    from millstream.metastore.expiry import expire_versions
+    from millstream.metastore.iceberg import read_pointer
+    from millstream.table.gc import collect_garbage
+
+    clock = ManualClock(time.time())
+    catalog.store.clock = clock
+    kv = _kv(catalog, time="1s", min_versions=1)
+    kv.batch(0, [(1, False, 0, 1, "a"), (2, False, 0, 2, "b")])
+    shown = publish(catalog.store, catalog.deep, "kv").pointer
+    assert shown is not None and shown.manifest_version == 1
+    expected = millstream_rows(catalog, "kv", 1)
+    kv.rollback(0, 0)  # version 2: the segment is gone, its file referenced by version 1 only
+    clock.advance(3600)
+    expire_versions(catalog.store, "kv", now=clock.now())
+    collect_garbage(catalog.store, catalog.deep, "kv", grace_seconds=0, clock=clock)
+    assert read_pointer(catalog.store, "kv") == shown  # nothing published since
+    metadata = location(catalog.deep, shown.metadata_location)
+    assert pyiceberg_rows(metadata, None, s3_properties(catalog)) == expected
+    assert duckdb_rows(duckdb_connection(catalog), metadata) == expected
+    # The next publish shows version 2 and lets version 1 go.
+    moved = publish(catalog.store, catalog.deep, "kv").pointer
+    assert moved is not None and moved.manifest_version == 2
+    expire_versions(catalog.store, "kv", now=clock.now())
+    assert catalog.store.oldest_kept_version("kv") == 2
+    assert pyiceberg_rows(location(catalog.deep, moved.metadata_location), None, {}) == []
