@@ -2125,6 +2125,51 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_a_member_that_left_mid_batch_commits_nothing_of_it_and_rejoins_where_it_was",
         ),
     ),
+    Guard(
+        name="campaign-iceberg-view-equals-the-model",
+        file="src/millstream/table/iceberg.py",
+        what="every position delete a snapshot needs is written (the commit-path campaign's "
+        "view check catches a snapshot whose first hidden row shows)",
+        old="""\
+        schema=DELETE_SCHEMA,
+    )
+""",
+        new="""\
+        schema=DELETE_SCHEMA,
+    ).slice(1)  # MUTATION: one position delete skipped
+""",
+        tests=(COMMIT_CAMPAIGN,),
+    ),
+    Guard(
+        name="campaign-iceberg-gc-keeps-retained-snapshots-files",
+        file="src/millstream/table/iceberg.py",
+        what="the view's GC keeps the files of every retained snapshot (the commit-path "
+        "campaign's view check finds a retained snapshot referencing a missing file)",
+        old="""\
+            if snap.snapshot_id < oldest or snap.snapshot_id in seen:
+""",
+        new="""\
+            if snap.snapshot_id != current.current_snapshot_id:  # MUTATION
+""",
+        tests=(COMMIT_CAMPAIGN,),
+    ),
+    Guard(
+        name="expiry-keeps-the-version-the-iceberg-pointer-shows",
+        file="src/millstream/metastore/expiry.py",
+        what="expire_versions: the floor never passes the version the table's Iceberg pointer "
+        "shows (engines load that snapshot until the next publish; GC would delete its files)",
+        old="""\
+        if shown is not None and shown < floor:
+""",
+        new="""\
+        if False:  # MUTATION: the pointer's version expires like any other
+""",
+        tests=(
+            "tests/contract/test_contract_iceberg_view.py::"
+            "test_the_snapshot_the_pointer_shows_keeps_its_files_after_its_version_would_expire",
+        ),
+        select="sqlite-local",
+    ),
 )
 
 

@@ -1,18 +1,23 @@
 """The DuckDB and pyiceberg snippets of docs/reading-from-other-engines.md run as written, and
-read the table's rows as Millstream does (the pages' other snippets need a controller, Trino or
-Spark and say so)."""
+read the table's rows as Millstream does: from the metadata file, and through the REST catalog
+of a controller served as ``millstream controller`` serves it, with a read token (the page's
+Trino and Spark settings say they are untested)."""
 
 from __future__ import annotations
 
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 from typer.testing import CliRunner
 
+from millstream.api import create_app
 from millstream.catalog import Catalog
 from millstream.cli.app import app
+from millstream.cli.services import ServiceGroup, serve_api
+from millstream.control.controller import Controller
 from millstream.table.writer import commit_staged, stage_rows
 from millstream.testing.model import canonical
 
@@ -61,13 +66,38 @@ def test_the_duckdb_and_pyiceberg_snippets_read_the_tables_rows(tmp_path: Path) 
             assert result.exit_code == 0, result.output
         expected = canonical(cat.read_table("orders").to_pylist())
         first_version = canonical(cat.read_table("orders", as_of=1).to_pylist())
-    metadata = result.output.strip()
+        metadata = result.output.strip()
 
-    duck, pyice, rest = python_blocks()
-    assert "RestCatalog" in rest  # needs a controller: covered by tests/unit/api
-    scope: dict[str, Any] = {"metadata": metadata}
-    exec(compile(duck, f"{DOC.name}: DuckDB", "exec"), scope)
-    assert canonical(dict(zip(["id", "qty"], r, strict=True)) for r in scope["rows"]) == expected
-    exec(compile(pyice, f"{DOC.name}: pyiceberg", "exec"), scope)
-    assert canonical(scope["current"].to_pylist()) == expected
-    assert canonical(scope["first"].to_pylist()) == first_version != expected
+        duck, attach, pyice, rest = python_blocks()
+        scope: dict[str, Any] = {"metadata": metadata}
+        exec(compile(duck, f"{DOC.name}: DuckDB", "exec"), scope)
+        assert canonical(pairs(scope["rows"])) == expected
+        exec(compile(pyice, f"{DOC.name}: pyiceberg", "exec"), scope)
+        assert canonical(scope["current"].to_pylist()) == expected
+        assert canonical(scope["first"].to_pylist()) == first_version != expected
+
+        # The REST catalog snippets, against the controller `millstream controller` runs.
+        ctl = Controller(cat, controller_id="docs")
+        with ServiceGroup() as group:
+            group.start("controller", ctl.run_forever, ctl.stop)
+            api = serve_api(
+                group, create_app(cat, controller=ctl, read_token="s3cret"), host=HOST, port=port()
+            )
+            scope.update(api=api, read_token="s3cret")
+            exec(compile(attach, f"{DOC.name}: DuckDB ATTACH", "exec"), scope)
+            assert canonical(pairs(scope["attached"])) == expected
+            exec(compile(rest, f"{DOC.name}: RestCatalog", "exec"), scope)
+            assert canonical(scope["orders"].to_pylist()) == expected
+
+
+HOST = "127.0.0.1"
+
+
+def port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def pairs(rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    return [dict(zip(["id", "qty"], r, strict=True)) for r in rows]

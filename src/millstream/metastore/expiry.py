@@ -10,7 +10,9 @@ version (the *floor*) is the lower of:
 * ``current - min_versions + 1``.
 
 A version a reader pinned (:mod:`millstream.metastore.pins`) is kept too, until its pin is
-released or expires: the floor never passes the oldest unexpired pin.
+released or expires: the floor never passes the oldest unexpired pin. So is the version the
+table's Iceberg pointer shows (:mod:`millstream.metastore.iceberg`): engines load that
+snapshot by name until the next publish moves the pointer, so its files must stay.
 
 Expiring removes, in one transaction, the version rows below the floor and every entry and
 delete vector that no kept version can see (removed at or before the floor: a row is visible
@@ -103,6 +105,13 @@ def _expired(removed_version: int | None, floor: int) -> bool:
     return removed_version is not None and removed_version <= floor
 
 
+def _shown_version(conn: Connection, table: str) -> int | None:
+    """The manifest version the table's Iceberg pointer shows (None: never published)."""
+    p = s.iceberg_pointers
+    v = conn.execute(select(p.c.manifest_version).where(p.c.table_name == table)).scalar()
+    return None if v is None else int(v)
+
+
 def _delete_counted(conn: Connection, stmt: Delete, expected: int, what: str) -> None:
     n = conn.execute(stmt).rowcount
     if n != expected:
@@ -135,6 +144,9 @@ def expire_versions(
         pinned = oldest_pinned(conn, table, now)
         if pinned is not None and pinned < floor:
             floor = max(before, pinned)  # a reader holds that version: keep it
+        shown = _shown_version(conn, table)
+        if shown is not None and shown < floor:
+            floor = max(before, shown)  # the Iceberg view's current snapshot: keep it
         if not dry_run:
             drop_expired_pins(conn, table, now)
         if floor <= before:

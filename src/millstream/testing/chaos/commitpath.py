@@ -28,9 +28,13 @@ drawing its steps from ``Random(f"{seed}/{schedule}/{actor}")``:
   once, while everything else runs; a step waits for a live segment to act on.
 * a **maintainer**: expiry (:func:`millstream.metastore.expiry.expire_versions`) and garbage
   collection (:func:`millstream.table.gc.collect_garbage`) with a grace period twice the
-  staged-file age limit, as in production.
+  staged-file age limit, as in production; in every other schedule (even index), every
+  other round it also publishes the table's Iceberg view (:func:`millstream.table.iceberg.publish`, as table maintenance and the workers'
+  publisher do) and collects the view's garbage
+  (:func:`millstream.table.iceberg.collect_view_garbage`).
 * a **reader**: reads the current version and an older one while the maintainer expires and
-  collects.
+  collects; in the schedules that publish, every other round it also loads the published
+  Iceberg view (pyiceberg) and reads its current snapshot and its oldest one.
 * the **lifecycle**: an operator thread sending pause/resume/stop commands and two controller
   threads applying the asynchronous completions (:class:`millstream.control.registry.Registry`)
   from a state they read a moment earlier (Brooklin #974).
@@ -45,8 +49,16 @@ The checker, after every schedule (an anomaly names the check and what differed)
   dead-letter table holds exactly the bad records, once each;
 * **snapshots**: every reader's read of the current version equalled the model of the source
   below that version's ends; an older version read whole or failed with VersionExpiredError;
-* **history**: every version retention keeps reads without a missing file, before and after a
-  final garbage collection, which leaves no unreferenced file behind;
+* **history**: every version retention keeps reads without a missing file after a final
+  garbage collection (a file missing before it is missing after it too), which leaves no
+  unreferenced file behind;
+* **view** (the schedules that publish): every Iceberg snapshot a reader loaded during the schedule equalled the model of
+  the source below its version's ends (recorded when it was published); the current snapshot
+  never referenced a missing file, nor one whose version is kept. At the end a publish shows
+  the current version; after the final garbage collection of data and view files the newest
+  :data:`VIEW_READS` retained snapshots read as their models, no retained snapshot (nor a
+  kept earlier metadata file) references a missing file, and no unreferenced view file is
+  left;
 * **lifecycle**: the datastream ends in the state its last applied command implies;
 * **errors**: no actor raised anything but the errors its step may legitimately raise.
 """
@@ -64,6 +76,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from pyiceberg.table import StaticTable
 
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
@@ -87,6 +101,7 @@ from millstream.errors import (
 from millstream.ingest.sources import config_for
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
 from millstream.metastore.expiry import expire_versions
+from millstream.metastore.iceberg import IcebergPointer, read_pointer
 from millstream.metastore.models import Manifest, SegmentState
 from millstream.metastore.rollback import rollback_partition
 from millstream.sealing.compaction import CompactionPolicy
@@ -98,7 +113,17 @@ from millstream.spark.options import SPLIT_MIN_RECORDS, SinkOptions, SourceOptio
 from millstream.spark.runner import bootstrap
 from millstream.spark.sink import SegmentSink, SinkMessage, StoreRegistry
 from millstream.spark.sources import StreamReader
+from millstream.storage.deepstore import table_data_prefix
 from millstream.table.gc import collect_garbage
+from millstream.table.iceberg import (
+    DeepStoreIO,
+    collect_view_garbage,
+    location,
+    publish,
+    referenced_view_files,
+    relative,
+    view_prefix,
+)
 from millstream.table.read import read_manifest
 from millstream.testing.chaos.log import CampaignLog
 from millstream.testing.model import Row, canonical
@@ -242,6 +267,15 @@ class Schedule:
     lifecycle_log: list[tuple[int, Command, State]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     records: list[RawRecord] = field(default_factory=list)
+    #: the ends of every manifest version a publish may have shown, by version (the model of
+    #: its snapshot, once retention has expired the version itself)
+    view_ends: dict[int, dict[int, int]] = field(default_factory=dict)
+
+    @property
+    def view(self) -> bool:
+        """Whether this schedule publishes and reads the Iceberg view: every other one (the
+        publishes and the view's reads cost about a fifth of a schedule's time)."""
+        return self.plan.index % 2 == 0
 
     @property
     def ds(self) -> DatastreamSpec:
@@ -514,20 +548,31 @@ def _operator(sch: Schedule, name: str, rng: random.Random) -> None:
 
 def _maintainer(sch: Schedule, name: str, rng: random.Random) -> None:
     catalog = sch.catalog()
+    rounds = 0
     try:
         while not sch.writers_done.is_set() and not sch.stop.is_set():
             time.sleep(rng.uniform(0.05, 0.3))
             for t in (sch.table, sch.dead_table):
                 expire_versions(catalog.store, t, now=time.time())
                 collect_garbage(catalog.store, catalog.deep, t, grace_seconds=GC_GRACE)
+            rounds += 1
+            if sch.view and rounds % 2 == 1:  # every other round: a publish reads every file
+                _publish(sch, catalog)
+                collect_view_garbage(
+                    catalog.store, catalog.deep, sch.table, grace_seconds=GC_GRACE, now=time.time()
+                )
     finally:
         catalog.close()
 
 
 def _reader(sch: Schedule, name: str, rng: random.Random) -> None:
     catalog = sch.catalog()
+    rounds = 0
     try:
         while not sch.writers_done.is_set() and not sch.stop.is_set():
+            rounds += 1
+            if sch.view and rounds % 2 == 0:
+                _read_view(sch, catalog, final=False)
             time.sleep(rng.uniform(0.02, 0.15))
             manifest = catalog.manifest(sch.table)
             try:
@@ -559,8 +604,12 @@ def _ends(manifest: Manifest) -> dict[int, int]:
 
 
 def _model_below(sch: Schedule, manifest: Manifest) -> list[Row]:
+    return _model_at(sch, _ends(manifest))
+
+
+def _model_at(sch: Schedule, ends: dict[int, int]) -> list[Row]:
     assert sch.config is not None
-    rows, _ = expected_table(sch.ds.table_spec(), _records(sch.config, _ends(manifest)))
+    rows, _ = expected_table(sch.ds.table_spec(), _records(sch.config, ends))
     return rows
 
 
@@ -753,8 +802,20 @@ def _check(sch: Schedule, cat: Catalog) -> None:
     # lifecycle
     if sch.plan.lifecycle:
         _check_lifecycle(sch, cat)
-    _check_files(sch, cat, final=False)
-    _check_files(sch, cat, final=True)
+    # view: the final publish shows the current version, which reads as the model.
+    if sch.view:
+        pointer = _publish(sch, cat)
+        current = cat.store.get_table(sch.table).manifest_version
+        if pointer is None or pointer.manifest_version != current:
+            sch.anomaly(
+                "view",
+                f"the final publish shows version {pointer and pointer.manifest_version}, "
+                f"the table is at {current}",
+            )
+    # Once, after the final collection: a file missing before it is missing after it, too.
+    _check_files(sch, cat)
+    if sch.view:
+        _read_view(sch, cat, final=True)  # after the final collection of data and view files
 
 
 def _unstopped(sch: Schedule) -> Schedule:
@@ -822,12 +883,12 @@ def _check_lifecycle(sch: Schedule, cat: Catalog) -> None:
         )
 
 
-def _check_files(sch: Schedule, cat: Catalog, *, final: bool) -> None:
-    """history: every kept version reads; with ``final``, after a garbage collection with no
-    grace period, which leaves only referenced files."""
+def _check_files(sch: Schedule, cat: Catalog) -> None:
+    """history: after a garbage collection with no grace period (of the data files and the
+    view's), every kept version reads and only referenced files are left."""
     for t in (sch.table, sch.dead_table):
-        if final:
-            collect_garbage(cat.store, cat.deep, t, grace_seconds=0, clock=ManualClock(start=4e9))
+        collect_garbage(cat.store, cat.deep, t, grace_seconds=0, clock=ManualClock(start=4e9))
+        collect_view_garbage(cat.store, cat.deep, t, grace_seconds=0, now=4e9)
         current = cat.store.get_table(t).manifest_version
         for v in range(cat.store.oldest_kept_version(t), current + 1):
             try:
@@ -835,11 +896,124 @@ def _check_files(sch: Schedule, cat: Catalog, *, final: bool) -> None:
             except Exception as exc:
                 sch.anomaly("history", f"{t} version {v} (kept) does not read: {_one_line(exc)}")
                 break
-        if final:
-            files = {f.path for f in cat.deep.list_files(f"tables/{t}")}
-            orphans = files - cat.store.referenced_files(t)
-            if orphans:
-                sch.anomaly("history", f"{t}: unreferenced files left: {sorted(orphans)[:3]}")
+        files = {f.path for f in cat.deep.list_files(table_data_prefix(t))}
+        orphans = files - cat.store.referenced_files(t)
+        if orphans:
+            sch.anomaly("history", f"{t}: unreferenced files left: {sorted(orphans)[:3]}")
+        view = {f.path for f in cat.deep.list_files(view_prefix(t))}
+        orphans = view - referenced_view_files(cat.store, cat.deep, t)
+        if orphans:
+            sch.anomaly("view", f"{t}: unreferenced view files left: {sorted(orphans)[:3]}")
+        other = {f.path for f in cat.deep.list_files(f"tables/{t}")} - files - view
+        if other:
+            sch.anomaly("history", f"{t}: files outside data and view: {sorted(other)[:3]}")
+
+
+# -- the Iceberg view ----------------------------------------------------------------------
+
+#: The snapshots the final check reads whole (newest first); every other retained one is
+#: checked for missing files only (reading all would cost more than the rest of the check).
+VIEW_READS = 4
+
+
+def _remember(sch: Schedule, manifest: Manifest) -> None:
+    with sch.lock:
+        sch.view_ends.setdefault(manifest.version, _ends(manifest))
+
+
+def _publish(sch: Schedule, cat: Catalog) -> IcebergPointer | None:
+    """The production publish of the table's current version. The ends of the version it
+    shows are recorded first (a reader may load the snapshot before publish returns, and
+    after retention expired the version)."""
+    before = cat.store.manifest(sch.table)
+    _remember(sch, before)
+    try:
+        pointer = publish(cat.store, cat.deep, sch.table).pointer
+    except SegmentUnavailableError as exc:
+        # Only a version retention expired meanwhile may have lost a file to GC.
+        if before.version >= cat.store.oldest_kept_version(sch.table):
+            sch.anomaly("view", f"publish of kept version {before.version}: {_one_line(exc)}")
+        return None
+    if pointer is not None and pointer.manifest_version not in sch.view_ends:
+        with contextlib.suppress(VersionExpiredError, NotFoundError):
+            _remember(sch, cat.store.manifest(sch.table, as_of=pointer.manifest_version))
+    return pointer
+
+
+def _read_view(sch: Schedule, cat: Catalog, *, final: bool) -> None:
+    """Load the table's current Iceberg metadata, as an engine does, and read snapshots of it
+    with pyiceberg: during the schedule the current one and the oldest retained one; in the
+    final check the newest :data:`VIEW_READS` whole, and every retained snapshot's files
+    (and the earlier metadata files kept for them) are checked to exist."""
+    pointer = read_pointer(cat.store, sch.table)
+    if pointer is None:
+        return
+    try:
+        table = StaticTable.from_metadata(
+            location(cat.deep, pointer.metadata_location), properties=_io_properties(sch)
+        )
+    except OSError as exc:
+        if read_pointer(cat.store, sch.table) == pointer:
+            sch.anomaly("view", f"the current metadata file does not load: {_one_line(exc)}")
+        return
+    ids = sorted((s.snapshot_id for s in table.metadata.snapshots), reverse=True)
+    if final:
+        reads = ids[:VIEW_READS]
+        io = DeepStoreIO(cat.deep)
+        oldest = cat.store.oldest_kept_version(sch.table)
+        for entry in table.metadata.metadata_log:
+            rel = relative(cat.deep, entry.metadata_file)
+            head = (rel or "").rsplit("/", 1)[-1].split("-", 1)[0]
+            if rel and head.isdigit() and int(head) >= oldest and not cat.deep.exists(rel):
+                sch.anomaly("view", f"a retained snapshot's metadata file is gone: {rel}")
+        for snap in table.metadata.snapshots:
+            try:
+                files = [
+                    e.data_file.file_path
+                    for m in snap.manifests(io)
+                    for e in m.fetch_manifest_entry(io)
+                ]
+            except OSError as exc:  # its manifest list or a manifest is gone
+                sch.anomaly("view", f"snapshot {snap.snapshot_id}: {_one_line(exc)}")
+                return
+            for path in files:
+                rel = relative(cat.deep, path)
+                if rel is None or not cat.deep.exists(rel):
+                    sch.anomaly(
+                        "view", f"snapshot {snap.snapshot_id} references a missing file {path}"
+                    )
+                    return
+    else:
+        reads = sorted({pointer.manifest_version, *ids[-1:]}, reverse=True)
+    for v in reads:
+        try:
+            got = table.scan(snapshot_id=v).to_arrow().to_pylist()
+        except OSError as exc:
+            # A snapshot may lose files only once retention expired its version (the current
+            # one never: an engine loading the table by name reads it).
+            current = (
+                v == pointer.manifest_version and read_pointer(cat.store, sch.table) == pointer
+            )
+            if current or v >= cat.store.oldest_kept_version(sch.table):
+                sch.anomaly("view", f"snapshot {v} references a missing file: {_one_line(exc)}")
+            continue
+        with sch.lock:
+            ends = sch.view_ends.get(v)
+        if ends is None:
+            continue  # expired before its publisher recorded its ends: no model to compare
+        want = _model_at(sch, ends)
+        if _norm(got) != _norm(want):
+            sch.anomaly(
+                "view",
+                f"snapshot {v} (pointer {pointer.metadata_location}) reads as "
+                f"{_diff(got, want)} (ends {ends})",
+            )
+
+
+def _io_properties(sch: Schedule) -> dict[str, str]:
+    """pyiceberg's S3 endpoint for a deep store on S3 (credentials from the environment)."""
+    endpoint = sch.settings.s3_endpoint
+    return {"s3.endpoint": endpoint} if endpoint else {}
 
 
 # -- a campaign ----------------------------------------------------------------------------
