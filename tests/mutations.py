@@ -2017,10 +2017,10 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         what="an incremental publish merges again every row of a touched key, in every data "
         "file of the version (an old file's row of an updated key is hidden)",
         old="""\
-            pos = np.flatnonzero(_key_member(data, keys, touched))
+        hit |= _key_member(every, keys, touched)
 """,
         new="""\
-            pos = np.zeros(0, np.int64)  # MUTATION: only new and changed files are merged
+        pass  # MUTATION: only the rows of new and changed files are merged again
 """,
         tests=(
             "tests/contract/test_contract_iceberg_incremental.py::"

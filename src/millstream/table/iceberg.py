@@ -511,33 +511,41 @@ def incremental_view(
         if touched_parts
         else schema.empty_table().select(keys)
     )
-    # Every row of the version of a touched key (a superset: see _key_member), with its place.
-    found: list[pa.Table] = []
-    hits: dict[str, np.ndarray] = {}
+    # Every row of the version of a touched key (a superset: see _key_member), with its place:
+    # the merge columns of all files as one table (no copy), one hash lookup per key column.
     order = sorted(by_file)
-    for i, path in enumerate(order):
-        entries = by_file[path]
-        if touched.num_rows == 0:
-            continue
-        data = cache.file_columns(deep, path, schema)
-        if path in moved:
-            pos = np.flatnonzero(_in_entries(data, entries))  # all its keys are touched
-        else:
-            pos = np.flatnonzero(_key_member(data, keys, touched))
-            if len(pos):
-                pos = pos[_in_entries(data.take(pa.array(pos)), entries)]
-        hits[path] = pos
-        if len(pos):
-            rows = data.take(pa.array(pos))
-            rows = rows.append_column(FILE_COL, pa.array(np.full(len(pos), i, np.int64)))
-            found.append(rows.append_column(POS_COL, pa.array(pos, pa.int64())))
-    candidates = (
-        pa.concat_tables(found)
-        if found
-        else schema.append(pa.field(FILE_COL, pa.int64()))
-        .append(pa.field(POS_COL, pa.int64()))
-        .empty_table()
-    )
+    empty = schema.append(pa.field(FILE_COL, pa.int64())).append(pa.field(POS_COL, pa.int64()))
+    candidates = empty.empty_table()
+    hits: dict[str, np.ndarray] = {}
+    if touched.num_rows and order:
+        tables = [cache.file_columns(deep, p, schema) for p in order]
+        lengths = np.array([t.num_rows for t in tables], np.int64)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        every = pa.concat_tables(tables)
+        file_of = np.repeat(np.arange(len(order), dtype=np.int64), lengths)
+        hit = np.repeat(np.array([p in moved for p in order]), lengths)  # all its keys
+        hit |= _key_member(every, keys, touched)
+        rows_at = np.flatnonzero(hit)
+        found = every.filter(pa.array(hit))
+        found_file = file_of[rows_at]
+        found_pos = rows_at - starts[found_file]
+        # Of those, the rows in their file's segments at this version.
+        bounds = np.searchsorted(found_file, np.arange(len(order) + 1))
+        valid = np.zeros(len(rows_at), dtype=bool)
+        for i, path in enumerate(order):
+            lo, hi = int(bounds[i]), int(bounds[i + 1])
+            if hi > lo:
+                valid[lo:hi] = _in_entries(found.slice(lo, hi - lo), by_file[path])
+        found_file, found_pos = found_file[valid], found_pos[valid]
+        candidates = (
+            found.filter(pa.array(valid))
+            .append_column(FILE_COL, pa.array(found_file, pa.int64()))
+            .append_column(POS_COL, pa.array(found_pos, pa.int64()))
+        )
+        bounds = np.searchsorted(found_file, np.arange(len(order) + 1))
+        hits = {
+            path: found_pos[int(bounds[i]) : int(bounds[i + 1])] for i, path in enumerate(order)
+        }
     if manifest.delete_vectors and candidates.num_rows:
         offsets: dict[int, list[pa.Array]] = defaultdict(list)
         for dv in manifest.delete_vectors:
