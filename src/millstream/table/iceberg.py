@@ -444,6 +444,9 @@ def _in_entries(data: pa.Table, entries: Iterable[Entry]) -> np.ndarray:
     return np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
+#: An incremental publish whose new, gone and changed files hold more rows than this and than
+#: the unchanged files reads the version in full instead (:func:`full_view`).
+FULL_VIEW_ROWS = 50_000
 FILE_COL = "__ms_file"
 POS_COL = "__ms_pos"
 
@@ -505,6 +508,14 @@ def incremental_view(
         )
 
     keys = list(spec.primary_key)
+    changing = sum(before[p].rows for p in gone) + sum(
+        cache.file_columns(deep, p, schema).num_rows for p in moved
+    )
+    unchanged = sum(before[p].rows for p in by_file if p in before and p not in moved)
+    if changing >= max(FULL_VIEW_ROWS, unchanged):
+        # Most of the table changed (a seal or compaction of most of it): merging the touched
+        # keys again costs more than reading the version's files.
+        return full_view(deep, manifest)
     touched_parts = [cache.file_columns(deep, p, schema).select(keys) for p in sorted(moved | gone)]
     touched = (
         pa.concat_tables(touched_parts).group_by(keys).aggregate([])
@@ -693,7 +704,9 @@ class PublishResult:
     #: Snapshots removed because their versions expired.
     expired: tuple[int, ...] = ()
     #: What the publish reused and wrote (see :class:`ViewState`): ``incremental`` (1 when it
-    #: built on the previous snapshot), ``data_files_changed``, ``delete_files_reused``,
+    #: built on the previous snapshot), ``read_in_full`` (1 when it read every data file of
+    #: the version: not incremental, or most of the table changed), ``data_files_changed``,
+    #: ``delete_files_reused``,
     #: ``delete_files_written``, ``data_manifests_reused``.
     stats: dict[str, int] = field(default_factory=dict)
 
@@ -818,12 +831,13 @@ def reusable_delete_file(
     before: dict[str, PublishedFile],
 ) -> bool:
     """Whether a previous snapshot's delete file can be listed again as it is: every data file
-    of the new view it holds positions of is one whose hidden rows did not change and whose
-    positions it held (a file that left and came back is new; its old positions are not its
-    new ones). Files that left the view do not matter (nothing reads their positions)."""
+    it holds positions of is still in the new view, its hidden rows did not change, and the
+    delete file held them (a file that left and came back is new: its old positions are not its
+    new ones). A delete file some of whose files left is written again without them (readers
+    would read their positions for nothing)."""
     for covered in deletes.covers:
         if covered not in files:
-            continue
+            return False  # its positions would be read for nothing: rewrite the others'
         if covered in changed:
             return False
         old = before.get(covered)
@@ -1058,7 +1072,8 @@ def write_snapshot(
         view.merged,
         merged_path,
         {
-            "incremental": int(view.incremental),
+            "incremental": int(state is not None),
+            "read_in_full": int(not view.incremental),
             "data_files_changed": len(changed),
             "data_manifests_reused": reused_manifests,
             "delete_files_reused": len(kept),
