@@ -1893,10 +1893,10 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         what="the Iceberg view: a snapshot's position delete file (and its delete manifest) is "
         "written whenever its data files hold rows Millstream's read does not return",
         old="""\
-    if deletes.num_rows:
+    for group, members in sorted(groups.items()):
 """,
         new="""\
-    if False:  # MUTATION: no position deletes
+    for group, members in sorted(groups.items())[:0]:  # MUTATION: no position deletes
 """,
         tests=(
             "tests/contract/test_contract_iceberg_view.py::"
@@ -1990,6 +1990,61 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         tests=(
             "tests/contract/test_contract_iceberg_view.py::"
             "test_expired_versions_expire_their_snapshots_and_gc_keeps_every_file_a_retained_snapshot_needs",
+        ),
+        select="sqlite-local",
+    ),
+    Guard(
+        name="iceberg-reused-delete-file-only-when-unchanged",
+        file="src/millstream/table/iceberg.py",
+        what="an incremental publish lists a previous snapshot's delete file again only when "
+        "no hidden row changed in any data file of the new view it holds positions of",
+        old="""\
+        if covered in changed:
+            return False
+""",
+        new="""\
+        pass  # MUTATION: a changed file's old positions are listed again
+""",
+        tests=(
+            "tests/contract/test_contract_iceberg_incremental.py::"
+            "test_every_incremental_snapshot_reads_as_millstreams_read_of_its_version",
+            "tests/contract/test_contract_iceberg_incremental.py::"
+            "test_a_publish_reuses_the_delete_files_and_manifests_of_what_did_not_change",
+        ),
+        select="sqlite-local",
+    ),
+    Guard(
+        name="iceberg-incremental-recomputes-touched-keys-everywhere",
+        file="src/millstream/table/iceberg.py",
+        what="an incremental publish merges again every row of a touched key, in every data "
+        "file of the version (an old file's row of an updated key is hidden)",
+        old="""\
+        hit |= _key_member(every, keys, touched)
+""",
+        new="""\
+        pass  # MUTATION: only the rows of new and changed files are merged again
+""",
+        tests=(
+            "tests/contract/test_contract_iceberg_incremental.py::"
+            "test_a_publish_reuses_the_delete_files_and_manifests_of_what_did_not_change",
+        ),
+        select="sqlite-local",
+    ),
+    Guard(
+        name="iceberg-incremental-only-from-the-current-snapshot",
+        file="src/millstream/table/iceberg.py",
+        what="a publisher builds on its cached snapshot only while the table's pointer still "
+        "names it (another publisher's snapshot, and what garbage collection removed since, "
+        "is not reused)",
+        old="""\
+        or state.metadata_location != pointer.metadata_location
+""",
+        new="""\
+        or False  # MUTATION: build on the cached snapshot whoever moved the pointer
+""",
+        tests=(
+            "tests/contract/test_contract_iceberg_incremental.py::"
+            "test_a_publisher_never_builds_on_a_snapshot_garbage_collection_removed",
         ),
         select="sqlite-local",
     ),

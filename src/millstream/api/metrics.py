@@ -18,7 +18,9 @@ from millstream.api.sealing import debug_info
 from millstream.api.status import consuming_info, upstream_offsets, writer_health
 from millstream.control.workers import list_workers
 from millstream.core.lifecycle import State
+from millstream.datastream import dead_letter_spec
 from millstream.errors import NotFoundError
+from millstream.metastore.iceberg import publish_lag, read_pointer
 from millstream.metastore.jobs import reingest_jobs, unrecoverable_segments
 from millstream.sealing.reingest import RETENTION_EXPIRED, SOURCE_GONE
 
@@ -37,6 +39,7 @@ class MillstreamCollector:
         yield from self._repair_families()
         yield from self._row_families()
         yield from self._health_families()
+        yield from self._iceberg_families()
 
     def _families(self) -> tuple[Any, ...]:
         return (
@@ -217,6 +220,50 @@ class MillstreamCollector:
         yield from self._row_counters(workers)
         yield from self._health_metrics(records, workers)
         yield from self._claim_metrics(workers)
+        yield from self._iceberg_metrics(
+            [
+                n
+                for r in live
+                for n in (r.spec.table_name, dead_letter_spec(r.spec.table_name).name)
+            ],
+            workers,
+        )
+
+    @staticmethod
+    def _iceberg_families() -> tuple[GaugeMetricFamily, CounterMetricFamily]:
+        return (
+            GaugeMetricFamily(
+                "millstream_iceberg_publish_lag_seconds",
+                "Age of the oldest committed manifest version the table's newest Iceberg "
+                "snapshot does not cover (0: it covers the current version). Shown for tables "
+                "with a view, and for all while workers publish (--iceberg-publish-interval).",
+                labels=["table"],
+            ),
+            CounterMetricFamily(
+                "millstream_iceberg_publishes",
+                "Iceberg snapshots a worker published (its failures are "
+                'millstream_background_errors{loop="publisher"}).',
+                labels=["table", "worker"],
+            ),
+        )
+
+    def _iceberg_metrics(self, tables: list[str], workers: list[Any]) -> Iterator[Any]:
+        lag, publishes = self._iceberg_families()
+        store = self.ctx.catalog.store
+        now = self.ctx.clock.now()
+        publishing = bool(self.ctx.control.iceberg_publish_interval)
+        for table in tables:
+            if not publishing and read_pointer(store, table) is None:
+                continue
+            seconds = publish_lag(store, table, now)
+            if seconds is not None:
+                lag.add_metric([table], seconds)
+        for w in workers:
+            for table, m in (w.info.get("maintenance") or {}).items():
+                view = m.get("iceberg")
+                if view is not None:
+                    publishes.add_metric([table, w.id], int(view.get("publishes", 0)))
+        yield from (lag, publishes)
 
     @staticmethod
     def _health_families() -> tuple[GaugeMetricFamily, CounterMetricFamily]:

@@ -7,6 +7,7 @@ from typing import Any
 from millstream.api.context import ApiContext
 from millstream.api.status import datastream_for_table, writer_health
 from millstream.control.workers import list_workers
+from millstream.metastore.iceberg import publish_lag, read_pointer
 from millstream.metastore.jobs import (
     FAILED,
     RUNNING,
@@ -117,6 +118,7 @@ def debug_info(ctx: ApiContext, table: str) -> dict[str, Any]:
         "workers": reported,
         "repair": repair_info(ctx, manifest),
         "writer_health": _writer_health(ctx, table),
+        "iceberg": _iceberg_view(ctx, table, now),
         # writer failures on source offsets and the offsets an on_data_loss: accept source
         # skipped, as each worker reports them
         "source_offsets": [
@@ -136,3 +138,30 @@ def _writer_health(ctx: ApiContext, table: str) -> dict[str, Any] | None:
         return None
     health = writer_health(ctx, [rec]).get(rec.name)
     return None if health is None else {"datastream": rec.name, **health.model_dump()}
+
+
+def _iceberg_view(ctx: ApiContext, table: str, now: float) -> dict[str, Any]:
+    """The table's Iceberg view: the snapshot its pointer names, how far it lags (see
+    :func:`millstream.metastore.iceberg.publish_lag`), and each live worker's publisher (its
+    last publish, what it reused; its errors are under ``workers`` -> ``loops``)."""
+    pointer = read_pointer(ctx.catalog.store, table)
+    return {
+        "publish_interval": ctx.control.iceberg_publish_interval,
+        "manifest_version": None if pointer is None else pointer.manifest_version,
+        "published_at": None if pointer is None else pointer.published_at,
+        "metadata_location": None if pointer is None else pointer.metadata_location,
+        "lag_seconds": publish_lag(ctx.catalog.store, table, now),
+        "publishers": {
+            w.id: view
+            for w in list_workers(ctx.catalog.store)
+            if w.alive(now, ctx.worker_ttl)
+            and (view := ((w.info.get("maintenance") or {}).get(table) or {}).get("iceberg"))
+        },
+        "publisher_loops": [
+            {**loop, "worker": w.id}
+            for w in list_workers(ctx.catalog.store)
+            if w.alive(now, ctx.worker_ttl)
+            for loop in w.info.get("loops") or []
+            if loop.get("loop") == "publisher" and loop.get("table") == table
+        ],
+    }

@@ -131,14 +131,14 @@ def controller(
         ),
     ] = True,
     iceberg_publish_interval: Annotated[
-        float | None,
+        float,
         typer.Option(
             "--iceberg-publish-interval",
-            min=1.0,
-            help="Workers publish each table's Iceberg view this often (seconds; off unless "
-            "given). Workers learn it from GET /settings.",
+            min=0.0,
+            help="Workers publish each table's Iceberg view this often (seconds; 0 turns it "
+            "off). Workers learn it from GET /settings.",
         ),
-    ] = None,
+    ] = 15.0,  # DEFAULT_PUBLISH_INTERVAL, literal: the CLI imports the engine lazily
     output: OutputOpt = OutputFormat.text,
 ) -> None:
     """Run a controller (leader election, lifecycle, assignment, automatic repair) and serve
@@ -159,7 +159,7 @@ def controller(
             takeover_ttl=takeover_ttl,
             stall_seconds=stall_seconds,
             auto_repair=auto_repair,
-            iceberg_publish_interval=iceberg_publish_interval,
+            iceberg_publish_interval=iceberg_publish_interval or None,
         )
         ctl = Controller(catalog, controller_id=controller_id, settings=settings)
         app = create_app(catalog, controller=ctl, api_token=api_token, read_token=read_token)

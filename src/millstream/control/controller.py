@@ -43,6 +43,7 @@ from millstream.core.assignment import assign
 from millstream.core.lifecycle import ASSIGNED_STATES, State
 from millstream.datastream import dead_letter_spec
 from millstream.errors import LeaseLostError, MillstreamError
+from millstream.sealing.maintenance import DEFAULT_PUBLISH_INTERVAL
 from millstream.sealing.repair import ReingestRunner
 from millstream.table.gc import DEFAULT_GRACE_SECONDS
 
@@ -65,9 +66,10 @@ class ControlSettings:
     #: Seconds between two maintenance runs (expiry + GC) of a table, +-20% jitter.
     maintenance_interval: float = 600.0
     #: Seconds between two publishes of a written table's Iceberg view (and its dead-letter
-    #: table's) on the worker's sealing thread; None: not published automatically (each
-    #: publish reads every data file of the version, see docs/design.md "Open tables").
-    iceberg_publish_interval: float | None = None
+    #: table's) by the worker that writes it, on a thread of its own; None (or 0): not
+    #: published automatically. Each publish after a worker's first of a table is incremental
+    #: (see docs/design.md "Open tables").
+    iceberg_publish_interval: float | None = DEFAULT_PUBLISH_INTERVAL
     #: GC deletes unreferenced files only once they are older than this (a writer's staged
     #: files are unreferenced until its commit, which refuses files older than half of it).
     gc_grace_seconds: float = DEFAULT_GRACE_SECONDS

@@ -70,7 +70,7 @@ from millstream.faults import seal_faults
 from millstream.ingest.sources import spec_reader
 from millstream.ingest.sources.base import latest_offsets_of
 from millstream.sealing.compaction import CompactionPolicy
-from millstream.sealing.maintenance import Maintainer
+from millstream.sealing.maintenance import Maintainer, Publisher, TableMaintenance
 from millstream.sealing.sealer import Sealer, SealFaults
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.options import CommitGate
@@ -198,11 +198,21 @@ class Worker:
             interval=self.settings.maintenance_interval,
             grace_seconds=self.settings.gc_grace_seconds,
             clock=clock,
-            publish_interval=self.settings.iceberg_publish_interval,
         )
         self.seal_loop = SupervisedLoop(
             "sealer", self.seal, interval=self.settings.tick_seconds * 2, clock=clock
         )
+        #: The Iceberg views of the tables this worker writes actively, published on a thread
+        #: of their own (a publish never delays a seal); None when publishing is off.
+        interval = self.settings.iceberg_publish_interval
+        self.publisher = Publisher(catalog, interval=interval, clock=clock) if interval else None
+        self.publish_loop = (
+            SupervisedLoop("publishing", self.publish, interval=min(1.0, interval), clock=clock)
+            if interval
+            else None
+        )
+        #: An expiry's publish builds on this publisher's snapshots.
+        self.maintainer.shared_publisher = self.publisher
         #: Heartbeats on their own thread: a tick that waits (stopping a writer joins its
         #: thread for up to 60 s) must not make this worker look dead to the standbys of its
         #: other writers, which take over after the takeover TTL (1.5 s by default).
@@ -670,7 +680,7 @@ class Worker:
                 "writers": writers,
                 "commit_conflicts": self.catalog.store.conflicts,
                 "sealing": self.sealing_status(),
-                "maintenance": self.maintainer.status(),
+                "maintenance": self.maintenance_status(),
                 "loops": [s.to_dict() for s in self.loop_statuses()],
                 "lost_races": lost_races,
                 "rows": rows,
@@ -762,13 +772,21 @@ class Worker:
                 self.seal_supervisors[ds] = supervisor
             if supervisor.due():
                 supervisor.attempt(self._seal_table, ds, spec)
-        self.maintainer.run_due(
-            {
-                ds: [w.runner.spec.table_name, dead_letter_spec(w.runner.spec.table_name).name]
-                for ds, w in list(self.writers.items())
-                if w.role == "active" and w.running and w.runner is not None
-            }
-        )
+        self.maintainer.run_due(self.active_tables())
+
+    def active_tables(self) -> dict[str, list[str]]:
+        """Per datastream this worker runs actively: its table and its dead-letter table."""
+        return {
+            ds: [w.runner.spec.table_name, dead_letter_spec(w.runner.spec.table_name).name]
+            for ds, w in list(self.writers.items())
+            if w.role == "active" and w.running and w.runner is not None
+        }
+
+    def publish(self) -> None:
+        """Publish the Iceberg views of the tables this worker writes actively, each when due
+        (its own thread: see :class:`~millstream.sealing.maintenance.Publisher`)."""
+        if self.publisher is not None:
+            self.publisher.run_due(self.active_tables())
 
     def _seal_table(self, ds: str, spec: DatastreamSpec) -> None:
         sealer = self.sealers.get(ds)
@@ -807,7 +825,22 @@ class Worker:
             self.seal_loop.status(),
             *(s.status(alive=alive) for _, s in sorted(self.seal_supervisors.items())),
             *self.maintainer.loop_statuses(alive=alive),
+            *self._publish_statuses(),
         ]
+
+    def _publish_statuses(self) -> list[LoopStatus]:
+        if self.publisher is None or self.publish_loop is None:
+            return []
+        alive = self.publish_loop.alive
+        return [self.publish_loop.status(), *self.publisher.loop_statuses(alive=alive)]
+
+    def maintenance_status(self) -> dict[str, dict[str, Any]]:
+        """Per table: its maintenance and, under ``iceberg``, its view as published here."""
+        out = self.maintainer.status()
+        if self.publisher is not None:
+            for name, view in self.publisher.status().items():
+                out.setdefault(name, TableMaintenance().to_dict())["iceberg"] = view
+        return out
 
     # -- loop ------------------------------------------------------------------------------
 
@@ -815,6 +848,8 @@ class Worker:
         self._heartbeat()
         self.beat_loop.start()
         self.seal_loop.start()
+        if self.publish_loop is not None:
+            self.publish_loop.start()
         self.watch_loop.start()
         while not self._stop.is_set():
             try:
@@ -825,6 +860,8 @@ class Worker:
                 log.warning("worker %s tick failed: %s", self.id, exc)
             self._stop.wait(self.settings.tick_seconds)
         self.watch_loop.stop()
+        if self.publish_loop is not None:
+            self.publish_loop.stop()
         self.seal_loop.stop()  # lets a seal in progress finish first
         self.beat_loop.stop()  # before the last heartbeat, which says STOPPED
         self._stop_shared()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import Connection, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from millstream.errors import CommitConflictError
@@ -94,3 +94,22 @@ def version_committed_at(store: MetadataStore, table: str, version: int) -> floa
             )
         ).first()
     return float(row[0]) if row is not None else store.clock.now()
+
+
+def publish_lag(store: MetadataStore, table: str, now: float) -> float | None:
+    """How far ``table``'s Iceberg view lags: seconds since the oldest committed manifest
+    version its newest snapshot does not cover was committed (0 when it covers the current
+    version; None when the table has no committed version yet). A record committed more than
+    this long ago is in the view."""
+    tv = s.table_versions
+    pointer = read_pointer(store, table)
+    shown = pointer.manifest_version if pointer is not None else 0
+    with store.read() as conn:
+        row = conn.execute(
+            select(func.min(tv.c.committed_at)).where(
+                tv.c.table_name == table, tv.c.manifest_version > shown
+            )
+        ).first()
+    if row is None or row[0] is None:
+        return None if pointer is None else 0.0
+    return max(0.0, now - float(row[0]))

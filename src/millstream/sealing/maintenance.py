@@ -8,10 +8,12 @@ logged with the table, counted (``millstream_background_errors{loop="maintainer"
 Two workers maintaining one table at once (active-active) are safe: expiry is a compare-and-set
 on the table row, and GC deletes only what nothing references.
 
-With ``publish_interval`` set, the same thread also publishes each table's Iceberg view
-(:func:`millstream.table.iceberg.publish`) every that many seconds, supervised the same way
-(``loop="publisher"``); two publishers of one table are safe (the pointer moves by
-compare-and-set).
+:class:`Publisher` publishes each table's Iceberg view (:func:`millstream.table.iceberg.publish`)
+every ``interval`` seconds, incrementally (one :class:`~millstream.table.iceberg.PublishCache`
+per publisher), supervised the same way (``loop="publisher"``): a worker runs it on a thread
+of its own, so neither a slow publish nor a failing one delays sealing or ingestion. A
+:class:`Maintainer` given ``publish_interval`` runs one on the maintenance thread instead. Two
+publishers of one table are safe (the pointer moves by compare-and-set).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two maintenance runs of a table (before jitter).
 DEFAULT_MAINTENANCE_INTERVAL = 600.0
+#: Seconds between two publishes of a table's Iceberg view at the defaults: the newest
+#: snapshot then lags the newest committed version by about this plus one publish.
+DEFAULT_PUBLISH_INTERVAL = 15.0
 
 
 @dataclass
@@ -80,16 +85,19 @@ class Maintainer:
     ) -> None:
         self.catalog = catalog
         self.interval = interval
-        #: Seconds between two publishes of a table's Iceberg view (None: not published here).
-        self.publish_interval = publish_interval
-        self.publishers: dict[str, Supervisor] = {}
-        self._next_publish: dict[str, float] = {}
-        #: Per table: the manifest version its view shows, and when this worker last published.
-        self.published: dict[str, dict[str, Any]] = {}
         self.grace_seconds = grace_seconds
         self.clock = clock
         self._rng = rng or random.Random()
         self.backoff = backoff or Backoff(base=min(30.0, interval), cap=interval)
+        #: Publishes the tables' Iceberg views on this thread (None: not published here).
+        self.publisher = (
+            Publisher(catalog, interval=publish_interval, clock=clock, backoff=self.backoff)
+            if publish_interval is not None
+            else None
+        )
+        #: The process's publisher when another thread runs it: the Iceberg publish that
+        #: follows an expiry uses its cache (see :func:`millstream.table.maintain.maintain`).
+        self.shared_publisher: Publisher | None = None
         self.supervisors: dict[str, Supervisor] = {}
         self.tables: dict[str, TableMaintenance] = {}
         self._next: dict[str, float] = {}
@@ -101,8 +109,8 @@ class Maintainer:
         """``tables``: datastream -> its tables. Maintain each datastream's tables whose turn
         has come (the first turn is one jittered interval after the datastream shows up)."""
         now = self.clock.now()
-        if self.publish_interval is not None:
-            self._publish_due(tables, now, self.publish_interval)
+        if self.publisher is not None:
+            self.publisher.run_due(tables)
         for ds, names in tables.items():
             if ds not in self._next:
                 self._next[ds] = now + self._jittered()
@@ -120,38 +128,8 @@ class Maintainer:
             if supervisor.attempt(self.maintain, names):
                 self._next[ds] = self.clock.now() + self._jittered()
 
-    def _publish_due(
-        self, tables: Mapping[str, Sequence[str]], now: float, interval: float
-    ) -> None:
-        for ds, names in tables.items():
-            if now < self._next_publish.get(ds, 0.0):
-                continue
-            supervisor = self.publishers.get(ds)
-            if supervisor is None:
-                supervisor = Supervisor(
-                    "publisher", table=names[0], clock=self.clock, backoff=self.backoff
-                )
-                self.publishers[ds] = supervisor
-            if not supervisor.due():
-                continue
-            if supervisor.attempt(self.publish, names):
-                self._next_publish[ds] = self.clock.now() + interval
-
-    def publish(self, names: Sequence[str]) -> None:
-        """Publish each table's current version as an Iceberg snapshot (if it is new)."""
-        # lazy: pyiceberg loads only in a process that publishes Iceberg views
-        from millstream.table.iceberg import publish
-
-        for name in names:
-            result = publish(self.catalog.store, self.catalog.deep, name)
-            if result.pointer is not None:
-                self.published[name] = {
-                    "manifest_version": result.pointer.manifest_version,
-                    "published_at": result.pointer.published_at,
-                    "metadata_location": result.pointer.metadata_location,
-                }
-
     def maintain(self, names: Sequence[str]) -> None:
+        publisher = self.publisher or self.shared_publisher
         for name in names:
             report = maintain(
                 self.catalog.store,
@@ -159,6 +137,7 @@ class Maintainer:
                 name,
                 grace_seconds=self.grace_seconds,
                 clock=self.clock,
+                publish_cache=None if publisher is None else publisher.cache,
             )
             self.tables.setdefault(name, TableMaintenance()).add(report, self.clock.now())
             if report.files_removed or report.expiry.versions:
@@ -166,11 +145,104 @@ class Maintainer:
 
     def status(self) -> dict[str, dict[str, Any]]:
         out = {name: t.to_dict() for name, t in sorted(self.tables.items())}
-        for name, view in sorted(self.published.items()):
-            out.setdefault(name, TableMaintenance().to_dict())["iceberg"] = view
+        if self.publisher is not None:
+            for name, view in self.publisher.status().items():
+                out.setdefault(name, TableMaintenance().to_dict())["iceberg"] = view
         return out
 
     def loop_statuses(self, *, alive: bool) -> list[LoopStatus]:
-        return [s.status(alive=alive) for _, s in sorted(self.supervisors.items())] + [
-            s.status(alive=alive) for _, s in sorted(self.publishers.items())
-        ]
+        mine = [s.status(alive=alive) for _, s in sorted(self.supervisors.items())]
+        if self.publisher is not None:
+            mine += self.publisher.loop_statuses(alive=alive)
+        return mine
+
+
+class Publisher:
+    """Publishes the Iceberg view of the tables it is handed (:meth:`run_due`), each
+    datastream's tables every ``interval`` seconds, under one supervisor per datastream: an
+    error is logged with the table, counted (``millstream_background_errors{loop="publisher"}``),
+    shown in ``debugInfo`` and retried with backoff; it never stops another table's publishing.
+    Its :class:`~millstream.table.iceberg.PublishCache` makes every publish after a table's
+    first incremental."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        interval: float = DEFAULT_PUBLISH_INTERVAL,
+        clock: Clock = SYSTEM_CLOCK,
+        backoff: Backoff | None = None,
+    ) -> None:
+        if interval <= 0:
+            raise ValueError(f"publish interval must be positive, got {interval}")
+        self.catalog = catalog
+        self.interval = interval
+        self.clock = clock
+        self.backoff = backoff or Backoff(base=min(5.0, interval), cap=max(60.0, interval))
+        self.supervisors: dict[str, Supervisor] = {}
+        self._next: dict[str, float] = {}
+        #: Per table: the manifest version its view shows, when it was published, what the
+        #: last publish reused, and the publishes this publisher made.
+        self.published: dict[str, dict[str, Any]] = {}
+        self._cache: Any = None  # a PublishCache, created at the first publish
+
+    @property
+    def cache(self) -> Any:
+        if self._cache is None:
+            # lazy: pyiceberg loads only in a process that publishes Iceberg views
+            from millstream.table.iceberg import PublishCache
+
+            self._cache = PublishCache()
+        return self._cache
+
+    def run_due(self, tables: Mapping[str, Sequence[str]]) -> None:
+        """``tables``: datastream -> its tables. Publish those whose turn has come."""
+        now = self.clock.now()
+        for ds, names in tables.items():
+            if now < self._next.get(ds, 0.0):
+                continue
+            supervisor = self.supervisors.get(ds)
+            if supervisor is None:
+                supervisor = Supervisor(
+                    "publisher", table=names[0], clock=self.clock, backoff=self.backoff
+                )
+                self.supervisors[ds] = supervisor
+            if not supervisor.due():
+                continue
+            if supervisor.attempt(self.publish, names):
+                self._next[ds] = self.clock.now() + self.interval
+
+    def publish(self, names: Sequence[str]) -> None:
+        """Publish each table's current version as an Iceberg snapshot (if it is new)."""
+        # lazy: pyiceberg loads only in a process that publishes Iceberg views
+        from millstream.table.iceberg import publish
+
+        for name in names:
+            started = self.clock.now()
+            result = publish(self.catalog.store, self.catalog.deep, name, cache=self.cache)
+            if result.pointer is None:
+                continue
+            before = self.published.get(name, {})
+            self.published[name] = {
+                "manifest_version": result.pointer.manifest_version,
+                "published_at": result.pointer.published_at,
+                "metadata_location": result.pointer.metadata_location,
+                "publishes": int(before.get("publishes", 0)) + int(result.published),
+                "last_publish_seconds": round(self.clock.now() - started, 3)
+                if result.published
+                else before.get("last_publish_seconds"),
+                "last": result.stats if result.published else before.get("last", {}),
+            }
+            if result.published:
+                log.debug(
+                    "iceberg view of %s: version %d %s",
+                    name,
+                    result.pointer.manifest_version,
+                    result.stats,
+                )
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        return {name: dict(view) for name, view in sorted(self.published.items())}
+
+    def loop_statuses(self, *, alive: bool) -> list[LoopStatus]:
+        return [s.status(alive=alive) for _, s in sorted(self.supervisors.items())]

@@ -20,6 +20,15 @@ DELETES). Millstream's Parquet files carry no Iceberg field ids, so the table pr
 ``schema.name-mapping.default`` maps column names to ids; ids stay stable across schema
 changes (pyiceberg's ``union_by_name`` against the previous schema).
 
+A publish is incremental when it builds on the snapshot the same publisher published last
+(:class:`PublishCache`, while the table's pointer still names that snapshot): only the keys of
+files that are new, gone or whose segments changed are merged again (in every file of the
+version, from columns cached per file), and the data manifests, data-file entries and delete
+files of what did not change are listed again as they are (:func:`incremental_view`,
+:func:`write_snapshot`), so its cost grows with what changed, not with the table. Otherwise
+(the first publish of a process, another publisher's snapshot, a schema change) it reads
+every data file of the version.
+
 A publish writes only new files under ``tables/<table>/iceberg/`` and then moves the table's
 pointer (:func:`millstream.metastore.iceberg.swap_pointer`, a compare-and-set): a publisher
 that loses the race leaves its files unreferenced (garbage collection removes them).
@@ -28,10 +37,12 @@ that loses the race leaves its files unreferenced (garbage collection removes th
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from copy import copy
+from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 import numpy as np
@@ -72,6 +83,7 @@ from pyiceberg.table.update import (
 from pyiceberg.table.update.schema import UpdateSchema
 from pyiceberg.typedef import Record
 
+from millstream.core.merge import resolve
 from millstream.errors import CommitStateUnknownError
 from millstream.metastore.iceberg import (
     IcebergPointer,
@@ -83,7 +95,13 @@ from millstream.metastore.models import Entry, Manifest
 from millstream.metastore.store import MetadataStore
 from millstream.spec import OFFSET_COL, PARTITION_COL, SYSTEM_COLUMNS, TableSpec
 from millstream.storage.deepstore import DeepStore, StoredFile
-from millstream.table.read import conform, read_manifest
+from millstream.table.cache import ReadCache
+from millstream.table.read import (
+    conform,
+    drop_deleted,
+    read_manifest,
+    schema_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -306,6 +324,338 @@ def version_view(deep: DeepStore, manifest: Manifest) -> VersionView:
     return VersionView(manifest.version, tuple(files), merged)
 
 
+# -- incremental views ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FileFacts:
+    """One data file of a computed view."""
+
+    rows: int
+    size: int
+    #: The file's segments at the view's version: (partition, start, end).
+    ranges: frozenset[tuple[int, int, int]]
+    #: Positions the view hides, ascending.
+    deleted: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class ComputedView:
+    """A version's view as :func:`publish` writes it: per data file (relative path) its facts;
+    the merged rows; and, for an incremental view, which files' hidden rows may differ from
+    the previous published view's (every other file's are the same) and whether the merged
+    rows may."""
+
+    version: int
+    files: dict[str, FileFacts]
+    merged: pa.Table
+    changed: frozenset[str] | None = None  # None: computed in full, compare everything
+    merged_changed: bool = True
+    incremental: bool = False
+
+    @property
+    def live_rows(self) -> int:
+        return sum(f.rows - len(f.deleted) for f in self.files.values()) + int(self.merged.num_rows)
+
+
+def _ranges_of(manifest: Manifest) -> dict[str, list[Entry]]:
+    by_file: dict[str, list[Entry]] = defaultdict(list)
+    for e in manifest.entries:
+        if e.file_path is not None:
+            by_file[e.file_path].append(e)
+    return by_file
+
+
+def _ranges(entries: list[Entry]) -> frozenset[tuple[int, int, int]]:
+    return frozenset((e.partition, e.start, e.end) for e in entries)
+
+
+def full_view(deep: DeepStore, manifest: Manifest) -> ComputedView:
+    """:func:`version_view` as a :class:`ComputedView` (every file read)."""
+    view = version_view(deep, manifest)
+    by_file = _ranges_of(manifest)
+    files = {
+        f.path: FileFacts(f.rows, f.size, _ranges(by_file[f.path]), f.deleted) for f in view.files
+    }
+    return ComputedView(view.version, files, view.merged)
+
+
+def merge_columns(spec: TableSpec) -> pa.Schema:
+    """The columns that decide which row of a key Millstream's read returns (system columns
+    included): the key, comparison, delete and time columns; every column of a ``partial``
+    table (its merged row is built from them all)."""
+    full = spec.arrow_schema(system_columns=True)
+    if spec.mode == "partial":
+        return full
+    wanted = {*spec.primary_key, *SYSTEM_COLUMNS}
+    for c in (spec.comparison_column, spec.delete_column, spec.time_column):
+        if c is not None:
+            wanted.add(c)
+    return pa.schema([f for f in full if f.name in wanted])
+
+
+class PublishCache:
+    """What a long-lived publisher keeps between two publishes of a table: the view it last
+    published (:class:`ViewState`, used only while the table's pointer still names it) and
+    the merge columns of data files (every file has a new name and never changes, so they
+    never go stale), least recently used evicted past ``max_bytes``."""
+
+    def __init__(self, max_bytes: int = 512 * 1024 * 1024) -> None:
+        self.columns = ReadCache(max_bytes)
+        self._views: dict[tuple[str, str], ViewState] = {}
+        self._lock = threading.Lock()
+
+    def view(self, deep: DeepStore, table: str) -> ViewState | None:
+        with self._lock:
+            return self._views.get((deep.uri, table))
+
+    def remember(self, deep: DeepStore, table: str, state: ViewState | None) -> None:
+        with self._lock:
+            if state is None:
+                self._views.pop((deep.uri, table), None)
+            else:
+                self._views[(deep.uri, table)] = state
+
+    def file_columns(self, deep: DeepStore, path: str, schema: pa.Schema) -> pa.Table:
+        def load() -> pa.Table:
+            return conform(deep.read_parquet(path, columns=schema.names, missing_ok=True), schema)
+
+        return self.columns.get(("iceberg-columns", deep.uri, path, schema_key(schema)), load)
+
+    def delete_vector(self, deep: DeepStore, path: str) -> pa.Table:
+        return self.columns.get(
+            ("iceberg-vector", deep.uri, path),
+            lambda: deep.read_parquet(path, columns=[OFFSET_COL]),
+        )
+
+
+def _key_member(rows: pa.Table, keys: list[str], touched: pa.Table) -> np.ndarray:
+    """Which of ``rows`` have, in every key column, a value some touched row has there: a
+    superset of the rows of the touched keys (null matches null: a null key is a key too)."""
+    hit = np.ones(rows.num_rows, dtype=bool)
+    for k in keys:
+        found = pc.is_in(rows.column(k), value_set=touched.column(k), skip_nulls=False)
+        hit &= np.asarray(found.to_numpy(zero_copy_only=False), dtype=bool)
+    return hit
+
+
+def _in_entries(data: pa.Table, entries: Iterable[Entry]) -> np.ndarray:
+    mask = _valid_mask(data, list(entries))
+    return np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+#: An incremental publish whose new, gone and changed files hold more rows than this and than
+#: the unchanged files reads the version in full instead (:func:`full_view`).
+FULL_VIEW_ROWS = 50_000
+FILE_COL = "__ms_file"
+POS_COL = "__ms_pos"
+
+
+def incremental_view(
+    deep: DeepStore, manifest: Manifest, previous: ViewState, cache: PublishCache
+) -> ComputedView:
+    """The view of ``manifest`` from ``previous`` (the view of an earlier version of the same
+    table and schema), recomputing only what the versions between can have changed.
+
+    A key's rows in Millstream's read depend on that key's rows alone (the merge is per key,
+    per partition for a table partitioned by key). So the touched keys are the keys of every
+    row of a file that is new, gone, or whose segments changed (a new micro-batch, a seal, a
+    compaction, a rollback, a re-ingestion); every row of any other key keeps its place in
+    the view. Only the touched keys' rows, in every file of the version, are merged again
+    (:func:`millstream.core.merge.resolve`, after the version's delete vectors, as the read
+    does); a file none of whose rows belong to a touched key keeps its hidden rows as they
+    were. The merge columns of files come from ``cache`` (a file is read once, ever)."""
+    spec: TableSpec = manifest.table.spec
+    schema = merge_columns(spec)
+    by_file = _ranges_of(manifest)
+    before = previous.facts
+    moved = {
+        p
+        for p, entries in by_file.items()
+        if p not in before or before[p].ranges != _ranges(entries)
+    }
+    gone = set(before) - set(by_file)
+    files: dict[str, FileFacts] = {}
+    changed: set[str] = set()
+
+    def facts(path: str, deleted: np.ndarray) -> FileFacts:
+        old = before.get(path)
+        if old is not None and np.array_equal(old.deleted, deleted) and path not in moved:
+            return FileFacts(old.rows, old.size, old.ranges, old.deleted)
+        changed.add(path)
+        if old is not None:
+            rows, size = old.rows, old.size
+        else:
+            rows = cache.file_columns(deep, path, schema).num_rows
+            size = int(deep.fs.get_file_info(deep._abs(path)).size or 0)
+        return FileFacts(rows, size, _ranges(by_file[path]), deleted)
+
+    if not spec.keyed:
+        # Every row in its segments' ranges is read: only a moved file's hidden rows change.
+        for path, entries in sorted(by_file.items()):
+            if path in moved:
+                data = cache.file_columns(deep, path, schema)
+                files[path] = facts(path, np.flatnonzero(~_in_entries(data, entries)))
+            else:
+                files[path] = facts(path, before[path].deleted)
+        return ComputedView(
+            manifest.version,
+            files,
+            previous.merged,
+            frozenset(changed),
+            merged_changed=False,
+            incremental=True,
+        )
+
+    keys = list(spec.primary_key)
+    changing = sum(before[p].rows for p in gone) + sum(
+        cache.file_columns(deep, p, schema).num_rows for p in moved
+    )
+    unchanged = sum(before[p].rows for p in by_file if p in before and p not in moved)
+    if changing >= max(FULL_VIEW_ROWS, unchanged):
+        # Most of the table changed (a seal or compaction of most of it): merging the touched
+        # keys again costs more than reading the version's files.
+        return full_view(deep, manifest)
+    touched_parts = [cache.file_columns(deep, p, schema).select(keys) for p in sorted(moved | gone)]
+    touched = (
+        pa.concat_tables(touched_parts).group_by(keys).aggregate([])
+        if touched_parts
+        else schema.empty_table().select(keys)
+    )
+    # Every row of the version of a touched key (a superset: see _key_member), with its place:
+    # the merge columns of all files as one table (no copy), one hash lookup per key column.
+    order = sorted(by_file)
+    empty = schema.append(pa.field(FILE_COL, pa.int64())).append(pa.field(POS_COL, pa.int64()))
+    candidates = empty.empty_table()
+    hits: dict[str, np.ndarray] = {}
+    if touched.num_rows and order:
+        tables = [cache.file_columns(deep, p, schema) for p in order]
+        lengths = np.array([t.num_rows for t in tables], np.int64)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        every = pa.concat_tables(tables)
+        file_of = np.repeat(np.arange(len(order), dtype=np.int64), lengths)
+        hit = np.repeat(np.array([p in moved for p in order]), lengths)  # all its keys
+        hit |= _key_member(every, keys, touched)
+        rows_at = np.flatnonzero(hit)
+        found = every.filter(pa.array(hit))
+        found_file = file_of[rows_at]
+        found_pos = rows_at - starts[found_file]
+        # Of those, the rows in their file's segments at this version.
+        bounds = np.searchsorted(found_file, np.arange(len(order) + 1))
+        valid = np.zeros(len(rows_at), dtype=bool)
+        for i, path in enumerate(order):
+            lo, hi = int(bounds[i]), int(bounds[i + 1])
+            if hi > lo:
+                valid[lo:hi] = _in_entries(found.slice(lo, hi - lo), by_file[path])
+        found_file, found_pos = found_file[valid], found_pos[valid]
+        candidates = (
+            found.filter(pa.array(valid))
+            .append_column(FILE_COL, pa.array(found_file, pa.int64()))
+            .append_column(POS_COL, pa.array(found_pos, pa.int64()))
+        )
+        bounds = np.searchsorted(found_file, np.arange(len(order) + 1))
+        hits = {
+            path: found_pos[int(bounds[i]) : int(bounds[i + 1])] for i, path in enumerate(order)
+        }
+    if manifest.delete_vectors and candidates.num_rows:
+        offsets: dict[int, list[pa.Array]] = defaultdict(list)
+        for dv in manifest.delete_vectors:
+            try:
+                offsets[dv.partition].extend(
+                    cache.delete_vector(deep, dv.file_path).column(OFFSET_COL).chunks
+                )
+            except (OSError, pa.ArrowInvalid, KeyError):
+                # The read skips an unreadable vector too (a vector never changes the merge).
+                log.warning("iceberg view of %s: delete vector %s unreadable", spec.name, dv)
+        candidates = drop_deleted(
+            candidates,
+            {p: pa.chunked_array(c, pa.int64()).combine_chunks() for p, c in offsets.items()},
+        )
+    rows_of = candidates.drop_columns([FILE_COL, POS_COL])
+    if spec.partitioned_by_key:
+        parts = rows_of.column(PARTITION_COL)
+        winners = pa.concat_tables(
+            [rows_of.schema.empty_table()]
+            + [
+                resolve(spec, rows_of.filter(pc.equal(parts, p)))
+                for p in pc.unique(parts).to_pylist()
+            ]
+        )
+    else:
+        winners = resolve(spec, rows_of)
+    # Each winner's physical row: its (partition, offset) among the candidates.
+    placed = candidates.select([PARTITION_COL, OFFSET_COL, FILE_COL, POS_COL]).join(
+        winners.select([PARTITION_COL, OFFSET_COL]).append_column(
+            "__ms_w", pa.array(np.arange(winners.num_rows, dtype=np.int64))
+        ),
+        keys=[PARTITION_COL, OFFSET_COL],
+        join_type="inner",
+        use_threads=False,
+    )
+    if placed.num_rows != winners.num_rows:
+        raise RuntimeError(
+            f"table {spec.name!r} version {manifest.version}: the rows of its read are not "
+            "rows of its data files"
+        )
+    placed = placed.sort_by("__ms_w")
+    win_file = placed.column(FILE_COL).to_numpy()
+    win_pos = placed.column(POS_COL).to_numpy()
+    user = spec.arrow_schema()
+    new_merged = user.empty_table()
+    if spec.mode == "partial" and winners.num_rows:
+        # A merged row that differs from its physical row is written; that row is hidden.
+        by_place = candidates.select([FILE_COL, POS_COL, *user.names])
+        physical = by_place.join(
+            placed.select([FILE_COL, POS_COL, "__ms_w"]),
+            keys=[FILE_COL, POS_COL],
+            join_type="inner",
+            use_threads=False,
+        ).sort_by("__ms_w")
+        same = _rows_equal(
+            physical.select(user.names).cast(user), winners.select(user.names).cast(user)
+        )
+        new_merged = winners.select(user.names).cast(user).filter(pa.array(~same))
+        win_file, win_pos = win_file[same], win_pos[same]
+    won: dict[int, list[int]] = defaultdict(list)
+    for f, pos in zip(win_file.tolist(), win_pos.tolist(), strict=True):
+        won[f].append(pos)
+
+    for i, path in enumerate(order):
+        pos = hits.get(path, np.zeros(0, np.int64))
+        kept = np.array(sorted(won.get(i, ())), dtype=np.int64)
+        if path in moved:
+            rows = cache.file_columns(deep, path, schema).num_rows
+            deleted = np.setdiff1d(np.arange(rows, dtype=np.int64), kept, assume_unique=True)
+        elif len(pos):
+            old = before[path].deleted
+            deleted = np.union1d(
+                np.setdiff1d(old, pos, assume_unique=True),
+                np.setdiff1d(pos, kept, assume_unique=True),
+            ).astype(np.int64)
+        else:
+            deleted = before[path].deleted
+        files[path] = facts(path, deleted)
+
+    merged = previous.merged
+    merged_changed = False
+    if merged.num_rows and touched.num_rows:
+        again = _key_member(merged, keys, touched)  # their merged rows were computed again
+        if again.any():
+            merged = merged.filter(pa.array(~again))
+            merged_changed = True
+    if new_merged.num_rows:
+        merged = pa.concat_tables([merged.cast(user), new_merged])
+        merged_changed = True
+    return ComputedView(
+        manifest.version,
+        files,
+        merged,
+        frozenset(changed),
+        merged_changed=merged_changed,
+        incremental=True,
+    )
+
+
 # -- schema -----------------------------------------------------------------------------------
 
 
@@ -353,6 +703,12 @@ class PublishResult:
     published: bool
     #: Snapshots removed because their versions expired.
     expired: tuple[int, ...] = ()
+    #: What the publish reused and wrote (see :class:`ViewState`): ``incremental`` (1 when it
+    #: built on the previous snapshot), ``read_in_full`` (1 when it read every data file of
+    #: the version: not incremental, or most of the table changed), ``data_files_changed``,
+    #: ``delete_files_reused``,
+    #: ``delete_files_written``, ``data_manifests_reused``.
+    stats: dict[str, int] = field(default_factory=dict)
 
 
 def load_metadata(deep: DeepStore, path: str) -> TableMetadata:
@@ -388,8 +744,11 @@ def _write_manifest(
     writer_cls: type[ManifestWriterV2],
     schema: Schema,
     snapshot_id: int,
-    files: Iterable[DataFile],
+    files: Iterable[tuple[DataFile, int]],
 ) -> ManifestFile:
+    """A manifest of ``files`` (each with the sequence number of the snapshot that added it:
+    ADDED if that is ``snapshot_id``, else EXISTING, keeping its number), its own sequence
+    number set to ``snapshot_id`` (so a later snapshot can list it again as it is)."""
     writer = writer_cls(
         UNPARTITIONED_PARTITION_SPEC,
         schema,
@@ -398,34 +757,118 @@ def _write_manifest(
         AVRO_CODEC,
     )
     with writer:
-        for f in files:
+        for f, seq in files:
             writer.add_entry(
                 ManifestEntry.from_args(
-                    status=ManifestEntryStatus.ADDED,
-                    snapshot_id=snapshot_id,
-                    sequence_number=snapshot_id,
-                    file_sequence_number=snapshot_id,
+                    status=ManifestEntryStatus.ADDED
+                    if seq == snapshot_id
+                    else ManifestEntryStatus.EXISTING,
+                    snapshot_id=seq,
+                    sequence_number=seq,
+                    file_sequence_number=seq,
                     data_file=f,
                 )
             )
-    return writer.to_manifest_file()
+    manifest = copy(writer.to_manifest_file())
+    manifest.sequence_number = snapshot_id
+    return manifest
+
+
+#: A snapshot's data manifests are written again as one past this many (each publish that
+#: adds files adds one); its delete files are written again past this many per partition.
+MAX_DATA_MANIFESTS = 16
+MAX_DELETE_FILES_PER_PARTITION = 4
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedFile:
+    """A data file of a published view."""
+
+    data_file: DataFile
+    #: The sequence number (= snapshot id = manifest version) of the snapshot that added it.
+    seq: int
+    facts: FileFacts
+    #: The delete file (relative path) holding its hidden positions (None: it hides none).
+    delete_file: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedDeletes:
+    """A position delete file of a published view, and its manifest (one each)."""
+
+    manifest: ManifestFile
+    #: The data files (relative paths) it holds positions of.
+    covers: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ViewState:
+    """The layout of a published snapshot, as a publisher keeps it to build the next one."""
+
+    metadata_location: str
+    version: int
+    spec: TableSpec
+    files: dict[str, PublishedFile]
+    deletes: dict[str, PublishedDeletes]
+    data_manifests: tuple[tuple[ManifestFile, frozenset[str]], ...]
+    merged: pa.Table
+    #: The merged rows' data file (relative path; None: none), and the facts of each
+    #: published data file under :attr:`files`.
+    merged_path: str | None = None
+    stats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def facts(self) -> dict[str, FileFacts]:
+        """The facts of each of its Millstream data files (not the merged rows' file)."""
+        return {p: f.facts for p, f in self.files.items() if p != self.merged_path}
+
+
+def reusable_delete_file(
+    deletes: PublishedDeletes,
+    path: str,
+    files: dict[str, FileFacts],
+    changed: frozenset[str],
+    before: dict[str, PublishedFile],
+) -> bool:
+    """Whether a previous snapshot's delete file can be listed again as it is: every data file
+    it holds positions of is still in the new view, its hidden rows did not change, and the
+    delete file held them (a file that left and came back is new: its old positions are not its
+    new ones). A delete file some of whose files left is written again without them (readers
+    would read their positions for nothing)."""
+    for covered in deletes.covers:
+        if covered not in files:
+            return False  # its positions would be read for nothing: rewrite the others'
+        if covered in changed:
+            return False
+        old = before.get(covered)
+        if old is None or old.delete_file != path:
+            return False
+    return True
 
 
 def write_snapshot(
     deep: DeepStore,
     spec: TableSpec,
-    view: VersionView | None,
+    view: ComputedView | None,
     previous: TableMetadata | None,
     *,
     previous_location: str | None,
     created_at: float,
     committed_at: float,
     oldest_kept: int,
-) -> tuple[str, tuple[int, ...]]:
+    state: ViewState | None = None,
+) -> tuple[str, tuple[int, ...], ViewState | None]:
     """Write the files of a snapshot of ``view`` and the table metadata that adds it to
     ``previous`` (dropping the snapshots of versions below ``oldest_kept``); returns the new
-    metadata file's path (relative) and the expired snapshot ids. Without ``view``, the new
-    metadata only drops the expired snapshots."""
+    metadata file's path (relative), the expired snapshot ids and the new view's layout.
+    Without ``view``, the new metadata only drops the expired snapshots.
+
+    With ``state`` (the layout of ``previous``'s current snapshot), what did not change is
+    listed again rather than written: a data manifest whose files all remain, a data file's
+    entry (with the sequence number it was added at), a delete file and its manifest when
+    :func:`reusable_delete_file` says so, the merged rows' file when they did not change. New
+    delete files, one per partition (of a file's lowest partition), hold the positions of
+    every other data file that hides rows."""
     table = spec.name
     prefix = view_prefix(table)
     if view is None:
@@ -439,66 +882,129 @@ def write_snapshot(
         tag = f"{previous.current_snapshot_id:012d}-{uuid.uuid4().hex}"
         metadata_path = f"{prefix}/metadata/{tag}.metadata.json"
         ToOutputFile.table_metadata(metadata, _file(deep, metadata_path, create=True))
-        return metadata_path, expired
+        return metadata_path, expired, None
     v = view.version
     tag = f"{v:012d}-{uuid.uuid4().hex}"
     schema = iceberg_schema(spec.arrow_schema(), previous)
+    before = state.files if state is not None else {}
+    changed = view.changed if view.changed is not None else frozenset(view.files)
 
-    data_files = [
-        _data_file(deep, f.path, DataFileContent.DATA, f.rows, f.size) for f in view.files
-    ]
+    # The data files: an entry each (a file already published keeps its entry and number).
+    entries: dict[str, tuple[DataFile, int]] = {}
+    for path, f in view.files.items():
+        old = before.get(path)
+        if old is not None:
+            entries[path] = (old.data_file, old.seq)
+        else:
+            entries[path] = (_data_file(deep, path, DataFileContent.DATA, f.rows, f.size), v)
+    merged_path: str | None = None
     if view.merged.num_rows:
-        merged_path = f"{prefix}/merged/{tag}.parquet"
-        size = deep.write_parquet(merged_path, view.merged)
-        data_files.append(
-            _data_file(deep, merged_path, DataFileContent.DATA, view.merged.num_rows, size)
-        )
-    # Each file's location once, repeated by its deleted positions (files come sorted).
-    which = np.repeat(
-        np.arange(len(view.files), dtype=np.int64), [len(f.deleted) for f in view.files]
-    )
-    paths = pa.array([location(deep, f.path) for f in view.files], pa.string()).take(which)
-    deletes = pa.table(
-        {
-            "file_path": paths,
-            "pos": pa.array(
-                np.concatenate([f.deleted for f in view.files] or [np.zeros(0, np.int64)]),
-                pa.int64(),
-            ),
-        },
-        schema=DELETE_SCHEMA,
-    )
-    manifests: list[ManifestFile] = []
-    if data_files:
-        manifests.append(
-            _write_manifest(
-                deep, f"{prefix}/metadata/{tag}-m0.avro", ManifestWriterV2, schema, v, data_files
-            )
-        )
-    if deletes.num_rows:
-        # Sorted by file, then position, as the spec asks of a position delete file.
-        delete_path = f"{prefix}/deletes/{tag}.parquet"
-        size = deep.write_parquet(delete_path, deletes)
-        manifests.append(
-            _write_manifest(
-                deep,
-                f"{prefix}/metadata/{tag}-m1.avro",
-                DeleteManifestWriter,
-                schema,
+        if (
+            state is not None
+            and not view.merged_changed
+            and state.merged_path is not None
+            and state.merged_path in before
+        ):
+            merged_path = state.merged_path
+            entries[merged_path] = (before[merged_path].data_file, before[merged_path].seq)
+        else:
+            merged_path = f"{prefix}/merged/{tag}.parquet"
+            size = deep.write_parquet(merged_path, view.merged)
+            entries[merged_path] = (
+                _data_file(deep, merged_path, DataFileContent.DATA, view.merged.num_rows, size),
                 v,
-                [
+            )
+    data_manifests: list[tuple[ManifestFile, frozenset[str]]] = []
+    listed: set[str] = set()
+    if state is not None and len(state.data_manifests) < MAX_DATA_MANIFESTS:
+        for m, paths in state.data_manifests:
+            if paths <= entries.keys():
+                data_manifests.append((m, paths))
+                listed |= paths
+    reused_manifests = len(data_manifests)
+    rest = sorted(entries.keys() - listed)
+    if rest:
+        m = _write_manifest(
+            deep,
+            f"{prefix}/metadata/{tag}-m0.avro",
+            ManifestWriterV2,
+            schema,
+            v,
+            [entries[p] for p in rest],
+        )
+        data_manifests.append((m, frozenset(rest)))
+
+    # The delete files: a previous one listed again if it may be, the rest in new ones.
+    kept: dict[str, PublishedDeletes] = {}
+    if state is not None:
+        for path, d in state.deletes.items():
+            if reusable_delete_file(d, path, view.files, changed, before):
+                kept[path] = d
+        partitions = {r[0] for f in view.files.values() for r in f.ranges}
+        if len(kept) > MAX_DELETE_FILES_PER_PARTITION * max(1, len(partitions)):
+            kept = {}
+    holder: dict[str, str | None] = {}
+    fresh: list[str] = []
+    for path, f in sorted(view.files.items()):
+        old = before.get(path)
+        if not len(f.deleted):
+            holder[path] = None
+        elif old is not None and old.delete_file in kept and path not in changed:
+            holder[path] = old.delete_file
+        else:
+            fresh.append(path)
+    new_deletes: dict[str, PublishedDeletes] = {}
+    groups: dict[int, list[str]] = defaultdict(list)
+    for path in fresh:  # one delete file per partition: an untouched partition's stays as is
+        groups[min((r[0] for r in view.files[path].ranges), default=-1)].append(path)
+    for group, members in sorted(groups.items()):
+        # Each file's location once, repeated by its positions, sorted by file then position
+        # as the spec asks of a position delete file.
+        which = np.repeat(
+            np.arange(len(members), dtype=np.int64), [len(view.files[p].deleted) for p in members]
+        )
+        deletes = pa.table(
+            {
+                "file_path": pa.array([location(deep, p) for p in members], pa.string()).take(
+                    which
+                ),
+                "pos": pa.array(
+                    np.concatenate([view.files[p].deleted for p in members]), pa.int64()
+                ),
+            },
+            schema=DELETE_SCHEMA,
+        )
+        name = f"{tag}-p{group}" if group >= 0 else tag
+        delete_path = f"{prefix}/deletes/{name}.parquet"
+        size = deep.write_parquet(delete_path, deletes)
+        m = _write_manifest(
+            deep,
+            f"{prefix}/metadata/{name}-m1.avro",
+            DeleteManifestWriter,
+            schema,
+            v,
+            [
+                (
                     _data_file(
                         deep, delete_path, DataFileContent.POSITION_DELETES, deletes.num_rows, size
-                    )
-                ],
-            )
+                    ),
+                    v,
+                )
+            ],
         )
+        new_deletes[delete_path] = PublishedDeletes(m, frozenset(members))
+        for p in members:
+            holder[p] = delete_path
+    all_deletes = {**kept, **new_deletes}
+
     list_path = f"{prefix}/metadata/snap-{tag}.avro"
     parent = previous.current_snapshot_id if previous is not None else None
     with write_manifest_list(
         2, _file(deep, list_path, create=True), v, parent, v, AVRO_CODEC
     ) as writer:
-        writer.add_manifests(manifests)
+        writer.add_manifests(
+            [m for m, _ in data_manifests] + [d.manifest for _, d in sorted(all_deletes.items())]
+        )
     snapshot = Snapshot(
         snapshot_id=v,
         parent_snapshot_id=parent,
@@ -545,13 +1051,49 @@ def write_snapshot(
     metadata = update_table_metadata(base, tuple(updates), metadata_location=previous_location)
     metadata_path = f"{prefix}/metadata/{tag}.metadata.json"
     ToOutputFile.table_metadata(metadata, _file(deep, metadata_path, create=True))
-    return metadata_path, expired
+    published: dict[str, PublishedFile] = {
+        p: PublishedFile(entries[p][0], entries[p][1], f, holder[p]) for p, f in view.files.items()
+    }
+    if merged_path is not None:
+        empty = np.zeros(0, np.int64)
+        published[merged_path] = PublishedFile(
+            entries[merged_path][0],
+            entries[merged_path][1],
+            FileFacts(view.merged.num_rows, 0, frozenset(), empty),
+            None,
+        )
+    new_state = ViewState(
+        metadata_path,
+        v,
+        spec,
+        published,
+        all_deletes,
+        tuple(data_manifests),
+        view.merged,
+        merged_path,
+        {
+            "incremental": int(state is not None),
+            "read_in_full": int(not view.incremental),
+            "data_files_changed": len(changed),
+            "data_manifests_reused": reused_manifests,
+            "delete_files_reused": len(kept),
+            "delete_files_written": len(new_deletes),
+        },
+    )
+    return metadata_path, expired, new_state
 
 
-def publish(store: MetadataStore, deep: DeepStore, table: str) -> PublishResult:
+def publish(
+    store: MetadataStore, deep: DeepStore, table: str, *, cache: PublishCache | None = None
+) -> PublishResult:
     """Publish ``table``'s current manifest version as an Iceberg snapshot (nothing to do if
     the pointer shows it already). A publisher that loses the pointer's compare-and-set to
-    another returns ``published=False`` with the winner's pointer."""
+    another returns ``published=False`` with the winner's pointer.
+
+    With ``cache`` (a long-lived publisher's), a publish builds on the snapshot this cache
+    saw published last, if the pointer still names it and the table's spec is the same
+    (:func:`incremental_view`, :func:`write_snapshot`): its cost grows with what changed since,
+    not with the table. Otherwise it reads every data file of the version."""
     pointer = read_pointer(store, table)
     manifest = store.manifest(table)
     v = manifest.version
@@ -559,17 +1101,26 @@ def publish(store: MetadataStore, deep: DeepStore, table: str) -> PublishResult:
         return PublishResult(table, pointer, False)
     previous = load_metadata(deep, pointer.metadata_location) if pointer is not None else None
     oldest = store.oldest_kept_version(table)
-    view: VersionView | None = None
+    view: ComputedView | None = None
+    state = cache.view(deep, table) if cache is not None else None
+    if state is not None and (
+        pointer is None
+        or state.metadata_location != pointer.metadata_location
+        or state.spec != manifest.table.spec
+    ):
+        state = None  # another publisher moved the pointer, or the schema changed
     if pointer is not None and pointer.manifest_version >= v:
         # Nothing new; still drop the snapshots of versions retention expired.
         assert previous is not None
         if not any(s.snapshot_id < oldest for s in previous.snapshots):
             return PublishResult(table, pointer, False)
         v = pointer.manifest_version
+    elif state is not None and cache is not None and state.version < v:
+        view = incremental_view(deep, manifest, state, cache)
     else:
-        view = version_view(deep, manifest)
+        view = full_view(deep, manifest)
     committed_at = version_committed_at(store, table, v)
-    metadata_path, expired = write_snapshot(
+    metadata_path, expired, new_state = write_snapshot(
         deep,
         manifest.table.spec,
         view,
@@ -578,6 +1129,7 @@ def publish(store: MetadataStore, deep: DeepStore, table: str) -> PublishResult:
         created_at=manifest.table.created_at,
         committed_at=committed_at,
         oldest_kept=oldest,
+        state=state,
     )
     now = store.clock.now()
     try:
@@ -585,13 +1137,33 @@ def publish(store: MetadataStore, deep: DeepStore, table: str) -> PublishResult:
             store, table, pointer, metadata_location=metadata_path, manifest_version=v, now=now
         )
     except CommitStateUnknownError:
+        if cache is not None:
+            cache.remember(deep, table, None)
         again = read_pointer(store, table)
         landed = again is not None and again.metadata_location == metadata_path
         return PublishResult(table, again, landed and view is not None, expired if landed else ())
     if moved is None:
+        if cache is not None:
+            cache.remember(deep, table, None)
         log.info("iceberg view of %s: another publisher moved the pointer first", table)
         return PublishResult(table, read_pointer(store, table), False)
-    return PublishResult(table, moved, view is not None, expired)
+    if cache is not None:
+        if new_state is None and state is not None:  # only snapshots expired: same layout
+            new_state = ViewState(
+                metadata_path,
+                state.version,
+                state.spec,
+                state.files,
+                state.deletes,
+                state.data_manifests,
+                state.merged,
+                state.merged_path,
+                state.stats,
+            )
+        cache.remember(deep, table, new_state)
+    return PublishResult(
+        table, moved, view is not None, expired, new_state.stats if new_state else {}
+    )
 
 
 # -- garbage collection -----------------------------------------------------------------------

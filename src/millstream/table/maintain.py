@@ -5,6 +5,7 @@ controller's leader)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.metastore.expiry import Expiry, expire_versions
@@ -60,9 +61,13 @@ def maintain(
     dry_run: bool = False,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
     clock: Clock = SYSTEM_CLOCK,
+    publish_cache: Any = None,
 ) -> Maintenance:
     """Expire ``table``'s old versions, then delete the files no kept version references and
-    that are older than the grace period (see :func:`millstream.table.gc.collect_garbage`)."""
+    that are older than the grace period (see :func:`millstream.table.gc.collect_garbage`).
+    A table with an Iceberg view is then published (its expired snapshots dropped), through
+    ``publish_cache`` if given (a :class:`~millstream.table.iceberg.PublishCache`: the
+    process's publisher's, so its next publish still builds on the snapshot)."""
     expiry = expire_versions(store, table, now=clock.now(), dry_run=dry_run)
     removed = collect_garbage_files(
         store, deep, table, grace_seconds=grace_seconds, clock=clock, dry_run=dry_run
@@ -73,7 +78,7 @@ def maintain(
 
         if not dry_run:
             # The Iceberg view drops the snapshots of the versions that just expired.
-            publish(store, deep, table)
+            publish(store, deep, table, cache=publish_cache)
         removed += collect_view_garbage(
             store, deep, table, grace_seconds=grace_seconds, now=clock.now(), dry_run=dry_run
         )

@@ -94,7 +94,7 @@ def test_settings_give_a_worker_the_stores_and_timings(api: TestClient, catalog:
             "takeover_ttl": 1.5,
             "tick_seconds": 1.0,
             "stall_seconds": 300.0,
-            "iceberg_publish_interval": None,
+            "iceberg_publish_interval": 15.0,
         },
     }
 

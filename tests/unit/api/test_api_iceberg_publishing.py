@@ -1,0 +1,143 @@
+"""Publishing is on by default: a worker started with the controller's default settings
+publishes the Iceberg view of each table it writes, incrementally after the first, on its own
+supervised loop. The operator sees the view's lag in ``/metrics`` and ``debugInfo``; a table
+whose publish fails is counted and backed off, and never stops another table's publishing or
+its writer's commits."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from api_support import TestClient, spec_body
+from test_api_background_loops import add_running_writer
+
+from iceberg_readers import pyiceberg_rows
+from millstream.catalog import Catalog
+from millstream.clock import ManualClock
+from millstream.control.controller import Controller, ControlSettings
+from millstream.control.worker import Worker
+from millstream.sealing.maintenance import DEFAULT_PUBLISH_INTERVAL
+from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL
+from millstream.table.iceberg import current_location
+from millstream.table.writer import commit_staged, stage_rows
+from millstream.testing.model import canonical
+
+WORKER = "w1"
+
+
+@pytest.fixture
+def running() -> Iterator[threading.Event]:
+    done = threading.Event()
+    yield done
+    done.set()
+
+
+def _commit(catalog: Catalog, table: str, ids: list[int], lo: int) -> None:
+    spec = catalog.table(table).spec
+    rows = pa.Table.from_pylist(
+        [
+            {
+                "id": k,
+                "status": f"at {lo + i}",
+                PARTITION_COL: 0,
+                OFFSET_COL: lo + i,
+                TOMBSTONE_COL: False,
+            }
+            for i, k in enumerate(ids)
+        ],
+        schema=spec.arrow_schema(system_columns=True),
+    )
+    staged = stage_rows(catalog.deep, spec, rows)
+    commit_staged(catalog.store, catalog.deep, table, staged, {0: (lo, lo + len(ids))}, {})
+
+
+def _metric(text: str, sample: str) -> float | None:
+    """The value of ``sample`` (a metric name with its labels) in a Prometheus text page."""
+    for line in text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_a_worker_publishes_every_table_it_writes_at_the_default_interval(
+    api: TestClient,
+    controller: Controller,
+    catalog: Catalog,
+    clock: ManualClock,
+    source_dir: Path,
+    tmp_path: Path,
+    running: threading.Event,
+) -> None:
+    assert ControlSettings().iceberg_publish_interval == DEFAULT_PUBLISH_INTERVAL
+    assert api.get("/settings").json()["control"]["iceberg_publish_interval"] == (
+        DEFAULT_PUBLISH_INTERVAL
+    )
+    assert api.post("/datastreams", json=spec_body("payments", source_dir)).status_code == 201
+    controller.tick()  # payments READY, its table created
+    # orders' writer runs, but its table is not created yet: its publishes fail.
+    assert api.post("/datastreams", json=spec_body("orders", source_dir)).status_code == 201
+    worker = Worker(catalog, None, worker_id=WORKER, clock=clock, state_root=tmp_path / "state")
+    assert worker.publish_loop is not None and worker.publisher is not None
+    for ds in ("orders", "payments"):
+        add_running_writer(worker, catalog, ds, tmp_path / "state", running)
+
+    def view() -> list[object]:
+        where = current_location(catalog.deep, catalog.store, "payments")
+        assert where is not None
+        return pyiceberg_rows(where)
+
+    _commit(catalog, "payments", [1, 2, 1], 0)
+    lag_metric = 'millstream_iceberg_publish_lag_seconds{table="payments"}'
+    clock.advance(7)
+    assert _metric(api.get("/metrics").text, lag_metric) == 7.0  # never published yet
+    worker.publish_loop.run_once()  # the publisher thread's step
+    assert view() == canonical(catalog.read_table("payments").to_pylist())
+    assert _metric(api.get("/metrics").text, lag_metric) == 0.0
+
+    _commit(catalog, "payments", [2, 3], 3)  # committing goes on whatever the publisher does
+    clock.advance(DEFAULT_PUBLISH_INTERVAL / 2)
+    worker.publish_loop.run_once()  # not due yet
+    assert _metric(api.get("/metrics").text, lag_metric) == DEFAULT_PUBLISH_INTERVAL / 2
+    clock.advance(DEFAULT_PUBLISH_INTERVAL / 2)
+    worker.publish_loop.run_once()
+    assert view() == canonical(catalog.read_table("payments").to_pylist())
+    worker._heartbeat()
+    text = api.get("/metrics").text
+    assert _metric(text, lag_metric) == 0.0
+    assert 'millstream_iceberg_publishes_total{table="payments",worker="w1"} 2.0' in text
+    # orders failed at each attempt its backoff allowed (a jittered wait, so 2 or 3)
+    orders_errors = _metric(
+        text, 'millstream_background_errors_total{loop="publisher",table="orders",worker="w1"}'
+    )
+    assert orders_errors is not None and orders_errors >= 2
+    assert (
+        _metric(
+            text,
+            'millstream_background_errors_total{loop="publisher",table="payments",worker="w1"}',
+        )
+        == 0.0
+    )
+
+    debug = api.get("/tables/payments/debugInfo").json()["iceberg"]
+    assert debug["manifest_version"] == catalog.manifest("payments").version
+    assert debug["lag_seconds"] == 0.0
+    published = debug["publishers"][WORKER]
+    assert published["publishes"] == 2 and published["last"]["incremental"] == 1
+    orders = api.get("/tables/orders/debugInfo")
+    assert orders.status_code == 404  # no table: its errors show in the worker's loops
+    loops = {(s.loop, s.table): s for s in worker.loop_statuses()}
+    failing = loops[("publisher", "orders")]
+    assert failing.consecutive_failures == orders_errors and failing.last_error is not None
+    assert "orders" in failing.last_error
+
+
+def test_publishing_can_be_turned_off(catalog: Catalog, clock: ManualClock, tmp_path: Path) -> None:
+    settings = ControlSettings(iceberg_publish_interval=None)
+    worker = Worker(catalog, None, worker_id=WORKER, clock=clock, settings=settings)
+    assert worker.publisher is None and worker.publish_loop is None
+    worker.publish()  # nothing to do, nothing published
+    assert not [s for s in worker.loop_statuses() if s.loop == "publisher"]
