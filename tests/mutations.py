@@ -2186,12 +2186,12 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         what="every position delete a snapshot needs is written (the commit-path campaign's "
         "view check catches a snapshot whose first hidden row shows)",
         old="""\
-        schema=DELETE_SCHEMA,
-    )
+            schema=DELETE_SCHEMA,
+        )
 """,
         new="""\
-        schema=DELETE_SCHEMA,
-    ).slice(1)  # MUTATION: one position delete skipped
+            schema=DELETE_SCHEMA,
+        ).slice(1)  # MUTATION: one position delete skipped
 """,
         tests=(COMMIT_CAMPAIGN,),
     ),
