@@ -752,18 +752,30 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         name="upsert-last-position-wins",
-        file="src/millstream/core/merge.py",
-        what="the hash path of a read keeps each key's row at the highest position (upsert) or "
-        "the lowest (dedup)",
+        file="src/millstream/core/engines/upsert.py",
+        what="the hash path of an upsert read keeps each key's row at the highest position",
         old="""\
-    agg = "max" if spec.mode == "upsert" else "min"
+        return by_position(self.spec, rows, "max")
 """,
         new="""\
-    agg = "min" if spec.mode == "upsert" else "max"  # MUTATION: first wins in upsert, last in dedup
+        return by_position(self.spec, rows, "min")  # MUTATION: the first row wins
 """,
         tests=(
             "tests/unit/core/test_merge_engines_property.py::test_upsert_orders_by_partition_"
             "then_offset_and_sorts_its_rows_by_key_at_any_offset",
+        ),
+    ),
+    Guard(
+        name="dedup-first-position-wins",
+        file="src/millstream/core/engines/dedup.py",
+        what="the hash path of a dedup read keeps each key's row at the lowest position",
+        old="""\
+            return by_position(spec, rows, "min")
+""",
+        new="""\
+            return by_position(spec, rows, "max")  # MUTATION: the last row wins
+""",
+        tests=(
             "tests/unit/core/test_merge_engines_property.py::test_dedup_first_row_of_a_key_wins",
         ),
     ),
@@ -1652,7 +1664,7 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         what="re-ingesting a sealed segment compacts its rows as its seal did (a partitioned_by_"
         "key table reads them as final)",
         old="""\
-        rows = compact(table_spec, rows, floor=floor)
+        rows = engine_for(table_spec).compact(rows, floor=floor)
 """,
         new="""\
         pass  # MUTATION: every row of the range, every version of a key
