@@ -780,6 +780,75 @@ GUARDS: tuple[Guard, ...] = (
         ),
     ),
     Guard(
+        name="only-an-upsert-by-position-reads-sealed-rows-as-final",
+        file="src/millstream/core/engines/upsert.py",
+        what="a partition's sealed rows are read as already merged (one row per key, newer rows "
+        "win) only for an upsert table without a comparison column",
+        old="""\
+        return self.spec.comparison_column is None
+""",
+        new="""\
+        return True  # MUTATION: ordered by a comparison column too
+""",
+        tests=(
+            "tests/unit/sealing/test_delete_vectors.py::test_random_ingest_and_seals_read_equal_to_the_"
+            "model_with_and_without_delete_vectors",
+        ),
+        select="upsert_cmp",
+    ),
+    Guard(
+        name="dedup-by-comparison-keeps-no-key-index",
+        file="src/millstream/core/engines/dedup.py",
+        what="a dedup table ordered by a comparison column writes no delete vectors (a run's "
+        "delete may order before the sealed rows of its key)",
+        old="""\
+        return self.spec.comparison_column is None
+""",
+        new="""\
+        return True  # MUTATION: index (and delete) by offset order
+""",
+        tests=(
+            "tests/unit/sealing/test_delete_vectors.py::test_random_ingest_and_seals_read_equal_to_the_"
+            "model_with_and_without_delete_vectors",
+        ),
+        select="dedup_cmp",
+    ),
+    Guard(
+        name="partial-by-comparison-keeps-no-key-index",
+        file="src/millstream/core/engines/partial.py",
+        what="a partial table ordered by a comparison column writes no delete vectors (a run's "
+        "delete may order before the sealed rows of its key)",
+        old="""\
+        return self.spec.comparison_column is None
+""",
+        new="""\
+        return True  # MUTATION: index (and delete) by offset order
+""",
+        tests=(
+            "tests/unit/sealing/test_delete_vectors.py::test_random_ingest_and_seals_read_equal_to_the_"
+            "model_with_and_without_delete_vectors",
+        ),
+        select="partial_cmp",
+    ),
+    Guard(
+        name="upsert-compaction-materializes-effective-values",
+        file="src/millstream/core/engines/upsert.py",
+        what="an upsert table ordered by a comparison column compacts with the partition's "
+        "earlier values as a floor and writes each delete's effective value",
+        old="""\
+        return self.spec.comparison_column is not None
+""",
+        new="""\
+        return False  # MUTATION: no floor, deletes keep a null value
+""",
+        tests=(
+            "tests/unit/core/test_compaction_property.py",
+            "tests/unit/sealing/test_delete_vectors.py::test_random_ingest_and_seals_read_equal_to_the_"
+            "model_with_and_without_delete_vectors",
+        ),
+        select="upsert_cmp or does_not_change_the_table",
+    ),
+    Guard(
         name="expiry-keeps-pinned-versions",
         file="src/millstream/metastore/expiry.py",
         what="expire_versions: the floor never passes the oldest unexpired read pin",

@@ -72,17 +72,16 @@ def by_position(spec: TableSpec, rows: pa.Table, agg: str) -> pa.Table | None:
     upsert table without a comparison column) or the lowest (``"min"``: a dedup table without
     one, without a TTL and without deletes among ``rows``), without sorting the rows: the
     order key is the position (partition, offset), so a key's last row is the one at the
-    highest position and its first row the one at the lowest. Each row's position relative to the lowest one, and below it the
-    row's index, pack into one int64 (positions are unique: entries of a partition cover
-    disjoint offset ranges); one hash aggregation takes each key's highest, whose low bits are
-    the winning row's index. Only the winners (one per key) are sorted, by key, as
-    a resolve orders them (with no delete, dedup keeps exactly each key's first row).
-    A single dense integer key (:func:`dense_places`, within :data:`MERGE_DENSE_SPAN`) needs
-    neither: an array over the keys' span keeps each key's highest (lowest) packed value, in
-    key order.
-    None if the positions and indexes need more than
-    :data:`PACK_BITS` bits (offsets spread over more than about 2**40 with 1M rows, say), or a
-    position is null: the general path handles those."""
+    highest position and its first row the one at the lowest. Each row's position relative to
+    the lowest one, and below it the row's index, pack into one int64 (positions are unique:
+    entries of a partition cover disjoint offset ranges); one hash aggregation takes each
+    key's highest (lowest), whose low bits are the winning row's index. Only the winners (one
+    per key) are sorted, by key, as a resolve orders them (with no delete, dedup keeps exactly
+    each key's first row). A single dense integer key (:func:`dense_places`, within
+    :data:`MERGE_DENSE_SPAN`) needs neither: an array over the keys' span keeps each key's
+    highest (lowest) packed value, in key order. None if the positions and indexes need more
+    than :data:`PACK_BITS` bits (offsets spread over more than about 2**40 with 1M rows, say),
+    or a position is null: the general path handles those."""
     n = rows.num_rows
     if n == 0:
         return None

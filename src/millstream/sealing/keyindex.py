@@ -12,17 +12,18 @@ of the index.
 **Which rows a seal may delete.** A delete vector must only name rows that cannot change any
 read, so reads with and without delete vectors give the same table (``read_manifest(...,
 use_delete_vectors=False)``). Within one partition the new run's rows all come after the
-sealed rows in offset order. So (each engine's ``superseded``, :mod:`millstream.core.engines`):
+sealed rows in offset order. So (each engine's ``superseded``, :mod:`millstream.core.engines`,
+decides):
 
 * ``upsert`` without a comparison column: every sealed row of a key the run has a row for (the
   last row wins and the run's row is later).
 * ``upsert`` with a comparison column: the sealed rows of a key that order before the run's
   winning row of that key, in (comparison value with nulls first, offset) order. Sealed rows
   hold materialized values (a sealed delete carries its effective comparison value, see
-  :meth:`~millstream.core.engines.base.MergeEngine.compact`), so this is the read-time order key.
+  the upsert engine's ``compact``), so this is the read-time order key.
 * ``dedup`` and ``partial`` without a comparison column: every sealed row of a key the run has a
   delete for. A delete resets a key: nothing before it affects the result, and the run's sealed
-  output keeps the key's last delete (:meth:`~millstream.core.engines.base.MergeEngine.compact`).
+  output keeps the key's last delete (the engine's ``compact``).
 * Otherwise (``append``; ``dedup``/``partial`` ordered by a comparison column): nothing, and
   there is no index.
 
@@ -304,7 +305,7 @@ class KeyIndex:
         return self._column(OFFSET_COL, positions)
 
     def comparison_floor(self, rows: pa.Table) -> pa.Table | None:
-        """The floor :meth:`~millstream.core.engines.base.MergeEngine.compact` needs to seal ``rows`` (a run of this
+        """The floor the upsert engine's ``compact`` needs to seal ``rows`` (a run of this
         partition, newer than every indexed row): per key of ``rows`` whose live sealed rows
         hold a comparison value, the key columns and the highest such value. None if the table
         has no comparison column.
