@@ -51,6 +51,7 @@ from rich.table import Table
 
 from millstream.catalog import Catalog
 from millstream.core import merge
+from millstream.core.engines import engine_for
 from millstream.errors import CommitConflictError
 from millstream.metastore.models import ShardAppend
 from millstream.metastore.store import MetadataStore
@@ -429,11 +430,11 @@ def _read_once(
     rec("manifest (metadata query)", ms)
     ms, raw = _timed(read_entries, cat.deep, spec, man.entries)
     rec("file read (read_entries)", ms)
-    ms, resolved = _timed(merge.resolve, spec, raw)
-    rec("merge resolve (core.merge.resolve)", ms)
+    ms, resolved = _timed(engine_for(spec).resolve, raw)
+    rec("merge resolve (MergeEngine.resolve)", ms)
     rec("drop system columns", _timed(resolved.drop_columns, list(SYSTEM_COLUMNS))[0])
 
-    # Inside resolve (upsert): the pyarrow calls core/merge.py makes, one at a time.
+    # Inside resolve (upsert): the pyarrow calls the upsert engine makes, one at a time.
     sort_keys = [(k, o, "at_end") for k, o in merge.order_sort_keys(spec)]
     ms, idx = _timed(pc.sort_indices, raw, sort_keys=sort_keys)
     rec("  order-key sort (sort_indices)", ms)
@@ -713,7 +714,7 @@ COMMIT_NOTES = (
 BREAKDOWN = (
     "manifest (metadata query)",
     "file read (read_entries)",
-    "merge resolve (core.merge.resolve)",
+    "merge resolve (MergeEngine.resolve)",
     "drop system columns",
 )
 

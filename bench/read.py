@@ -47,7 +47,7 @@ from rich.console import Console
 from rich.table import Table
 
 from millstream.catalog import Catalog
-from millstream.core import merge
+from millstream.core.engines import engine_for
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.sealer import Sealer
 from millstream.spec import SYSTEM_COLUMNS
@@ -72,8 +72,8 @@ def measure(cat: Catalog, live_file: Path, repeats: int) -> dict[str, float]:
         rec("  manifest (metadata query)", ms)
         ms, raw = _timed(read_entries, cat.deep, spec, man.entries)
         rec("  file read (read_entries)", ms)
-        ms, rows = _timed(merge.resolve, spec, raw)
-        rec("  merge (core.merge.resolve)", ms)
+        ms, rows = _timed(engine_for(spec).resolve, raw)
+        rec("  merge (MergeEngine.resolve)", ms)
         rec("  drop system columns", _timed(rows.drop_columns, list(SYSTEM_COLUMNS))[0])
     out = {name: statistics.median(v) for name, v in times.items()}
     out["files"] = float(len(files))

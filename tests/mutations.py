@@ -752,20 +752,101 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         name="upsert-last-position-wins",
-        file="src/millstream/core/merge.py",
-        what="the hash path of a read keeps each key's row at the highest position (upsert) or "
-        "the lowest (dedup)",
+        file="src/millstream/core/engines/upsert.py",
+        what="the hash path of an upsert read keeps each key's row at the highest position",
         old="""\
-    agg = "max" if spec.mode == "upsert" else "min"
+        return by_position(self.spec, rows, "max")
 """,
         new="""\
-    agg = "min" if spec.mode == "upsert" else "max"  # MUTATION: first wins in upsert, last in dedup
+        return by_position(self.spec, rows, "min")  # MUTATION: the first row wins
 """,
         tests=(
             "tests/unit/core/test_merge_engines_property.py::test_upsert_orders_by_partition_"
             "then_offset_and_sorts_its_rows_by_key_at_any_offset",
+        ),
+    ),
+    Guard(
+        name="dedup-first-position-wins",
+        file="src/millstream/core/engines/dedup.py",
+        what="the hash path of a dedup read keeps each key's row at the lowest position",
+        old="""\
+            return by_position(spec, rows, "min")
+""",
+        new="""\
+            return by_position(spec, rows, "max")  # MUTATION: the last row wins
+""",
+        tests=(
             "tests/unit/core/test_merge_engines_property.py::test_dedup_first_row_of_a_key_wins",
         ),
+    ),
+    Guard(
+        name="only-an-upsert-by-position-reads-sealed-rows-as-final",
+        file="src/millstream/core/engines/upsert.py",
+        what="a partition's sealed rows are read as already merged (one row per key, newer rows "
+        "win) only for an upsert table without a comparison column",
+        old="""\
+        return self.spec.comparison_column is None
+""",
+        new="""\
+        return True  # MUTATION: ordered by a comparison column too
+""",
+        tests=(
+            "tests/unit/sealing/test_delete_vectors.py::test_random_ingest_and_seals_read_equal_to_the_"
+            "model_with_and_without_delete_vectors",
+        ),
+        select="upsert_cmp",
+    ),
+    Guard(
+        name="dedup-by-comparison-keeps-no-key-index",
+        file="src/millstream/core/engines/dedup.py",
+        what="a dedup table ordered by a comparison column writes no delete vectors (a run's "
+        "delete may order before the sealed rows of its key)",
+        old="""\
+        return self.spec.comparison_column is None
+""",
+        new="""\
+        return True  # MUTATION: index (and delete) by offset order
+""",
+        tests=(
+            "tests/unit/sealing/test_delete_vectors.py::test_random_ingest_and_seals_read_equal_to_the_"
+            "model_with_and_without_delete_vectors",
+        ),
+        select="dedup_cmp",
+    ),
+    Guard(
+        name="partial-by-comparison-keeps-no-key-index",
+        file="src/millstream/core/engines/partial.py",
+        what="a partial table ordered by a comparison column writes no delete vectors (a run's "
+        "delete may order before the sealed rows of its key)",
+        old="""\
+        return self.spec.comparison_column is None
+""",
+        new="""\
+        return True  # MUTATION: index (and delete) by offset order
+""",
+        tests=(
+            "tests/unit/sealing/test_delete_vectors.py::test_random_ingest_and_seals_read_equal_to_the_"
+            "model_with_and_without_delete_vectors",
+        ),
+        select="partial_cmp",
+    ),
+    Guard(
+        name="upsert-compaction-materializes-effective-values",
+        file="src/millstream/core/engines/upsert.py",
+        what="an upsert table ordered by a comparison column compacts with the partition's "
+        "earlier values as a floor and writes each delete's effective value",
+        old="""\
+        return self.spec.comparison_column is not None
+""",
+        new="""\
+        return False  # MUTATION: no floor, deletes keep a null value
+""",
+        tests=(
+            "tests/unit/core/test_compaction_property.py",
+            "tests/unit/sealing/test_delete_vectors.py::test_random_ingest_and_seals_read_equal_to_the_"
+            "model_with_and_without_delete_vectors",
+        ),
+        select="upsert_cmp or does_not_change_the_table",
     ),
     Guard(
         name="expiry-keeps-pinned-versions",
@@ -1654,7 +1735,7 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         what="re-ingesting a sealed segment compacts its rows as its seal did (a partitioned_by_"
         "key table reads them as final)",
         old="""\
-        rows = compact(table_spec, rows, floor=floor)
+        rows = engine_for(table_spec).compact(rows, floor=floor)
 """,
         new="""\
         pass  # MUTATION: every row of the range, every version of a key

@@ -4,10 +4,10 @@ An upsert table without a comparison column orders a key's rows by position (par
 offset) and keeps the last. Each partition's sealed rows, once its delete vectors are applied,
 hold one row per key (:mod:`millstream.sealing.keyindex`), so across a sealed table a key's
 rows differ by partition and its winner is its row in the highest partition: one sort by
-(key, partition) finds every winner, in the key order :func:`~millstream.core.merge.resolve`
-returns, without the offsets. Nothing here takes that property on trust: the sort shows every
-pair of rows with the same key and partition, and then only the offsets can order them, so
-the caller merges in full.
+(key, partition) finds every winner, in the key order the upsert engine's resolve
+(:mod:`millstream.core.engines.upsert`) returns, without the offsets. Nothing here takes that
+property on trust: the sort shows every pair of rows with the same key and partition, and then
+only the offsets can order them, so the caller merges in full.
 
 Most such tables hold each key in one partition only (a producer keys its records to a
 partition), without saying so (``partitioned_by_key``). Then every row is its key's winner,
@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from millstream.core.engines import engine_for
 from millstream.core.merge import deletes, dense_places
 from millstream.spec import PARTITION_COL, TOMBSTONE_COL, TableSpec
 
@@ -70,14 +71,15 @@ def keys_distinct(spec: TableSpec, rows: pa.Table) -> bool:
 
 
 def resolve_one_per_partition(spec: TableSpec, rows: pa.Table) -> pa.Table | None:
-    """:func:`~millstream.core.merge.resolve` of an upsert table without a comparison column,
-    for ``rows`` holding at most one row per (key, partition): each key's row in its highest
+    """The upsert engine's resolve for a table without a comparison column (one whose sealed
+    rows are final, :attr:`~millstream.core.engines.base.MergeEngine.sealed_final`), for
+    ``rows`` holding at most one row per (key, partition): each key's row in its highest
     partition unless that row is a delete. Ordered by key (nulls last), unless every key occurs
     once (:func:`keys_distinct`): then the rows that are not deletes, in the order of ``rows``.
     ``rows`` needs the table's columns, ``_ms_partition`` and ``_ms_tombstone``; ``_ms_offset``
     and any other column are carried along. None if two rows share a key and a partition (the
     caller must merge by offset then)."""
-    if spec.mode != "upsert" or spec.comparison_column is not None:
+    if not engine_for(spec).sealed_final:
         raise ValueError(f"table {spec.name!r} is not an upsert table ordered by position")
     n = rows.num_rows
     if n == 0:

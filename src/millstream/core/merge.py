@@ -1,7 +1,10 @@
-"""Merge engines, vectorized over Arrow: resolve a set of rows to the table's current rows.
+"""The merge engines' shared kernels, vectorized over Arrow: the order key, deletes, effective
+comparison values, and the grouping steps the engines of :mod:`millstream.core.engines` are
+built from. Nothing here depends on a table's ``mode``: what each engine keeps is decided in its
+own module.
 
 The hot ingest path keeps no per-key state (docs/design.md, "Merge engines"); key semantics are applied
-here, when data is read and when it is sealed. The rules are the sequential model in
+when data is read and when it is sealed. The rules are the sequential model in
 :mod:`millstream.testing.model`, applied per key in the **order key**:
 
     (effective comparison value, nulls first) -> partition -> offset
@@ -15,22 +18,13 @@ without an (effective) value order first. Ties fall back to (partition, offset):
 offset wins. A record that is not a delete must carry the comparison value (decode
 dead-letters it otherwise), so only deletes ever need an effective value.
 
-* ``append``  every row.
-* ``dedup``   the first row of a key wins; a delete removes the key's rows so the next row wins
-  again; with ``dedup_ttl`` a row more than the TTL after the kept row (on ``time_column``) is
-  kept as well. Rows with a null time never expire.
-* ``upsert``  the last row wins; if it is a tombstone or has ``delete_column`` true the key is gone.
-* ``partial`` rows after the key's last delete are folded column by column with the column's
-  strategy (``overwrite`` takes the new value even if null, ``ignore_null`` the last non-null,
-  ``max``/``min``/``sum`` ignore nulls, ``append`` joins non-null strings with ",").
-
-The output keeps the system columns of the row that represents the key (for ``partial``, the
-last contributing row), so row identity stays ``(partition, offset)``.
+A resolved table keeps the system columns of the row that represents the key, so row identity
+stays ``(partition, offset)``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -42,42 +36,9 @@ IDX = "__ms_idx"
 DEL = "__ms_del"
 EFF = "__ms_eff"
 KEY_START = "__ms_key_start"
-APPEND_SEPARATOR = ","
 
 
-def resolve(spec: TableSpec, rows: pa.Table) -> pa.Table:
-    """Return the current rows of ``rows`` under the table's merge engine.
-
-    ``rows`` has the table's columns plus the system columns. The result has the same schema
-    (tombstone column all false), ordered by the order key.
-    """
-    if spec.comparison_column is None and (
-        spec.mode == "upsert"
-        or (
-            spec.mode == "dedup"
-            and spec.dedup_ttl is None
-            and not pc.any(deletes(spec, rows)).as_py()
-        )
-    ):
-        fast = _by_position(spec, rows)
-        if fast is not None:
-            return fast
-    ordered = _in_order(spec, rows)
-    if EFF in ordered.column_names:
-        ordered = ordered.drop_columns([EFF])
-    if spec.mode == "append" or ordered.num_rows == 0:
-        return ordered.drop_columns([IDX, DEL])
-    if spec.mode == "upsert":
-        out = _upsert(spec, ordered)
-    elif spec.mode == "dedup":
-        out = _dedup(spec, ordered)
-    else:
-        out = _partial(spec, ordered)
-    out = out.sort_by([(IDX, "ascending")])
-    return out.drop_columns([IDX, DEL])
-
-
-#: Bits of the int64 :func:`_by_position` packs a row's position and index into.
+#: Bits of the int64 :func:`by_position` packs a row's position and index into.
 PACK_BITS = 62
 POS = "__ms_pos"
 #: Integer keys whose values span at most this many times the rows are dense (ids handed out
@@ -106,21 +67,21 @@ def dense_places(
     return values.astype(np.int64) - np.int64(low), span
 
 
-def _by_position(spec: TableSpec, rows: pa.Table) -> pa.Table | None:
-    """:func:`resolve` for an upsert table without a comparison column, or a dedup table
-    without one, without a TTL and without deletes among ``rows``, without sorting the rows:
-    the order key is the position (partition, offset), so a key's last row (upsert) is the one
-    at the highest position and its first row (dedup) the one at the lowest. Each row's position relative to the lowest one, and below it the
-    row's index, pack into one int64 (positions are unique: entries of a partition cover
-    disjoint offset ranges); one hash aggregation takes each key's highest, whose low bits are
-    the winning row's index. Only the winners (one per key) are sorted, by key, as
-    :func:`resolve` orders them (with no delete, dedup keeps exactly each key's first row).
-    A single dense integer key (:func:`dense_places`, within :data:`MERGE_DENSE_SPAN`) needs
-    neither: an array over the keys' span keeps each key's highest (lowest) packed value, in
-    key order.
-    None if the positions and indexes need more than
-    :data:`PACK_BITS` bits (offsets spread over more than about 2**40 with 1M rows, say), or a
-    position is null: the general path handles those."""
+def by_position(spec: TableSpec, rows: pa.Table, agg: str) -> pa.Table | None:
+    """A resolve that keeps each key's row at the highest position (``agg`` ``"max"``: an
+    upsert table without a comparison column) or the lowest (``"min"``: a dedup table without
+    one, without a TTL and without deletes among ``rows``), without sorting the rows: the
+    order key is the position (partition, offset), so a key's last row is the one at the
+    highest position and its first row the one at the lowest. Each row's position relative to
+    the lowest one, and below it the row's index, pack into one int64 (positions are unique:
+    entries of a partition cover disjoint offset ranges); one hash aggregation takes each
+    key's highest (lowest), whose low bits are the winning row's index. Only the winners (one
+    per key) are sorted, by key, as a resolve orders them (with no delete, dedup keeps exactly
+    each key's first row). A single dense integer key (:func:`dense_places`, within
+    :data:`MERGE_DENSE_SPAN`) needs neither: an array over the keys' span keeps each key's
+    highest (lowest) packed value, in key order. None if the positions and indexes need more
+    than :data:`PACK_BITS` bits (offsets spread over more than about 2**40 with 1M rows, say),
+    or a position is null: the general path handles those."""
     n = rows.num_rows
     if n == 0:
         return None
@@ -137,7 +98,6 @@ def _by_position(spec: TableSpec, rows: pa.Table) -> pa.Table | None:
     o = off.to_numpy().astype(np.int64) - o_range["min"]
     packed = ((p * span + o) << row_bits) | np.arange(n, dtype=np.int64)
     keys = list(spec.primary_key)
-    agg = "max" if spec.mode == "upsert" else "min"
     dense = dense_places(rows.column(keys[0]), MERGE_DENSE_SPAN) if len(keys) == 1 else None
     if dense is not None:
         # Each key's highest (lowest) packed value in an array indexed by the key's place:
@@ -206,10 +166,13 @@ def missing_comparison_error(spec: TableSpec) -> str:
     )
 
 
-def _in_order(spec: TableSpec, rows: pa.Table, floor: pa.Table | None = None) -> pa.Table:
+def in_order(
+    spec: TableSpec, rows: pa.Table, *, by_key: bool = True, floor: pa.Table | None = None
+) -> pa.Table:
     """Sort by (key, order key) and add the position (IDX) and the delete flag (DEL); with a
-    comparison column also the effective comparison value (EFF, see :func:`effective_values`)."""
-    if spec.mode == "append":
+    comparison column also the effective comparison value (EFF, see :func:`effective_values`).
+    Without ``by_key`` (an append table) by position alone."""
+    if not by_key:
         keys = [(PARTITION_COL, "ascending"), (OFFSET_COL, "ascending")]
     else:
         keys = order_sort_keys(spec)
@@ -305,7 +268,7 @@ def effective_values(spec: TableSpec, rows: pa.Table, *, floor: pa.Table | None 
     return pc.if_else(need, earlier, values)
 
 
-def _key_starts(ordered: pa.Table, keys: list[str]) -> pa.Array:
+def key_starts(ordered: pa.Table, keys: list[str]) -> pa.Array:
     """For each row, the position (IDX) of its key's first row.
 
     ``ordered`` is sorted by the key columns first, so each key's rows are contiguous. Use
@@ -318,81 +281,12 @@ def _key_starts(ordered: pa.Table, keys: list[str]) -> pa.Array:
     return pc.cumulative_max(pc.if_else(is_first, idx, pa.scalar(0, pa.int64())))
 
 
-def _take_by_group(ordered: pa.Table, keys: list[str], agg: str) -> pa.Table:
+def take_by_group(ordered: pa.Table, keys: list[str], agg: str) -> pa.Table:
     picked = ordered.group_by(keys, use_threads=False).aggregate([(IDX, agg)])
     return ordered.take(picked.column(f"{IDX}_{agg}"))
 
 
-def _upsert(spec: TableSpec, ordered: pa.Table) -> pa.Table:
-    last = _take_by_group(ordered, list(spec.primary_key), "max")
-    return last.filter(pc.invert(last.column(DEL)))
-
-
-def _dedup(spec: TableSpec, ordered: pa.Table) -> pa.Table:
-    keys = list(spec.primary_key)
-    ttl = spec.ttl
-    stats = ordered.group_by(keys, use_threads=False).aggregate(
-        [(IDX, "min"), (IDX, "count"), (DEL, "any")]
-    )
-    slow = pc.fill_null(stats.column(f"{DEL}_any"), False)
-    if ttl is not None:
-        slow = pc.or_(slow, pc.greater(stats.column(f"{IDX}_count"), 1))
-    fast_first = pc.filter(stats.column(f"{IDX}_min"), pc.invert(slow))
-    out = ordered.take(fast_first)
-    if not pc.any(slow).as_py():
-        return out
-    slow_starts = pc.filter(stats.column(f"{IDX}_min"), slow).combine_chunks()
-    slow_rows = ordered.filter(pc.is_in(_key_starts(ordered, keys), value_set=slow_starts))
-    kept = _dedup_sequential(
-        spec, slow_rows, ttl_seconds=None if ttl is None else ttl.total_seconds()
-    )
-    return pa.concat_tables([out, slow_rows.take(pa.array(kept, pa.int64()))])
-
-
-def _time_seconds(value: Any) -> float | None:
-    if value is None:
-        return None
-    if hasattr(value, "timestamp"):
-        return float(value.timestamp())
-    if hasattr(value, "toordinal"):  # date
-        return float(value.toordinal() * 86400)
-    return float(value) / 1000.0  # long time columns are epoch milliseconds
-
-
-def _dedup_sequential(spec: TableSpec, rows: pa.Table, *, ttl_seconds: float | None) -> list[int]:
-    """Fold the few keys that need it (deletes, TTL) row by row; returns positions kept."""
-    keys = list(spec.primary_key)
-    key_cols = [rows.column(k).to_pylist() for k in keys]
-    dels = rows.column(DEL).to_pylist()
-    times = (
-        rows.column(spec.time_column).to_pylist()
-        if ttl_seconds is not None and spec.time_column
-        else [None] * rows.num_rows
-    )
-    kept_by_key: dict[tuple[Any, ...], list[int]] = {}
-    last_time: dict[tuple[Any, ...], float | None] = {}
-    for i in range(rows.num_rows):
-        key = tuple(col[i] for col in key_cols)
-        if dels[i]:
-            kept_by_key.pop(key, None)
-            last_time.pop(key, None)
-            continue
-        if key in kept_by_key:
-            t_new, t_old = _time_seconds(times[i]), last_time[key]
-            expired = (
-                ttl_seconds is not None
-                and t_new is not None
-                and t_old is not None
-                and t_new - t_old >= ttl_seconds
-            )
-            if not expired:
-                continue
-        kept_by_key.setdefault(key, []).append(i)
-        last_time[key] = _time_seconds(times[i])
-    return sorted(i for idxs in kept_by_key.values() for i in idxs)
-
-
-def _after_last_delete(ordered: pa.Table) -> tuple[pa.Table, pa.Table]:
+def after_last_delete(ordered: pa.Table) -> tuple[pa.Table, pa.Table]:
     """Split ``ordered`` (with KEY_START) into the rows after their key's last delete, and the
     last delete row of each key that has one."""
     deletes = ordered.filter(ordered.column(DEL))
@@ -412,138 +306,32 @@ def _after_last_delete(ordered: pa.Table) -> tuple[pa.Table, pa.Table]:
     return live, ordered.filter(pc.is_in(ordered.column(IDX), value_set=last_idx))
 
 
-def _reindexed(table: pa.Table) -> pa.Table:
+def reindexed(table: pa.Table) -> pa.Table:
     """Positions (IDX) renumbered from 0 in the current order: the engines take by IDX."""
     i = table.schema.get_field_index(IDX)
     return table.set_column(i, IDX, pa.array(np.arange(table.num_rows, dtype=np.int64)))
 
 
-def compact(spec: TableSpec, rows: pa.Table, *, floor: pa.Table | None = None) -> pa.Table:
-    """The rows a run of one partition's consecutive segments can be sealed into, such that
-    merging them with any older and newer rows gives the same table as merging the originals.
-
-    * ``upsert``: the winning row of each key, deletes included (the last row wins wherever it
-      is merged, and a winning delete still removes older rows). With a comparison column, a
-      delete without a comparison value gets its effective value written into that column (a
-      delete is never visible, so no read sees the value itself): the earlier rows it derives
-      from are gone once the run is compacted and older sealed rows are named by delete
-      vectors. ``floor`` (key columns and the comparison column) gives, per key, the highest
-      comparison value of the partition's earlier rows outside the run; the sealer takes it
-      from the key index (:meth:`millstream.sealing.keyindex.KeyIndex.comparison_floor`).
-      Without it a run whose key has older rows would materialize too low a value.
-    * ``dedup`` and ``partial`` without a comparison column or TTL: the key's last delete plus
-      the first (dedup) or folded (partial) row after it. Order is the offset then, so the rows
-      of a newer run always come after this run's; every partial strategy folds associatively.
-    * Otherwise (``append``, or an order that interleaves runs): every row, sorted, as it is.
-      Nothing an effective value derives from is removed then (such tables have no delete
-      vectors), so reads keep deriving it and no floor is needed.
-
-    Output: the table's columns plus system columns, sorted by key then (partition, offset).
-    """
-    ordered = _in_order(spec, rows, floor if spec.mode == "upsert" else None)
-    keys = list(spec.primary_key)
-    if EFF in ordered.column_names:
-        cmp_col = spec.comparison_column
-        assert cmp_col is not None
-        if spec.mode == "upsert":  # materialize: EFF differs only for deletes without a value
-            i = ordered.schema.get_field_index(cmp_col)
-            field = ordered.schema.field(i)
-            ordered = ordered.set_column(i, field, ordered.column(EFF).cast(field.type))
-        ordered = ordered.drop_columns([EFF])
-    if spec.mode == "upsert" and ordered.num_rows:
-        out = _take_by_group(ordered, keys, "max")
-    elif (
-        spec.mode in ("dedup", "partial")
-        and spec.comparison_column is None
-        and spec.dedup_ttl is None
-        and ordered.num_rows
-    ):
-        live, last_deletes = _after_last_delete(
-            ordered.append_column(KEY_START, _key_starts(ordered, keys))
-        )
-        live = _reindexed(live.drop_columns([KEY_START]))
-        kept = _dedup(spec, live) if spec.mode == "dedup" else _partial(spec, live)
-        out = pa.concat_tables([last_deletes.drop_columns([KEY_START]), kept.cast(live.schema)])
-    else:
-        out = ordered
-    sort = [(k, "ascending", "at_end") for k in keys] + [
+def seal_order(spec: TableSpec, out: pa.Table) -> pa.Table:
+    """A compacted run's rows as they are sealed: sorted by key then (partition, offset),
+    without the merge's own columns (IDX, DEL)."""
+    sort = [(k, "ascending", "at_end") for k in spec.primary_key] + [
         (PARTITION_COL, "ascending", "at_end"),
         (OFFSET_COL, "ascending", "at_end"),
     ]
     return out.take(pc.sort_indices(out, sort_keys=sort)).drop_columns([IDX, DEL])
 
 
-def _partial(spec: TableSpec, ordered: pa.Table) -> pa.Table:
+def fold_after_last_delete(
+    spec: TableSpec, ordered: pa.Table, fold: Callable[[pa.Table], pa.Table]
+) -> pa.Table:
+    """Each key's last delete in ``ordered`` (in the order key, with IDX and DEL), plus
+    ``fold`` of the key's rows after it: what a run of an engine whose deletes reset a key
+    compacts to when its order is the offset."""
     keys = list(spec.primary_key)
-    # Joins below go through KEY_START, never through the (nullable) key columns.
-    ordered = ordered.append_column(KEY_START, _key_starts(ordered, keys))
-    live, _ = _after_last_delete(ordered)
-    ordered = ordered.drop_columns([KEY_START])
-    if live.num_rows == 0:
-        return ordered.slice(0, 0)
-    value_cols = [c for c in spec.columns if c not in keys]
-    aggs: list[tuple[str, str, Any]] = [(IDX, "max", None)]
-    appends: list[str] = []
-    picked: list[str] = []  # overwrite/ignore_null columns Arrow cannot aggregate: by position
-    for c in value_cols:
-        strat = spec.strategy(c)
-        if strat in ("overwrite", "ignore_null") and not _aggregatable(
-            ordered.schema.field(c).type
-        ):
-            picked.append(c)
-        elif strat == "overwrite":
-            aggs.append((c, "last", pc.ScalarAggregateOptions(skip_nulls=False)))
-        elif strat == "ignore_null":
-            aggs.append((c, "last", pc.ScalarAggregateOptions(skip_nulls=True)))
-        elif strat in ("max", "min"):
-            aggs.append((c, strat, None))
-        elif strat == "sum":
-            aggs.append((c, "sum", pc.ScalarAggregateOptions(skip_nulls=True, min_count=1)))
-        else:
-            appends.append(c)
-    grouped = live.group_by([*keys, KEY_START], use_threads=False).aggregate(
-        [(c, f, o) if o is not None else (c, f) for c, f, o in aggs]
+    live, last_deletes = after_last_delete(
+        ordered.append_column(KEY_START, key_starts(ordered, keys))
     )
-    grouped = grouped.rename_columns(_plain_names(grouped.column_names, aggs))
-    for c in appends:
-        nonnull = live.filter(pc.is_valid(live.column(c)))
-        lists = nonnull.group_by([KEY_START], use_threads=False).aggregate([(c, "list")])
-        joined = pc.binary_join(lists.column(f"{c}_list"), APPEND_SEPARATOR)
-        lists = lists.select([KEY_START]).append_column(c, joined)
-        grouped = grouped.join(lists, [KEY_START], join_type="left outer")
-    for c in picked:  # the position of the row whose value the key keeps
-        rows = live if spec.strategy(c) == "overwrite" else live.filter(pc.is_valid(live.column(c)))
-        at = rows.group_by([KEY_START], use_threads=False).aggregate([(IDX, "max")])
-        at = at.rename_columns([KEY_START, f"{PICK}{c}"])
-        grouped = grouped.join(at, [KEY_START], join_type="left outer")
-    # System columns come from the last contributing row.
-    grouped = grouped.sort_by([(IDX, "ascending")])
-    last_rows = ordered.take(grouped.column(IDX)).select([PARTITION_COL, OFFSET_COL])
-    schema = ordered.schema
-    cols = []
-    for name in schema.names:
-        if name in (PARTITION_COL, OFFSET_COL):
-            cols.append(last_rows.column(name))
-        elif name in (TOMBSTONE_COL, DEL):
-            cols.append(pa.array([False] * grouped.num_rows, pa.bool_()))
-        elif name in picked:  # null position (no non-null value): null
-            cols.append(ordered.column(name).take(grouped.column(f"{PICK}{name}")))
-        else:
-            cols.append(grouped.column(name).cast(schema.field(name).type))
-    return pa.table(cols, schema=schema)
-
-
-#: Prefix of the position column :func:`_partial` takes an unaggregatable column's value at.
-PICK = "__ms_pick_"
-
-
-def _aggregatable(t: pa.DataType) -> bool:
-    """Whether Arrow's hash ``last`` takes values of type ``t`` (not decimals or nested)."""
-    return not (pa.types.is_decimal(t) or pa.types.is_nested(t))
-
-
-def _plain_names(names: list[str], aggs: list[tuple[str, str, Any]]) -> list[str]:
-    """pyarrow names aggregates ``<column>_<function>``: map them back to the column names."""
-    mapping = {f"{c}_{f}": c for c, f, _ in aggs}
-    mapping[f"{IDX}_max"] = IDX
-    return [mapping.get(n, n) for n in names]
+    live = reindexed(live.drop_columns([KEY_START]))
+    kept = fold(live)
+    return pa.concat_tables([last_deletes.drop_columns([KEY_START]), kept.cast(live.schema)])

@@ -12,17 +12,18 @@ of the index.
 **Which rows a seal may delete.** A delete vector must only name rows that cannot change any
 read, so reads with and without delete vectors give the same table (``read_manifest(...,
 use_delete_vectors=False)``). Within one partition the new run's rows all come after the
-sealed rows in offset order. So:
+sealed rows in offset order. So (each engine's ``superseded``, :mod:`millstream.core.engines`,
+decides):
 
 * ``upsert`` without a comparison column: every sealed row of a key the run has a row for (the
   last row wins and the run's row is later).
 * ``upsert`` with a comparison column: the sealed rows of a key that order before the run's
   winning row of that key, in (comparison value with nulls first, offset) order. Sealed rows
   hold materialized values (a sealed delete carries its effective comparison value, see
-  :func:`millstream.core.merge.compact`), so this is the read-time order key.
+  the upsert engine's ``compact``), so this is the read-time order key.
 * ``dedup`` and ``partial`` without a comparison column: every sealed row of a key the run has a
   delete for. A delete resets a key: nothing before it affects the result, and the run's sealed
-  output keeps the key's last delete (:func:`millstream.core.merge.compact`).
+  output keeps the key's last delete (the engine's ``compact``).
 * Otherwise (``append``; ``dedup``/``partial`` ordered by a comparison column): nothing, and
   there is no index.
 
@@ -55,8 +56,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
+from millstream.core.engines import engine_for
 from millstream.metastore.models import Manifest, SegmentState
-from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
+from millstream.spec import OFFSET_COL, PARTITION_COL, TableSpec
 from millstream.storage.deepstore import DeepStore
 from millstream.table.read import drop_deleted, read_delete_vectors, read_entries
 
@@ -68,9 +70,7 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 def indexed(spec: TableSpec) -> bool:
     """Whether the table's seals write delete vectors (and so keep a key index)."""
-    if spec.mode == "upsert":
-        return True
-    return spec.mode in ("dedup", "partial") and spec.comparison_column is None
+    return engine_for(spec).indexed
 
 
 def key_hashes(rows: pa.Table, keys: Iterable[str]) -> np.ndarray:
@@ -205,10 +205,7 @@ class KeyIndex:
 
     @classmethod
     def columns(cls, spec: TableSpec) -> list[str]:
-        cols = [*spec.primary_key, OFFSET_COL]
-        if spec.comparison_column is not None:
-            cols.append(spec.comparison_column)
-        return cols
+        return engine_for(spec).index_columns()
 
     @classmethod
     def from_rows(
@@ -297,33 +294,18 @@ class KeyIndex:
     def superseded(self, rows: pa.Table) -> np.ndarray:
         """Index positions of the sealed rows that ``rows`` (a compacted run of this partition,
         newer than every indexed row) supersede, per the rules in the module docstring."""
-        spec = self.spec
         new_pos, idx_pos = self.matches(rows)
         total = int(self._bases[-1])
         if not len(new_pos):
             return idx_pos
-        if spec.mode == "upsert":
-            cmp = spec.comparison_column
-            if cmp is None:
-                return _distinct(idx_pos, total)
-            later = _orders_after(
-                rows.column(cmp).take(pa.array(new_pos)),
-                rows.column(OFFSET_COL).take(pa.array(new_pos)),
-                self._column(cmp, idx_pos),
-                self._column(OFFSET_COL, idx_pos),
-            )
-            return _distinct(idx_pos[later], total)
-        is_del = pc.fill_null(rows.column(TOMBSTONE_COL), False)
-        if spec.delete_column is not None:
-            is_del = pc.or_(is_del, pc.fill_null(rows.column(spec.delete_column), False))
-        deletes = np.asarray(is_del.to_numpy(zero_copy_only=False), dtype=bool)
-        return _distinct(idx_pos[deletes[new_pos]], total)
+        which = engine_for(self.spec).superseded(rows, new_pos, idx_pos, self._column)
+        return _distinct(idx_pos[which], total)
 
     def offsets(self, positions: np.ndarray) -> pa.Array:
         return self._column(OFFSET_COL, positions)
 
     def comparison_floor(self, rows: pa.Table) -> pa.Table | None:
-        """The floor :func:`millstream.core.merge.compact` needs to seal ``rows`` (a run of this
+        """The floor the upsert engine's ``compact`` needs to seal ``rows`` (a run of this
         partition, newer than every indexed row): per key of ``rows`` whose live sealed rows
         hold a comparison value, the key columns and the highest such value. None if the table
         has no comparison column.
@@ -443,7 +425,7 @@ def comparison_floor_below(
     one fails the re-ingestion naming it: re-ingest that one first).
     """
     column = spec.comparison_column
-    if spec.mode != "upsert" or column is None:
+    if not engine_for(spec).needs_floor or column is None:
         return None
     keys = list(spec.primary_key)
     earlier = [e for e in manifest.entries if e.partition == partition and e.start < offset]
@@ -475,26 +457,6 @@ def _distinct(positions: np.ndarray, n: int) -> np.ndarray:
     seen = np.zeros(n, dtype=bool)
     seen[positions] = True
     return np.flatnonzero(seen)
-
-
-def _orders_after(
-    cmp_new: pa.Array, off_new: pa.Array, cmp_old: pa.Array, off_old: pa.Array
-) -> np.ndarray:
-    """Row-wise: does (cmp_new, off_new) come after (cmp_old, off_old) in the order key
-    (comparison value with nulls first, then offset)? Both rows are of one partition and
-    carry materialized values, so a null means the key had no value before that row."""
-    n_null = pc.is_null(cmp_new).to_numpy(zero_copy_only=False)
-    o_null = pc.is_null(cmp_old).to_numpy(zero_copy_only=False)
-    greater = pc.fill_null(pc.greater(cmp_new, cmp_old), False).to_numpy(zero_copy_only=False)
-    equal = pc.fill_null(pc.equal(cmp_new, cmp_old), False).to_numpy(zero_copy_only=False)
-    later_off = pc.greater(off_new, off_old).to_numpy(zero_copy_only=False)
-    both = ~n_null & ~o_null
-    return np.asarray(
-        (both & (greater | (equal & later_off)))
-        | (~n_null & o_null)
-        | (n_null & o_null & later_off),
-        dtype=bool,
-    )
 
 
 class IndexCache:

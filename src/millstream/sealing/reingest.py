@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
-from millstream.core.merge import compact
+from millstream.core.engines import engine_for
 from millstream.datastream import DatastreamSpec
 from millstream.errors import (
     CommitConflictError,
@@ -126,7 +126,7 @@ def reingest_segment(
         floor = comparison_floor_below(
             table_spec, catalog.deep, manifest, entry.partition, entry.start
         )
-        rows = compact(table_spec, rows, floor=floor)
+        rows = engine_for(table_spec).compact(rows, floor=floor)
     path = f"{table_data_prefix(entry.table)}/reingest-p{entry.partition}-s{entry.seq}-{uuid.uuid4().hex}.parquet"
     size = catalog.deep.write_parquet(path, rows)
     age = clock.now() - written_at

@@ -9,7 +9,7 @@ One seal of partition P:
    has claimed is left alone until its claim expires, judged on the metadata store's clock
    (never this sealer's, which may be skewed), as are the claim's renewals and the swap's
    expiry check.
-2. **build**: read the run's rows and :func:`millstream.core.merge.compact` them (resolving
+2. **build**: read the run's rows and :meth:`~millstream.core.engines.base.MergeEngine.compact` them (resolving
    keys where that provably gives the same table), sorted by key, in sized row groups; look
    the run's keys up in the partition's key index (:mod:`millstream.sealing.keyindex`) to find
    the rows of older sealed segments the run supersedes.
@@ -47,7 +47,7 @@ import pyarrow as pa
 
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
-from millstream.core.merge import compact
+from millstream.core.engines import engine_for
 from millstream.errors import (
     CommitConflictError,
     CommitStateUnknownError,
@@ -583,7 +583,7 @@ class Sealer:
             rows = read_entries(self.catalog.deep, spec, run)
             index = self.key_index(partition, manifest)
             floor = None if index is None else index.comparison_floor(rows)
-            sealed_rows = compact(spec, rows, floor=floor)
+            sealed_rows = engine_for(spec).compact(rows, floor=floor)
             if index is not None:
                 dropped = index.superseded(sealed_rows)
             self.faults.check("before_upload", partition)

@@ -21,8 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from millstream.core.engines import engine_for
 from millstream.core.final import keys_distinct, resolve_one_per_partition
-from millstream.core.merge import deletes, resolve
+from millstream.core.merge import deletes
 from millstream.errors import SegmentUnavailableError
 from millstream.metastore.models import DeleteVector, Entry, Manifest, SegmentState
 from millstream.spec import OFFSET_COL, PARTITION_COL, SYSTEM_COLUMNS, TableSpec
@@ -406,10 +407,10 @@ def _merged(
     one row per key and partition (:mod:`millstream.core.final`), without the offsets the
     footers prove unneeded unless ``system_columns``; only if that does not hold (a key twice in
     a partition) is it merged by offset."""
+    engine = engine_for(spec)
     if (
         cache is None
-        and spec.mode == "upsert"
-        and spec.comparison_column is None
+        and engine.sealed_final
         and entries
         and all(e.state is SegmentState.ONLINE for e in entries)
     ):
@@ -421,13 +422,13 @@ def _merged(
         if merged is not None:
             return merged
         if OFFSET_COL in sealed.column_names:
-            return resolve(spec, sealed)
+            return engine.resolve(sealed)
     raw = read_entries(deep, spec, entries, cache=cache)
     if use_delete_vectors and vectors:
         raw = drop_deleted(raw, read_delete_vectors(deep, vectors, cache=cache))
     if conditions:
         raw = raw.filter(_expression(conditions))
-    return resolve(spec, raw)
+    return engine.resolve(raw)
 
 
 def _final_split(
@@ -439,7 +440,7 @@ def _final_split(
     sealed row of those keys (:mod:`millstream.sealing.keyindex`), so each key has one sealed
     row left, its latest; compaction and re-ingestion keep that true. Every newer (not yet
     sealed) entry lies above the sealed ones, so a key's newer rows beat its sealed row."""
-    if spec.mode != "upsert" or spec.comparison_column is not None:
+    if not engine_for(spec).sealed_final:
         return None
     sealed = [e for e in entries if e.state is SegmentState.ONLINE]
     newer = [e for e in entries if e.state is not SegmentState.ONLINE]
@@ -583,7 +584,9 @@ def _by_partition(
             kept = kept.select(final.column_names).cast(final.schema)
         # A poll's few newer rows mostly hold each key once: each is then its key's winner.
         latest = (
-            _without_deletes(spec, newer) if keys_distinct(spec, newer) else resolve(spec, newer)
+            _without_deletes(spec, newer)
+            if keys_distinct(spec, newer)
+            else engine_for(spec).resolve(newer)
         )
         winners = latest.select(final.column_names).cast(final.schema)
         return pa.concat_tables([kept, winners])
@@ -658,10 +661,10 @@ def _by_partition(
             if not any(newer.column(k).null_count for k in keys):
                 return over_final(final_rows(partition, sealed), newer)
         newer = newer_of(partition)
-        return resolve(spec, pa.concat_tables([sealed, newer.cast(sealed.schema)]))
+        return engine_for(spec).resolve(pa.concat_tables([sealed, newer.cast(sealed.schema)]))
 
     by_partition = {e.partition for e in entries}
     order = sorted(by_partition)
     if not order:
-        return resolve(spec, read_entries(deep, spec, ()))
+        return engine_for(spec).resolve(read_entries(deep, spec, ()))
     return pa.concat_tables(_parallel_map("partitions", one, order))

@@ -18,7 +18,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from millstream.core.merge import compact, resolve
+from millstream.core.engines import engine_for
 from millstream.spec import TableSpec
 from millstream.testing.model import canonical, model_rows
 
@@ -101,7 +101,10 @@ def test_sealing_any_run_of_a_partition_does_not_change_the_table(
     schema = spec.arrow_schema(system_columns=True)
     expected = canonical(model_rows(spec, rows))
     table = pa.Table.from_pylist(rows, schema=schema)
-    assert canonical(resolve(spec, table).select(list(spec.columns)).to_pylist()) == expected
+    assert (
+        canonical(engine_for(spec).resolve(table).select(list(spec.columns)).to_pylist())
+        == expected
+    )
 
     # Seal several consecutive runs, one after the other, in each partition (as the sealer does).
     pieces: list[pa.Table] = []
@@ -113,10 +116,10 @@ def test_sealing_any_run_of_a_partition_does_not_change_the_table(
         for lo, hi in itertools.pairwise(bounds):
             run = pa.Table.from_pylist(mine[lo:hi], schema=schema)
             if rnd.random() < 0.8:
-                sealed = compact(spec, run, floor=_floor(spec, stored)).cast(schema)
+                sealed = engine_for(spec).compact(run, floor=_floor(spec, stored)).cast(schema)
             else:
                 sealed = run
             pieces.append(sealed.select(schema.names).cast(schema))
             stored += sealed.to_pylist()
-    merged = resolve(spec, pa.concat_tables(pieces))
+    merged = engine_for(spec).resolve(pa.concat_tables(pieces))
     assert canonical(merged.select(list(spec.columns)).to_pylist()) == expected

@@ -13,8 +13,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from millstream.core.engines import engine_for
 from millstream.core.final import keys_distinct, resolve_one_per_partition
-from millstream.core.merge import resolve
 from millstream.spec import TableSpec
 
 SPEC = TableSpec.parse(
@@ -76,10 +76,13 @@ def test_one_row_per_key_and_partition_resolves_like_the_merge(round_: int) -> N
         chunked = _in_two_chunks(rows)
         got = resolve_one_per_partition(SPEC, chunked)
         assert got is not None
-        assert got.to_pylist() == resolve(SPEC, rows).to_pylist()
+        assert got.to_pylist() == engine_for(SPEC).resolve(rows).to_pylist()
         lean = resolve_one_per_partition(SPEC, chunked.drop_columns(["_ms_offset"]))
         assert lean is not None
-        assert lean.to_pylist() == resolve(SPEC, rows).drop_columns(["_ms_offset"]).to_pylist()
+        assert (
+            lean.to_pylist()
+            == engine_for(SPEC).resolve(rows).drop_columns(["_ms_offset"]).to_pylist()
+        )
     except BaseException:
         print(f"re-run with MILLSTREAM_TEST_SEED={seed - round_}")
         raise
@@ -124,7 +127,7 @@ def test_a_single_integer_key_resolves_to_the_merges_rows(
         chunked = _in_two_chunks(rows)
         got = resolve_one_per_partition(ONE_KEY, chunked.drop_columns(["_ms_offset"]))
         assert got is not None
-        expected = resolve(ONE_KEY, rows).drop_columns(["_ms_offset"])
+        expected = engine_for(ONE_KEY).resolve(rows).drop_columns(["_ms_offset"])
         assert got.sort_by("k").to_pylist() == expected.to_pylist()
         if not spread:  # every row its key's winner: the deletes dropped, the order kept
             read = rows.drop_columns(["_ms_offset"]).to_pylist()
@@ -213,7 +216,7 @@ def test_a_string_or_composite_key_resolves_to_the_merges_rows(
         chunked = _in_two_chunks(table).drop_columns(["_ms_offset"])
         got = resolve_one_per_partition(spec, chunked)
         assert got is not None
-        expected = resolve(spec, table).drop_columns(["_ms_offset"])
+        expected = engine_for(spec).resolve(table).drop_columns(["_ms_offset"])
         order = [(k, "ascending") for k in spec.primary_key]
         assert got.sort_by(order).to_pylist() == expected.to_pylist()
         if not spread:

@@ -1,8 +1,8 @@
 """The vectorized merge engines agree with the sequential model, row for row.
 
-``core.merge.resolve`` (Arrow group-bys and joins) and ``testing.model.model_rows`` (plain
-Python, one row at a time) must give the same current rows for any input. The input can have
-duplicate keys, comparison values that arrive out of order, nulls, tombstones and
+Each engine's ``resolve`` (:mod:`millstream.core.engines`: Arrow group-bys and joins) and
+``testing.model.model_rows`` (plain Python, one row at a time) must give the same current rows
+for any input. The input can have duplicate keys, comparison values that arrive out of order, nulls, tombstones and
 delete-column rows (so deletes followed by re-inserts and by late older records), and can span
 several partitions in any file order. With a comparison column only deletes lack its value, as
 decode guarantees. The examples at the
@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from millstream.catalog import Catalog
+from millstream.core.engines import engine_for
 from millstream.core.frontier import Outcome
-from millstream.core.merge import resolve
 from millstream.spec import OFFSET_COL, PARTITION_COL, SYSTEM_COLUMNS, TOMBSTONE_COL, TableSpec
 from millstream.table.writer import commit_staged, stage_rows
 from millstream.testing.model import canonical, model_rows
@@ -74,7 +74,7 @@ def to_arrow(spec: TableSpec, rows: Sequence[Row]) -> pa.Table:
 
 
 def resolved(spec: TableSpec, rows: Sequence[Row]) -> pa.Table:
-    return resolve(spec, to_arrow(spec, rows))
+    return engine_for(spec).resolve(to_arrow(spec, rows))
 
 
 def current(spec: TableSpec, rows: Sequence[Row]) -> list[Row]:
