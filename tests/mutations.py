@@ -518,7 +518,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         name="lease-fence-locks-row",
-        file="src/millstream/control/leases.py",
+        file="src/millstream/metastore/leases.py",
         what="check_fence: the lease row is read FOR UPDATE (held until the fenced write ends)",
         old="""\
     cur = read_lease(conn, name, lock=True)
@@ -722,7 +722,7 @@ GUARDS: tuple[Guard, ...] = (
         file="src/millstream/control/controller.py",
         what="Controller.run_forever: a tick the metadata store failed runs again next time",
         old="""\
-            except (MillstreamError, OperationalError, InterfaceError) as exc:
+            except (MillstreamError, *STORE_ERRORS) as exc:
 """,
         new="""\
             except MillstreamError as exc:  # MUTATION: a dropped connection ends the loop

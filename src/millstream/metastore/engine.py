@@ -15,9 +15,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from sqlalchemy import Connection, Engine, create_engine, event, insert
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
 from millstream.errors import (
@@ -32,6 +33,23 @@ if TYPE_CHECKING:
     from millstream.metastore.store import MetadataStore
 
 MAX_CAS_RETRIES = 50
+
+#: An open transaction of the metadata store: what the metastore's functions take, and what a
+#: caller's transaction function (run by ``MetadataStore.retrying``) hands on to them. Code
+#: outside :mod:`millstream.metastore` names it, never runs SQL on it.
+Txn: TypeAlias = Connection
+
+#: What the database driver raises when the metadata store misbehaves (a connection refused,
+#: reset or timed out; a lock not granted): supervised loops retry these, the REST API answers
+#: 503 for the unreachable ones (:func:`unreachable`).
+STORE_ERRORS = (OperationalError, InterfaceError)
+
+
+def public_url(url: str) -> str:
+    """The metadata URL without its password (never served)."""
+    u = make_url(url)
+    # URL.set(password=None) means "unchanged"; the namedtuple replace really drops it.
+    return u._replace(password=None).render_as_string(hide_password=False) if u.password else url
 
 
 def sqlite_url(home: str | Path) -> str:
