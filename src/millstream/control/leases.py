@@ -17,7 +17,7 @@ def acquire_or_renew(
 ) -> Lease | None:
     """Renew the lease if ``holder`` has it, take it if it is free or expired; else None."""
     lease, _ = store.retrying(leases.acquire_or_renew, clock, name, holder, ttl)
-    return lease  # type: ignore[no-any-return]
+    return lease
 
 
 def release(store: MetadataStore, name: str, holder: str, clock: Clock) -> None:

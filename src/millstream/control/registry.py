@@ -130,7 +130,7 @@ class Registry:
             return rec
 
         rec, _ = self.store.retrying(_txn)
-        return rec  # type: ignore[no-any-return]
+        return rec
 
     def update(self, name: str, spec: DatastreamSpec, *, dry_run: bool = False) -> Update:
         """Change a datastream's spec to ``spec``: its schema (compatible changes only, see
@@ -181,7 +181,7 @@ class Registry:
             return new, changes, schema_version
 
         result, _ = self.store.retrying(_txn)
-        return result  # type: ignore[no-any-return]
+        return result
 
     def command(self, name: str, command: Command) -> DatastreamRecord:
         """Apply a user command (pause, resume, stop, delete) by compare-and-set.
@@ -207,7 +207,7 @@ class Registry:
             return new
 
         rec, _ = self.store.retrying(_txn)
-        return rec  # type: ignore[no-any-return]
+        return rec
 
     # -- asynchronous completions -----------------------------------------------------------
 

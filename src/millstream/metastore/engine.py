@@ -12,10 +12,10 @@ from __future__ import annotations
 import random
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeAlias, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, insert
 from sqlalchemy.engine import make_url
@@ -160,8 +160,18 @@ def write_transaction(store: MetadataStore) -> Iterator[Connection]:
             ) from exc
 
 
-def retrying(store: MetadataStore, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run ``fn(conn, ...)`` in a write transaction of ``store``, retrying lost
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def retrying(
+    store: MetadataStore,
+    fn: Callable[Concatenate[Connection, P], T],
+    /,
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> tuple[T, int]:
+    """Run ``fn(conn, *args, **kwargs)`` in a write transaction of ``store``, retrying lost
     compare-and-sets (each one counted in ``store.conflicts``). Returns (result, retries)."""
     for attempt in range(MAX_CAS_RETRIES):
         try:

@@ -84,4 +84,4 @@ def absorb(
         return info, changes
 
     result, _ = store.retrying(_txn)
-    return result  # type: ignore[no-any-return]
+    return result

@@ -242,7 +242,7 @@ def reconcile(
     then keep every file it wrote, because nothing proves the manifest does not use them."""
     try:
         result, _ = store.retrying(txn)
-        return result  # type: ignore[no-any-return]
+        return result
     except CommitStateUnknownError as exc:
         try:
             with store.read() as conn:

@@ -60,4 +60,4 @@ def ensure_shards(
         return shards_of(conn, table, list(starts))
 
     shards, _ = store.retrying(_txn)
-    return shards  # type: ignore[no-any-return]
+    return shards

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any
+from typing import Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection
 
@@ -31,6 +31,9 @@ from millstream.metastore import append, engine, reads, shards, tables
 from millstream.metastore import schema as s
 from millstream.metastore.models import AppendResult, Manifest, Shard, ShardAppend, TableInfo
 from millstream.spec import TableSpec
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class MetadataStore:
@@ -61,8 +64,15 @@ class MetadataStore:
         """A write transaction. A failure inside COMMIT becomes CommitStateUnknownError."""
         return engine.write_transaction(self)
 
-    def retrying(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """Run ``fn(conn, ...)`` in a write transaction, retrying lost compare-and-sets."""
+    def retrying(
+        self,
+        fn: Callable[Concatenate[Connection, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> tuple[T, int]:
+        """Run ``fn(conn, *args, **kwargs)`` in a write transaction, retrying lost
+        compare-and-sets. Returns ``fn``'s result and how many times it was retried."""
         return engine.retrying(self, fn, *args, **kwargs)
 
     def _count_conflict(self) -> None:
@@ -87,7 +97,7 @@ class MetadataStore:
         compare-and-set on the table row plus the new schema version's row); a lost race is
         retried and re-checked against the winner. IncompatibleChangeError otherwise."""
         result, _ = self.retrying(tables.evolve_table, self, spec)
-        return result  # type: ignore[no-any-return]
+        return result
 
     def schema_history(self, name: str) -> list[tuple[int, TableSpec, int]]:
         """Every schema version of the table, oldest first: (version, spec, manifest version

@@ -77,7 +77,7 @@ def create_table(store: MetadataStore, spec: TableSpec, *, exist_ok: bool) -> Ta
         return TableInfo(spec, 0, now, 1)
 
     info, _ = store.retrying(_create)
-    return info  # type: ignore[no-any-return]
+    return info
 
 
 def evolve_table(
