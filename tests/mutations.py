@@ -494,10 +494,10 @@ GUARDS: tuple[Guard, ...] = (
         file="src/millstream/metastore/shards.py",
         what="ensure_shards: a missing shard starts at the lowest upper its siblings have",
         old="""\
-            upper = min(existing) if existing else start
+        upper = min(existing) if existing else start
 """,
         new="""\
-            upper = start  # MUTATION: a missing shard starts at the source's position
+        upper = start  # MUTATION: a missing shard starts at the source's position
 """,
         tests=("tests/unit/ingest/test_bootstrap_dead_letter.py",),
     ),

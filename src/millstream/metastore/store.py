@@ -13,6 +13,10 @@ Embedded default: a SQLite file in WAL mode. Multi-host: PostgreSQL by URL. Writ
 on SQLite take the write lock up front (``BEGIN IMMEDIATE``) so two processes never deadlock
 upgrading a read lock; on PostgreSQL every row change is a compare-and-set on ``version`` and a
 lost race is retried from a fresh read.
+
+The facade calls down into those modules and runs their transaction functions (which take a
+connection and a clock) in :meth:`MetadataStore.retrying`; none of them imports the facade
+(an import-linter contract keeps the package free of import cycles).
 """
 
 from __future__ import annotations
@@ -90,13 +94,14 @@ class MetadataStore:
 
     def create_table(self, spec: TableSpec, *, exist_ok: bool = True) -> TableInfo:
         """Create a table; an identical existing one is returned when ``exist_ok``."""
-        return tables.create_table(self, spec, exist_ok=exist_ok)
+        info, _ = self.retrying(tables.create_table, self.clock, spec, exist_ok=exist_ok)
+        return info
 
     def evolve_table(self, spec: TableSpec) -> tuple[TableInfo, list[Change]]:
         """Change the table's spec to ``spec`` if the change is compatible (one transaction:
         compare-and-set on the table row plus the new schema version's row); a lost race is
         retried and re-checked against the winner. IncompatibleChangeError otherwise."""
-        result, _ = self.retrying(tables.evolve_table, self, spec)
+        result, _ = self.retrying(tables.evolve_table, self.clock, spec)
         return result
 
     def schema_history(self, name: str) -> list[tuple[int, TableSpec, int]]:
@@ -162,7 +167,8 @@ class MetadataStore:
         upper among those: a table and its dead-letter table must cover the same offsets, or
         the bad records between the two starts would be in neither (a crash between two
         separate creations, or two replicas bootstrapping a new datastream under traffic)."""
-        return shards.ensure_shards(self, table, starts, together_with=together_with)
+        created, _ = self.retrying(shards.ensure_shards, table, starts, together_with=together_with)
+        return created
 
     # -- commits ---------------------------------------------------------------------------
 
@@ -182,8 +188,12 @@ class MetadataStore:
         (:class:`WriterFencedError`, nothing committed). Replaying a committed batch is a
         harmless DROP. Shards are created on first commit with ``upper = lo``.
         """
-        return append.compare_and_append(
-            self, table, appends, writer_id=writer_id, batch_id=batch_id
+        ordered = append.checked_appends(appends)
+        result, retries = self.retrying(
+            append.append_txn, self.clock, not self.is_sqlite, table, ordered, writer_id, batch_id
+        )
+        return AppendResult(
+            result.table, result.version, result.shards, retries, result.files_referenced
         )
 
     def commit_batch(
@@ -198,9 +208,23 @@ class MetadataStore:
         transaction: either every table's decision is recorded or none is. ``precondition``
         runs inside the transaction right before COMMIT (every lock held); if it raises,
         nothing is committed."""
-        return append.commit_batch(
-            self, changes, writer_id=writer_id, batch_id=batch_id, precondition=precondition
-        )
+        ordered = {t: append.checked_appends(a) for t, a in sorted(changes.items())}
+        lock = not self.is_sqlite
+
+        def _txn(conn: Connection) -> dict[str, AppendResult]:
+            results = {
+                t: append.append_txn(conn, self.clock, lock, t, a, writer_id, batch_id)
+                for t, a in ordered.items()
+            }
+            if precondition is not None:
+                precondition()  # last, with every lock held: right before COMMIT
+            return results
+
+        results, retries = self.retrying(_txn)
+        return {
+            t: AppendResult(r.table, r.version, r.shards, retries, r.files_referenced)
+            for t, r in results.items()
+        }
 
     # -- manifests -------------------------------------------------------------------------
 
