@@ -494,10 +494,10 @@ GUARDS: tuple[Guard, ...] = (
         file="src/millstream/metastore/shards.py",
         what="ensure_shards: a missing shard starts at the lowest upper its siblings have",
         old="""\
-            upper = min(existing) if existing else start
+        upper = min(existing) if existing else start
 """,
         new="""\
-            upper = start  # MUTATION: a missing shard starts at the source's position
+        upper = start  # MUTATION: a missing shard starts at the source's position
 """,
         tests=("tests/unit/ingest/test_bootstrap_dead_letter.py",),
     ),
@@ -518,7 +518,7 @@ GUARDS: tuple[Guard, ...] = (
     ),
     Guard(
         name="lease-fence-locks-row",
-        file="src/millstream/control/leases.py",
+        file="src/millstream/metastore/leases.py",
         what="check_fence: the lease row is read FOR UPDATE (held until the fenced write ends)",
         old="""\
     cur = read_lease(conn, name, lock=True)
@@ -722,7 +722,7 @@ GUARDS: tuple[Guard, ...] = (
         file="src/millstream/control/controller.py",
         what="Controller.run_forever: a tick the metadata store failed runs again next time",
         old="""\
-            except (MillstreamError, OperationalError, InterfaceError) as exc:
+            except (MillstreamError, *STORE_ERRORS) as exc:
 """,
         new="""\
             except MillstreamError as exc:  # MUTATION: a dropped connection ends the loop

@@ -51,7 +51,7 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import Connection, Table, select
 
-import millstream.control.registry as registry_module
+import millstream.metastore.datastreams as datastreams_module
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control import events
@@ -361,7 +361,7 @@ def test_lifecycle_under_interleaved_commands_and_late_completions_only_moves_le
 ) -> None:
     """Runs the campaign: 100 examples of up to 30 steps each, seeded (see module doc)."""
     print(f"lifecycle campaign seed: {SEED} (rerun with MILLSTREAM_FAULT_SEED={SEED})")
-    monkeypatch.setattr(registry_module, "cas_update", recording_cas_update)
+    monkeypatch.setattr(datastreams_module, "cas_update", recording_cas_update)
     campaign = seed(SEED)(get_state_machine_test(Lifecycle, settings=CAMPAIGN))
     try:
         campaign()

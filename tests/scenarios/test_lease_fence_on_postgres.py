@@ -30,11 +30,12 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
 from millstream.clock import ManualClock
-from millstream.control import leases, workers
+from millstream.control import leases
 from millstream.control.leases import acquire_or_renew, read_lease
 from millstream.control.workers import CONTROLLER_LEASE, read_assignments, write_assignments
 from millstream.core.assignment import ACTIVE, STANDBY
 from millstream.errors import LeaseLostError
+from millstream.metastore import assignments
 from millstream.metastore.store import MetadataStore
 from millstream.testing.servers import PostgresServer
 
@@ -110,7 +111,7 @@ def run_scenario(url: str, monkeypatch: pytest.MonkeyPatch, fence: Fence) -> Run
                 fenced.set()
                 assert resume.wait(JOIN), "the test never resumed controller A"
 
-        monkeypatch.setattr(workers, "check_fence", paused_fence)
+        monkeypatch.setattr(assignments, "check_fence", paused_fence)
 
         def leader_a() -> None:
             try:

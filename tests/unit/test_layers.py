@@ -3,6 +3,9 @@
 * The import-linter contract in pyproject.toml holds for the code as it is, and breaks when an
   upward import is added (a copy of the package with one probe module proves the contract is
   live, not vacuous).
+* Every SQL statement and every use of the metadata schema is in ``millstream.metastore``: the
+  contract forbidding ``sqlalchemy`` and ``millstream.metastore.schema`` elsewhere holds, and
+  breaks when such an import is added (the same probe trick).
 * No ``import`` runs inside a function body in ``src/`` except in the modules that keep start-up
   fast (the CLI, the package ``__init__``, the stream source that Spark starts per query), and
   there each block of such imports carries a ``# lazy:`` comment saying why.
@@ -57,6 +60,8 @@ def test_the_layering_contract_holds() -> None:
     result = _lint_imports(REPO / "pyproject.toml")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Millstream layers KEPT" in result.stdout
+    assert "SQL and the metadata schema only inside millstream.metastore KEPT" in result.stdout
+    assert "No import cycle among the modules of millstream.metastore KEPT" in result.stdout
 
 
 def test_an_upward_import_breaks_the_contract(tmp_path: Path) -> None:
@@ -69,6 +74,25 @@ def test_an_upward_import_breaks_the_contract(tmp_path: Path) -> None:
     assert result.returncode != 0, result.stdout
     assert "millstream.storage is not allowed to import millstream.control" in result.stdout
     assert "millstream.storage.probe -> millstream.control.worker" in result.stdout
+
+
+def test_sql_or_the_schema_outside_the_metastore_breaks_the_contract(tmp_path: Path) -> None:
+    """The control plane may not run SQL on the schema, nor the API reach for SQLAlchemy: two
+    probes added on purpose, each named by the broken contract."""
+    shutil.copytree(SRC, tmp_path / "src" / "millstream")
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "src" / "millstream" / "control" / "probe.py").write_text(
+        "from millstream.metastore import schema\n"
+    )
+    (tmp_path / "src" / "millstream" / "api" / "probe.py").write_text(
+        "from sqlalchemy import select\n"
+    )
+    result = _lint_imports(tmp_path / "pyproject.toml", pythonpath=tmp_path / "src")
+    assert result.returncode != 0, result.stdout
+    assert "Millstream layers KEPT" in result.stdout  # both probes import downwards
+    assert "SQL and the metadata schema only inside millstream.metastore BROKEN" in result.stdout
+    assert "millstream.control.probe -> millstream.metastore.schema" in result.stdout
+    assert "millstream.api.probe -> sqlalchemy" in result.stdout
 
 
 def _allowed(rel: str) -> bool:

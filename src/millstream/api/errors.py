@@ -10,7 +10,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from millstream.errors import (
@@ -19,7 +18,7 @@ from millstream.errors import (
     MillstreamError,
     http_status,
 )
-from millstream.metastore.engine import first_line, unreachable
+from millstream.metastore.engine import STORE_ERRORS, first_line, unreachable
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +71,7 @@ def install_error_handlers(app: FastAPI) -> None:
         # A metadata store that did not answer is the store's outage, not the request's
         # fault nor a bug: 503 with the driver's reason, one log line, no traceback. Any
         # other database error (a bad statement, a constraint) stays a 500 with its traceback.
-        assert isinstance(exc, (OperationalError, InterfaceError))
+        assert isinstance(exc, STORE_ERRORS)
         if not unreachable(exc):
             raise exc
         return error_response(
@@ -82,7 +81,7 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     app.add_exception_handler(MillstreamError, on_millstream_error)
-    app.add_exception_handler(OperationalError, on_store_error)
-    app.add_exception_handler(InterfaceError, on_store_error)
+    for store_error in STORE_ERRORS:
+        app.add_exception_handler(store_error, on_store_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

@@ -21,8 +21,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, select
-
 from millstream.api.context import ApiContext
 from millstream.api.models import (
     ConsumingInfoOut,
@@ -39,7 +37,7 @@ from millstream.core.lifecycle import State
 from millstream.datastream import DatastreamSpec, FilesSource, KafkaSource
 from millstream.errors import PreconditionFailedError
 from millstream.ingest.sources import spec_reader
-from millstream.metastore import schema as s
+from millstream.metastore import reads
 from millstream.metastore.models import SegmentState
 from millstream.metastore.store import MetadataStore
 
@@ -116,48 +114,16 @@ def require_writer_stopped(ctx: ApiContext, table: str) -> None:
 
 
 def last_commit_times(store: MetadataStore, table: str) -> dict[int, float]:
-    """Per partition: when the shard last advanced through a segment, i.e. the earliest
-    ``created_at`` among the segments reaching its furthest end offset (a sealed segment
-    rewritten later over the same range does not count as an advance)."""
-    e = s.entries
-    furthest = (
-        select(e.c.partition, func.max(e.c.end_offset).label("end_offset"))
-        .where(e.c.table_name == table)
-        .group_by(e.c.partition)
-        .subquery()
-    )
-    q = (
-        select(e.c.partition, func.min(e.c.created_at))
-        .join(
-            furthest,
-            and_(e.c.partition == furthest.c.partition, e.c.end_offset == furthest.c.end_offset),
-        )
-        .where(e.c.table_name == table)
-        .group_by(e.c.partition)
-    )
+    """Per partition: when the shard last advanced through a segment
+    (:func:`millstream.metastore.reads.last_commit_times`)."""
     with store.read() as conn:
-        return {int(p): float(t) for p, t in conn.execute(q)}
+        return reads.last_commit_times(conn, table)
 
 
 def rows_per_table(store: MetadataStore) -> dict[str, int]:
-    """Rows in each table's current manifest: its segments' row counts minus the rows its
-    delete vectors mark superseded."""
-    e, dv = s.entries, s.delete_vectors
-    q = (
-        select(e.c.table_name, func.coalesce(func.sum(e.c.row_count), 0))
-        .where(e.c.removed_version.is_(None))
-        .group_by(e.c.table_name)
-    )
-    q_dv = (
-        select(dv.c.table_name, func.coalesce(func.sum(dv.c.row_count), 0))
-        .where(dv.c.removed_version.is_(None))
-        .group_by(dv.c.table_name)
-    )
+    """Rows in each table's current manifest (:func:`millstream.metastore.reads.rows_per_table`)."""
     with store.read() as conn:
-        rows = {str(t): int(n) for t, n in conn.execute(q)}
-        for t, n in conn.execute(q_dv):
-            rows[str(t)] = rows.get(str(t), 0) - int(n)
-        return rows
+        return reads.rows_per_table(conn)
 
 
 def serving_workers(ctx: ApiContext, datastream: str) -> list[ServingWorkerOut]:

@@ -146,9 +146,9 @@ def controller(
     # lazy: only the command that runs needs it; keeps `millstream --help` fast
     from millstream.api import create_app
     from millstream.api.console import console_url
-    from millstream.api.routes.cluster import public_url
     from millstream.catalog import Catalog
     from millstream.control.controller import Controller, ControlSettings
+    from millstream.metastore.engine import public_url
 
     _logging()
     with handle_errors(output):

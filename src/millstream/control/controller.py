@@ -24,8 +24,6 @@ import threading
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy.exc import InterfaceError, OperationalError
-
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control import events
@@ -43,6 +41,7 @@ from millstream.core.assignment import assign
 from millstream.core.lifecycle import ASSIGNED_STATES, State
 from millstream.datastream import dead_letter_spec
 from millstream.errors import LeaseLostError, MillstreamError
+from millstream.metastore.engine import STORE_ERRORS
 from millstream.sealing.maintenance import DEFAULT_PUBLISH_INTERVAL
 from millstream.sealing.repair import ReingestRunner
 from millstream.table.gc import DEFAULT_GRACE_SECONDS
@@ -198,7 +197,7 @@ class Controller:
         while not self._stop.is_set():
             try:
                 self.tick()
-            except (MillstreamError, OperationalError, InterfaceError) as exc:
+            except (MillstreamError, *STORE_ERRORS) as exc:
                 # A tick is idempotent: one the metadata store failed (a dropped connection, a
                 # store briefly unreachable) runs again next time instead of ending the process.
                 log.warning("controller %s tick failed: %s", self.id, exc)

@@ -7,10 +7,7 @@ completions apply only if the record is still in the state they expect.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
-
-from sqlalchemy import Connection, delete, insert, select
 
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control import events
@@ -23,33 +20,11 @@ from millstream.errors import (
     InvalidSpecError,
     NotFoundError,
 )
-from millstream.metastore import owners, tables
-from millstream.metastore import schema as s
-from millstream.metastore.cas import cas_update
+from millstream.metastore import datastreams, owners, tables
+from millstream.metastore.datastreams import DatastreamRecord
+from millstream.metastore.engine import Txn
 from millstream.metastore.evolve import evolve_with_dead_letter
 from millstream.metastore.store import MetadataStore
-
-
-@dataclass(frozen=True, slots=True)
-class DatastreamRecord:
-    name: str
-    spec: DatastreamSpec
-    state: State
-    version: int
-    last_error: str | None
-    created_at: float
-    updated_at: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "state": self.state.value,
-            "version": self.version,
-            "last_error": self.last_error,
-            "created_at": self.created_at,
-            "updated_at": self.updated_at,
-            "spec": self.spec.model_dump(mode="json", by_alias=True),
-        }
 
 
 def _differences(old: Any, new: Any, path: str) -> str | None:
@@ -104,18 +79,6 @@ def _at(data: Any, path: str) -> Any:
     return data
 
 
-def _record(r: Any) -> DatastreamRecord:
-    return DatastreamRecord(
-        name=r["name"],
-        spec=DatastreamSpec.parse(r["spec"]),
-        state=State(r["state"]),
-        version=r["version"],
-        last_error=r["last_error"],
-        created_at=r["created_at"],
-        updated_at=r["updated_at"],
-    )
-
-
 #: What an update returns: the record, the changes, the table's schema version (if it exists).
 Update = tuple[DatastreamRecord, list[Change], int | None]
 
@@ -127,13 +90,8 @@ class Registry:
 
     # -- reads -----------------------------------------------------------------------------
 
-    def _get(self, conn: Connection, name: str) -> DatastreamRecord | None:
-        row = (
-            conn.execute(select(s.datastreams).where(s.datastreams.c.name == name))
-            .mappings()
-            .first()
-        )
-        return None if row is None else _record(row)
+    def _get(self, conn: Txn, name: str) -> DatastreamRecord | None:
+        return datastreams.find(conn, name)
 
     def get(self, name: str) -> DatastreamRecord:
         with self.store.read() as conn:
@@ -148,8 +106,7 @@ class Registry:
 
     def list(self) -> list[DatastreamRecord]:
         with self.store.read() as conn:
-            rows = conn.execute(select(s.datastreams).order_by(s.datastreams.c.name)).mappings()
-            return [_record(r) for r in rows]
+            return datastreams.list_all(conn)
 
     # -- user commands ---------------------------------------------------------------------
 
@@ -158,7 +115,7 @@ class Registry:
         and dead-letter table must not belong to another datastream (:class:`TableOwnedError`)."""
         spec.table_spec()  # validated already; raises InvalidSpecError naming the field
 
-        def _txn(conn: Connection) -> DatastreamRecord:
+        def _txn(conn: Txn) -> DatastreamRecord:
             if self._get(conn, spec.name) is not None:
                 raise AlreadyExistsError("datastream", spec.name)
             now = self.clock.now()
@@ -166,24 +123,14 @@ class Registry:
             # the other datastream, if one owns either): in this transaction, so two creates
             # racing for one table cannot both insert (the owner row's key decides).
             owners.claim_tables(conn, [spec.table_name, spec.dead_letter_table], spec.name, now)
-            conn.execute(
-                insert(s.datastreams).values(
-                    name=spec.name,
-                    spec=spec.model_dump(mode="json", by_alias=True),
-                    state=State.INITIALIZING.value,
-                    last_error=None,
-                    created_at=now,
-                    updated_at=now,
-                    version=1,
-                )
-            )
+            datastreams.insert_new(conn, spec, now)
             events.enqueue(conn, spec.name, events.CREATE, now)
             rec = self._get(conn, spec.name)
             assert rec is not None
             return rec
 
         rec, _ = self.store.retrying(_txn)
-        return rec  # type: ignore[no-any-return]
+        return rec
 
     def update(self, name: str, spec: DatastreamSpec, *, dry_run: bool = False) -> Update:
         """Change a datastream's spec to ``spec``: its schema (compatible changes only, see
@@ -201,7 +148,7 @@ class Registry:
             raise InvalidSpecError("name", f"{spec.name!r} is not the datastream {name!r}")
         new_table = spec.table_spec()
 
-        def _txn(conn: Connection) -> Update:
+        def _txn(conn: Txn) -> Update:
             rec = self._get(conn, name)
             if rec is None:
                 raise NotFoundError("datastream", name)
@@ -228,22 +175,13 @@ class Registry:
                 schema_version = info.schema_version
             if dry_run or not (changes or _settings_changed(rec.spec, spec)):
                 return rec, changes, schema_version
-            cas_update(
-                conn,
-                s.datastreams,
-                {"name": name},
-                rec.version,
-                {
-                    "spec": spec.model_dump(mode="json", by_alias=True),
-                    "updated_at": self.clock.now(),
-                },
-            )
+            datastreams.set_spec(conn, name, rec.version, spec, self.clock.now())
             new = self._get(conn, name)
             assert new is not None
             return new, changes, schema_version
 
         result, _ = self.store.retrying(_txn)
-        return result  # type: ignore[no-any-return]
+        return result
 
     def command(self, name: str, command: Command) -> DatastreamRecord:
         """Apply a user command (pause, resume, stop, delete) by compare-and-set.
@@ -252,19 +190,13 @@ class Registry:
         delete enqueues an event for the leader; duplicate in-flight stop events coalesce.
         """
 
-        def _txn(conn: Connection) -> DatastreamRecord:
+        def _txn(conn: Txn) -> DatastreamRecord:
             rec = self._get(conn, name)
             if rec is None:
                 raise NotFoundError("datastream", name)
             target = command_target(name, command, rec.state)
             now = self.clock.now()
-            cas_update(
-                conn,
-                s.datastreams,
-                {"name": name},
-                rec.version,
-                {"state": target.value, "updated_at": now, "last_error": None},
-            )
+            datastreams.set_state(conn, name, rec.version, target, now, None)
             kind = {
                 Command.STOP: events.STOP,
                 Command.DELETE: events.DELETE,
@@ -275,7 +207,7 @@ class Registry:
             return new
 
         rec, _ = self.store.retrying(_txn)
-        return rec  # type: ignore[no-any-return]
+        return rec
 
     # -- asynchronous completions -----------------------------------------------------------
 
@@ -284,18 +216,12 @@ class Registry:
         read from the authoritative record inside the transaction (never from a cache).
         Returns whether it applied; a datastream that moved on is left alone."""
 
-        def _txn(conn: Connection) -> bool:
+        def _txn(conn: Txn) -> bool:
             rec = self._get(conn, name)
             if rec is None or rec.state is not expected:
                 return False
             check_transition(name, rec.state, to)
-            cas_update(
-                conn,
-                s.datastreams,
-                {"name": name},
-                rec.version,
-                {"state": to.value, "updated_at": self.clock.now(), "last_error": error},
-            )
+            datastreams.set_state(conn, name, rec.version, to, self.clock.now(), error)
             return True
 
         applied, _ = self.store.retrying(_txn)
@@ -304,17 +230,11 @@ class Registry:
     def fail(self, name: str, error: str) -> bool:
         """Any state -> ERROR (except a datastream being deleted)."""
 
-        def _txn(conn: Connection) -> bool:
+        def _txn(conn: Txn) -> bool:
             rec = self._get(conn, name)
             if rec is None or rec.state in (State.ERROR, State.DELETING):
                 return False
-            cas_update(
-                conn,
-                s.datastreams,
-                {"name": name},
-                rec.version,
-                {"state": State.ERROR.value, "updated_at": self.clock.now(), "last_error": error},
-            )
+            datastreams.set_state(conn, name, rec.version, State.ERROR, self.clock.now(), error)
             return True
 
         applied, _ = self.store.retrying(_txn)
@@ -323,19 +243,14 @@ class Registry:
     def remove(self, name: str) -> bool:
         """DELETING -> gone, only if still DELETING."""
 
-        def _txn(conn: Connection) -> bool:
+        def _txn(conn: Txn) -> bool:
             rec = self._get(conn, name)
             if rec is None or rec.state is not State.DELETING:
                 return False
-            n = conn.execute(
-                delete(s.datastreams).where(
-                    s.datastreams.c.name == name, s.datastreams.c.version == rec.version
-                )
-            ).rowcount
-            conn.execute(delete(s.assignments).where(s.assignments.c.datastream == name))
-            if n == 1:
-                owners.release_tables(conn, name)  # its table names are free from now on
-            return bool(n == 1)
+            return datastreams.delete_at(conn, name, rec.version)
 
         applied, _ = self.store.retrying(_txn)
         return bool(applied)
+
+
+__all__ = ["DatastreamRecord", "Registry", "Update"]

@@ -46,8 +46,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.exc import InterfaceError, OperationalError
-
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control.controller import ControlSettings
@@ -69,6 +67,7 @@ from millstream.errors import (
 from millstream.faults import seal_faults
 from millstream.ingest.sources import spec_reader
 from millstream.ingest.sources.base import latest_offsets_of
+from millstream.metastore.engine import STORE_ERRORS
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.maintenance import Maintainer, Publisher, TableMaintenance
 from millstream.sealing.sealer import Sealer, SealFaults
@@ -854,7 +853,7 @@ class Worker:
         while not self._stop.is_set():
             try:
                 self.tick()
-            except (MillstreamError, OperationalError, InterfaceError) as exc:
+            except (MillstreamError, *STORE_ERRORS) as exc:
                 # A tick is idempotent: one the metadata store failed (a dropped connection, a
                 # store briefly unreachable) runs again next time instead of ending the process.
                 log.warning("worker %s tick failed: %s", self.id, exc)

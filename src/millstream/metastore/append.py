@@ -4,12 +4,13 @@ version) in one transaction, for one table or for a table and its dead-letter ta
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Connection, insert
 
+from millstream.clock import Clock
 from millstream.core.frontier import Decision, Outcome, decide
 from millstream.errors import InvalidSpecError, WriterFencedError
 from millstream.metastore import schema as s
@@ -17,52 +18,7 @@ from millstream.metastore.cas import CasRow, cas_update_many
 from millstream.metastore.manifest import insert_entries, publish_version
 from millstream.metastore.models import AppendResult, SegmentState, Shard, ShardAppend, ShardResult
 from millstream.metastore.shards import shards_of
-
-if TYPE_CHECKING:
-    from millstream.metastore.store import MetadataStore
-
-
-def compare_and_append(
-    store: MetadataStore,
-    table: str,
-    appends: Sequence[ShardAppend],
-    *,
-    writer_id: str | None,
-    batch_id: int | None,
-) -> AppendResult:
-    """One table's batch in one transaction (see :meth:`MetadataStore.compare_and_append`)."""
-    ordered = checked_appends(appends)
-    result, retries = store.retrying(append_txn, store, table, ordered, writer_id, batch_id)
-    assert isinstance(result, AppendResult)
-    return AppendResult(
-        result.table, result.version, result.shards, retries, result.files_referenced
-    )
-
-
-def commit_batch(
-    store: MetadataStore,
-    changes: dict[str, Sequence[ShardAppend]],
-    *,
-    writer_id: str | None,
-    batch_id: int | None,
-    precondition: Callable[[], None] | None = None,
-) -> dict[str, AppendResult]:
-    """Several tables' batches in one transaction (see :meth:`MetadataStore.commit_batch`)."""
-    ordered = {t: checked_appends(a) for t, a in sorted(changes.items())}
-
-    def _txn(conn: Connection) -> dict[str, AppendResult]:
-        results = {
-            t: append_txn(conn, store, t, a, writer_id, batch_id) for t, a in ordered.items()
-        }
-        if precondition is not None:
-            precondition()  # last, with every lock held: right before COMMIT
-        return results
-
-    results, retries = store.retrying(_txn)
-    return {
-        t: AppendResult(r.table, r.version, r.shards, retries, r.files_referenced)
-        for t, r in results.items()
-    }
+from millstream.metastore.tables import find_table
 
 
 def checked_appends(appends: Sequence[ShardAppend]) -> list[ShardAppend]:
@@ -88,7 +44,8 @@ def checked_appends(appends: Sequence[ShardAppend]) -> list[ShardAppend]:
 
 def append_txn(
     conn: Connection,
-    store: MetadataStore,
+    clock: Clock,
+    lock: bool,
     table: str,
     appends: list[ShardAppend],
     writer_id: str | None,
@@ -99,8 +56,10 @@ def append_txn(
     partition's pieces are decided one after the other, each against the upper the one before
     left (a piece a peer already persisted drops, the next one commits from there), and its
     shard is compare-and-set once, to the last piece's upper. A stale epoch on any shard
-    raises :class:`WriterFencedError`."""
-    info = store.table_row(conn, table, lock=True)
+    raises :class:`WriterFencedError`. ``lock`` takes the table row's lock first
+    (:func:`~millstream.metastore.tables.find_table`'s ``for_update``)."""
+    info = find_table(conn, table, for_update=lock)
+    assert info is not None
     current = shards_of(conn, table, sorted({a.partition for a in appends}))
     decisions: list[tuple[ShardAppend, Shard | None, Decision]] = []
     running: dict[int, tuple[int, int]] = {}  # partition -> (upper, epoch) after its pieces so far
@@ -116,7 +75,7 @@ def append_txn(
 
     changed = any(d.appends for _, _, d in decisions)
     new_version = info.manifest_version + 1 if changed else None
-    now = store.clock.now()
+    now = clock.now()
     results: list[ShardResult] = []
     files: set[str] = set()
     # Collected per partition, then written with one statement each (entries, new shards,

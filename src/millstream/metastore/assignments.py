@@ -1,14 +1,16 @@
 """Reading the stored assignments (datastream -> placement), and the commit gate a standby
 writer consults: below the control plane, so the writers' Spark adapters can ask it without
-importing the control package. The controller writes assignments
-(:func:`millstream.control.workers.write_assignments`)."""
+importing the control package; and writing them, fenced by the controller's lease
+(:func:`write_assignments`, run by :func:`millstream.control.workers.write_assignments`)."""
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, delete, insert, select
 
+from millstream.clock import Clock
 from millstream.core.assignment import Placement
 from millstream.metastore import schema as s
+from millstream.metastore.leases import check_fence
 from millstream.metastore.store import MetadataStore
 
 
@@ -48,3 +50,30 @@ def may_commit(
         return row is None or (
             row["status"] == "STOPPED" or row["heartbeat_at"] + takeover_ttl <= now
         )
+
+
+def write_assignments(
+    conn: Connection,
+    clock: Clock,
+    lease: str,
+    target: dict[str, Placement],
+    *,
+    holder: str,
+    token: int,
+) -> bool:
+    """In ``conn``'s transaction: replace the stored assignments with ``target``, fenced by
+    ``holder``'s token of ``lease`` (LeaseLostError if the lease moved on). Returns whether
+    anything changed."""
+    check_fence(conn, lease, holder, token, clock.now())
+    # A datastream with no live worker has an empty placement, which is stored as no rows.
+    if assignments_in(conn) == {k: v for k, v in target.items() if v}:
+        return False
+    conn.execute(delete(s.assignments))
+    for name, placement in target.items():
+        for worker_id, role in placement:
+            conn.execute(
+                insert(s.assignments).values(
+                    datastream=name, worker_id=worker_id, role=role, token=token, version=1
+                )
+            )
+    return True

@@ -69,7 +69,7 @@ def claim_run(
         return versions
 
     claimed, _ = store.retrying(_txn)
-    return claimed  # type: ignore[no-any-return]
+    return claimed
 
 
 def release_run(
@@ -106,7 +106,7 @@ def release_run(
         return partition
 
     released, _ = store.retrying(_txn)
-    return released  # type: ignore[no-any-return]
+    return released
 
 
 def store_now(store: MetadataStore, conn: Connection) -> float:
@@ -158,4 +158,4 @@ def renew_claim(
         }
 
     renewed, _ = store.retrying(_txn)
-    return renewed  # type: ignore[no-any-return]
+    return renewed

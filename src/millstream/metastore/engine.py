@@ -12,12 +12,13 @@ from __future__ import annotations
 import random
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeAlias, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, insert
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
 from millstream.errors import (
@@ -28,10 +29,58 @@ from millstream.errors import (
 )
 from millstream.metastore import schema as s
 
-if TYPE_CHECKING:
-    from millstream.metastore.store import MetadataStore
-
 MAX_CAS_RETRIES = 50
+
+#: An open transaction of the metadata store: what the metastore's functions take, and what a
+#: caller's transaction function (run by ``MetadataStore.retrying``) hands on to them. Code
+#: outside :mod:`millstream.metastore` names it, never runs SQL on it.
+Txn: TypeAlias = Connection
+
+#: What the database driver raises when the metadata store misbehaves (a connection refused,
+#: reset or timed out; a lock not granted): supervised loops retry these, the REST API answers
+#: 503 for the unreachable ones (:func:`unreachable`).
+STORE_ERRORS = (OperationalError, InterfaceError)
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Database(Protocol):
+    """What the transaction machinery below needs of the store it runs on (the facade,
+    :class:`millstream.metastore.store.MetadataStore`, is one): its engine and backend, the
+    fault point run around COMMIT, its write transactions and its conflict counter."""
+
+    engine: Engine
+    is_sqlite: bool
+    on_commit: Callable[[bool], None] | None
+
+    def write(self) -> AbstractContextManager[Connection]: ...
+
+    def _count_conflict(self) -> None: ...
+
+
+class Transactions(Protocol):
+    """Read transactions and retried write transactions: what a metastore function that runs
+    its own transactions (:func:`millstream.metastore.manifest.reconcile`) takes, instead of
+    the facade that offers them."""
+
+    def read(self) -> AbstractContextManager[Connection]: ...
+
+    def retrying(
+        self,
+        fn: Callable[Concatenate[Connection, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> tuple[T, int]: ...
+
+
+def public_url(url: str) -> str:
+    """The metadata URL without its password (never served)."""
+    u = make_url(url)
+    # URL.set(password=None) means "unchanged"; the namedtuple replace really drops it.
+    return u._replace(password=None).render_as_string(hide_password=False) if u.password else url
 
 
 def sqlite_url(home: str | Path) -> str:
@@ -96,7 +145,7 @@ def make_engine(url: str, *, is_sqlite: bool) -> Engine:
 
 
 @contextmanager
-def read_transaction(store: MetadataStore) -> Iterator[Connection]:
+def read_transaction(store: Database) -> Iterator[Connection]:
     """A read-only transaction over one consistent snapshot."""
     with store.engine.connect() as conn:
         if not store.is_sqlite:
@@ -106,7 +155,7 @@ def read_transaction(store: MetadataStore) -> Iterator[Connection]:
 
 
 @contextmanager
-def write_transaction(store: MetadataStore) -> Iterator[Connection]:
+def write_transaction(store: Database) -> Iterator[Connection]:
     """A write transaction. A failure inside COMMIT becomes CommitStateUnknownError; the
     store's ``on_commit`` fault point runs right before and right after the COMMIT."""
     with store.engine.connect() as conn:
@@ -142,8 +191,14 @@ def write_transaction(store: MetadataStore) -> Iterator[Connection]:
             ) from exc
 
 
-def retrying(store: MetadataStore, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run ``fn(conn, ...)`` in a write transaction of ``store``, retrying lost
+def retrying(
+    store: Database,
+    fn: Callable[Concatenate[Connection, P], T],
+    /,
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> tuple[T, int]:
+    """Run ``fn(conn, *args, **kwargs)`` in a write transaction of ``store``, retrying lost
     compare-and-sets (each one counted in ``store.conflicts``). Returns (result, retries)."""
     for attempt in range(MAX_CAS_RETRIES):
         try:
@@ -159,7 +214,7 @@ def retrying(store: MetadataStore, fn: Any, *args: Any, **kwargs: Any) -> Any:
     raise CommitConflictError(f"gave up after {MAX_CAS_RETRIES} lost compare-and-sets")
 
 
-def migrate(store: MetadataStore) -> None:
+def migrate(store: Database) -> None:
     """Create or upgrade the schema to :data:`schema.LATEST_SCHEMA_VERSION` (racing processes
     that do the same at once are tolerated)."""
     last: Exception | None = None

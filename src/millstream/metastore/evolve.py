@@ -29,10 +29,10 @@ def evolve_with_dead_letter(
     """:func:`~millstream.metastore.tables.evolve_table` of the table and, if it exists, of
     its dead-letter table (which follows the table's retention), inside ``conn``'s
     transaction."""
-    info, changes = tables.evolve_table(conn, store, new_table)
+    info, changes = tables.evolve_table(conn, store.clock, new_table)
     dl = dead_letter_spec(new_table)
     if tables.find_table(conn, dl.name, missing_ok=True) is not None:
-        tables.evolve_table(conn, store, dl)
+        tables.evolve_table(conn, store.clock, dl)
     return info, changes
 
 
@@ -84,4 +84,4 @@ def absorb(
         return info, changes
 
     result, _ = store.retrying(_txn)
-    return result  # type: ignore[no-any-return]
+    return result

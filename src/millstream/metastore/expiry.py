@@ -198,4 +198,4 @@ def expire_versions(
         return result
 
     result, _ = store.retrying(_txn)
-    return result  # type: ignore[no-any-return]
+    return result

@@ -49,18 +49,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, insert, select
 
 from millstream.errors import CommitStateUnknownError, SegmentChangedError
 from millstream.metastore import schema as s
 from millstream.metastore.cas import cas_update
+from millstream.metastore.engine import Transactions
 from millstream.metastore.models import Entry, SegmentState, TableInfo
 from millstream.metastore.reads import get_entry, live_delete_vectors
-
-if TYPE_CHECKING:
-    from millstream.metastore.store import MetadataStore
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +227,7 @@ def publish_version(
 
 
 def reconcile(
-    store: MetadataStore,
+    store: Transactions,
     txn: Callable[[Connection], T],
     landed: Callable[[Connection], T | None],
     what: str,
@@ -242,7 +240,7 @@ def reconcile(
     then keep every file it wrote, because nothing proves the manifest does not use them."""
     try:
         result, _ = store.retrying(txn)
-        return result  # type: ignore[no-any-return]
+        return result
     except CommitStateUnknownError as exc:
         try:
             with store.read() as conn:

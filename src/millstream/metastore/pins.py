@@ -74,7 +74,7 @@ def pin_version(
         return Pin(int(pid[0]), table, v, holder, now + seconds)
 
     pin, _ = store.retrying(_txn)
-    return pin  # type: ignore[no-any-return]
+    return pin
 
 
 def release_pin(store: MetadataStore, pin: Pin) -> bool:

@@ -1,5 +1,6 @@
 """Reading the manifest: entry and delete-vector rows as models, a partition's live entries, a
-table's manifest at a version or a point in time, and the files a table references."""
+table's manifest at a version or a point in time, the files a table references, and what the
+status pages count (when each partition last advanced, the rows of each table)."""
 
 from __future__ import annotations
 
@@ -181,3 +182,46 @@ def referenced_files(conn: Connection, table: str) -> set[str]:
     files = {r[0] for r in conn.execute(q)}
     q = select(s.delete_vectors.c.file_path).where(s.delete_vectors.c.table_name == table)
     return files | {r[0] for r in conn.execute(q)}
+
+
+def last_commit_times(conn: Connection, table: str) -> dict[int, float]:
+    """Per partition: when the shard last advanced through a segment, i.e. the earliest
+    ``created_at`` among the segments reaching its furthest end offset (a sealed segment
+    rewritten later over the same range does not count as an advance)."""
+    e = s.entries
+    furthest = (
+        select(e.c.partition, func.max(e.c.end_offset).label("end_offset"))
+        .where(e.c.table_name == table)
+        .group_by(e.c.partition)
+        .subquery()
+    )
+    q = (
+        select(e.c.partition, func.min(e.c.created_at))
+        .join(
+            furthest,
+            and_(e.c.partition == furthest.c.partition, e.c.end_offset == furthest.c.end_offset),
+        )
+        .where(e.c.table_name == table)
+        .group_by(e.c.partition)
+    )
+    return {int(p): float(t) for p, t in conn.execute(q)}
+
+
+def rows_per_table(conn: Connection) -> dict[str, int]:
+    """Rows in each table's current manifest: its segments' row counts minus the rows its
+    delete vectors mark superseded."""
+    e, dv = s.entries, s.delete_vectors
+    q = (
+        select(e.c.table_name, func.coalesce(func.sum(e.c.row_count), 0))
+        .where(e.c.removed_version.is_(None))
+        .group_by(e.c.table_name)
+    )
+    q_dv = (
+        select(dv.c.table_name, func.coalesce(func.sum(dv.c.row_count), 0))
+        .where(dv.c.removed_version.is_(None))
+        .group_by(dv.c.table_name)
+    )
+    rows = {str(t): int(n) for t, n in conn.execute(q)}
+    for t, n in conn.execute(q_dv):
+        rows[str(t)] = rows.get(str(t), 0) - int(n)
+    return rows

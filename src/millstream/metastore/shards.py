@@ -4,16 +4,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, insert, select
 
 from millstream.metastore import schema as s
 from millstream.metastore.models import Shard
 from millstream.metastore.tables import find_table
-
-if TYPE_CHECKING:
-    from millstream.metastore.store import MetadataStore
 
 
 def shards_of(conn: Connection, table: str, partitions: Sequence[int] | None) -> dict[int, Shard]:
@@ -30,34 +26,29 @@ def shards_of(conn: Connection, table: str, partitions: Sequence[int] | None) ->
 
 
 def ensure_shards(
-    store: MetadataStore, table: str, starts: dict[int, int], *, together_with: Sequence[str]
+    conn: Connection, table: str, starts: dict[int, int], *, together_with: Sequence[str]
 ) -> dict[int, Shard]:
-    """Create the missing shards of ``table`` and of the ``together_with`` tables in ONE
-    transaction (see :meth:`MetadataStore.ensure_shards`); returns ``table``'s requested
-    shards as they now are."""
+    """In ``conn``'s transaction: create the missing shards of ``table`` and of the
+    ``together_with`` tables (see :meth:`MetadataStore.ensure_shards`); returns ``table``'s
+    requested shards as they now are."""
     names = [table, *together_with]
-
-    def _txn(conn: Connection) -> dict[int, Shard]:
-        have = {}
+    have = {}
+    for name in names:
+        find_table(conn, name)
+        have[name] = shards_of(conn, name, list(starts))
+    for p, start in sorted(starts.items()):
+        existing = [have[name][p].upper for name in names if p in have[name]]
+        upper = min(existing) if existing else start
         for name in names:
-            find_table(conn, name)
-            have[name] = shards_of(conn, name, list(starts))
-        for p, start in sorted(starts.items()):
-            existing = [have[name][p].upper for name in names if p in have[name]]
-            upper = min(existing) if existing else start
-            for name in names:
-                if p not in have[name]:
-                    conn.execute(
-                        insert(s.shards).values(
-                            table_name=name,
-                            partition=p,
-                            upper=upper,
-                            epoch=0,
-                            next_seq=0,
-                            version=1,
-                        )
+            if p not in have[name]:
+                conn.execute(
+                    insert(s.shards).values(
+                        table_name=name,
+                        partition=p,
+                        upper=upper,
+                        epoch=0,
+                        next_seq=0,
+                        version=1,
                     )
-        return shards_of(conn, table, list(starts))
-
-    shards, _ = store.retrying(_txn)
-    return shards  # type: ignore[no-any-return]
+                )
+    return shards_of(conn, table, list(starts))

@@ -13,6 +13,10 @@ Embedded default: a SQLite file in WAL mode. Multi-host: PostgreSQL by URL. Writ
 on SQLite take the write lock up front (``BEGIN IMMEDIATE``) so two processes never deadlock
 upgrading a read lock; on PostgreSQL every row change is a compare-and-set on ``version`` and a
 lost race is retried from a fresh read.
+
+The facade calls down into those modules and runs their transaction functions (which take a
+connection and a clock) in :meth:`MetadataStore.retrying`; none of them imports the facade
+(an import-linter contract keeps the package free of import cycles).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any
+from typing import Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection
 
@@ -31,6 +35,9 @@ from millstream.metastore import append, engine, reads, shards, tables
 from millstream.metastore import schema as s
 from millstream.metastore.models import AppendResult, Manifest, Shard, ShardAppend, TableInfo
 from millstream.spec import TableSpec
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class MetadataStore:
@@ -61,8 +68,15 @@ class MetadataStore:
         """A write transaction. A failure inside COMMIT becomes CommitStateUnknownError."""
         return engine.write_transaction(self)
 
-    def retrying(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """Run ``fn(conn, ...)`` in a write transaction, retrying lost compare-and-sets."""
+    def retrying(
+        self,
+        fn: Callable[Concatenate[Connection, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> tuple[T, int]:
+        """Run ``fn(conn, *args, **kwargs)`` in a write transaction, retrying lost
+        compare-and-sets. Returns ``fn``'s result and how many times it was retried."""
         return engine.retrying(self, fn, *args, **kwargs)
 
     def _count_conflict(self) -> None:
@@ -80,14 +94,15 @@ class MetadataStore:
 
     def create_table(self, spec: TableSpec, *, exist_ok: bool = True) -> TableInfo:
         """Create a table; an identical existing one is returned when ``exist_ok``."""
-        return tables.create_table(self, spec, exist_ok=exist_ok)
+        info, _ = self.retrying(tables.create_table, self.clock, spec, exist_ok=exist_ok)
+        return info
 
     def evolve_table(self, spec: TableSpec) -> tuple[TableInfo, list[Change]]:
         """Change the table's spec to ``spec`` if the change is compatible (one transaction:
         compare-and-set on the table row plus the new schema version's row); a lost race is
         retried and re-checked against the winner. IncompatibleChangeError otherwise."""
-        result, _ = self.retrying(tables.evolve_table, self, spec)
-        return result  # type: ignore[no-any-return]
+        result, _ = self.retrying(tables.evolve_table, self.clock, spec)
+        return result
 
     def schema_history(self, name: str) -> list[tuple[int, TableSpec, int]]:
         """Every schema version of the table, oldest first: (version, spec, manifest version
@@ -152,7 +167,8 @@ class MetadataStore:
         upper among those: a table and its dead-letter table must cover the same offsets, or
         the bad records between the two starts would be in neither (a crash between two
         separate creations, or two replicas bootstrapping a new datastream under traffic)."""
-        return shards.ensure_shards(self, table, starts, together_with=together_with)
+        created, _ = self.retrying(shards.ensure_shards, table, starts, together_with=together_with)
+        return created
 
     # -- commits ---------------------------------------------------------------------------
 
@@ -172,8 +188,12 @@ class MetadataStore:
         (:class:`WriterFencedError`, nothing committed). Replaying a committed batch is a
         harmless DROP. Shards are created on first commit with ``upper = lo``.
         """
-        return append.compare_and_append(
-            self, table, appends, writer_id=writer_id, batch_id=batch_id
+        ordered = append.checked_appends(appends)
+        result, retries = self.retrying(
+            append.append_txn, self.clock, not self.is_sqlite, table, ordered, writer_id, batch_id
+        )
+        return AppendResult(
+            result.table, result.version, result.shards, retries, result.files_referenced
         )
 
     def commit_batch(
@@ -188,9 +208,23 @@ class MetadataStore:
         transaction: either every table's decision is recorded or none is. ``precondition``
         runs inside the transaction right before COMMIT (every lock held); if it raises,
         nothing is committed."""
-        return append.commit_batch(
-            self, changes, writer_id=writer_id, batch_id=batch_id, precondition=precondition
-        )
+        ordered = {t: append.checked_appends(a) for t, a in sorted(changes.items())}
+        lock = not self.is_sqlite
+
+        def _txn(conn: Connection) -> dict[str, AppendResult]:
+            results = {
+                t: append.append_txn(conn, self.clock, lock, t, a, writer_id, batch_id)
+                for t, a in ordered.items()
+            }
+            if precondition is not None:
+                precondition()  # last, with every lock held: right before COMMIT
+            return results
+
+        results, retries = self.retrying(_txn)
+        return {
+            t: AppendResult(r.table, r.version, r.shards, retries, r.files_referenced)
+            for t, r in results.items()
+        }
 
     # -- manifests -------------------------------------------------------------------------
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Connection, insert, select
 
+from millstream.clock import Clock
 from millstream.core.evolution import Change, check_evolution
 from millstream.errors import AlreadyExistsError, TableNotFoundError
 from millstream.metastore import schema as s
@@ -13,76 +14,66 @@ from millstream.metastore.cas import cas_update
 from millstream.metastore.models import TableInfo
 from millstream.spec import TableSpec, validate_table_name
 
-if TYPE_CHECKING:
-    from millstream.metastore.store import MetadataStore
 
-
-def create_table(store: MetadataStore, spec: TableSpec, *, exist_ok: bool) -> TableInfo:
-    """Create a table at manifest version 0; an identical existing one is returned when
-    ``exist_ok`` (else :class:`AlreadyExistsError`)."""
-
-    def _create(conn: Connection) -> TableInfo:
-        existing = find_table(conn, spec.name, missing_ok=True)
-        if existing is not None:
-            if exist_ok and not existing.spec.same_table(spec) and _had_schema(conn, spec):
-                # A writer started before the table's schema evolved (its datastream spec is
-                # an older one) restarts: the table stays as it is, the writer reads its
-                # current spec per batch.
-                return existing
-            if not (exist_ok and existing.spec.same_table(spec)):
-                raise AlreadyExistsError("table", spec.name)
-            if existing.spec.retention == spec.retention:
-                return existing
-            # Retention is the one part of a table's spec that may change (compare-and-set on
-            # the table row, so a concurrent commit retries on the new row).
-            row_version = cas_update(
-                conn,
-                s.tables,
-                {"name": spec.name},
-                existing.version,
-                {"spec": spec.to_json_dict()},
-            )
-            return TableInfo(
-                spec,
-                existing.manifest_version,
-                existing.created_at,
-                row_version,
-                existing.schema_version,
-            )
-        now = store.clock.now()
-        conn.execute(
-            insert(s.tables).values(
-                name=spec.name,
-                spec=spec.to_json_dict(),
-                manifest_version=0,
-                created_at=now,
-                version=1,
-                schema_version=1,
-            )
+def create_table(conn: Connection, clock: Clock, spec: TableSpec, *, exist_ok: bool) -> TableInfo:
+    """In ``conn``'s transaction: create a table at manifest version 0; an identical existing
+    one is returned when ``exist_ok`` (else :class:`AlreadyExistsError`)."""
+    existing = find_table(conn, spec.name, missing_ok=True)
+    if existing is not None:
+        if exist_ok and not existing.spec.same_table(spec) and _had_schema(conn, spec):
+            # A writer started before the table's schema evolved (its datastream spec is
+            # an older one) restarts: the table stays as it is, the writer reads its
+            # current spec per batch.
+            return existing
+        if not (exist_ok and existing.spec.same_table(spec)):
+            raise AlreadyExistsError("table", spec.name)
+        if existing.spec.retention == spec.retention:
+            return existing
+        # Retention is the one part of a table's spec that may change (compare-and-set on
+        # the table row, so a concurrent commit retries on the new row).
+        row_version = cas_update(
+            conn,
+            s.tables,
+            {"name": spec.name},
+            existing.version,
+            {"spec": spec.to_json_dict()},
         )
-        conn.execute(
-            insert(s.table_schemas).values(
-                table_name=spec.name,
-                schema_version=1,
-                spec=spec.to_json_dict(),
-                manifest_version=0,
-                created_at=now,
-            )
+        return TableInfo(
+            spec,
+            existing.manifest_version,
+            existing.created_at,
+            row_version,
+            existing.schema_version,
         )
-        conn.execute(
-            insert(s.table_versions).values(
-                table_name=spec.name, manifest_version=0, committed_at=now, operation="create"
-            )
+    now = clock.now()
+    conn.execute(
+        insert(s.tables).values(
+            name=spec.name,
+            spec=spec.to_json_dict(),
+            manifest_version=0,
+            created_at=now,
+            version=1,
+            schema_version=1,
         )
-        return TableInfo(spec, 0, now, 1)
+    )
+    conn.execute(
+        insert(s.table_schemas).values(
+            table_name=spec.name,
+            schema_version=1,
+            spec=spec.to_json_dict(),
+            manifest_version=0,
+            created_at=now,
+        )
+    )
+    conn.execute(
+        insert(s.table_versions).values(
+            table_name=spec.name, manifest_version=0, committed_at=now, operation="create"
+        )
+    )
+    return TableInfo(spec, 0, now, 1)
 
-    info, _ = store.retrying(_create)
-    return info  # type: ignore[no-any-return]
 
-
-def evolve_table(
-    conn: Connection, store: MetadataStore, spec: TableSpec
-) -> tuple[TableInfo, list[Change]]:
+def evolve_table(conn: Connection, clock: Clock, spec: TableSpec) -> tuple[TableInfo, list[Change]]:
     """Make ``spec`` the table's spec inside ``conn``'s transaction, if
     :func:`~millstream.core.evolution.check_evolution` allows the change from the current one
     (else :class:`~millstream.errors.IncompatibleChangeError`, nothing changed). Returns the
@@ -114,7 +105,7 @@ def evolve_table(
                 schema_version=schema_version,
                 spec=spec.to_json_dict(),
                 manifest_version=existing.manifest_version,
-                created_at=store.clock.now(),
+                created_at=clock.now(),
             )
         )
     info = TableInfo(

@@ -8,11 +8,11 @@ from api_support import TestClient, beat, spec_body, write_lines
 from prometheus_client.parser import text_string_to_metric_families
 
 from millstream.api import create_app
-from millstream.api.routes.cluster import public_url
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller
 from millstream.control.workers import heartbeat
+from millstream.metastore.engine import public_url
 from millstream.metastore.models import ShardAppend
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
-from sqlalchemy.engine import make_url
 
 from millstream.api.context import ApiContext, get_context
 from millstream.api.models import ControlSettingsOut, HealthOut, SettingsOut, WorkerOut
 from millstream.control.workers import list_workers, read_assignments
+from millstream.metastore.engine import public_url
 
 router = APIRouter(tags=["cluster"])
 Ctx = Annotated[ApiContext, Depends(get_context)]
@@ -44,13 +44,6 @@ def workers(ctx: Ctx) -> list[WorkerOut]:
 def health(ctx: Ctx) -> HealthOut:
     c = ctx.controller
     return HealthOut(leader=c is not None and c.is_leader, controller_id=c.id if c else None)
-
-
-def public_url(url: str) -> str:
-    """The metadata URL without its password (never served)."""
-    u = make_url(url)
-    # URL.set(password=None) means "unchanged"; the namedtuple replace really drops it.
-    return u._replace(password=None).render_as_string(hide_password=False) if u.password else url
 
 
 @router.get("/settings", response_model=SettingsOut)
