@@ -83,7 +83,7 @@ from pyiceberg.table.update import (
 from pyiceberg.table.update.schema import UpdateSchema
 from pyiceberg.typedef import Record
 
-from millstream.core.merge import resolve
+from millstream.core.engines import engine_for
 from millstream.errors import CommitStateUnknownError
 from millstream.metastore.iceberg import (
     IcebergPointer,
@@ -385,7 +385,7 @@ def merge_columns(spec: TableSpec) -> pa.Schema:
     included): the key, comparison, delete and time columns; every column of a ``partial``
     table (its merged row is built from them all)."""
     full = spec.arrow_schema(system_columns=True)
-    if spec.mode == "partial":
+    if engine_for(spec).merges_columns:
         return full
     wanted = {*spec.primary_key, *SYSTEM_COLUMNS}
     for c in (spec.comparison_column, spec.delete_column, spec.time_column):
@@ -462,8 +462,8 @@ def incremental_view(
     row of a file that is new, gone, or whose segments changed (a new micro-batch, a seal, a
     compaction, a rollback, a re-ingestion); every row of any other key keeps its place in
     the view. Only the touched keys' rows, in every file of the version, are merged again
-    (:func:`millstream.core.merge.resolve`, after the version's delete vectors, as the read
-    does); a file none of whose rows belong to a touched key keeps its hidden rows as they
+    (:meth:`millstream.core.engines.MergeEngine.resolve`, after the version's delete vectors, as
+    the read does); a file none of whose rows belong to a touched key keeps its hidden rows as they
     were. The merge columns of files come from ``cache`` (a file is read once, ever)."""
     spec: TableSpec = manifest.table.spec
     schema = merge_columns(spec)
@@ -577,12 +577,12 @@ def incremental_view(
         winners = pa.concat_tables(
             [rows_of.schema.empty_table()]
             + [
-                resolve(spec, rows_of.filter(pc.equal(parts, p)))
+                engine_for(spec).resolve(rows_of.filter(pc.equal(parts, p)))
                 for p in pc.unique(parts).to_pylist()
             ]
         )
     else:
-        winners = resolve(spec, rows_of)
+        winners = engine_for(spec).resolve(rows_of)
     # Each winner's physical row: its (partition, offset) among the candidates.
     placed = candidates.select([PARTITION_COL, OFFSET_COL, FILE_COL, POS_COL]).join(
         winners.select([PARTITION_COL, OFFSET_COL]).append_column(
@@ -602,7 +602,7 @@ def incremental_view(
     win_pos = placed.column(POS_COL).to_numpy()
     user = spec.arrow_schema()
     new_merged = user.empty_table()
-    if spec.mode == "partial" and winners.num_rows:
+    if engine_for(spec).merges_columns and winners.num_rows:
         # A merged row that differs from its physical row is written; that row is hidden.
         by_place = candidates.select([FILE_COL, POS_COL, *user.names])
         physical = by_place.join(

@@ -68,6 +68,12 @@ class MergeEngine(ABC):
         one row per key, its winner against every older row (:mod:`millstream.core.final`)."""
         return False
 
+    @property
+    def merges_columns(self) -> bool:
+        """Whether a key's current row is built from several of its rows' columns (so it may
+        equal none of them, and every column decides it), rather than being one of them."""
+        return False
+
     def index_columns(self) -> list[str]:
         """The columns a key index keeps of each live sealed row."""
         raise ValueError(f"table {self.spec.name!r} is {self.mode}: it keeps no key index")

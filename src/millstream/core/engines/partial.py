@@ -36,6 +36,10 @@ class Partial(KeyedEngine):
     def indexed(self) -> bool:
         return self.spec.comparison_column is None
 
+    @property
+    def merges_columns(self) -> bool:
+        return True
+
     def _fold(self, ordered: pa.Table) -> pa.Table:
         return _partial(self.spec, ordered)
 
