@@ -10,7 +10,9 @@ VPY         := $(VENV)/bin/python
 UV          := $(VENV)/bin/uv
 UV_VERSION  ?= 0.13.9
 STAMP       := $(VENV)/.millstream-installed
-PYTEST_ARGS ?=
+# `make test` runs the suite on 2 pytest-xdist workers; heavy tests share one worker
+# (tests/conftest.py, the "heavy" group). `make test PYTEST_ARGS=` runs it serially.
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 # uv keeps downloaded and built wheels here (pyspark is an sdist: ~35-46s to build once).
 # Installs try the cache alone first (--offline): online, uv revalidates the pyspark sdist,

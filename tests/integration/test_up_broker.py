@@ -88,7 +88,10 @@ def test_durable_storage_keeps_topics_and_records_across_restarts(
     moto_server.create_bucket("up-broker")
     base = tmp_path / "broker"
     storage = "s3://up-broker/"
-    broker, settings = start_home_broker(base, storage=storage, s3_endpoint=moto_server.endpoint)
+    # a free port, not `up`'s default 9092: another test may run `up` at the same time (xdist)
+    broker, settings = start_home_broker(
+        base, port=free_port(), storage=storage, s3_endpoint=moto_server.endpoint
+    )
     try:
         assert settings.durable
         broker.create_topic("orders", 2)

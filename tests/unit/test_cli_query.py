@@ -143,7 +143,8 @@ def test_a_reading_command_without_a_home_names_it_and_creates_nothing(
     monkeypatch.chdir(tmp_path)
     for var in ("MILLSTREAM_HOME", "MILLSTREAM_METADATA_URL", "MILLSTREAM_DEEP_STORE"):
         monkeypatch.delenv(var, raising=False)
-    result = CliRunner().invoke(app, command)
+    # wide enough that rich does not break the path (under pytest-xdist it is longer: popen-gwN)
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, command)
     assert result.exit_code == 3, result.output
     said = " ".join(result.output.split())
     assert f"no Millstream home at {tmp_path / '.millstream'}" in said
