@@ -1037,6 +1037,10 @@ GUARDS: tuple[Guard, ...] = (
             if len(prev_tag) <= len(tag):  # MUTATION: any earlier read is a base
 """,
         tests=(
+            "tests/unit/sealing/test_compaction.py::test_a_cached_reader_does_not_merge_onto_"
+            "a_read_a_rollback_replaced",
+            "tests/unit/sealing/test_compaction.py::test_a_cached_reader_does_not_keep_a_read_"
+            "a_reingest_replaced",
             "tests/unit/sealing/test_compaction.py::test_a_polling_cached_reader_equals_the_"
             "model_through_seals_compactions_and_rollbacks",
         ),

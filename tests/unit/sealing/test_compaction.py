@@ -6,6 +6,7 @@ compaction still brings back exactly the rows it should."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -17,13 +18,15 @@ import pytest
 
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
+from millstream.datastream import DatastreamSpec
 from millstream.errors import InjectedSealFault, SegmentChangedError
 from millstream.metastore.models import SegmentState
 from millstream.metastore.rollback import RollbackPlan, rollback_partition
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
+from millstream.sealing.reingest import reingest_segment
 from millstream.sealing.sealer import COMPACTION_POINTS, Sealer, SealFaults
-from millstream.spec import TableSpec
+from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
 from millstream.table.writer import commit_staged, stage_rows
 from millstream.testing.model import canonical, model_rows
 
@@ -479,6 +482,101 @@ def test_a_polling_cached_reader_equals_the_model_through_seals_compactions_and_
         raise
     finally:
         polled.close()
+
+
+@pytest.mark.parametrize("after", [1, 2], ids=["same-length", "longer"])
+def test_a_cached_reader_does_not_merge_onto_a_read_a_rollback_replaced(
+    tmp_path: Path, after: int
+) -> None:
+    """A cached reader's previous read holds micro-batches a rollback then removed; new batches
+    land at the same offsets, so this read's entries (as many as before, or more) do not begin
+    with the previous read's: it must merge in full, not return or extend the stale read."""
+    feed = _setup(tmp_path, "upsert", seed=3, partitioned_by_key=True)
+    sealer = _sealer(feed)
+    feed.batch(0, 6)
+    sealer.seal_partition(0, force=True)
+    feed.batch(0, 5)
+    feed.batch(0, 5)
+    with Catalog.open(home=tmp_path, read_cache_mb=64) as polled:
+        before = canonical(polled.read_table("t").to_pylist())
+        assert before == feed.expected()
+        newer = sorted(
+            (e for e in feed.cat.manifest("t").entries if e.state is not SegmentState.ONLINE),
+            key=lambda e: e.seq,
+        )
+        assert len(newer) == 2
+        plan = rollback_partition(feed.cat.store, "t", 0, newer[1].seq, dry_run=False)
+        feed.rolled_back(plan)
+        for _ in range(after):
+            feed.batch(0, 5)
+        feed.assert_table_equals_model()
+        assert feed.expected() != before  # the new batches are not the rolled-back ones
+        assert canonical(polled.read_table("t").to_pylist()) == feed.expected()
+        assert polled.read_cache is not None and polled.read_cache.hits > 0
+
+
+def test_a_cached_reader_does_not_keep_a_read_a_reingest_replaced(tmp_path: Path) -> None:
+    """A micro-batch written wrong is re-ingested from its source after a cached reader read
+    it: the re-ingested file replaces the entry (same offsets, another file), so this read's
+    entries do not begin with the previous read's, and neither that read nor a merge onto it
+    (after a newer batch) may come back."""
+    source = tmp_path / "source"
+    (source / "0").mkdir(parents=True)
+    lines = [{"k": k % 3, "v": f"source {k}"} for k in range(8)]
+    (source / "0" / "0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    spec = DatastreamSpec.parse(
+        {
+            "name": "s",
+            "source": {"kind": "files", "path": str(source)},
+            "schema": {"k": "long", "v": "string"},
+            "table": {
+                "name": "t",
+                "mode": "upsert",
+                "primary_key": ["k"],
+                "partitioned_by_key": True,
+            },
+        }
+    )
+    table = spec.table_spec()
+    cat = Catalog.open(home=tmp_path / "home")
+
+    def commit(lo: int, hi: int, *, wrong: bool = False) -> None:
+        rows = [
+            {
+                "k": lines[o]["k"],
+                "v": "written wrong" if wrong else lines[o]["v"],
+                PARTITION_COL: 0,
+                OFFSET_COL: o,
+                TOMBSTONE_COL: False,
+            }
+            for o in range(lo, hi)
+        ]
+        schema = table.arrow_schema(system_columns=True)
+        staged = stage_rows(cat.deep, table, pa.Table.from_pylist(rows, schema=schema))
+        commit_staged(cat.store, cat.deep, "t", staged, {0: (lo, hi)}, {})
+
+    def truth(upto: int) -> list[tuple[int, str]]:
+        return sorted({x["k"]: x["v"] for x in lines[:upto]}.items())
+
+    def rows(reader: Catalog) -> list[tuple[int, str]]:
+        return sorted((r["k"], r["v"]) for r in reader.read_table("t").to_pylist())
+
+    with cat:
+        cat.create_table(table)
+        commit(0, 3)
+        Sealer(cat, "t").seal_partition(0, force=True)
+        commit(3, 4)
+        commit(4, 6, wrong=True)
+        with Catalog.open(home=tmp_path / "home", read_cache_mb=64) as polled:
+            assert rows(polled) == rows(cat) != truth(6)
+            (bad,) = [e for e in cat.manifest("t").entries if e.start == 4]
+            reingest_segment(cat, spec, bad.name)
+            assert rows(cat) == truth(6)
+            assert rows(polled) == truth(6), "the read from before the re-ingest came back"
+            commit(6, 8)
+            assert rows(cat) == truth(8)
+            assert rows(polled) == truth(8), "a merge onto the replaced read"
+            assert polled.read_cache is not None and polled.read_cache.hits > 0
 
 
 def test_a_reader_cache_stays_within_its_budget(tmp_path: Path) -> None:
