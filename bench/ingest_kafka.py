@@ -90,8 +90,8 @@ def _spec(name: str, bootstrap: str, topic: str, fmt: str, registry: str, batch:
 def expected_rows(inp: Input) -> int:
     """The sequential model's row count over the Kafka records (tombstones as deletes)."""
     from millstream.ingest.sources.generator import ORDERS_SCHEMA
+    from millstream.reference.oracle import expected_table
     from millstream.spec import TableSpec
-    from millstream.testing.oracle import expected_table
 
     spec = TableSpec.parse({"name": "orders", "schema": ORDERS_SCHEMA, **UPSERT_TABLE})
     total = 0

@@ -24,7 +24,7 @@ for the table and its dead-letter table, plus deleting unreferenced staged files
 ``millstream.spark.catch_up``, not a streaming query). The partition counts run interleaved, ``--rounds`` times;
 the figure is the median per partition count, and the ratios 64/4 and 256/4 are of those
 medians (the per-round ratios are printed too). The first round's tables are read back and
-their row counts checked against ``millstream.testing.oracle``.
+their row counts checked against ``millstream.reference.oracle``.
 
 **(b) Datastreams on one worker.** Real processes, as ``bench/failover.py`` starts them
 (``millstream.testing.cluster``): a Tansu broker, ``millstream controller``, ONE
@@ -98,8 +98,8 @@ def make_split_input(base: Path, rows: int, partitions: int, *, oracle: bool) ->
         generate,
         partition_total,
     )
+    from millstream.reference.oracle import expected_table
     from millstream.spec import TableSpec
-    from millstream.testing.oracle import expected_table
 
     cfg = GeneratorConfig(seed=SEED, partitions=partitions, key_cardinality=max(1000, rows // 5))
     root = base / f"input-{partitions}"

@@ -13,8 +13,8 @@ from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.errors import InvalidSpecError, SegmentUnavailableError
 from millstream.metastore.store import MetadataStore
+from millstream.reference.model import canonical
 from millstream.table.read import read_manifest
-from millstream.testing.model import canonical
 
 BATCHES = [{0: (0, 10)}, {0: (10, 15), 1: (0, 5)}, {1: (5, 20)}]
 

@@ -33,10 +33,10 @@ from ingest_support import (
 
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
+from millstream.reference.oracle import RawRecord, expected_table
 from millstream.spark.runner import DatastreamRunner
 from millstream.storage.deepstore import table_data_prefix
 from millstream.table.gc import collect_garbage
-from millstream.testing.oracle import RawRecord, expected_table
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -24,8 +24,8 @@ from millstream.api.status import upstream_offsets
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.local.tansu import TansuBroker
+from millstream.reference.oracle import RawRecord, expected_table
 from millstream.spark.runner import DatastreamRunner
-from millstream.testing.oracle import RawRecord, expected_table
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

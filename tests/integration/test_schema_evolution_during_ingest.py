@@ -20,9 +20,9 @@ from millstream.control.registry import Registry
 from millstream.datastream import DatastreamSpec
 from millstream.errors import IncompatibleChangeError
 from millstream.local.tansu import TansuBroker
+from millstream.reference.model import canonical
 from millstream.spark.runner import DatastreamRunner
 from millstream.testing.cluster import wait_until
-from millstream.testing.model import canonical
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -30,7 +30,7 @@ from millstream.ingest.sources.generator import (
     generate,
     partition_total,
 )
-from millstream.testing.oracle import RawRecord
+from millstream.reference.oracle import RawRecord
 
 pytestmark = [pytest.mark.spark]
 

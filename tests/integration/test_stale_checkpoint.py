@@ -194,7 +194,7 @@ def test_a_checkpoint_is_not_trusted_against_a_fresh_metadata_store(
     from millstream.catalog import Catalog
     from millstream.datastream import DatastreamSpec
     from millstream.ingest.sources.generator import ORDERS_SCHEMA
-    from millstream.testing.model import canonical
+    from millstream.reference.model import canonical
 
     def spec(total: int) -> DatastreamSpec:
         return DatastreamSpec.parse(

@@ -21,9 +21,9 @@ from millstream.control.controller import Controller, ControlSettings
 from millstream.datastream import DatastreamSpec
 from millstream.errors import SegmentUnavailableError
 from millstream.metastore.jobs import start_reingest
+from millstream.reference.model import canonical
+from millstream.reference.oracle import expected_table
 from millstream.sealing.sealer import Sealer
-from millstream.testing.model import canonical
-from millstream.testing.oracle import expected_table
 
 #: The api fixture's controller runs with the default repair settings.
 CONTROL = ControlSettings(lease_ttl=10.0, worker_ttl=5.0, tick_seconds=1.0)

@@ -24,10 +24,10 @@ from millstream.clock import ManualClock
 from millstream.config import Settings
 from millstream.control.controller import Controller
 from millstream.metastore.store import MetadataStore
+from millstream.reference.model import canonical
 from millstream.storage.deepstore import DeepStore
 from millstream.table.iceberg import publish
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical
 
 READ_TOKEN = "reader-token"
 
