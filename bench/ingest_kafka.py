@@ -111,10 +111,10 @@ def kafka_catch_up(
     log: Callable[[str], None],
     rounds: int = 3,
 ) -> dict[str, Any]:
+    from harness.formats import OrdersEncoder
+    from harness.schema_registry import TestSchemaRegistry
     from millstream.local.tansu import TansuBroker
     from millstream.spark.runner import DatastreamRunner
-    from millstream.testing.formats import OrdersEncoder
-    from millstream.testing.schema_registry import TestSchemaRegistry
 
     expected = expected_rows(inp)
     out: dict[str, Any] = {"rows": inp.rows, "batch": batch, "rounds": rounds, "expected": expected}

@@ -26,13 +26,13 @@ from ingest_support import (
     writer_in_background,
 )
 
+from harness.cluster import wait_until
+from harness.schema_registry import TestSchemaRegistry
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.local.tansu import TansuBroker
 from millstream.reference.model import model_rows
 from millstream.spark.runner import DatastreamRunner
-from millstream.testing.cluster import wait_until
-from millstream.testing.schema_registry import TestSchemaRegistry
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -22,7 +22,7 @@ import millstream
 
 PACKAGE = Path(millstream.__file__).resolve().parent
 #: Paths (relative to the package) where ``.mode`` may be compared; a directory ends in "/".
-ALLOWED = ("core/engines/", "spec.py", "reference/", "testing/")
+ALLOWED = ("core/engines/", "spec.py", "reference/")
 
 
 def _is_mode(node: ast.AST) -> bool:

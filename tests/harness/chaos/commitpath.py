@@ -79,6 +79,7 @@ from typing import Any
 
 from pyiceberg.table import StaticTable
 
+from harness.chaos.log import CampaignLog
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.config import Settings
@@ -127,7 +128,6 @@ from millstream.table.iceberg import (
     view_prefix,
 )
 from millstream.table.read import read_manifest
-from millstream.testing.chaos.log import CampaignLog
 
 #: How long a sealer's claim holds; a frozen sealer is taken over after this.
 CLAIM_TTL = 0.6
