@@ -11,8 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from contract_support import Backend
 
+from harness.contract_support import Backend
 from millstream.catalog import Catalog
 from millstream.errors import SegmentChangedError
 from millstream.metastore.expiry import expire_versions

@@ -21,7 +21,7 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows, s3_properties
+from harness.iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows, s3_properties
 from millstream.catalog import Catalog
 from millstream.metastore.rollback import rollback_partition
 from millstream.reference.model import canonical

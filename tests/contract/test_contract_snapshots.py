@@ -7,8 +7,8 @@ import threading
 from datetime import UTC, datetime
 
 import pytest
-from contract_support import EVENTS, TABLE, Backend, commit, expected_rows, table_rows
 
+from harness.contract_support import EVENTS, TABLE, Backend, commit, expected_rows, table_rows
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.errors import InvalidSpecError, SegmentUnavailableError

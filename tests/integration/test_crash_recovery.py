@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from ingest_support import (
+
+from harness.ingest_support import (
     Topic,
     assert_same_rows,
     assert_table_matches_source,
@@ -30,7 +31,6 @@ from ingest_support import (
     write_spec,
     writer_commits,
 )
-
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.reference.oracle import RawRecord, expected_table

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ingest_support import assert_same_rows, shard_uppers
 
+from harness.ingest_support import assert_same_rows, shard_uppers
 from millstream.api.status import upstream_offsets
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec

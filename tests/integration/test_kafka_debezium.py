@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ingest_support import assert_same_rows, shard_uppers
 
 from harness.formats import DebeziumAvroEncoder
+from harness.ingest_support import assert_same_rows, shard_uppers
 from harness.schema_registry import TestSchemaRegistry
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec

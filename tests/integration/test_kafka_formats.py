@@ -13,15 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from ingest_support import (
+
+from harness.formats import OrdersEncoder
+from harness.ingest_support import (
     PARTITIONS,
     TABLE_SECTIONS,
     assert_same_rows,
     produce_exact,
     shard_uppers,
 )
-
-from harness.formats import OrdersEncoder
 from harness.schema_registry import TestSchemaRegistry
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec

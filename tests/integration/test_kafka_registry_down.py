@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ingest_support import (
+
+from harness.cluster import wait_until
+from harness.ingest_support import (
     assert_same_rows,
     produce_exact,
     shard_uppers,
     uppers_or_empty,
     writer_in_background,
 )
-
-from harness.cluster import wait_until
 from harness.schema_registry import TestSchemaRegistry
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ingest_support import produce_exact, shard_uppers
 
+from harness.ingest_support import produce_exact, shard_uppers
 from harness.schema_registry import TestSchemaRegistry
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec

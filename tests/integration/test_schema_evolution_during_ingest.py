@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ingest_support import produce_exact, uppers_or_empty, writer_in_background
 
 from harness.cluster import wait_until
+from harness.ingest_support import produce_exact, uppers_or_empty, writer_in_background
 from millstream.catalog import Catalog
 from millstream.control.registry import Registry
 from millstream.datastream import DatastreamSpec

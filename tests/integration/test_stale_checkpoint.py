@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ingest_support import assert_table_matches_source, orders_spec, shard_uppers
 
+from harness.ingest_support import assert_table_matches_source, orders_spec, shard_uppers
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.spark.runner import SIDECAR, Bootstrap, DatastreamRunner, checkpoint_verdict

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import TestClient, spec_body
 from test_api_reingest import _ingest, _write_source
 
+from harness.api_support import TestClient, spec_body
 from millstream.api import create_app
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock

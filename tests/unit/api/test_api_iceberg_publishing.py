@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from api_support import TestClient, spec_body
 from test_api_background_loops import add_running_writer
 
-from iceberg_readers import pyiceberg_rows
+from harness.api_support import TestClient, spec_body
+from harness.iceberg_readers import pyiceberg_rows
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller, ControlSettings

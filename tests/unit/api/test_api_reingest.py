@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from api_support import TestClient, spec_body
 
+from harness.api_support import TestClient, spec_body
 from millstream.catalog import Catalog
 from millstream.control.controller import Controller
 from millstream.datastream import DatastreamSpec

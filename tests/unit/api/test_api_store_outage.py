@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import TestClient, spec_body
 
+from harness.api_support import TestClient, spec_body
 from harness.chaos.proxy import TcpProxy
 from harness.servers import PostgresServer
 from millstream.api import create_app

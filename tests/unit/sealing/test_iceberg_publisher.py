@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from iceberg_readers import pyiceberg_rows
+from harness.iceberg_readers import pyiceberg_rows
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.reference.model import canonical
