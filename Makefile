@@ -86,13 +86,15 @@ docs: venv
 	$(VPY) -m millstream.cli.spec_reference
 
 # A longer fault campaign than CI's: make chaos SEED=123 MINUTES=30 [LAYER=all|commit|process]
-# [BACKEND=postgresql|sqlite]
+# [BACKEND=postgresql|sqlite] [CHAOS_ARGS="--schedules 40 --quiet ..."]; the campaigns live in the
+# test tree (tests/harness/chaos), so they need the test extras: `python -m harness.chaos --help`.
 SEED    ?=
 MINUTES ?= 30
 LAYER   ?= all
 BACKEND ?= postgresql
+CHAOS_ARGS ?=
 chaos: venv system-deps
-	$(VENV)/bin/millstream chaos --minutes $(MINUTES) --layer $(LAYER) --backend $(BACKEND) $(if $(SEED),--seed $(SEED))
+	PYTHONPATH=tests$${PYTHONPATH:+:$$PYTHONPATH} $(VPY) -m harness.chaos --minutes $(MINUTES) --layer $(LAYER) --backend $(BACKEND) $(if $(SEED),--seed $(SEED)) $(CHAOS_ARGS)
 
 clean:
 	rm -rf build dist .millstream .mypy_cache .ruff_cache .pytest_cache .hypothesis src/*.egg-info

@@ -16,7 +16,7 @@ replicas: each batch is committed once, the others find it committed and drop it
 writers on disjoint partitions (no lost races, but every commit bumps the same table row).
 Writers are separate processes (multiprocessing "spawn") released together; each runs for a
 fixed time. Both SQLite (the embedded default) and PostgreSQL (a throwaway server started here
-with millstream.testing.servers.PostgresServer) are measured.
+with harness.servers.PostgresServer) are measured.
 
 Part B (read) - an upsert table of N keys x 5 updates, written as 20 commits across 4
 partitions, read through ``Catalog.read_table`` and, for comparison, as plain Parquet with
@@ -49,6 +49,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from harness.servers import PostgresServer, ServerStartError, find_postgres_bin_dir
 from millstream.catalog import Catalog
 from millstream.core import merge
 from millstream.core.engines import engine_for
@@ -59,7 +60,6 @@ from millstream.spec import OFFSET_COL, PARTITION_COL, SYSTEM_COLUMNS, TOMBSTONE
 from millstream.storage.deepstore import DeepStore, table_data_prefix
 from millstream.table.read import read_entries
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.servers import PostgresServer, ServerStartError, find_postgres_bin_dir
 
 PARTITIONS_PER_COMMIT = 4
 ROWS_PER_PARTITION = 1000

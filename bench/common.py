@@ -3,7 +3,9 @@ and ratios, working directories, JSON results, and shipping bench code to Spark'
 
 The benchmarks run as scripts (``.venv/bin/python bench/<name>.py``). Python puts the script's
 directory first on ``sys.path``, so they import this module and their sibling modules by plain
-name (``import common``); nothing here or there edits ``sys.path``.
+name (``import common``). The one ``sys.path`` edit is below: importing this module puts the
+repository's ``tests/`` on it too, so a benchmark imports the test harness (``harness.cluster``,
+``harness.servers``: test code, not in the wheel) as the tests do.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "tests") not in sys.path:
+    sys.path.append(str(REPO / "tests"))
 BENCH = REPO / "bench"
 #: Where a benchmark writes results it always keeps (git-ignored).
 RESULTS = BENCH / "results"

@@ -28,7 +28,7 @@ Cold restart (``replicas: 1``, one worker): SIGKILL the only worker and immediat
 fresh ``millstream worker`` with the same worker id (same state directory); the figure is the
 time from the SIGKILL to that writer's first commit (JVM start, query start, first batch).
 
-The process helpers are the end-to-end tests' (``millstream.testing.cluster``).
+The process helpers are the end-to-end tests' (``harness.cluster``).
 """
 
 from __future__ import annotations
@@ -46,9 +46,7 @@ from typing import Any
 import common
 from common import log_stamped as log
 
-from millstream.local.tansu import TansuBroker
-from millstream.metastore.store import MetadataStore
-from millstream.testing.cluster import (
+from harness.cluster import (
     PARTITIONS,
     Api,
     Cluster,
@@ -58,6 +56,8 @@ from millstream.testing.cluster import (
     orders_spec,
     wait_until,
 )
+from millstream.local.tansu import TansuBroker
+from millstream.metastore.store import MetadataStore
 
 TARGET_WARM_S = 3.0  # issue: warm-standby failover <= 3 s at default settings
 SEED = 11

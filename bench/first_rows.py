@@ -30,8 +30,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from harness.cluster import MILLSTREAM_BIN, Api, Service, orders_spec, service_env
 from millstream.local.process import free_port
-from millstream.testing.cluster import MILLSTREAM_BIN, Api, Service, orders_spec, service_env
 
 STEPS = ("ready", "assigned", "running", "first_rows")
 

@@ -19,7 +19,7 @@ partition-affine), written once as JSON-lines files, one subdirectory per partit
     ``millstream.spark.catch_up``) in a warmed SparkSession (two tiny warm-up datastreams run
     first, one as Spark jobs and one as a streaming query, so JVM start and Python-worker start
     are excluded from (a) and (a2)), rows/s over the whole input; the table is read back and
-    its row count checked against ``millstream.testing.oracle.expected_table``.
+    its row count checked against ``millstream.reference.oracle.expected_table``.
 (a2) Catch-up of a running datastream (``ingest_catchup.py``): the same datastream runs on an
     empty input until warm, then the whole input appears at once (files renamed into place);
     rows/s from then until the shard uppers cover it, the table held to the oracle.

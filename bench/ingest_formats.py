@@ -30,13 +30,13 @@ def _raw(p: int, keys: list[bytes | None], values: list[bytes | None]) -> pa.Tab
 
 
 def formats_catch_up(inp: Input, rounds: int = 2) -> dict[str, Any]:
+    from harness.formats import OrdersEncoder
+    from harness.schema_registry import TestSchemaRegistry
     from millstream.ingest.decode import decode_records
     from millstream.ingest.formats import decoder_for, format_config
     from millstream.ingest.sources.generator import ORDERS_SCHEMA
     from millstream.spark.sink import DECODE_ROWS
     from millstream.spec import TableSpec
-    from millstream.testing.formats import OrdersEncoder
-    from millstream.testing.schema_registry import TestSchemaRegistry
 
     spec = TableSpec.parse({"name": "orders", "schema": dict(ORDERS_SCHEMA), **UPSERT_TABLE})
     with TestSchemaRegistry() as reg:

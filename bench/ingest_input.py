@@ -145,8 +145,8 @@ def oracle_rows(inp: Input) -> int:
     """Expected table rows from the source-side oracle (per partition: keys are
     partition-affine, so this equals the whole-input model and bounds memory)."""
     from millstream.ingest.sources.generator import ORDERS_SCHEMA
+    from millstream.reference.oracle import expected_table
     from millstream.spec import TableSpec
-    from millstream.testing.oracle import expected_table
 
     spec = TableSpec.parse({"name": "orders", "schema": ORDERS_SCHEMA, **UPSERT_TABLE})
     total = 0

@@ -90,8 +90,8 @@ def _spec(name: str, bootstrap: str, topic: str, fmt: str, registry: str, batch:
 def expected_rows(inp: Input) -> int:
     """The sequential model's row count over the Kafka records (tombstones as deletes)."""
     from millstream.ingest.sources.generator import ORDERS_SCHEMA
+    from millstream.reference.oracle import expected_table
     from millstream.spec import TableSpec
-    from millstream.testing.oracle import expected_table
 
     spec = TableSpec.parse({"name": "orders", "schema": ORDERS_SCHEMA, **UPSERT_TABLE})
     total = 0
@@ -111,10 +111,10 @@ def kafka_catch_up(
     log: Callable[[str], None],
     rounds: int = 3,
 ) -> dict[str, Any]:
+    from harness.formats import OrdersEncoder
+    from harness.schema_registry import TestSchemaRegistry
     from millstream.local.tansu import TansuBroker
     from millstream.spark.runner import DatastreamRunner
-    from millstream.testing.formats import OrdersEncoder
-    from millstream.testing.schema_registry import TestSchemaRegistry
 
     expected = expected_rows(inp)
     out: dict[str, Any] = {"rows": inp.rows, "batch": batch, "rounds": rounds, "expected": expected}

@@ -24,10 +24,10 @@ for the table and its dead-letter table, plus deleting unreferenced staged files
 ``millstream.spark.catch_up``, not a streaming query). The partition counts run interleaved, ``--rounds`` times;
 the figure is the median per partition count, and the ratios 64/4 and 256/4 are of those
 medians (the per-round ratios are printed too). The first round's tables are read back and
-their row counts checked against ``millstream.testing.oracle``.
+their row counts checked against ``millstream.reference.oracle``.
 
 **(b) Datastreams on one worker.** Real processes, as ``bench/failover.py`` starts them
-(``millstream.testing.cluster``): a Tansu broker, ``millstream controller``, ONE
+(``harness.cluster``): a Tansu broker, ``millstream controller``, ONE
 ``millstream worker`` (``local[2]``), a SQLite metadata store. Datastreams are added in steps
 (1, 4, 8, 16 in all), each on its own 4-partition topic with the end-to-end tests' spec
 (``orders_spec``: upsert, 500 ms trigger, ``max_records_per_batch`` 5,000). A producer thread
@@ -98,8 +98,8 @@ def make_split_input(base: Path, rows: int, partitions: int, *, oracle: bool) ->
         generate,
         partition_total,
     )
+    from millstream.reference.oracle import expected_table
     from millstream.spec import TableSpec
-    from millstream.testing.oracle import expected_table
 
     cfg = GeneratorConfig(seed=SEED, partitions=partitions, key_cardinality=max(1000, rows // 5))
     root = base / f"input-{partitions}"
@@ -389,7 +389,7 @@ def machine_busy() -> tuple[float, float]:
 
 def tree(pid: int) -> list[dict[str, Any]]:
     """The process ``pid`` and its descendants: pid, kind, RSS (bytes), CPU seconds, python."""
-    from millstream.testing.cluster import descendants
+    from harness.cluster import descendants
 
     page = os.sysconf("SC_PAGE_SIZE")
     tick = os.sysconf("SC_CLK_TCK")
@@ -499,9 +499,9 @@ def commit_stats(home: Path, worker: str, ds: str, since: float, until: float) -
 
 
 def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
+    from harness.cluster import Api, Cluster, orders_spec, wait_until
     from millstream.local.tansu import TansuBroker
     from millstream.metastore.store import MetadataStore
-    from millstream.testing.cluster import Api, Cluster, orders_spec, wait_until
 
     home = base / "home-b"
     home.mkdir(parents=True)

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 import pytest
 from hypothesis import settings
 
+from harness.servers import MotoS3Server, PostgresServer
 from millstream.local.tansu import TansuBroker
 from millstream.spark.session import spark_session
-from millstream.testing.servers import MotoS3Server, PostgresServer
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from contract_support import Backend
 
+from harness.contract_support import Backend
 from millstream.catalog import Catalog
 from millstream.storage.deepstore import DeepStore
 

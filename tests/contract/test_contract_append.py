@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from contract_support import (
+
+from harness.contract_support import (
     EVENTS,
     TABLE,
     commit,
@@ -13,7 +14,6 @@ from contract_support import (
     table_rows,
     uppers,
 )
-
 from millstream.catalog import Catalog
 from millstream.core.frontier import Outcome
 from millstream.errors import InvalidSpecError, ShardGapError, WriterFencedError

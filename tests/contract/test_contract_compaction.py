@@ -11,19 +11,19 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from contract_support import Backend
 
+from harness.contract_support import Backend
 from millstream.catalog import Catalog
 from millstream.errors import SegmentChangedError
 from millstream.metastore.expiry import expire_versions
 from millstream.metastore.models import SegmentState
+from millstream.reference.model import canonical, model_rows
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.sealer import CompactionResult, Sealer, SealFaults, SealResult
 from millstream.table.gc import collect_garbage
 from millstream.table.read import read_manifest
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical, model_rows
 
 SPEC = {
     "name": "kv",

@@ -11,7 +11,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from contract_support import (
+
+from harness.contract_support import (
     EVENTS,
     TABLE,
     Backend,
@@ -23,7 +24,6 @@ from contract_support import (
     table_rows,
     uppers,
 )
-
 from millstream.catalog import Catalog
 from millstream.core.frontier import Outcome
 from millstream.errors import CommitConflictError

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from harness.servers import MotoS3Server
 from millstream.errors import InvalidSpecError
 from millstream.storage.deepstore import DeepStore
-from millstream.testing.servers import MotoS3Server
 
 DATA = pa.table({"id": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"]})
 

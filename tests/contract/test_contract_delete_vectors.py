@@ -10,11 +10,11 @@ import pyarrow as pa
 
 from millstream.catalog import Catalog
 from millstream.metastore.rollback import rollback_partition
+from millstream.reference.model import canonical, model_rows
 from millstream.sealing.keyindex import CACHE
 from millstream.sealing.sealer import Sealer
 from millstream.table.gc import collect_garbage
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical, model_rows
 
 SPEC = {
     "name": "kv",

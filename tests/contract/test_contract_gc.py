@@ -7,8 +7,16 @@ its ManualClock from the listed modification times instead of sleeping.
 from __future__ import annotations
 
 import pytest
-from contract_support import EVENTS, TABLE, commit, data_files, expected_rows, stage, table_rows
 
+from harness.contract_support import (
+    EVENTS,
+    TABLE,
+    commit,
+    data_files,
+    expected_rows,
+    stage,
+    table_rows,
+)
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.errors import TableNotFoundError

@@ -14,7 +14,7 @@ from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import StaticTable
 from test_contract_iceberg_view import SCHEMA, History, millstream_rows, step, table_specs
 
-from iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows, s3_properties
+from harness.iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows, s3_properties
 from millstream.catalog import Catalog
 from millstream.metastore.rollback import rollback_partition
 from millstream.sealing.compaction import CompactionPolicy

@@ -21,16 +21,16 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows, s3_properties
+from harness.iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows, s3_properties
 from millstream.catalog import Catalog
 from millstream.metastore.rollback import rollback_partition
+from millstream.reference.model import canonical
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.sealer import Sealer
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
 from millstream.table.iceberg import location, publish
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical
 
 SCHEMA = {"k": "long", "cmp": "long", "qty": "long", "note": "string"}
 PARTITIONS = 2

@@ -11,7 +11,8 @@ import threading
 import time
 
 import pytest
-from contract_support import (
+
+from harness.contract_support import (
     EVENTS,
     TABLE,
     Backend,
@@ -20,7 +21,6 @@ from contract_support import (
     expected_rows,
     table_rows,
 )
-
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.errors import AlreadyExistsError, CommitStateUnknownError, VersionExpiredError

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from contract_support import EVENTS, TABLE, Backend, commit
 from sqlalchemy import event, text
 
+from harness.contract_support import EVENTS, TABLE, Backend, commit
 from millstream.catalog import Catalog
 from millstream.errors import IncompatibleChangeError
 from millstream.metastore import schema

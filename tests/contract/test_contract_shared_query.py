@@ -20,6 +20,7 @@ from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec, dead_letter_spec
 from millstream.errors import BadRecordError, WriterFencedError, from_spark_failure
 from millstream.ingest.sources import config_for
+from millstream.reference.model import canonical
 from millstream.spark.options import (
     GroupSinkOptions,
     GroupSourceOptions,
@@ -30,7 +31,6 @@ from millstream.spark.runner import bootstrap
 from millstream.spark.shared import member_of
 from millstream.spark.sink import GroupMessage, GroupSink, MemberWriteError
 from millstream.spark.sources import SPLIT_MIN_RECORDS, GroupStreamReader
-from millstream.testing.model import canonical
 
 LINES = 30  # per partition
 

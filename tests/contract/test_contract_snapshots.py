@@ -7,14 +7,14 @@ import threading
 from datetime import UTC, datetime
 
 import pytest
-from contract_support import EVENTS, TABLE, Backend, commit, expected_rows, table_rows
 
+from harness.contract_support import EVENTS, TABLE, Backend, commit, expected_rows, table_rows
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.errors import InvalidSpecError, SegmentUnavailableError
 from millstream.metastore.store import MetadataStore
+from millstream.reference.model import canonical
 from millstream.table.read import read_manifest
-from millstream.testing.model import canonical
 
 BATCHES = [{0: (0, 10)}, {0: (10, 15), 1: (0, 5)}, {1: (5, 20)}]
 

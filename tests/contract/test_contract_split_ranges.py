@@ -11,8 +11,8 @@ lands.
 from __future__ import annotations
 
 import pytest
-from contract_support import EVENTS, TABLE, Ranges, expected_rows, stage, table_rows, uppers
 
+from harness.contract_support import EVENTS, TABLE, Ranges, expected_rows, stage, table_rows, uppers
 from millstream.catalog import Catalog
 from millstream.core.frontier import Outcome
 from millstream.datastream import dead_letter_spec

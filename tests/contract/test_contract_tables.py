@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from contract_support import EVENTS, TABLE, Backend, commit, expected_rows, table_rows
 
+from harness.contract_support import EVENTS, TABLE, Backend, commit, expected_rows, table_rows
 from millstream.catalog import Catalog
 from millstream.errors import AlreadyExistsError, TableNotFoundError
 from millstream.metastore import schema

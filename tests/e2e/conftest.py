@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from millstream.testing.cluster import Cluster
+from harness.cluster import Cluster
 
 
 @pytest.fixture

@@ -27,8 +27,8 @@ import httpx
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from harness.cluster import MILLSTREAM_BIN
 from millstream.local.process import free_port
-from millstream.testing.cluster import MILLSTREAM_BIN
 
 pytestmark = pytest.mark.e2e
 

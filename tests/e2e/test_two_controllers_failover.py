@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from harness.cluster import Api, Cluster, Service, wait_until
 from millstream.clock import SYSTEM_CLOCK
 from millstream.control.leases import Lease, read_lease
 from millstream.control.workers import CONTROLLER_LEASE, heartbeat
 from millstream.ingest.sources.generator import ORDERS_SCHEMA
 from millstream.metastore import schema as s
 from millstream.metastore.store import MetadataStore
-from millstream.testing.cluster import Api, Cluster, Service, wait_until
 
 pytestmark = [pytest.mark.e2e]
 

@@ -1,9 +1,9 @@
 """The commit-path campaign in CI: 45 schedules against real PostgreSQL (see
-:mod:`millstream.testing.chaos.commitpath` for the actors, the faults and the checks).
+:mod:`harness.chaos.commitpath` for the actors, the faults and the checks).
 
 Seeded: the seed is printed first and in the failure message; re-run a failure with
 ``MILLSTREAM_FAULT_SEED=<seed>`` (the same schedules and faults, drawn again) or run a longer
-campaign with ``millstream chaos --layer commit --seed <seed> --minutes 30``.
+campaign with ``make chaos LAYER=commit SEED=<seed> MINUTES=30``.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.chaos.commitpath import run_commit_campaign
+from harness.chaos.log import CampaignLog
+from harness.servers import PostgresServer
 from millstream.config import Settings
-from millstream.testing.chaos.commitpath import run_commit_campaign
-from millstream.testing.chaos.log import CampaignLog
-from millstream.testing.servers import PostgresServer
 
 pytestmark = pytest.mark.postgres
 
@@ -27,7 +27,7 @@ SEED = int(os.environ.get("MILLSTREAM_FAULT_SEED") or secrets.randbits(32))
 #: schedule within the first 45 of every seed tried: the frontier and lifecycle mutants within 5, the rarest (a sealer
 #: sealing past an older segment's claim, which needs two sealers, as most schedules now have)
 #: at schedules 5-43 of six seeds. Longer campaigns (``make chaos``):
-#: ``MILLSTREAM_COMMIT_SCHEDULES=N`` or ``millstream chaos --layer commit --minutes M``.
+#: ``MILLSTREAM_COMMIT_SCHEDULES=N`` or ``make chaos LAYER=commit MINUTES=M``.
 SCHEDULES = int(os.environ.get("MILLSTREAM_COMMIT_SCHEDULES") or 45)
 
 

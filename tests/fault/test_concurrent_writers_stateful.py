@@ -59,12 +59,12 @@ from millstream.clock import ManualClock
 from millstream.core.frontier import Outcome, decide
 from millstream.datastream import dead_letter_spec
 from millstream.ingest.decode import dead_letter_rows
+from millstream.reference.model import canonical, model_rows
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
 from millstream.table.commit import BatchCommit, StagedFile, StagedWrite, commit_writes
 from millstream.table.gc import collect_garbage
 from millstream.table.read import read_manifest
 from millstream.table.writer import stage_rows
-from millstream.testing.model import canonical, model_rows
 
 Row = dict[str, Any]
 

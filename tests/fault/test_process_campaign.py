@@ -1,4 +1,4 @@
-"""The process-level fault campaign in CI (see :mod:`millstream.testing.chaos.process` for the
+"""The process-level fault campaign in CI (see :mod:`harness.chaos.process` for the
 cluster, the fault lanes and the checks): a real controller and two workers, each with its own
 Spark JVM, ingest two datastreams (``replicas: 2``, one standby, one active-active) while
 workers and the controller are killed and frozen, lifecycle commands storm the REST API,
@@ -15,7 +15,7 @@ resumes it; the end checks every table against the model, then stops each datast
 
 Seeded: the seed is printed first and in the failure message; re-run a failure with
 ``MILLSTREAM_FAULT_SEED=<seed>`` (the same schedules drawn again), or longer with
-``millstream chaos --layer process --seed <seed> --minutes 20``.
+``make chaos LAYER=process SEED=<seed> MINUTES=20``.
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from millstream.local.tansu import TansuBroker
-from millstream.testing.chaos.log import CampaignLog
-from millstream.testing.chaos.process import (
+from harness.chaos.log import CampaignLog
+from harness.chaos.process import (
     LAYER,
     MODES,
     Metadata,
@@ -39,6 +38,7 @@ from millstream.testing.chaos.process import (
     service_log_tails,
     struck,
 )
+from millstream.local.tansu import TansuBroker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
 

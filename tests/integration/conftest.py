@@ -6,8 +6,8 @@ import itertools
 from collections.abc import Callable
 
 import pytest
-from ingest_support import PARTITIONS, Topic, orders_config
 
+from harness.ingest_support import PARTITIONS, Topic, orders_config
 from millstream.local.tansu import TansuBroker
 
 #: Records the engine test ingests: several batches of ``max_records_per_batch`` each.

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from ingest_support import Topic, orders_spec
 
+from harness.ingest_support import Topic, orders_spec
 from millstream.catalog import Catalog
 from millstream.control.controller import Controller, ControlSettings
 from millstream.datastream import DatastreamSpec

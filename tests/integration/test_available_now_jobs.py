@@ -21,9 +21,9 @@ from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
 from millstream.metastore.rollback import rollback_partition
+from millstream.reference.model import canonical
+from millstream.reference.oracle import RawRecord, expected_table
 from millstream.spark.runner import DatastreamRunner
-from millstream.testing.model import canonical
-from millstream.testing.oracle import RawRecord, expected_table
 
 pytestmark = [pytest.mark.spark]
 

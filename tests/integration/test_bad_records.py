@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from ingest_support import orders_spec, produce_exact, run_cli, shard_uppers, write_spec
 
+from harness.ingest_support import orders_spec, produce_exact, run_cli, shard_uppers, write_spec
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.storage.deepstore import table_data_prefix

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from ingest_support import (
+
+from harness.ingest_support import (
     Topic,
     assert_same_rows,
     assert_table_matches_source,
@@ -30,13 +31,12 @@ from ingest_support import (
     write_spec,
     writer_commits,
 )
-
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
+from millstream.reference.oracle import RawRecord, expected_table
 from millstream.spark.runner import DatastreamRunner
 from millstream.storage.deepstore import table_data_prefix
 from millstream.table.gc import collect_garbage
-from millstream.testing.oracle import RawRecord, expected_table
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ingest_support import assert_same_rows, shard_uppers
 
+from harness.ingest_support import assert_same_rows, shard_uppers
 from millstream.api.status import upstream_offsets
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.local.tansu import TansuBroker
+from millstream.reference.oracle import RawRecord, expected_table
 from millstream.spark.runner import DatastreamRunner
-from millstream.testing.oracle import RawRecord, expected_table
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -22,15 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ingest_support import assert_same_rows, shard_uppers
 
+from harness.formats import DebeziumAvroEncoder
+from harness.ingest_support import assert_same_rows, shard_uppers
+from harness.schema_registry import TestSchemaRegistry
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.local.tansu import TansuBroker
+from millstream.reference.model import Row, model_rows
 from millstream.spark.runner import DatastreamRunner
-from millstream.testing.formats import DebeziumAvroEncoder
-from millstream.testing.model import Row, model_rows
-from millstream.testing.schema_registry import TestSchemaRegistry
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -7,7 +7,7 @@ partition is its id modulo 2, as a key partitioner would place it). A tombstone 
 value: it takes the highest its key had before it in its partition, so the re-insert at ts=5
 brings the key back and the late ts=0 record does not. (On main the tombstone ordered after
 every record and deleted the key forever.) The table must equal the documented model
-(:func:`millstream.testing.model.model_rows`, fed by the source-side oracle) and the rule spelled
+(:func:`millstream.reference.model.model_rows`, fed by the source-side oracle) and the rule spelled
 out per key, before any seal and after sealing every partition. A second round then sends each
 key ``tombstone, insert(ts=3)``: with every earlier row of the key sealed, the seal takes the
 tombstone's value from the key index.
@@ -21,16 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ingest_support import assert_same_rows, shard_uppers
 
+from harness.ingest_support import assert_same_rows, shard_uppers
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.local.tansu import TansuBroker
 from millstream.metastore.models import SegmentState
+from millstream.reference.oracle import RawRecord, expected_table
 from millstream.sealing.sealer import Sealer
 from millstream.spark.runner import DatastreamRunner
 from millstream.table.read import read_manifest
-from millstream.testing.oracle import RawRecord, expected_table
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

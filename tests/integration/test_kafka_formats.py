@@ -13,22 +13,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from ingest_support import (
+
+from harness.formats import OrdersEncoder
+from harness.ingest_support import (
     PARTITIONS,
     TABLE_SECTIONS,
     assert_same_rows,
     produce_exact,
     shard_uppers,
 )
-
+from harness.schema_registry import TestSchemaRegistry
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
 from millstream.local.tansu import TansuBroker
+from millstream.reference.oracle import RawRecord, expected_table
 from millstream.spark.runner import DatastreamRunner
-from millstream.testing.formats import OrdersEncoder
-from millstream.testing.oracle import RawRecord, expected_table
-from millstream.testing.schema_registry import TestSchemaRegistry
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ingest_support import (
+
+from harness.ingest_support import (
     TABLE_SECTIONS,
     Topic,
     assert_table_matches_source,
     orders_spec,
     shard_uppers,
 )
-
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.spark.runner import DatastreamRunner

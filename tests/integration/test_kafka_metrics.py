@@ -31,7 +31,7 @@ BAD = 2
 
 def _produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes, int]]) -> None:
     """Produce (key, value, timestamp ms) to partition 0; the last record alone (Tansu's high
-    watermark is exact only then, see ingest_support.produce_exact)."""
+    watermark is exact only then, see harness.ingest_support.produce_exact)."""
     from confluent_kafka import Producer
 
     failures: list[str] = []

@@ -18,21 +18,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ingest_support import (
+
+from harness.cluster import wait_until
+from harness.ingest_support import (
     assert_same_rows,
     produce_exact,
     shard_uppers,
     uppers_or_empty,
     writer_in_background,
 )
-
+from harness.schema_registry import TestSchemaRegistry
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.local.tansu import TansuBroker
+from millstream.reference.model import model_rows
 from millstream.spark.runner import DatastreamRunner
-from millstream.testing.cluster import wait_until
-from millstream.testing.model import model_rows
-from millstream.testing.schema_registry import TestSchemaRegistry
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ingest_support import produce_exact, shard_uppers
 
+from harness.ingest_support import produce_exact, shard_uppers
+from harness.schema_registry import TestSchemaRegistry
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.local.tansu import TansuBroker
 from millstream.spark.runner import DatastreamRunner
-from millstream.testing.schema_registry import TestSchemaRegistry
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

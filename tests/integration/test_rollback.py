@@ -13,9 +13,9 @@ from millstream.errors import NotFoundError, WriterFencedError
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
 from millstream.metastore.models import ShardAppend
 from millstream.metastore.rollback import rollback_partition
+from millstream.reference.model import canonical
+from millstream.reference.oracle import expected_table
 from millstream.spark.runner import DatastreamRunner
-from millstream.testing.model import canonical
-from millstream.testing.oracle import expected_table
 
 pytestmark = [pytest.mark.spark]
 

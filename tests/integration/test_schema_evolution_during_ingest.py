@@ -13,16 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ingest_support import produce_exact, uppers_or_empty, writer_in_background
 
+from harness.cluster import wait_until
+from harness.ingest_support import produce_exact, uppers_or_empty, writer_in_background
 from millstream.catalog import Catalog
 from millstream.control.registry import Registry
 from millstream.datastream import DatastreamSpec
 from millstream.errors import IncompatibleChangeError
 from millstream.local.tansu import TansuBroker
+from millstream.reference.model import canonical
 from millstream.spark.runner import DatastreamRunner
-from millstream.testing.cluster import wait_until
-from millstream.testing.model import canonical
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ingest_support import TABLE_SECTIONS, assert_table_matches_source, uppers_or_empty
 
+from harness.ingest_support import TABLE_SECTIONS, assert_table_matches_source, uppers_or_empty
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK
 from millstream.control.controller import Controller, ControlSettings
@@ -30,7 +30,7 @@ from millstream.ingest.sources.generator import (
     generate,
     partition_total,
 )
-from millstream.testing.oracle import RawRecord
+from millstream.reference.oracle import RawRecord
 
 pytestmark = [pytest.mark.spark]
 

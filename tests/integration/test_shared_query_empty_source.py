@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ingest_support import uppers_or_empty
 
+from harness.ingest_support import uppers_or_empty
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK
 from millstream.control.controller import Controller, ControlSettings

@@ -13,10 +13,10 @@ import pytest
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
+from millstream.reference.model import canonical
+from millstream.reference.oracle import expected_table
 from millstream.spark.options import SPLIT_MIN_RECORDS
 from millstream.spark.runner import DatastreamRunner
-from millstream.testing.model import canonical
-from millstream.testing.oracle import expected_table
 
 pytestmark = [pytest.mark.spark]
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ingest_support import assert_table_matches_source, orders_spec, shard_uppers
 
+from harness.ingest_support import assert_table_matches_source, orders_spec, shard_uppers
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.spark.runner import SIDECAR, Bootstrap, DatastreamRunner, checkpoint_verdict
@@ -194,7 +194,7 @@ def test_a_checkpoint_is_not_trusted_against_a_fresh_metadata_store(
     from millstream.catalog import Catalog
     from millstream.datastream import DatastreamSpec
     from millstream.ingest.sources.generator import ORDERS_SCHEMA
-    from millstream.testing.model import canonical
+    from millstream.reference.model import canonical
 
     def spec(total: int) -> DatastreamSpec:
         return DatastreamSpec.parse(

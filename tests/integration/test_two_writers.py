@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ingest_support import (
+
+from harness.ingest_support import (
     assert_table_matches_source,
     orders_spec,
     shard_uppers,
@@ -21,7 +22,6 @@ from ingest_support import (
     write_spec,
     writer_commits,
 )
-
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 

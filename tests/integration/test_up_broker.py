@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from harness.servers import MotoS3Server
 from millstream.local.process import HOST, ServerStartError, free_port
 from millstream.local.tansu import MEMORY_STORAGE, start_home_broker
-from millstream.testing.servers import MotoS3Server
 
 pytestmark = pytest.mark.kafka
 

@@ -36,13 +36,13 @@ from millstream.datastream import DatastreamSpec
 from millstream.ingest.decode import decode_records
 from millstream.ingest.sources import spec_reader
 from millstream.ingest.sources.base import RAW_SCHEMA
+from millstream.reference.model import canonical, model_rows
+from millstream.reference.oracle import expected_table
 from millstream.sealing.reingest import reingest_segment
 from millstream.sealing.sealer import Sealer
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
 from millstream.table.read import read_entries, read_manifest
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical, model_rows
-from millstream.testing.oracle import expected_table
 
 SCHEMA = {"k": "long", "v": "string", "updated_at": "long", "deleted": "boolean"}
 ENGINES: dict[str, dict[str, Any]] = {

@@ -29,6 +29,7 @@ from psycopg import sql
 from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
+from harness.servers import PostgresServer
 from millstream.clock import ManualClock
 from millstream.control import leases
 from millstream.control.leases import acquire_or_renew, read_lease
@@ -37,7 +38,6 @@ from millstream.core.assignment import ACTIVE, STANDBY
 from millstream.errors import LeaseLostError
 from millstream.metastore import assignments
 from millstream.metastore.store import MetadataStore
-from millstream.testing.servers import PostgresServer
 
 pytestmark = pytest.mark.postgres
 

@@ -46,10 +46,10 @@ from millstream.control.workers import heartbeat, list_workers, read_assignments
 from millstream.core.assignment import ACTIVE, STANDBY
 from millstream.datastream import DatastreamSpec
 from millstream.errors import StateDirLockedError, StateLockNotHeldError
+from millstream.reference.model import canonical
+from millstream.reference.oracle import RawRecord, expected_table
 from millstream.spark.runner import DatastreamRunner
 from millstream.storage.statedir import StateDirCleaner, StateDirectory
-from millstream.testing.model import canonical
-from millstream.testing.oracle import RawRecord, expected_table
 
 T = TypeVar("T")
 TASK = "1_0"

@@ -26,11 +26,11 @@ import pytest
 
 from millstream.catalog import Catalog
 from millstream.metastore.models import Entry, Manifest, SegmentState
+from millstream.reference.model import canonical, model_rows
 from millstream.sealing.keyindex import CACHE
 from millstream.sealing.sealer import Sealer, SealFaults
 from millstream.spec import TableSpec
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical, model_rows
 
 N = [("k1", "a", False), ("k1", None, True), ("k2", "a", False)]
 N_PLUS_1 = [("k1", "Y", False), ("k2", "b", False)]

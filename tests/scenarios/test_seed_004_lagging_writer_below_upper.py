@@ -25,10 +25,10 @@ import pytest
 
 from millstream.catalog import Catalog
 from millstream.core.frontier import Outcome
+from millstream.reference.model import canonical, model_rows
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
 from millstream.table.read import read_entries
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical, model_rows
 
 TABLE = "exports"
 PARTITION = 0

@@ -5,8 +5,8 @@ contradiction hides one."""
 
 from __future__ import annotations
 
+from harness.chaos.process import LifecycleModel
 from millstream.core.lifecycle import Command, State
-from millstream.testing.chaos.process import LifecycleModel
 
 
 def test_a_stopping_datastream_may_be_stopped_by_the_next_command() -> None:

@@ -3,7 +3,7 @@ is expected, the same exception raised through Millstream's code is not."""
 
 from __future__ import annotations
 
-from millstream.testing.chaos.process import ALLOWED_TRACEBACKS, _traceback_blocks
+from harness.chaos.process import ALLOWED_TRACEBACKS, _traceback_blocks
 
 DAEMON = """\
 Traceback (most recent call last):

@@ -9,11 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 from typer.testing import CliRunner
 
-from iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows
+from harness.iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows
 from millstream.catalog import Catalog
 from millstream.cli.app import app
+from millstream.reference.model import canonical
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical
 
 
 def _commit(home: Path, keys: list[int], value: str, lo: int) -> None:

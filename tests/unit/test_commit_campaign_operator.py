@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from harness.chaos.commitpath import run_commit_campaign
+from harness.chaos.log import CampaignLog
 from millstream.config import Settings
 from millstream.spark.sink import SegmentSink
-from millstream.testing.chaos.commitpath import run_commit_campaign
-from millstream.testing.chaos.log import CampaignLog
 
 SEED = 1626539355
 

@@ -18,8 +18,8 @@ from millstream.catalog import Catalog
 from millstream.cli.app import app
 from millstream.cli.services import ServiceGroup, serve_api
 from millstream.control.controller import Controller
+from millstream.reference.model import canonical
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reading-from-other-engines.md"
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from millstream.cli import chaos, control, datastream, table
+from millstream.cli import control, datastream, table
 from millstream.cli.output import (
     HomeOpt,
     OutputFormat,
@@ -311,7 +311,6 @@ app.command("rollback", short_help="Move a partition back: remove its newest seg
 app.command("reingest", short_help="Rebuild a lost or corrupt segment from its source.")(
     datastream.reingest
 )
-app.command("chaos", short_help="Seeded fault campaigns against the production code.")(chaos.chaos)
 
 
 #: The commands whose process never needs pandas (no Spark in it): pyarrow would import it

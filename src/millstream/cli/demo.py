@@ -21,7 +21,7 @@ from typing import Any
 from rich.live import Live
 
 from millstream.cli.output import OutputFormat, console, emit_json, table_text
-from millstream.testing.oracle import RawRecord
+from millstream.reference.oracle import RawRecord
 
 TOPIC = "orders"
 PARTITIONS = 4
@@ -98,10 +98,10 @@ def run_demo(*, home: Path | None, records: int, seed: int, output: OutputFormat
     from millstream.datastream import DatastreamSpec
     from millstream.ingest.sources.kafka import CLIENT_LOG, CONSUMERS
     from millstream.local.tansu import TansuBroker
+    from millstream.reference.model import canonical
+    from millstream.reference.oracle import expected_table
     from millstream.spark.runner import DatastreamRunner
     from millstream.spark.session import spark_session
-    from millstream.testing.model import canonical
-    from millstream.testing.oracle import expected_table
 
     text = output is OutputFormat.text
     say = console.print if text else (lambda *a, **k: None)

@@ -5,7 +5,7 @@ own module.
 
 The hot ingest path keeps no per-key state (docs/design.md, "Merge engines"); key semantics are applied
 when data is read and when it is sealed. The rules are the sequential model in
-:mod:`millstream.testing.model`, applied per key in the **order key**:
+:mod:`millstream.reference.model`, applied per key in the **order key**:
 
     (effective comparison value, nulls first) -> partition -> offset
 

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from api_support import TOKEN, TestClient
 
+from harness.api_support import TOKEN, TestClient
 from millstream.api import create_app
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import TestClient, spec_body
 from test_api_reingest import _ingest, _write_source
 
+from harness.api_support import TestClient, spec_body
 from millstream.api import create_app
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
@@ -21,9 +21,9 @@ from millstream.control.controller import Controller, ControlSettings
 from millstream.datastream import DatastreamSpec
 from millstream.errors import SegmentUnavailableError
 from millstream.metastore.jobs import start_reingest
+from millstream.reference.model import canonical
+from millstream.reference.oracle import expected_table
 from millstream.sealing.sealer import Sealer
-from millstream.testing.model import canonical
-from millstream.testing.oracle import expected_table
 
 #: The api fixture's controller runs with the default repair settings.
 CONTROL = ControlSettings(lease_ttl=10.0, worker_ttl=5.0, tick_seconds=1.0)

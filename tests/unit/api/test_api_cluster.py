@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from api_support import TestClient, beat, spec_body, write_lines
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.api_support import TestClient, beat, spec_body, write_lines
 from millstream.api import create_app
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import TestClient, spec_body, store_snapshot
 
+from harness.api_support import TestClient, spec_body, store_snapshot
 from millstream.catalog import Catalog
 from millstream.control.controller import Controller
 

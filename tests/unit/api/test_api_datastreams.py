@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import AUTH, TestClient, spec_body, store_snapshot
 
+from harness.api_support import AUTH, TestClient, spec_body, store_snapshot
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller

@@ -13,21 +13,21 @@ import duckdb
 import httpx
 import pyarrow as pa
 import pytest
-from api_support import serve
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError, UnauthorizedError
 
-from iceberg_readers import duckdb_connection, s3_properties
+from harness.api_support import serve
+from harness.iceberg_readers import duckdb_connection, s3_properties
 from millstream.api.app import create_app
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.config import Settings
 from millstream.control.controller import Controller
 from millstream.metastore.store import MetadataStore
+from millstream.reference.model import canonical
 from millstream.storage.deepstore import DeepStore
 from millstream.table.iceberg import publish
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical
 
 READ_TOKEN = "reader-token"
 
@@ -154,8 +154,7 @@ def test_duckdb_attaches_the_catalog_and_reads_a_table_as_millstream_does(
 def test_workers_learn_the_publish_interval_from_the_controllers_settings(
     catalog: Catalog, clock: ManualClock
 ) -> None:
-    from api_support import TestClient
-
+    from harness.api_support import TestClient
     from millstream.control.controller import ControlSettings
 
     ctl = Controller(

@@ -12,19 +12,19 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from api_support import TestClient, spec_body
 from test_api_background_loops import add_running_writer
 
-from iceberg_readers import pyiceberg_rows
+from harness.api_support import TestClient, spec_body
+from harness.iceberg_readers import pyiceberg_rows
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller, ControlSettings
 from millstream.control.worker import Worker
+from millstream.reference.model import canonical
 from millstream.sealing.maintenance import DEFAULT_PUBLISH_INTERVAL
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL
 from millstream.table.iceberg import current_location
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical
 
 WORKER = "w1"
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from api_support import TestClient, spec_body
 from prometheus_client.parser import text_string_to_metric_families
 
 import millstream.api.rows as rows_module
+from harness.api_support import TestClient, spec_body
 from millstream.api import create_app
 from millstream.api.rows import LiveRows
 from millstream.catalog import Catalog

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from api_support import TestClient, beat, spec_body, store_snapshot, write_lines
 
+from harness.api_support import TestClient, beat, spec_body, store_snapshot, write_lines
 from millstream.api import create_app
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock

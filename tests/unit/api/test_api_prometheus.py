@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
-from api_support import TestClient, beat, serve, spec_body, write_lines
 
+from harness.api_support import TestClient, beat, serve, spec_body, write_lines
 from millstream.api import create_app
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from api_support import AUTH, TOKEN, TestClient, spec_body, store_snapshot
 
+from harness.api_support import AUTH, TOKEN, TestClient, spec_body, store_snapshot
 from millstream.api import create_app
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock

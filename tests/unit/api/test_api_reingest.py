@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from api_support import TestClient, spec_body
 
+from harness.api_support import TestClient, spec_body
 from millstream.catalog import Catalog
 from millstream.control.controller import Controller
 from millstream.datastream import DatastreamSpec
@@ -20,10 +20,10 @@ from millstream.ingest.formats import decoder_for
 from millstream.ingest.sources import config_for, reader_for
 from millstream.ingest.sources.base import RAW_SCHEMA
 from millstream.metastore.jobs import start_reingest
+from millstream.reference.model import canonical
+from millstream.reference.oracle import expected_table
 from millstream.sealing.sealer import Sealer
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical
-from millstream.testing.oracle import expected_table
 
 
 def _write_source(

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from api_support import TestClient, spec_body, store_snapshot
-
+from harness.api_support import TestClient, spec_body, store_snapshot
 from millstream.catalog import Catalog
 from millstream.control.controller import Controller
 from millstream.metastore.models import ShardAppend

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import TestClient, spec_body
 
+from harness.api_support import TestClient, spec_body
+from harness.chaos.proxy import TcpProxy
+from harness.servers import PostgresServer
 from millstream.api import create_app
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
@@ -24,8 +26,6 @@ from millstream.control.registry import Registry
 from millstream.core.lifecycle import State
 from millstream.datastream import DatastreamSpec
 from millstream.errors import MetadataStoreUnavailableError
-from millstream.testing.chaos.proxy import TcpProxy
-from millstream.testing.servers import PostgresServer
 
 pytestmark = pytest.mark.postgres
 

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import TestClient, serve, spec_body, store_snapshot
 from typer.testing import CliRunner
 
+from harness.api_support import TestClient, serve, spec_body, store_snapshot
 from millstream.api import create_app
 from millstream.catalog import Catalog
 from millstream.cli.app import app as cli

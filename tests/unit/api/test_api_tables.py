@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import TestClient, beat, spec_body, write_lines
 
+from harness.api_support import TestClient, beat, spec_body, write_lines
 from millstream.api import create_app
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock

@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from api_support import TestClient, run_failing_writer, spec_body
-
+from harness.api_support import TestClient, run_failing_writer, spec_body
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller

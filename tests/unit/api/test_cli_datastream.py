@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import TOKEN, run_failing_writer, serve, store_snapshot, write_lines
 from typer.testing import CliRunner
 
+from harness.api_support import TOKEN, run_failing_writer, serve, store_snapshot, write_lines
 from millstream.api import create_app
 from millstream.catalog import Catalog
 from millstream.cli.app import app as cli

@@ -21,7 +21,14 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import yaml
-from api_support import (
+from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+from harness.api_support import (
     TOKEN,
     beat,
     ingest_range,
@@ -30,13 +37,6 @@ from api_support import (
     spec_body,
     write_lines,
 )
-from selenium import webdriver
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
-from selenium.webdriver.common.by import By
-from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import WebDriverWait
-
 from millstream.api import create_app
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import TestClient, write_lines
 
+from harness.api_support import TestClient, write_lines
 from millstream.api import create_app
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock

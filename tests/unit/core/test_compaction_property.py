@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from millstream.core.engines import engine_for
+from millstream.reference.model import canonical, model_rows
 from millstream.spec import TableSpec
-from millstream.testing.model import canonical, model_rows
 
 BASE = datetime(2026, 1, 1, tzinfo=UTC)
 MODES = ["append", "dedup", "upsert", "partial"]

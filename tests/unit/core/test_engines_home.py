@@ -8,9 +8,9 @@ spec.comparison_column is None``, say) is caught by ``make lint`` and ``make tes
 
 Allowed besides the engines: :mod:`millstream.spec`, which declares the modes and validates
 which options each accepts (it sits below ``core`` in the layers contract, so it cannot ask an
-engine), and ``millstream/testing/``, the test harness: its sequential model restates every
-engine's rule on purpose, one row at a time, as the independent oracle the engines are checked
-against, and its campaigns' ``.mode`` is a campaign plan's, not a table's.
+engine), and ``millstream/reference/``, the reference semantics: its sequential model restates
+every engine's rule on purpose, one row at a time, as the independent oracle the engines are
+checked against.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import millstream
 
 PACKAGE = Path(millstream.__file__).resolve().parent
 #: Paths (relative to the package) where ``.mode`` may be compared; a directory ends in "/".
-ALLOWED = ("core/engines/", "spec.py", "testing/")
+ALLOWED = ("core/engines/", "spec.py", "reference/")
 
 
 def _is_mode(node: ast.AST) -> bool:

@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 from millstream.catalog import Catalog
 from millstream.core.engines import engine_for
 from millstream.core.frontier import Outcome
+from millstream.reference.model import canonical, model_rows
 from millstream.spec import OFFSET_COL, PARTITION_COL, SYSTEM_COLUMNS, TOMBSTONE_COL, TableSpec
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical, model_rows
 
 Row = dict[str, Any]
 

@@ -16,10 +16,10 @@ import millstream
 from millstream.catalog import Catalog
 from millstream.errors import InvalidSpecError
 from millstream.metastore.models import SegmentState
+from millstream.reference.model import canonical, model_rows
 from millstream.sealing.sealer import Sealer
 from millstream.spec import TableSpec
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical, model_rows
 
 SCHEMA = {
     "k": "long",

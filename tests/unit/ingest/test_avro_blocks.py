@@ -19,12 +19,12 @@ import fastavro
 import pyarrow as pa
 import pytest
 
+from harness.formats import ORDERS_AVRO
+from harness.schema_registry import TestSchemaRegistry
 from millstream.ingest.decode import decode_records
 from millstream.ingest.formats import decoder_for, format_config
 from millstream.ingest.sources.generator import ORDERS_SCHEMA
 from millstream.spec import TableSpec
-from millstream.testing.formats import ORDERS_AVRO
-from millstream.testing.schema_registry import TestSchemaRegistry
 
 SPEC = TableSpec.parse(
     {

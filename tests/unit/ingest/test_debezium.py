@@ -2,7 +2,7 @@
 change events become upserts of ``after`` and deletes of ``before``'s key, with or without the
 schema/payload wrapper; a Kafka tombstone after a delete is one more delete; bad events go to
 the dead-letter rows naming the field; record and envelope fields fill their columns, typed.
-Table contents are checked against the sequential model (:mod:`millstream.testing.model`)."""
+Table contents are checked against the sequential model (:mod:`millstream.reference.model`)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from millstream.ingest.formats import decoder_for
 from millstream.ingest.sources import config_for
 from millstream.ingest.sources.base import PartitionReader, records_batch
 from millstream.ingest.sources.kafka import KafkaConfig, KafkaReader, headers_json
-from millstream.testing.model import canonical, model_rows
+from millstream.reference.model import canonical, model_rows
 
 SCHEMA = {"id": "long", "name": "string", "qty": "int", "changed_ms": "long", "op": "string"}
 

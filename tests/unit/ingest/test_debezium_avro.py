@@ -15,18 +15,18 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from harness.formats import (
+    ITEMS_VALUE_FIELDS,
+    DebeziumAvroEncoder,
+    debezium_envelope,
+)
+from harness.schema_registry import TestSchemaRegistry
 from millstream.datastream import DatastreamSpec
 from millstream.errors import InvalidSpecError, SourceReadError
 from millstream.ingest.decode import Decoded, decode_records
 from millstream.ingest.formats import decoder_for
 from millstream.ingest.sources import config_for
-from millstream.testing.formats import (
-    ITEMS_VALUE_FIELDS,
-    DebeziumAvroEncoder,
-    debezium_envelope,
-)
-from millstream.testing.model import model_rows
-from millstream.testing.schema_registry import TestSchemaRegistry
+from millstream.reference.model import model_rows
 
 SCHEMA = {
     "id": "long",

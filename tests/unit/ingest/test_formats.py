@@ -16,6 +16,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from harness.formats import ORDERS_AVRO, OrdersEncoder, orders_file_descriptor
+from harness.schema_registry import TestSchemaRegistry
 from millstream.datastream import DatastreamSpec
 from millstream.errors import InvalidSpecError, SourceReadError
 from millstream.ingest.decode import decode_records
@@ -23,8 +25,6 @@ from millstream.ingest.formats import decoder_for, format_config
 from millstream.ingest.sources import spec_reader
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
 from millstream.spec import TableSpec
-from millstream.testing.formats import ORDERS_AVRO, OrdersEncoder, orders_file_descriptor
-from millstream.testing.schema_registry import TestSchemaRegistry
 
 SPEC = TableSpec.parse(
     {
@@ -189,7 +189,7 @@ def test_fixed_schema_files_read_plain_payloads(tmp_path: Path) -> None:
     import fastavro
     from google.protobuf import descriptor_pb2, timestamp_pb2
 
-    from millstream.testing.formats import orders_message_class
+    from harness.formats import orders_message_class
 
     order = {
         "order_id": 3,

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from harness.schema_registry import TestSchemaRegistry
 from millstream.catalog import Catalog
 from millstream.control.registry import Registry
 from millstream.datastream import DatastreamSpec, dead_letter_spec
@@ -38,7 +39,6 @@ from millstream.metastore.evolve import absorb
 from millstream.spark.options import SinkOptions
 from millstream.spark.sink import DECODE_ROWS, SegmentSink, StoreRegistry
 from millstream.spark.sources import marker_batch
-from millstream.testing.schema_registry import TestSchemaRegistry
 
 SCHEMA = {"id": "long", "customer": "string", "qty": "int"}
 

@@ -22,13 +22,13 @@ from millstream.datastream import DatastreamSpec
 from millstream.errors import InjectedSealFault, SegmentChangedError
 from millstream.metastore.models import SegmentState
 from millstream.metastore.rollback import RollbackPlan, rollback_partition
+from millstream.reference.model import canonical, model_rows
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.reingest import reingest_segment
 from millstream.sealing.sealer import COMPACTION_POINTS, Sealer, SealFaults
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical, model_rows
 
 ENGINES: dict[str, dict[str, Any]] = {
     "append": {"mode": "append"},

@@ -20,12 +20,12 @@ import pytest
 from millstream.catalog import Catalog
 from millstream.metastore.models import Manifest, SegmentState
 from millstream.metastore.rollback import rollback_partition
+from millstream.reference.model import canonical, model_rows
 from millstream.sealing.keyindex import CACHE, KeyIndex, indexed
 from millstream.sealing.sealer import Sealer
 from millstream.spec import OFFSET_COL, TableSpec
 from millstream.table.read import read_manifest
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical, model_rows
 
 SCHEMA = {"k": "long", "v": "long", "s": "string", "d": "boolean", "c": "long"}
 ENGINES: dict[str, dict[str, Any]] = {

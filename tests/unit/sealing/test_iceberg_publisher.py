@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from iceberg_readers import pyiceberg_rows
+from harness.iceberg_readers import pyiceberg_rows
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
+from millstream.reference.model import canonical
 from millstream.sealing.maintenance import Maintainer
 from millstream.table.iceberg import current_location
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical
 
 
 def _commit(cat: Catalog, keys: list[int], lo: int) -> None:

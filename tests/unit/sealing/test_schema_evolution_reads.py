@@ -14,12 +14,12 @@ import pytest
 
 from millstream.catalog import Catalog
 from millstream.metastore.models import SegmentState
+from millstream.reference.model import canonical, model_rows
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.sealer import Sealer
 from millstream.spec import TableSpec
 from millstream.table.read import read_entries
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical, model_rows
 
 V1: dict[str, Any] = {"name": "t", "schema": {"k": "long", "qty": "int", "note": "string"}}
 V2: dict[str, Any] = {

@@ -14,10 +14,10 @@ import pytest
 from millstream.catalog import Catalog
 from millstream.errors import InjectedSealFault
 from millstream.metastore.models import SegmentState
+from millstream.reference.model import canonical, model_rows
 from millstream.sealing.sealer import SEAL_POINTS, Sealer, SealFaults
 from millstream.spec import TableSpec
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical, model_rows
 
 ENGINES: dict[str, dict[str, Any]] = {
     "append": {"mode": "append"},

@@ -18,13 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from millstream.catalog import Catalog
+from millstream.reference.model import canonical, model_rows
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.sealer import Sealer
 from millstream.spec import TableSpec
 from millstream.table.read import Condition
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical, model_rows
 
 SCHEMA = {"k": "long", "v": "long", "s": "string", "d": "boolean"}
 ENGINES: dict[str, dict[str, Any]] = {

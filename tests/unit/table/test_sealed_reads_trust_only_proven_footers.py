@@ -16,6 +16,7 @@ import pytest
 
 from millstream.catalog import Catalog
 from millstream.metastore.models import Entry, Manifest, SegmentState
+from millstream.reference.model import canonical, model_rows
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.sealer import Sealer
@@ -23,7 +24,6 @@ from millstream.spec import TableSpec
 from millstream.storage.deepstore import DeepStore
 from millstream.table.read import read_manifest
 from millstream.table.writer import commit_staged, stage_rows
-from millstream.testing.model import canonical, model_rows
 
 BY_KEY = [pytest.param(True, id="partitioned_by_key"), pytest.param(False, id="shared_keys")]
 

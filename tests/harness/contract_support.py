@@ -11,10 +11,10 @@ import pyarrow as pa
 
 from millstream.catalog import Catalog
 from millstream.metastore.models import AppendResult
+from millstream.reference.model import canonical, model_rows
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
 from millstream.storage.deepstore import table_data_prefix
 from millstream.table.writer import StagedFile, commit_staged, stage_rows
-from millstream.testing.model import canonical, model_rows
 
 TABLE = "events"
 #: An append table: every committed row shows up, so a duplicate or a lost row is visible.

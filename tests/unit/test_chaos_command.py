@@ -1,5 +1,5 @@
-"""``millstream chaos``: what a user sees from a short commit-path campaign on SQLite, and that
-the same seed draws the same schedules and faults."""
+"""``make chaos`` (``python -m harness.chaos``): what a user sees from a short commit-path
+campaign on SQLite, and that the same seed draws the same schedules and faults."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from millstream.cli.app import app
-from millstream.testing.chaos.commitpath import Plan
+from harness.chaos.cli import app
+from harness.chaos.commitpath import Plan
 
 
 def test_chaos_prints_the_seed_each_schedule_each_fault_and_the_summary_line(
     tmp_path: Path,
 ) -> None:
-    args = ["chaos", "--layer", "commit", "--backend", "sqlite", "--seed", "7"]
+    args = ["--layer", "commit", "--backend", "sqlite", "--seed", "7"]
     args += ["--schedules", "3", "--parallel", "2", "--workdir", str(tmp_path)]
     result = CliRunner().invoke(app, args)
     out = result.output
@@ -41,8 +41,8 @@ def test_all_layers_give_a_quarter_of_the_minutes_to_the_commit_path_and_sum_bot
     """``--layer all`` runs the commit path (for real, on SQLite) and then the process
     campaign, whose cluster is too slow for a unit test: it is replaced here, and gets the
     other three quarters of the minutes, the backend and the seed; the last line sums both."""
-    from millstream.testing.chaos import process
-    from millstream.testing.chaos.log import CampaignLog
+    from harness.chaos import process
+    from harness.chaos.log import CampaignLog
 
     seen: dict[str, object] = {}
 
@@ -55,7 +55,7 @@ def test_all_layers_give_a_quarter_of_the_minutes_to_the_commit_path_and_sum_bot
         return log
 
     monkeypatch.setattr(process, "run_process_campaign", fake)
-    args = ["chaos", "--seed", "5", "--minutes", "0.2", "--backend", "sqlite"]
+    args = ["--seed", "5", "--minutes", "0.2", "--backend", "sqlite"]
     result = CliRunner().invoke(app, [*args, "--parallel", "2", "--workdir", str(tmp_path)])
     out = result.output
 
@@ -68,4 +68,4 @@ def test_all_layers_give_a_quarter_of_the_minutes_to_the_commit_path_and_sum_bot
     assert schedules >= 1
     lines = out.strip().splitlines()
     assert lines[-2] == f"{faults + 1} faults in {schedules + 1} schedules, 1 anomalies"
-    assert lines[-1] == "re-run: millstream chaos --seed 5 --layer all --minutes 0.2"
+    assert lines[-1] == "re-run: make chaos SEED=5 LAYER=all MINUTES=0.2 BACKEND=sqlite"

@@ -34,8 +34,8 @@ from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, 
 from millstream.local.process import free_port
 from millstream.metastore import schema as s
 from millstream.metastore.store import MetadataStore
-from millstream.testing.model import Row
-from millstream.testing.oracle import RawRecord, expected_table
+from millstream.reference.model import Row
+from millstream.reference.oracle import RawRecord, expected_table
 
 T = TypeVar("T")
 MILLSTREAM_BIN = Path(sys.executable).parent / "millstream"

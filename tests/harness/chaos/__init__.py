@@ -1,4 +1,4 @@
-"""Seeded, randomized fault campaigns on the production path (``millstream chaos``).
+"""Seeded, randomized fault campaigns on the production path (``make chaos``).
 
 * :mod:`.commitpath`: threads that run the production micro-batch path (the stream source's
   planning, the segment sink's write and commit), the sealer, rollback, re-ingest, expiry and

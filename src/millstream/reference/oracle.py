@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from datetime import UTC, date, datetime
 from typing import Any
 
+from millstream.reference.model import Row, model_rows
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
-from millstream.testing.model import Row, model_rows
 
 RawRecord = tuple[int, int, bytes | None, bytes | None]  # partition, offset, key, value
 

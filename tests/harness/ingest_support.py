@@ -1,7 +1,7 @@
 """Helpers shared by the integration tests: produce generator records into the real broker,
 run ``millstream run`` as a subprocess, and compare a table with the source-side oracle.
 
-The oracle (:func:`millstream.testing.oracle.expected_table`) decodes every acknowledged
+The oracle (:func:`millstream.reference.oracle.expected_table`) decodes every acknowledged
 record on its own with ``json.loads`` and applies the sequential model, so it shares no code
 path with the vectorized decoder, the sink or the merge engines under test.
 """
@@ -29,9 +29,9 @@ from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.errors import TableNotFoundError
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
+from millstream.reference.model import Row
+from millstream.reference.oracle import RawRecord, expected_table
 from millstream.spark.runner import DatastreamRunner
-from millstream.testing.model import Row
-from millstream.testing.oracle import RawRecord, expected_table
 
 PARTITIONS = 4
 MILLSTREAM_BIN = Path(sys.executable).parent / "millstream"
@@ -185,7 +185,7 @@ def _key(row: Row) -> tuple[tuple[str, Any], ...]:
 
 
 def assert_same_rows(got: Iterable[Row], expected: Iterable[Row], *, what: str) -> None:
-    """Multiset equality (like comparing :func:`millstream.testing.model.canonical`), with the
+    """Multiset equality (like comparing :func:`millstream.reference.model.canonical`), with the
     first few differences in the message."""
     g, e = Counter(map(_key, got)), Counter(map(_key, expected))
     if g == e:

@@ -15,7 +15,7 @@ import pyarrow as pa
 from pyiceberg.table import StaticTable
 
 from millstream.catalog import Catalog
-from millstream.testing.model import canonical
+from millstream.reference.model import canonical
 
 
 def extension_file(module: Any, name: str) -> str:

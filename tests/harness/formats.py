@@ -2,7 +2,7 @@
 
 :class:`OrdersEncoder` turns a generator value (JSON bytes) into the same order produced with
 confluent-kafka's own ``AvroSerializer`` / ``ProtobufSerializer`` against a schema registry
-(:class:`millstream.testing.schema_registry.TestSchemaRegistry`). A value that is not a
+(:class:`harness.schema_registry.TestSchemaRegistry`). A value that is not a
 well-formed order (the generator's malformed records) becomes a bad wire value instead, one of
 a wrong magic byte, a truncated payload or an unknown schema id, so the JSON value stays the
 oracle's twin: bad in both forms, good rows equal.

@@ -79,6 +79,7 @@ from typing import Any
 
 from pyiceberg.table import StaticTable
 
+from harness.chaos.log import CampaignLog
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.config import Settings
@@ -104,6 +105,8 @@ from millstream.metastore.expiry import expire_versions
 from millstream.metastore.iceberg import IcebergPointer, read_pointer
 from millstream.metastore.models import Manifest, SegmentState
 from millstream.metastore.rollback import rollback_partition
+from millstream.reference.model import Row, canonical
+from millstream.reference.oracle import RawRecord, expected_table
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.reingest import reingest_segment
@@ -125,9 +128,6 @@ from millstream.table.iceberg import (
     view_prefix,
 )
 from millstream.table.read import read_manifest
-from millstream.testing.chaos.log import CampaignLog
-from millstream.testing.model import Row, canonical
-from millstream.testing.oracle import RawRecord, expected_table
 
 #: How long a sealer's claim holds; a frozen sealer is taken over after this.
 CLAIM_TTL = 0.6

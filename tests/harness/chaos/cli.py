@@ -1,5 +1,5 @@
-"""``millstream chaos``: run the fault campaigns (:mod:`millstream.testing.chaos`) on this
-machine, with servers of their own (PostgreSQL, moto's S3 server and a Tansu broker, each on
+"""``make chaos`` (``python -m harness.chaos`` with tests/ on ``sys.path``): run the fault
+campaigns (:mod:`harness.chaos`) on this machine, with servers of their own (PostgreSQL, moto's S3 server and a Tansu broker, each on
 127.0.0.1 and stopped at the end), and print the seed, every schedule, every fault with its
 time, every anomaly and the line ``N faults in M schedules, K anomalies``. Exits 1 when a
 checker found an anomaly; re-running with the printed ``--seed`` draws the same schedules."""
@@ -44,7 +44,7 @@ def _metadata_url(backend: Backend, url: str | None, workdir: Path) -> Iterator[
         yield f"sqlite:///{workdir / 'metadata.db'}"
         return
     # lazy: the servers (psycopg) are for this command only; keeps `millstream --help` fast
-    from millstream.testing.servers import PostgresServer
+    from harness.servers import PostgresServer
 
     with PostgresServer(workdir / "postgres") as server:
         yield server.create_database("chaos")
@@ -111,9 +111,9 @@ def chaos(
     """Run seeded, randomized fault campaigns against the production code paths and report
     every anomaly the checkers find."""
     # lazy: the campaigns import Spark's Python side and the whole stack; `--help` stays fast
+    from harness.chaos.commitpath import run_commit_campaign
+    from harness.chaos.log import CampaignLog
     from millstream.config import Settings
-    from millstream.testing.chaos.commitpath import run_commit_campaign
-    from millstream.testing.chaos.log import CampaignLog
 
     seed = seed if seed is not None else secrets.randbits(32)
     root = workdir or Path(tempfile.mkdtemp(prefix="millstream-chaos-"))
@@ -142,7 +142,7 @@ def chaos(
                 )
         if layer in (Layer.process, Layer.all):
             # lazy: the process campaign (cluster helpers, servers) only when it runs
-            from millstream.testing.chaos.process import LAYER, run_process_campaign
+            from harness.chaos.process import LAYER, run_process_campaign
 
             logs.append(
                 run_process_campaign(
@@ -160,5 +160,10 @@ def chaos(
     anomalies = sum(len(log.anomalies) for log in logs)
     out(f"{faults} faults in {count} schedules, {anomalies} anomalies")
     if anomalies:
-        out(f"re-run: millstream chaos --seed {seed} --layer {layer} --minutes {minutes:g}")
+        out(f"re-run: make chaos SEED={seed} LAYER={layer} MINUTES={minutes:g} BACKEND={backend}")
         raise typer.Exit(1)
+
+
+#: The command line of ``python -m harness.chaos`` (what ``make chaos`` runs).
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+app.command()(chaos)

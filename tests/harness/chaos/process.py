@@ -22,7 +22,7 @@ from ``random.Random(f"{seed}/{schedule}")``:
   ``rollback`` (pause, roll a partition back 1-3 segments, resume), ``reingest`` (re-ingest
   1-2 segments). With two datastreams a *side storm* hits the other one at the same time.
 * **network** (PostgreSQL + S3 only) - ``cut_pg``/``cut_s3`` (a
-  :class:`~millstream.testing.chaos.proxy.TcpProxy` in front of PostgreSQL or moto resets
+  :class:`~harness.chaos.proxy.TcpProxy` in front of PostgreSQL or moto resets
   every connection and refuses new ones for a few seconds) and ``stall_pg``/``stall_s3``
   (it forwards nothing for 1-8 s).
 
@@ -45,7 +45,7 @@ resolves to, may differ.
 
 At the end the producer stops, and: the uppers equal the topic's end offsets; each table equals
 the oracle's model of every acknowledged record and its dead-letter table holds exactly the
-bad records (:func:`~millstream.testing.cluster.table_vs_source`); no segment is COMMITTING
+bad records (:func:`~harness.cluster.table_vs_source`); no segment is COMMITTING
 past its claim's expiry; stop brings each datastream to STOPPED with no live worker running
 its writer, and delete removes it (404). Every failure goes to :meth:`CampaignLog.anomaly`;
 nothing is raised mid-run.
@@ -79,20 +79,9 @@ from typing import Any, Literal
 import httpx
 from sqlalchemy import select
 
-from millstream.catalog import Catalog
-from millstream.control.registry import Registry
-from millstream.control.workers import WorkerInfo, list_workers, read_assignments
-from millstream.core.lifecycle import COMMAND_TARGETS, Command, State
-from millstream.datastream import DatastreamSpec
-from millstream.faults import SEAL_FAULTS_ENV
-from millstream.local.process import free_port
-from millstream.local.tansu import TansuBroker
-from millstream.metastore import schema as s
-from millstream.metastore.models import SegmentState
-from millstream.sealing.sealer import FAULT_POINTS
-from millstream.testing.chaos.log import CampaignLog
-from millstream.testing.chaos.proxy import TcpProxy
-from millstream.testing.cluster import (
+from harness.chaos.log import CampaignLog
+from harness.chaos.proxy import TcpProxy
+from harness.cluster import (
     PARTITIONS,
     Api,
     Cluster,
@@ -105,7 +94,18 @@ from millstream.testing.cluster import (
     table_vs_source,
     wait_until,
 )
-from millstream.testing.servers import MotoS3Server, PostgresServer
+from harness.servers import MotoS3Server, PostgresServer
+from millstream.catalog import Catalog
+from millstream.control.registry import Registry
+from millstream.control.workers import WorkerInfo, list_workers, read_assignments
+from millstream.core.lifecycle import COMMAND_TARGETS, Command, State
+from millstream.datastream import DatastreamSpec
+from millstream.faults import SEAL_FAULTS_ENV
+from millstream.local.process import free_port
+from millstream.local.tansu import TansuBroker
+from millstream.metastore import schema as s
+from millstream.metastore.models import SegmentState
+from millstream.sealing.sealer import FAULT_POINTS
 
 __all__ = [
     "ALLOWED_TRACEBACKS",
