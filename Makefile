@@ -69,7 +69,7 @@ lint: venv
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 	@# a table's mode is checked only in core/engines (the merge engines' home)
-	$(VPY) -m pytest -p no:cacheprovider -q tests/unit/core/test_engines_home.py
+	$(VPY) -m pytest -p no:cacheprovider -q tests/unit/core/test_engines_home.py tests/unit/test_package_imports.py
 
 test: venv system-deps lint
 	$(VPY) -m pytest -p no:cacheprovider $(PYTEST_ARGS)
