@@ -68,7 +68,8 @@ lint: venv
 	$(VENV)/bin/ruff format --check src tests $(wildcard bench)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache --no-logo
-	@# a table's mode is checked only in core/engines (the merge engines' home)
+	@# a table's mode is checked only in core/engines (the merge engines' home); every module of
+	@# the package imports without the test extras
 	$(VPY) -m pytest -p no:cacheprovider -q tests/unit/core/test_engines_home.py tests/unit/test_package_imports.py
 
 test: venv system-deps lint
