@@ -1,5 +1,6 @@
 """Helpers of the REST API tests: valid spec bodies, a snapshot of every metadata row (to show
-a rejected request changed nothing), a source directory, a worker heartbeat, a real server."""
+a rejected request changed nothing), a source directory, a worker heartbeat, a stand-in writer
+on a worker, a real server."""
 
 from __future__ import annotations
 
@@ -18,9 +19,13 @@ from sqlalchemy import select
 
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
+from millstream.control.registry import Registry
+from millstream.control.worker import Worker, _Writer
 from millstream.control.workers import heartbeat
 from millstream.metastore import schema
 from millstream.metastore.store import MetadataStore
+from millstream.spark.runner import DatastreamRunner
+from millstream.storage.statedir import StateDirectory
 
 with warnings.catch_warnings():
     # starlette 1.x prefers the httpx2 fork for its TestClient; plain httpx works the same here.
@@ -68,6 +73,19 @@ def store_snapshot(store: MetadataStore) -> dict[str, list[tuple[Any, ...]]]:
             q = select(table).order_by(*table.primary_key.columns)
             out[table.name] = [tuple(r) for r in conn.execute(q)]
     return out
+
+
+def add_running_writer(
+    worker: Worker, catalog: Catalog, ds: str, state_root: Path, done: threading.Event
+) -> None:
+    """An active writer of ``ds`` on ``worker`` whose query thread runs (no Spark: it waits
+    for ``done``)."""
+    spec = Registry(catalog.store).get(ds).spec
+    sd = StateDirectory(state_root, ds)
+    runner = DatastreamRunner(spec, catalog, None, writer_id=worker.id, state_dir=sd)
+    thread = threading.Thread(target=done.wait, name=f"writer-{ds}", daemon=True)
+    thread.start()
+    worker.writers[ds] = _Writer(ds, "active", sd, runner=runner, thread=thread)
 
 
 def beat(

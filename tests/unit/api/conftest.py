@@ -3,6 +3,7 @@ ManualClock as the controller and the app, a controller driven by tick(), and Te
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,14 @@ from millstream.metastore.store import MetadataStore
 from millstream.storage.deepstore import DeepStore
 
 CONTROL = ControlSettings(lease_ttl=10.0, worker_ttl=5.0, tick_seconds=1.0)
+
+
+@pytest.fixture
+def running() -> Iterator[threading.Event]:
+    """Set at the end of the test: stand-in writer threads run until then."""
+    done = threading.Event()
+    yield done
+    done.set()
 
 
 @pytest.fixture

@@ -5,42 +5,16 @@ and the operator sees the error in ``/metrics`` and in ``/tables/{t}/debugInfo``
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from harness.api_support import TestClient, spec_body
+from harness.api_support import TestClient, add_running_writer, spec_body
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller
-from millstream.control.registry import Registry
-from millstream.control.worker import Worker, _Writer
-from millstream.spark.runner import DatastreamRunner
-from millstream.storage.statedir import StateDirectory
+from millstream.control.worker import Worker
 
 WORKER = "w1"
 ERRORS_ORDERS = 'millstream_background_errors_total{loop="sealer",table="orders",worker="w1"} 1.0'
-
-
-@pytest.fixture
-def running() -> Iterator[threading.Event]:
-    """Set at the end of the test: the stand-in writer threads run until then."""
-    done = threading.Event()
-    yield done
-    done.set()
-
-
-def add_running_writer(
-    worker: Worker, catalog: Catalog, ds: str, state_root: Path, done: threading.Event
-) -> None:
-    """An active writer of ``ds`` whose query thread runs (no Spark: it waits for ``done``)."""
-    spec = Registry(catalog.store).get(ds).spec
-    sd = StateDirectory(state_root, ds)
-    runner = DatastreamRunner(spec, catalog, None, writer_id=WORKER, state_dir=sd)
-    thread = threading.Thread(target=done.wait, name=f"writer-{ds}", daemon=True)
-    thread.start()
-    worker.writers[ds] = _Writer(ds, "active", sd, runner=runner, thread=thread)
 
 
 def test_a_failing_sealing_pass_backs_off_its_table_only_and_is_shown_in_metrics_and_debug_info(

@@ -7,14 +7,11 @@ its writer's commits."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
-import pytest
-from test_api_background_loops import add_running_writer
 
-from harness.api_support import TestClient, spec_body
+from harness.api_support import TestClient, add_running_writer, spec_body
 from harness.iceberg_readers import pyiceberg_rows
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
@@ -27,13 +24,6 @@ from millstream.table.iceberg import current_location
 from millstream.table.writer import commit_staged, stage_rows
 
 WORKER = "w1"
-
-
-@pytest.fixture
-def running() -> Iterator[threading.Event]:
-    done = threading.Event()
-    yield done
-    done.set()
 
 
 def _commit(catalog: Catalog, table: str, ids: list[int], lo: int) -> None:

@@ -5,29 +5,15 @@ worker's heartbeat and are Prometheus counters in ``/metrics``, per datastream a
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from harness.api_support import TestClient, spec_body
+from harness.api_support import TestClient, add_running_writer, spec_body
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller
-from millstream.control.registry import Registry
-from millstream.control.worker import Worker, _Writer
-from millstream.spark.runner import DatastreamRunner
-from millstream.storage.statedir import StateDirectory
+from millstream.control.worker import Worker
 
 WORKER = "w1"
-
-
-@pytest.fixture
-def running() -> Iterator[threading.Event]:
-    """Set at the end of the test: the stand-in writer thread runs until then."""
-    done = threading.Event()
-    yield done
-    done.set()
 
 
 def test_a_sealers_claim_renewals_are_counters_in_the_metrics(
@@ -42,12 +28,7 @@ def test_a_sealers_claim_renewals_are_counters_in_the_metrics(
     assert api.post("/datastreams", json=spec_body("payments", source_dir)).status_code == 201
     controller.tick()
     worker = Worker(catalog, None, worker_id=WORKER, clock=clock, state_root=tmp_path / "state")
-    spec = Registry(catalog.store).get("payments").spec
-    sd = StateDirectory(tmp_path / "state", "payments")
-    runner = DatastreamRunner(spec, catalog, None, writer_id=WORKER, state_dir=sd)
-    thread = threading.Thread(target=running.wait, name="writer-payments", daemon=True)
-    thread.start()
-    worker.writers["payments"] = _Writer("payments", "active", sd, runner=runner, thread=thread)
+    add_running_writer(worker, catalog, "payments", tmp_path / "state", running)
 
     worker.seal()  # creates the datastream's sealer
     labels = f'{{datastream="payments",worker="{WORKER}"}}'
