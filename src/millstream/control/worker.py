@@ -69,7 +69,7 @@ from millstream.ingest.sources import spec_reader
 from millstream.ingest.sources.base import latest_offsets_of
 from millstream.metastore.engine import STORE_ERRORS
 from millstream.sealing.compaction import CompactionPolicy
-from millstream.sealing.maintenance import Maintainer, Publisher, TableMaintenance
+from millstream.sealing.maintenance import Maintainer, Publisher
 from millstream.sealing.sealer import Sealer, SealFaults
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.options import CommitGate
@@ -679,7 +679,7 @@ class Worker:
                 "writers": writers,
                 "commit_conflicts": self.catalog.store.conflicts,
                 "sealing": self.sealing_status(),
-                "maintenance": self.maintenance_status(),
+                "maintenance": self.maintainer.status(),
                 "loops": [s.to_dict() for s in self.loop_statuses()],
                 "lost_races": lost_races,
                 "rows": rows,
@@ -832,14 +832,6 @@ class Worker:
             return []
         alive = self.publish_loop.alive
         return [self.publish_loop.status(), *self.publisher.loop_statuses(alive=alive)]
-
-    def maintenance_status(self) -> dict[str, dict[str, Any]]:
-        """Per table: its maintenance and, under ``iceberg``, its view as published here."""
-        out = self.maintainer.status()
-        if self.publisher is not None:
-            for name, view in self.publisher.status().items():
-                out.setdefault(name, TableMaintenance().to_dict())["iceberg"] = view
-        return out
 
     # -- loop ------------------------------------------------------------------------------
 

@@ -144,9 +144,12 @@ class Maintainer:
                 log.info("maintenance: %s", report.describe())
 
     def status(self) -> dict[str, dict[str, Any]]:
+        """Per table: its maintenance and, under ``iceberg``, its view as published in this
+        process (by this thread's publisher or the one another thread runs)."""
         out = {name: t.to_dict() for name, t in sorted(self.tables.items())}
-        if self.publisher is not None:
-            for name, view in self.publisher.status().items():
+        publisher = self.publisher or self.shared_publisher
+        if publisher is not None:
+            for name, view in publisher.status().items():
                 out.setdefault(name, TableMaintenance().to_dict())["iceberg"] = view
         return out
 
