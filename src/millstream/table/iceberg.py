@@ -466,6 +466,7 @@ def incremental_view(
     the read does); a file none of whose rows belong to a touched key keeps its hidden rows as they
     were. The merge columns of files come from ``cache`` (a file is read once, ever)."""
     spec: TableSpec = manifest.table.spec
+    engine = engine_for(spec)
     schema = merge_columns(spec)
     by_file = _ranges_of(manifest)
     before = previous.facts
@@ -577,12 +578,12 @@ def incremental_view(
         winners = pa.concat_tables(
             [rows_of.schema.empty_table()]
             + [
-                engine_for(spec).resolve(rows_of.filter(pc.equal(parts, p)))
+                engine.resolve(rows_of.filter(pc.equal(parts, p)))
                 for p in pc.unique(parts).to_pylist()
             ]
         )
     else:
-        winners = engine_for(spec).resolve(rows_of)
+        winners = engine.resolve(rows_of)
     # Each winner's physical row: its (partition, offset) among the candidates.
     placed = candidates.select([PARTITION_COL, OFFSET_COL, FILE_COL, POS_COL]).join(
         winners.select([PARTITION_COL, OFFSET_COL]).append_column(
@@ -602,7 +603,7 @@ def incremental_view(
     win_pos = placed.column(POS_COL).to_numpy()
     user = spec.arrow_schema()
     new_merged = user.empty_table()
-    if engine_for(spec).merges_columns and winners.num_rows:
+    if engine.merges_columns and winners.num_rows:
         # A merged row that differs from its physical row is written; that row is hidden.
         by_place = candidates.select([FILE_COL, POS_COL, *user.names])
         physical = by_place.join(
