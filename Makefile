@@ -19,9 +19,13 @@ PYTEST_ARGS ?= -n 2 --dist loadgroup
 # the registry answers "modified", and uv would rebuild it on every fresh venv.
 export UV_CACHE_DIR ?= $(HOME)/.cache/uv
 export UV_PYTHON_DOWNLOADS ?= never
-uv_install = $(UV) pip install --python $(VPY) --offline --quiet $(1) 2>/dev/null \
+# --compile-bytecode: Python here may run with PYTHONDONTWRITEBYTECODE=1, so nothing would
+# ever cache bytecode and every command (and every test subprocess) would recompile what it
+# imports: ~2.2 s instead of ~1.1 s to import the CLI, Spark and the API. Compiling once at
+# install costs ~20 s.
+uv_install = $(UV) pip install --python $(VPY) --offline --quiet --compile-bytecode $(1) 2>/dev/null \
 	|| { echo "uv: cache incomplete, installing from the registry"; \
-	     $(UV) pip install --python $(VPY) $(1); }
+	     $(UV) pip install --python $(VPY) --compile-bytecode $(1); }
 
 export MILLSTREAM_TEST_SPARK_MASTER ?= local[2]
 
@@ -38,6 +42,7 @@ $(UV): | $(VPY)
 $(STAMP): requirements.lock pyproject.toml | $(UV)
 	$(call uv_install,-r requirements.lock)
 	$(call uv_install,-e '.[test]' --no-deps)
+	@$(VPY) -m compileall -q -j 0 src >/dev/null
 	@touch $@
 
 system-deps:
