@@ -147,9 +147,13 @@ def run_demo(*, home: Path | None, records: int, seed: int, output: OutputFormat
             shards = {s.partition: s.upper for s in catalog.store.list_shards(spec.table_name)}
             return all(shards.get(p, -1) >= hi for p, hi in target.items())
 
+        # A live display only on a terminal: piped, Rich prints the last frame without a
+        # final newline, so the next line ran into the table's border. Piped output gets
+        # the final table once instead.
+        live_display = text and console.is_terminal
         with (
             Live(console=console, refresh_per_second=2, transient=False)
-            if text
+            if live_display
             else _Null() as live
         ):
             while not caught_up():
@@ -157,11 +161,13 @@ def run_demo(*, home: Path | None, records: int, seed: int, output: OutputFormat
                     raise errors[0] if errors else RuntimeError("the writer stopped unexpectedly")
                 if runner.query is not None:
                     view = view or ProgressView(runner)
-                    if text:
+                    if live_display:
                         live.update(view.render())
                 time.sleep(0.5)
-            if view is not None and text:
+            if view is not None and live_display:
                 live.update(view.render())
+        if view is not None and text and not live_display:
+            console.print(view.render())
         say(f"[bold]caught up[/] in {time.time() - t0:.1f}s since the first record was produced")
 
         # Freshness: produce probes one by one while the query runs; time until committed.
