@@ -18,7 +18,6 @@ import pytest
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.errors import SegmentChangedError
-from millstream.metastore.claims import store_now
 from millstream.metastore.models import SegmentState
 from millstream.sealing.sealer import Sealer, SealFaults
 from millstream.spec import TableSpec
@@ -90,7 +89,7 @@ def _until_the_claim_expired_on_the_server(cat: Catalog) -> None:
     deadline = time.monotonic() + 60
     while True:
         with cat.store.read() as conn:
-            now = store_now(cat.store, conn)
+            now = cat.store.store_now(conn)
         assert expiry <= now + SHORT_TTL, "the claim's expiry is not on the server's clock"
         if now > expiry:
             return
