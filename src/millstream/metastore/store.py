@@ -322,11 +322,6 @@ class MetadataStore:
         renewed, _ = self.retrying(claims.renew_claim, self.clock, claimed, owner=owner, ttl=ttl)
         return renewed
 
-    def store_now(self, conn: Connection) -> float:
-        """The metadata store's time in ``conn``'s transaction
-        (:func:`~millstream.metastore.claims.store_now`)."""
-        return claims.store_now(conn, self.clock)
-
     def replace_run(
         self,
         table: str,

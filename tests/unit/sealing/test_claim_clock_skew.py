@@ -18,6 +18,7 @@ import pytest
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.errors import SegmentChangedError
+from millstream.metastore.claims import store_now
 from millstream.metastore.models import SegmentState
 from millstream.sealing.sealer import Sealer, SealFaults
 from millstream.spec import TableSpec
@@ -89,7 +90,7 @@ def _until_the_claim_expired_on_the_server(cat: Catalog) -> None:
     deadline = time.monotonic() + 60
     while True:
         with cat.store.read() as conn:
-            now = cat.store.store_now(conn)
+            now = store_now(conn, cat.store.clock)
         assert expiry <= now + SHORT_TTL, "the claim's expiry is not on the server's clock"
         if now > expiry:
             return

@@ -172,6 +172,8 @@ def test_a_renewal_is_judged_on_the_database_servers_clock(
     renewed expiry is the server's now + TTL (test_claim_clock_skew.py skews the sealers')."""
     import uuid
 
+    from millstream.metastore.claims import store_now
+
     if backend == "sqlite":
         url = f"sqlite:///{tmp_path / 'm.db'}"
     else:
@@ -186,7 +188,7 @@ def test_a_renewal_is_judged_on_the_database_servers_clock(
         renewed = c.store.renew_claim(claimed, owner="me", ttl=TTL)
         assert renewed is not None and set(renewed) == set(claimed)
         with c.store.read() as conn:
-            server_now = c.store.store_now(conn)
+            server_now = store_now(conn, c.store.clock)
         assert abs(server_now - time.time()) < 60, "the server's clock, not the sealer's"
         expiries = {e.claim_expires_at for e in c.manifest("t").entries}
         assert all(x is not None and x <= server_now + TTL for x in expiries), expiries
