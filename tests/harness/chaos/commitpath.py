@@ -23,10 +23,10 @@ drawing its steps from ``Random(f"{seed}/{schedule}/{actor}")``:
   one's swap must be refused; a compaction past garbage collection's grace period); each with
   its own key-index cache.
 * an **operator** (in schedule 0 of every seed and in most others): rollbacks of a recent
-  segment (:func:`millstream.metastore.rollback.rollback_partition`) and re-ingests of a live
+  segment (:meth:`MetadataStore.rollback_partition`) and re-ingests of a live
   segment from the source (:func:`millstream.sealing.reingest.reingest_segment`), each at least
   once, while everything else runs; a step waits for a live segment to act on.
-* a **maintainer**: expiry (:func:`millstream.metastore.expiry.expire_versions`) and garbage
+* a **maintainer**: expiry (:meth:`MetadataStore.expire_versions`) and garbage
   collection (:func:`millstream.table.gc.collect_garbage`) with a grace period twice the
   staged-file age limit, as in production; in every other schedule (even index), every
   other round it also publishes the table's Iceberg view (:func:`millstream.table.iceberg.publish`, as table maintenance and the workers'
