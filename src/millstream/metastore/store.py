@@ -451,7 +451,8 @@ class MetadataStore:
             return iceberg.version_committed_at(conn, self.clock, table, version)
 
     def publish_lag(self, table: str, now: float) -> float | None:
-        """How far ``table``'s Iceberg view lags (:func:`~millstream.metastore.iceberg.publish_lag`)."""
+        """How far ``table``'s Iceberg view lags
+        (:func:`~millstream.metastore.iceberg.publish_lag`)."""
         with self.read() as conn:
             return iceberg.publish_lag(conn, table, now)
 
