@@ -41,7 +41,6 @@ import numpy as np
 import pyarrow as pa
 
 from millstream.catalog import Catalog
-from millstream.metastore.iceberg import publish_lag
 from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.maintenance import DEFAULT_PUBLISH_INTERVAL, Publisher
 from millstream.sealing.sealer import Sealer
@@ -122,7 +121,7 @@ def lag_run(cat: Catalog, committer: Committer, seconds: float) -> None:
     seen = 0
     while time.monotonic() - started < seconds:
         time.sleep(1.0)
-        lag = publish_lag(cat.store, "kv", cat.store.clock.now())
+        lag = cat.store.publish_lag("kv", cat.store.clock.now())
         if lag is not None:
             lags.append(lag)
         view = publisher.status().get("kv")

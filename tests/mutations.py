@@ -98,7 +98,7 @@ GUARDS: tuple[Guard, ...] = (
             entries.append(cur)
         entries.sort(key=lambda e: e.seq)
         new_version = info.manifest_version + 1
-        now = store.clock.now()
+        now = clock.now()
         for e in entries:
             update_entry(
                 conn,
@@ -109,7 +109,7 @@ GUARDS: tuple[Guard, ...] = (
             entries.append(cur)  # MUTATION: the claim is not re-checked
         entries.sort(key=lambda e: e.seq)
         new_version = info.manifest_version + 1
-        now = store.clock.now()
+        now = clock.now()
         for e in entries:
             update_entry(
                 conn,
@@ -214,12 +214,12 @@ GUARDS: tuple[Guard, ...] = (
         file=CLAIMS,
         what="claim_run: a run whose claim expired may be claimed again",
         old="""\
-            if cur.claim_held(now):
-                return None
+        if cur.claim_held(now):
+            return None
 """,
         new="""\
-            if cur.state is SegmentState.COMMITTING:  # MUTATION: a claim never expires
-                return None
+        if cur.state is SegmentState.COMMITTING:  # MUTATION: a claim never expires
+            return None
 """,
         tests=("tests/unit/sealing/test_dead_sealer_claim.py",),
     ),
@@ -228,12 +228,12 @@ GUARDS: tuple[Guard, ...] = (
         file=CLAIMS,
         what="claim_run: a run another sealer's live claim holds is left alone",
         old="""\
-            if cur.claim_held(now):
-                return None
+        if cur.claim_held(now):
+            return None
 """,
         new="""\
-            if cur.claim_held(now):
-                pass  # MUTATION: a live claim is taken over
+        if cur.claim_held(now):
+            pass  # MUTATION: a live claim is taken over
 """,
         # The first test: two sealers that both read the run unclaimed and then claim it one
         # after the other; the second: a sealer that finds the run claimed.
@@ -249,25 +249,25 @@ GUARDS: tuple[Guard, ...] = (
         file=CLAIMS,
         what="claim_run: every entry's precondition is checked before any entry is claimed",
         old="""\
-        for e in run:
-            cur = get_entry(conn, e.id)
-            if cur is None or cur.removed_version is not None:
-                return None
-            if cur.claim_held(now):
-                return None
-            checked[e.id] = cur.row_version
-        versions: dict[int, int] = {}
-        for entry_id, version in checked.items():
+    for e in run:
+        cur = get_entry(conn, e.id)
+        if cur is None or cur.removed_version is not None:
+            return None
+        if cur.claim_held(now):
+            return None
+        checked[e.id] = cur.row_version
+    versions: dict[int, int] = {}
+    for entry_id, version in checked.items():
 """,
         new="""\
-        versions: dict[int, int] = {}
-        for e in run:  # MUTATION: checked entry by entry while claiming
-            cur = get_entry(conn, e.id)
-            if cur is None or cur.removed_version is not None:
-                return None
-            if cur.claim_held(now):
-                return None
-            entry_id, version = e.id, cur.row_version
+    versions: dict[int, int] = {}
+    for e in run:  # MUTATION: checked entry by entry while claiming
+        cur = get_entry(conn, e.id)
+        if cur is None or cur.removed_version is not None:
+            return None
+        if cur.claim_held(now):
+            return None
+        entry_id, version = e.id, cur.row_version
 """,
         tests=(_guard_test("test_a_claim_that_finds_one_entry_taken_claims_none_of_the_run"),),
     ),
@@ -276,16 +276,16 @@ GUARDS: tuple[Guard, ...] = (
         file=CLAIMS,
         what="claim_run: the claim's compare-and-set uses the version its check read",
         old="""\
-            versions[entry_id] = update_entry(
-                conn,
-                entry_id,
-                version,
+        versions[entry_id] = update_entry(
+            conn,
+            entry_id,
+            version,
 """,
         new="""\
-            versions[entry_id] = update_entry(
-                conn,
-                entry_id,
-                get_entry(conn, entry_id).row_version,  # type: ignore[union-attr]  # MUTATION
+        versions[entry_id] = update_entry(
+            conn,
+            entry_id,
+            get_entry(conn, entry_id).row_version,  # type: ignore[union-attr]  # MUTATION
 """,
         tests=(
             "tests/contract/test_postgres_manifest_races.py::"
@@ -702,18 +702,18 @@ GUARDS: tuple[Guard, ...] = (
         file=CLAIMS,
         what="claim_run leaves a run alone while a segment of it is claimed (in order)",
         old="""\
-            if cur.claim_held(now):
-                return None
-            checked[e.id] = cur.row_version
-        versions: dict[int, int] = {}
+        if cur.claim_held(now):
+            return None
+        checked[e.id] = cur.row_version
+    versions: dict[int, int] = {}
 """,
         new="""\
-            if cur.claim_held(now):
-                continue  # MUTATION: a claimed segment is skipped, the newer ones claimed
-            checked[e.id] = cur.row_version
-        if not checked:
-            return None
-        versions: dict[int, int] = {}
+        if cur.claim_held(now):
+            continue  # MUTATION: a claimed segment is skipped, the newer ones claimed
+        checked[e.id] = cur.row_version
+    if not checked:
+        return None
+    versions: dict[int, int] = {}
 """,
         tests=(COMMIT_CAMPAIGN,),
     ),
@@ -853,10 +853,10 @@ GUARDS: tuple[Guard, ...] = (
         file="src/millstream/metastore/expiry.py",
         what="expire_versions: the floor never passes the oldest unexpired read pin",
         old="""\
-        if pinned is not None and pinned < floor:
+    if pinned is not None and pinned < floor:
 """,
         new="""\
-        if False:  # MUTATION: expiry ignores read pins
+    if False:  # MUTATION: expiry ignores read pins
 """,
         tests=(
             "tests/contract/test_contract_retention.py::test_a_pinned_version_outlives_the_"
@@ -869,10 +869,10 @@ GUARDS: tuple[Guard, ...] = (
         what="pin_version takes the table row's lock, so it cannot pin a version an "
         "uncommitted expiry is deleting",
         old="""\
-        info = find_table(conn, table, for_update=True)
+    info = find_table(conn, table, for_update=True)
 """,
         new="""\
-        info = find_table(conn, table)  # MUTATION: no lock against a concurrent expiry
+    info = find_table(conn, table)  # MUTATION: no lock against a concurrent expiry
 """,
         tests=(
             "tests/contract/test_contract_retention.py::test_a_pin_racing_an_expiry_either_"
@@ -1214,13 +1214,13 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         what="schema_evolution auto changes the table through evolve_table (rules, compare-and-"
         "set on the table row, schema version + 1 with its history row), as a manual update does",
         old="""\
-        info, changes = evolve_with_dead_letter(conn, store, wanted)
+    info, changes = evolve_with_dead_letter(conn, clock, wanted)
 """,
         new="""\
-        conn.execute(  # MUTATION: the spec written straight into the row
-            s.tables.update().where(s.tables.c.name == table).values(spec=wanted.to_json_dict())
-        )
-        info, changes = existing, [Change("add", None, None, None)]
+    conn.execute(  # MUTATION: the spec written straight into the row
+        s.tables.update().where(s.tables.c.name == table).values(spec=wanted.to_json_dict())
+    )
+    info, changes = existing, [Change("add", None, None, None)]
 """,
         tests=(
             f"{AUTO}::test_auto_grows_the_table_at_the_batch_that_first_carries_a_new_writer_schema",
@@ -1783,8 +1783,8 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         what="a writer run without the controller claims its tables before it writes; "
         "another datastream's table is refused",
         old="""\
-        claim(
-            self.catalog.store, [self.spec.table_name, self.spec.dead_letter_table], self.spec.name
+        self.catalog.store.claim_owners(
+            [self.spec.table_name, self.spec.dead_letter_table], self.spec.name
         )
 """,
         new="""\
@@ -1814,8 +1814,8 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         what="a seal renews its claim while it builds, so a seal longer than the claim's TTL "
         "is not taken over by another sealer",
         old="""\
-                    renewed = renew_claim(
-                        s.store, self.claimed, owner=s.claim_owner, ttl=s.claim_ttl
+                    renewed = s.store.renew_claim(
+                        self.claimed, owner=s.claim_owner, ttl=s.claim_ttl
                     )
 """,
         new="""\
@@ -1832,11 +1832,11 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         what="renew_claim: a claim that expired on the store's clock (a frozen sealer) is not "
         "renewed; its seal's swap is refused",
         old="""\
-                or cur.claimed_by != owner
-                or not cur.claim_held(now)
+            or cur.claimed_by != owner
+            or not cur.claim_held(now)
 """,
         new="""\
-                or cur.claimed_by != owner  # MUTATION: an expired claim is renewed too
+            or cur.claimed_by != owner  # MUTATION: an expired claim is renewed too
 """,
         tests=(
             "tests/unit/sealing/test_claim_renewal.py::"
@@ -2031,12 +2031,12 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         what="swap_pointer moves a table's Iceberg pointer only from the row version the "
         "publisher read, so of two publishers that read the same pointer only one moves it",
         old="""\
-                new_version = cas_update(conn, p, {"table_name": table}, expected.version, values)
+        new_version = cas_update(conn, p, {"table_name": table}, expected.version, values)
 """,
         new="""\
-                now_at = _read(conn, table)  # MUTATION: whatever the row is now
-                assert now_at is not None
-                new_version = cas_update(conn, p, {"table_name": table}, now_at.version, values)
+        now_at = _read(conn, table)  # MUTATION: whatever the row is now
+        assert now_at is not None
+        new_version = cas_update(conn, p, {"table_name": table}, now_at.version, values)
 """,
         tests=(
             "tests/contract/test_contract_iceberg_view.py::"
@@ -2203,12 +2203,12 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         "store's clock (in claim_run), never on the sealer's own, so a sealer whose clock runs "
         "behind still takes an expired claim over",
         old="""\
-        claimed = claim_run(self.store, run, owner=self.claim_owner, ttl=self.claim_ttl)
+        claimed = self.store.claim_run(run, owner=self.claim_owner, ttl=self.claim_ttl)
 """,
         new="""\
         if any(e.claim_held(self.clock.now()) for e in run):  # MUTATION: the sealer's clock
             return None
-        claimed = claim_run(self.store, run, owner=self.claim_owner, ttl=self.claim_ttl)
+        claimed = self.store.claim_run(run, owner=self.claim_owner, ttl=self.claim_ttl)
 """,
         tests=(
             "tests/unit/sealing/test_claim_clock_skew.py::"
@@ -2299,10 +2299,10 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         what="expire_versions: the floor never passes the version the table's Iceberg pointer "
         "shows (engines load that snapshot until the next publish; GC would delete its files)",
         old="""\
-        if shown is not None and shown < floor:
+    if shown is not None and shown < floor:
 """,
         new="""\
-        if False:  # MUTATION: the pointer's version expires like any other
+    if False:  # MUTATION: the pointer's version expires like any other
 """,
         tests=(
             "tests/contract/test_contract_iceberg_view.py::"

@@ -15,7 +15,7 @@ import pyarrow as pa
 from millstream.config import Settings
 from millstream.errors import SegmentUnavailableError, VersionExpiredError
 from millstream.metastore.models import Manifest, TableInfo
-from millstream.metastore.pins import Pin, pin_version, release_pin
+from millstream.metastore.pins import Pin
 from millstream.metastore.store import MetadataStore
 from millstream.spec import TableSpec
 from millstream.storage.deepstore import DeepStore
@@ -93,8 +93,7 @@ class Catalog:
         default) for ``seconds`` or until :meth:`unpin`: a reader that plans now and reads
         later (a Spark query's tasks, a long export) reads a version retention keeps for it.
         Raises VersionExpiredError if that version expired already."""
-        return pin_version(
-            self.store,
+        return self.store.pin_version(
             name,
             as_of,
             holder=holder or f"pid {os.getpid()} on {socket.gethostname()}",
@@ -104,7 +103,7 @@ class Catalog:
 
     def unpin(self, pin: Pin) -> bool:
         """Release ``pin``; False if it had expired and been removed already."""
-        return release_pin(self.store, pin)
+        return self.store.release_pin(pin)
 
     @contextmanager
     def pinned(

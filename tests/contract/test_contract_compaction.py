@@ -15,7 +15,6 @@ import pytest
 from harness.contract_support import Backend
 from millstream.catalog import Catalog
 from millstream.errors import SegmentChangedError
-from millstream.metastore.expiry import expire_versions
 from millstream.metastore.models import SegmentState
 from millstream.reference.model import canonical, model_rows
 from millstream.sealing.compaction import CompactionPolicy
@@ -94,7 +93,7 @@ def test_compaction_on_every_backend_keeps_reads_and_gc_exact(catalog: Catalog) 
     assert all(catalog.deep.exists(f) for f in old_files if f)
     # ... and collects them once expiry drops those versions.
     kv.batch([9], "late")  # a newer version, so the compaction's is not the only one kept
-    expire_versions(catalog.store, "kv", now=catalog.store.clock.now() + 3600)
+    catalog.store.expire_versions("kv", now=catalog.store.clock.now() + 3600)
     removed = collect_garbage(catalog.store, catalog.deep, "kv", grace_seconds=0)
     assert old_files <= set(removed)
     assert catalog.deep.exists(merged.file_path or "")

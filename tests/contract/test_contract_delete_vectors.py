@@ -9,7 +9,6 @@ from typing import Any
 import pyarrow as pa
 
 from millstream.catalog import Catalog
-from millstream.metastore.rollback import rollback_partition
 from millstream.reference.model import canonical, model_rows
 from millstream.sealing.keyindex import CACHE
 from millstream.sealing.sealer import Sealer
@@ -53,7 +52,7 @@ def test_delete_vectors_on_every_backend(catalog: Catalog) -> None:
     assert catalog.deep.exists(dv.file_path), "GC keeps a referenced delete vector"
     assert catalog.manifest("kv", as_of=dv.added_version - 1).delete_vectors == ()
     second_seal = next(e for e in m.entries if e.start == 6)
-    rollback_partition(catalog.store, "kv", 0, second_seal.seq, dry_run=False)
+    catalog.store.rollback_partition("kv", 0, second_seal.seq, dry_run=False)
     assert catalog.manifest("kv").delete_vectors == ()
     assert canonical(catalog.read_table("kv").to_pylist()) == canonical(
         model_rows(spec, history[:6])

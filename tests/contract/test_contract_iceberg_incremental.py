@@ -16,7 +16,6 @@ from test_contract_iceberg_view import SCHEMA, History, millstream_rows, step, t
 
 from harness.iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows, s3_properties
 from millstream.catalog import Catalog
-from millstream.metastore.rollback import rollback_partition
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.sealer import Sealer
@@ -160,7 +159,7 @@ def test_a_publish_reuses_the_delete_files_and_manifests_of_what_did_not_change(
     sealer.compact_partition(0)
     assert checker.publish(cache)["incremental"] == 1
     seqs = sorted(e.seq for e in catalog.manifest("kv").entries if e.partition == 0)
-    rollback_partition(catalog.store, "kv", 0, seqs[-1], dry_run=False)
+    catalog.store.rollback_partition("kv", 0, seqs[-1], dry_run=False)
     assert checker.publish(cache)["incremental"] == 1
     history.batch(1, [rec(1, 4), rec(3, 4)])
     assert checker.publish(cache)["incremental"] == 1

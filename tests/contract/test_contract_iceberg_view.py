@@ -23,7 +23,6 @@ from hypothesis import strategies as st
 
 from harness.iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows, s3_properties
 from millstream.catalog import Catalog
-from millstream.metastore.rollback import rollback_partition
 from millstream.reference.model import canonical
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
@@ -131,7 +130,7 @@ class History:
         )
         if seqs:
             seq = seqs[pick % len(seqs)]
-            rollback_partition(self.catalog.store, self.spec.name, partition, seq, dry_run=False)
+            self.catalog.store.rollback_partition(self.spec.name, partition, seq, dry_run=False)
 
 
 def millstream_rows(catalog: Catalog, table: str, version: int) -> list[Any]:
@@ -267,37 +266,33 @@ def relative_or_fail(catalog: Catalog, uri: str) -> str:
 
 
 def test_of_two_publishers_that_read_the_same_pointer_only_one_moves_it(catalog: Catalog) -> None:
-    from millstream.metastore.iceberg import read_pointer, swap_pointer
 
     kv = _kv(catalog)
     kv.batch(0, [(1, False, 0, 1, "a")])
     # Two first publishes: the second's insert is refused.
-    assert swap_pointer(
-        catalog.store, "kv", None, metadata_location="a", manifest_version=1, now=0.0
+    assert catalog.store.swap_pointer(
+        "kv", None, metadata_location="a", manifest_version=1, now=0.0
     )
     assert (
-        swap_pointer(catalog.store, "kv", None, metadata_location="b", manifest_version=1, now=0.0)
+        catalog.store.swap_pointer("kv", None, metadata_location="b", manifest_version=1, now=0.0)
         is None
     )
-    seen = read_pointer(catalog.store, "kv")
+    seen = catalog.store.read_pointer("kv")
     assert seen is not None and seen.metadata_location == "a"
-    won = swap_pointer(
-        catalog.store, "kv", seen, metadata_location="c", manifest_version=2, now=0.0
-    )
+    won = catalog.store.swap_pointer("kv", seen, metadata_location="c", manifest_version=2, now=0.0)
     assert won is not None and won.version == seen.version + 1
     # The slower one read the same pointer: it loses, and the winner's pointer stays.
     assert (
-        swap_pointer(catalog.store, "kv", seen, metadata_location="d", manifest_version=2, now=0.0)
+        catalog.store.swap_pointer("kv", seen, metadata_location="d", manifest_version=2, now=0.0)
         is None
     )
-    assert read_pointer(catalog.store, "kv") == won
+    assert catalog.store.read_pointer("kv") == won
 
 
 def test_expired_versions_expire_their_snapshots_and_gc_keeps_every_file_a_retained_snapshot_needs(
     catalog: Catalog,
 ) -> None:
     from millstream.clock import ManualClock
-    from millstream.metastore.iceberg import read_pointer
     from millstream.table.iceberg import DeepStoreIO, load_metadata, view_prefix
     from millstream.table.maintain import maintain
 
@@ -316,7 +311,7 @@ def test_expired_versions_expire_their_snapshots_and_gc_keeps_every_file_a_retai
     maintain(catalog.store, catalog.deep, "kv", grace_seconds=0, clock=clock)
     oldest = catalog.store.oldest_kept_version("kv")
     assert oldest == 3
-    pointer = read_pointer(catalog.store, "kv")
+    pointer = catalog.store.read_pointer("kv")
     assert pointer is not None and pointer.manifest_version == 4
     current = location(catalog.deep, pointer.metadata_location)
     props = s3_properties(catalog)
@@ -557,8 +552,6 @@ def test_the_snapshot_the_pointer_shows_keeps_its_files_after_its_version_would_
     snapshot by name until the next publish, so expiry and GC keep its files (a rolled-back
     segment's file here, which no newer version references)."""
     from millstream.clock import ManualClock
-    from millstream.metastore.expiry import expire_versions
-    from millstream.metastore.iceberg import read_pointer
     from millstream.table.gc import collect_garbage
 
     clock = ManualClock(time.time())
@@ -570,16 +563,16 @@ def test_the_snapshot_the_pointer_shows_keeps_its_files_after_its_version_would_
     expected = millstream_rows(catalog, "kv", 1)
     kv.rollback(0, 0)  # version 2: the segment is gone, its file referenced by version 1 only
     clock.advance(3600)
-    expire_versions(catalog.store, "kv", now=clock.now())
+    catalog.store.expire_versions("kv", now=clock.now())
     collect_garbage(catalog.store, catalog.deep, "kv", grace_seconds=0, clock=clock)
-    assert read_pointer(catalog.store, "kv") == shown  # nothing published since
+    assert catalog.store.read_pointer("kv") == shown  # nothing published since
     metadata = location(catalog.deep, shown.metadata_location)
     assert pyiceberg_rows(metadata, None, s3_properties(catalog)) == expected
     assert duckdb_rows(duckdb_connection(catalog), metadata) == expected
     # The next publish shows version 2 and lets version 1 go.
     moved = publish(catalog.store, catalog.deep, "kv").pointer
     assert moved is not None and moved.manifest_version == 2
-    expire_versions(catalog.store, "kv", now=clock.now())
+    catalog.store.expire_versions("kv", now=clock.now())
     assert catalog.store.oldest_kept_version("kv") == 2
     current = location(catalog.deep, moved.metadata_location)
     assert pyiceberg_rows(current, None, s3_properties(catalog)) == []

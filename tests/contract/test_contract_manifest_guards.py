@@ -30,9 +30,8 @@ from millstream.ingest.decode import dead_letter_rows, decode_records
 from millstream.ingest.sources import spec_reader
 from millstream.ingest.sources.base import RAW_SCHEMA
 from millstream.metastore import append as append_module
-from millstream.metastore.claims import DEFAULT_CLAIM_TTL, claim_run
+from millstream.metastore.claims import DEFAULT_CLAIM_TTL
 from millstream.metastore.models import SegmentState, ShardAppend
-from millstream.metastore.rollback import rollback_partition
 from millstream.sealing import reingest as reingest_module
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.reingest import reingest_segment
@@ -259,7 +258,7 @@ def test_a_sealer_whose_run_a_successor_claimed_but_not_yet_sealed_swaps_nothing
     def successor_claims() -> None:
         run = [e for e in pipe.catalog.manifest(TABLE).entries if e.partition == 0]
         pipe.catalog.store.clock = ManualClock(time.time() + DEFAULT_CLAIM_TTL + 60)
-        assert claim_run(pipe.catalog.store, run, owner="successor") is not None
+        assert pipe.catalog.store.claim_run(run, owner="successor") is not None
 
     slow = Sealer(pipe.catalog, TABLE, faults=_at("before_swap", successor_claims))
     with pytest.raises(SegmentChangedError):
@@ -428,8 +427,8 @@ def test_a_run_claimed_between_reading_it_and_claiming_it_is_not_claimed_twice(
 ) -> None:
     # Two sealers read the run as unclaimed from the same manifest, then claim one by one.
     run = Sealer(pipe.catalog, TABLE).pending_run(0)
-    first = claim_run(pipe.catalog.store, run, owner="sealer-a")
-    second = claim_run(pipe.catalog.store, run, owner="sealer-b")
+    first = pipe.catalog.store.claim_run(run, owner="sealer-a")
+    second = pipe.catalog.store.claim_run(run, owner="sealer-b")
     assert first is not None and second is None
     owners = {e.claimed_by for e in pipe.catalog.manifest(TABLE).entries if e.partition == 0}
     assert owners == {"sealer-a"}
@@ -456,8 +455,8 @@ def test_a_seal_built_on_a_key_index_that_went_stale_is_discarded_and_retried(
 
 def test_a_claim_that_finds_one_entry_taken_claims_none_of_the_run(pipe: Pipeline) -> None:
     run = Sealer(pipe.catalog, TABLE).pending_run(0)
-    assert claim_run(pipe.catalog.store, run[-1:], owner="sealer-a") is not None
-    assert claim_run(pipe.catalog.store, run, owner="sealer-b") is None
+    assert pipe.catalog.store.claim_run(run[-1:], owner="sealer-a") is not None
+    assert pipe.catalog.store.claim_run(run, owner="sealer-b") is None
     states = {
         e.seq: (e.state, e.claimed_by)
         for e in pipe.catalog.manifest(TABLE).entries
@@ -474,10 +473,10 @@ def test_a_rollback_whose_commit_outcome_is_unknown_is_reconciled_by_re_reading(
     assert before is not None
     _fail_commit_once(pipe.catalog, landed=False)
     with pytest.raises(CommitStateUnknownError, match="did not land"):
-        rollback_partition(pipe.catalog.store, TABLE, 0, 1, dry_run=False)
+        pipe.catalog.store.rollback_partition(TABLE, 0, 1, dry_run=False)
     assert pipe.catalog.store.get_shard(TABLE, 0) == before
     _fail_commit_once(pipe.catalog, landed=True)
-    plan = rollback_partition(pipe.catalog.store, TABLE, 0, 1, dry_run=False)
+    plan = pipe.catalog.store.rollback_partition(TABLE, 0, 1, dry_run=False)
     shard = pipe.catalog.store.get_shard(TABLE, 0)
     assert shard is not None
     assert (shard.upper, shard.epoch) == (plan.new_upper, before.epoch + 1) == (LINES, 1)
@@ -605,7 +604,7 @@ def test_a_rollback_that_landed_is_reported_landed_even_if_a_writer_committed_si
             raise OSError("server closed the connection unexpectedly")
 
     pipe.catalog.store.on_commit = writer_commits_then_connection_drops
-    plan = rollback_partition(pipe.catalog.store, TABLE, 0, 1, dry_run=False)
+    plan = pipe.catalog.store.rollback_partition(TABLE, 0, 1, dry_run=False)
     assert plan.new_epoch == 1
     shard = pipe.catalog.store.get_shard(TABLE, 0)
     assert shard is not None and (shard.epoch, shard.upper) == (1, LINES + 5)

@@ -24,8 +24,6 @@ from harness.contract_support import (
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.errors import AlreadyExistsError, CommitStateUnknownError, VersionExpiredError
-from millstream.metastore.expiry import expire_versions
-from millstream.metastore.pins import list_pins
 from millstream.sealing.sealer import Sealer
 from millstream.table.maintain import maintain
 
@@ -62,7 +60,7 @@ def test_expiry_keeps_the_window_and_min_versions_and_refuses_reads_below_it(
 
     # At T0+4.5h the window starts at T0+3.5h, when version 3 was current: 3 and 4 stay,
     # and min_versions (2) keeps no more than that.
-    expiry = expire_versions(catalog.store, TABLE, now=T0 + 4.5 * HOUR)
+    expiry = catalog.store.expire_versions(TABLE, now=T0 + 4.5 * HOUR)
     assert (expiry.floor_before, expiry.floor, expiry.versions) == (0, 3, 3)
     assert catalog.store.oldest_kept_version(TABLE) == 3
 
@@ -76,7 +74,7 @@ def test_expiry_keeps_the_window_and_min_versions_and_refuses_reads_below_it(
     assert table_rows(catalog, as_of=T0 + 3.5 * HOUR) == expected_rows(spec, batches[:3])
 
     # Nothing more is due: the second run changes nothing.
-    again = expire_versions(catalog.store, TABLE, now=T0 + 4.5 * HOUR)
+    again = catalog.store.expire_versions(TABLE, now=T0 + 4.5 * HOUR)
     assert (again.floor_before, again.floor, again.versions) == (3, 3, 0)
 
 
@@ -85,7 +83,7 @@ def test_min_versions_keeps_history_however_old(catalog: Catalog) -> None:
     for i in range(5):
         _at(catalog, T0 + (i + 1) * 60)
         commit(catalog, {0: (i * 10, i * 10 + 10)})
-    expiry = expire_versions(catalog.store, TABLE, now=T0 + 100 * HOUR)
+    expiry = catalog.store.expire_versions(TABLE, now=T0 + 100 * HOUR)
     assert expiry.floor == 3  # versions 3, 4, 5 kept
     assert catalog.store.oldest_kept_version(TABLE) == 3
 
@@ -97,7 +95,7 @@ def test_a_dry_run_expires_nothing(catalog: Catalog) -> None:
     for i, ranges in enumerate(batches):
         _at(catalog, T0 + (i + 1) * HOUR)
         commit(catalog, ranges)
-    dry = expire_versions(catalog.store, TABLE, now=T0 + 10 * HOUR, dry_run=True)
+    dry = catalog.store.expire_versions(TABLE, now=T0 + 10 * HOUR, dry_run=True)
     assert dry.floor == 3 and dry.versions == 3
     assert catalog.store.oldest_kept_version(TABLE) == 0
     assert table_rows(catalog, as_of=1) == expected_rows(spec, batches[:1])
@@ -128,7 +126,7 @@ def test_gc_after_expiry_deletes_exactly_the_files_no_kept_version_references(
 
     # Past the window: versions 0..3 expire and exactly the consuming files go.
     _at(catalog, T0 + 3 * HOUR)
-    expiry = expire_versions(catalog.store, TABLE, now=T0 + 3 * HOUR)
+    expiry = catalog.store.expire_versions(TABLE, now=T0 + 3 * HOUR)
     assert expiry.floor == 4 and set(expiry.released_files) == consuming_files
     report = maintain(
         catalog.store, catalog.deep, TABLE, grace_seconds=0, clock=_after_every_file(catalog)
@@ -148,7 +146,7 @@ def test_a_read_of_a_version_that_expired_under_it_says_so(catalog: Catalog) -> 
         commit(catalog, {0: (i * 10, i * 10 + 10)})
     Sealer(catalog, TABLE, clock=ManualClock(T0 + 180)).seal_partition(0, force=True)
     pinned = catalog.manifest(TABLE, as_of=2)  # a reader planned version 2 ...
-    expire_versions(catalog.store, TABLE, now=T0 + 10 * HOUR)  # ... which then expired
+    catalog.store.expire_versions(TABLE, now=T0 + 10 * HOUR)  # ... which then expired
     maintain(catalog.store, catalog.deep, TABLE, grace_seconds=0, clock=_after_every_file(catalog))
     with pytest.raises(VersionExpiredError):
         catalog.read_table(TABLE, as_of=pinned.version)
@@ -225,7 +223,7 @@ def test_a_pinned_version_outlives_the_window_until_its_pin_is_released(
     assert (pin.version, pin.holder) == (2, "a long export")
 
     # Ten hours on, the window keeps only version 4; the pin keeps 2 and 3 (and their files).
-    expiry = expire_versions(catalog.store, TABLE, now=T0 + 10 * HOUR)
+    expiry = catalog.store.expire_versions(TABLE, now=T0 + 10 * HOUR)
     assert expiry.floor == 2
     maintain(catalog.store, catalog.deep, TABLE, grace_seconds=0, clock=_after_every_file(catalog))
     assert table_rows(catalog, as_of=2) == expected_rows(spec, batches[:2])
@@ -234,7 +232,7 @@ def test_a_pinned_version_outlives_the_window_until_its_pin_is_released(
 
     assert catalog.unpin(pin) is True
     assert catalog.unpin(pin) is False  # gone already
-    expiry = expire_versions(catalog.store, TABLE, now=T0 + 10 * HOUR)
+    expiry = catalog.store.expire_versions(TABLE, now=T0 + 10 * HOUR)
     assert expiry.floor == 4
     with pytest.raises(VersionExpiredError):
         catalog.read_table(TABLE, as_of=2)
@@ -247,14 +245,14 @@ def test_pinned_holds_the_version_for_the_block_and_a_pin_past_its_time_holds_no
     _three_batches_then_a_seal(catalog)
     with catalog.pinned(TABLE, as_of=3, seconds=100 * HOUR) as manifest:
         assert manifest.version == 3
-        assert expire_versions(catalog.store, TABLE, now=T0 + 10 * HOUR).floor == 3
-        assert [p.version for p in list_pins(catalog.store, TABLE)] == [3]
-    assert list_pins(catalog.store, TABLE) == []
+        assert catalog.store.expire_versions(TABLE, now=T0 + 10 * HOUR).floor == 3
+        assert [p.version for p in catalog.store.list_pins(TABLE)] == [3]
+    assert catalog.store.list_pins(TABLE) == []
 
     catalog.pin(TABLE, as_of=3, seconds=60)  # runs out a minute after T0+5min
-    expiry = expire_versions(catalog.store, TABLE, now=T0 + 10 * HOUR)
+    expiry = catalog.store.expire_versions(TABLE, now=T0 + 10 * HOUR)
     assert expiry.floor == 4
-    assert list_pins(catalog.store, TABLE) == []  # the expired pin is gone with the versions
+    assert catalog.store.list_pins(TABLE) == []  # the expired pin is gone with the versions
     with pytest.raises(VersionExpiredError, match="the oldest kept is 4"):
         catalog.pin(TABLE, as_of=3)
 
@@ -286,11 +284,11 @@ def test_a_pin_racing_an_expiry_either_keeps_its_version_or_is_refused(
             pinner.join(1.0)  # the pin runs (or waits) while the expiry is uncommitted
 
         other.store.on_commit = pin_meanwhile
-        assert expire_versions(other.store, TABLE, now=T0 + 10 * HOUR).floor == 4
+        assert other.store.expire_versions(TABLE, now=T0 + 10 * HOUR).floor == 4
     pinner.join(30)
     assert not pinner.is_alive()
 
     oldest = catalog.store.oldest_kept_version(TABLE)
-    pins = list_pins(catalog.store, TABLE)
+    pins = catalog.store.list_pins(TABLE)
     assert all(p.version >= oldest for p in pins), f"a pin on an expired version: {pins}"
     assert isinstance(outcome.get("refused"), VersionExpiredError), outcome

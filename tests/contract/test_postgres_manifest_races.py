@@ -20,7 +20,6 @@ from sqlalchemy import event
 from test_contract_manifest_guards import TABLE, Pipeline
 
 from millstream.catalog import Catalog
-from millstream.metastore.claims import claim_run
 from millstream.metastore.models import SegmentState
 from millstream.sealing.reingest import reingest_segment
 from millstream.sealing.sealer import Sealer
@@ -56,7 +55,7 @@ def test_a_reingestion_racing_a_seal_claim_leaves_one_live_entry_per_segment_on_
             return
         t = threading.Thread(
             target=lambda: claimed.append(
-                claim_run(sealer_side.store, [target], owner="sealer-elsewhere")
+                sealer_side.store.claim_run([target], owner="sealer-elsewhere")
             )
         )
         t.start()
@@ -104,14 +103,14 @@ def test_two_sealers_claiming_the_same_run_at_once_get_it_once_on_postgres(
         if len(seen) <= len(run):
             return
         t = threading.Thread(
-            target=lambda: theirs.append(claim_run(other.store, run, owner="sealer-b"))
+            target=lambda: theirs.append(other.store.claim_run(run, owner="sealer-b"))
         )
         t.start()
         t.join(timeout=60)
 
     event.listen(pg_catalog.store.engine, "before_cursor_execute", peer_claims_first)
     try:
-        mine = claim_run(pg_catalog.store, run, owner="sealer-a")
+        mine = pg_catalog.store.claim_run(run, owner="sealer-a")
     finally:
         event.remove(pg_catalog.store.engine, "before_cursor_execute", peer_claims_first)
         other.close()

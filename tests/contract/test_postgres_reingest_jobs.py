@@ -15,7 +15,7 @@ import pytest
 
 from millstream.catalog import Catalog
 from millstream.errors import AlreadyExistsError
-from millstream.metastore.jobs import ABANDONED, RUNNING, reingest_jobs, start_reingest
+from millstream.metastore.jobs import ABANDONED, RUNNING
 
 pytestmark = pytest.mark.postgres
 
@@ -48,8 +48,7 @@ def _race(catalog: Catalog, tmp_path: Path, now: float) -> list[Any]:
                 both_read.wait()
 
         try:
-            got[i] = start_reingest(
-                stores[i].store,
+            got[i] = stores[i].store.start_reingest(
                 "orders",
                 "orders__0__0",
                 entry_id=1,
@@ -78,15 +77,14 @@ def test_two_controllers_starting_the_same_segments_job_at_once_run_it_once_on_p
     got = _race(pg_catalog, tmp_path, NOW)
     errors = [g for g in got if isinstance(g, Exception)]
     assert len(errors) == 1 and isinstance(errors[0], AlreadyExistsError), got
-    running = [j for j in reingest_jobs(pg_catalog.store) if j.status(NOW) == RUNNING]
-    assert len(running) == 1, [j.payload for j in reingest_jobs(pg_catalog.store)]
+    running = [j for j in pg_catalog.store.reingest_jobs() if j.status(NOW) == RUNNING]
+    assert len(running) == 1, [j.payload for j in pg_catalog.store.reingest_jobs()]
 
 
 def test_two_controllers_taking_over_an_abandoned_job_at_once_take_it_once_on_postgres(
     pg_catalog: Catalog, tmp_path: Path
 ) -> None:
-    dead = start_reingest(
-        pg_catalog.store,
+    dead = pg_catalog.store.start_reingest(
         "orders",
         "orders__0__0",
         entry_id=1,
@@ -97,9 +95,9 @@ def test_two_controllers_taking_over_an_abandoned_job_at_once_take_it_once_on_po
     )
     assert dead is not None
     later = NOW + 120
-    assert [j.status(later) for j in reingest_jobs(pg_catalog.store)] == [ABANDONED]
+    assert [j.status(later) for j in pg_catalog.store.reingest_jobs()] == [ABANDONED]
     got = _race(pg_catalog, tmp_path, later)
     errors = [g for g in got if isinstance(g, Exception)]
     assert len(errors) == 1 and isinstance(errors[0], AlreadyExistsError), got
-    [job] = reingest_jobs(pg_catalog.store)
+    [job] = pg_catalog.store.reingest_jobs()
     assert (job.id, job.status(later), job.attempts) == (dead.id, RUNNING, 2)

@@ -19,7 +19,7 @@ from millstream.errors import SegmentUnavailableError
 from millstream.ingest.decode import decode_records
 from millstream.ingest.sources import spec_reader
 from millstream.ingest.sources.base import RAW_SCHEMA
-from millstream.metastore.jobs import SUCCEEDED, reingest_jobs
+from millstream.metastore.jobs import SUCCEEDED
 from millstream.sealing.sealer import Sealer
 from millstream.table.writer import commit_staged, stage_rows
 
@@ -64,7 +64,7 @@ def test_a_sealed_segment_lost_from_the_deep_store_is_re_read_from_kafka_automat
         controller.tick()
         assert controller.reingest.wait(300)
 
-        [job] = reingest_jobs(catalog.store, "orders")
+        [job] = catalog.store.reingest_jobs("orders")
         assert (job.segment, job.payload["status"], job.payload["trigger"]) == (
             "orders__0__0",
             SUCCEEDED,

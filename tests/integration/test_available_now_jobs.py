@@ -20,7 +20,6 @@ import pytest
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
-from millstream.metastore.rollback import rollback_partition
 from millstream.reference.model import canonical
 from millstream.reference.oracle import RawRecord, expected_table
 from millstream.spark.runner import DatastreamRunner
@@ -79,7 +78,7 @@ def test_a_commit_fenced_in_the_middle_of_a_run_restarts_it_from_the_shard_upper
         if rolled:
             return
         seqs = sorted(e.seq for e in cat.manifest(spec.table_name).entries if e.partition == 0)
-        plan = rollback_partition(cat.store, spec.table_name, 0, seqs[-1], dry_run=False)
+        plan = cat.store.rollback_partition(spec.table_name, 0, seqs[-1], dry_run=False)
         rolled.append(plan.new_upper)
 
     stats = DatastreamRunner(spec, cat, spark, writer_id="w").run(

@@ -12,7 +12,6 @@ from millstream.datastream import DatastreamSpec
 from millstream.errors import NotFoundError, WriterFencedError
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
 from millstream.metastore.models import ShardAppend
-from millstream.metastore.rollback import rollback_partition
 from millstream.reference.model import canonical
 from millstream.reference.oracle import expected_table
 from millstream.spark.runner import DatastreamRunner
@@ -80,13 +79,13 @@ def test_rollback_dry_run_changes_nothing_then_resume_reingests_and_old_writers_
     cut = seqs[1]
 
     # Dry run (the default): a plan, and nothing changes.
-    plan = rollback_partition(cat.store, "rb", 0, cut)
+    plan = cat.store.rollback_partition("rb", 0, cut)
     assert plan.dry_run and [e.seq for e in plan.removed] == seqs[1:]
     assert cat.manifest("rb").version == before.version
     assert cat.store.get_shard("rb", 0) == shard
 
     # A real rollback: the table equals the model over the remaining prefix.
-    applied = rollback_partition(cat.store, "rb", 0, cut, dry_run=False)
+    applied = cat.store.rollback_partition("rb", 0, cut, dry_run=False)
     new_upper = applied.new_upper
     after = cat.store.get_shard("rb", 0)
     assert after is not None and (after.upper, after.epoch) == (new_upper, shard.epoch + 1)
@@ -122,4 +121,4 @@ def test_rollback_of_an_unknown_segment_names_it(tmp_path: Path) -> None:
     cat.create_table({"name": "t", "schema": {"k": "long"}, "mode": "append"})
     cat.store.compare_and_append("t", [ShardAppend(0, 0, 5, 0, None, 0)])
     with pytest.raises(NotFoundError, match="t__0__7"):
-        rollback_partition(cat.store, "t", 0, 7)
+        cat.store.rollback_partition("t", 0, 7)

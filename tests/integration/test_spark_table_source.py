@@ -15,7 +15,6 @@ from pyspark.sql import SparkSession
 
 import millstream
 from millstream.catalog import Catalog
-from millstream.metastore.pins import list_pins
 from millstream.spark.table_source import register
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
 from millstream.table.writer import commit_staged, stage_rows
@@ -69,13 +68,13 @@ def test_a_query_reads_the_merged_rows_and_pins_the_version_it_planned(
     current = millstream.read_table(spark, TABLE, catalog=cat)
 
     assert _rows(current) == [(1, "new"), (2, "paid"), (4, "new")]
-    pins = list_pins(cat.store, TABLE)
+    pins = cat.store.list_pins(TABLE)
     assert [(p.version, p.holder) for p in pins] == [(2, "spark read")]
     assert before + 3500 < pins[0].expires_at < time.time() + 3700  # an hour, by default
 
     older = millstream.read_table(spark, TABLE, catalog=cat, as_of=1)
     assert _rows(older) == [(1, "new"), (2, "new"), (3, "new")]
-    assert sorted(p.version for p in list_pins(cat.store, TABLE)) == [1, 2]
+    assert sorted(p.version for p in cat.store.list_pins(TABLE)) == [1, 2]
 
 
 def test_pin_seconds_sets_how_long_and_a_bad_value_names_the_option(
@@ -85,7 +84,7 @@ def test_pin_seconds_sets_how_long_and_a_bad_value_names_the_option(
     reader = spark.read.format("millstream").options(**cat.settings.as_options())
     before = time.time()
     assert len(reader.option("pinSeconds", "60").load(TABLE).collect()) == 3
-    (pin,) = list_pins(cat.store, TABLE)
+    (pin,) = cat.store.list_pins(TABLE)
     assert before + 50 < pin.expires_at < time.time() + 70
 
     with pytest.raises(Exception, match="invalid pinSeconds: must be positive"):

@@ -33,7 +33,7 @@ from harness.servers import PostgresServer
 from millstream.clock import ManualClock
 from millstream.control import leases
 from millstream.control.leases import acquire_or_renew, read_lease
-from millstream.control.workers import CONTROLLER_LEASE, read_assignments, write_assignments
+from millstream.control.workers import CONTROLLER_LEASE, write_assignments
 from millstream.core.assignment import ACTIVE, STANDBY
 from millstream.errors import LeaseLostError
 from millstream.metastore import assignments
@@ -147,7 +147,7 @@ def run_scenario(url: str, monkeypatch: pytest.MonkeyPatch, fence: Fence) -> Run
             final = read_lease(conn, CONTROLLER_LEASE)
         assert final is not None
         run.final_lease_token = final.token
-        run.final_assignments = read_assignments(store_b)
+        run.final_assignments = store_b.read_assignments()
     finally:
         store_a.dispose()
         store_b.dispose()
@@ -186,7 +186,7 @@ def test_a_new_leaders_assignments_replace_the_old_ones_and_the_old_token_stays_
         assert write_assignments(store, NEW, holder="controller-b", token=new.token, clock=clock)
         with pytest.raises(LeaseLostError):
             write_assignments(store, OLD, holder="controller-a", token=old.token, clock=clock)
-        assert read_assignments(store) == NEW
+        assert store.read_assignments() == NEW
     finally:
         store.dispose()
 

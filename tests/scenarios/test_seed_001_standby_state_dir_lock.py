@@ -42,7 +42,7 @@ from millstream.clock import ManualClock
 from millstream.control.controller import Controller, ControlSettings
 from millstream.control.registry import Registry
 from millstream.control.worker import Worker
-from millstream.control.workers import heartbeat, list_workers, read_assignments
+from millstream.control.workers import heartbeat, list_workers
 from millstream.core.assignment import ACTIVE, STANDBY
 from millstream.datastream import DatastreamSpec
 from millstream.errors import StateDirLockedError, StateLockNotHeldError
@@ -232,7 +232,7 @@ def test_worker_reports_starting_not_running_while_its_standby_waits_for_the_loc
         worker_b.tick()  # registers worker-b (nothing assigned yet)
         leader = Controller(cat, controller_id="leader", settings=settings, clock=clock)
         assert leader.tick()
-        assert read_assignments(cat.store) == {TASK: [("worker-a", ACTIVE), ("worker-b", STANDBY)]}
+        assert cat.store.read_assignments() == {TASK: [("worker-a", ACTIVE), ("worker-b", STANDBY)]}
 
         a = StateDirectory(root, TASK)  # thread A of the same process still holds 1_0
         on_thread("StreamThread-A", a.lock)

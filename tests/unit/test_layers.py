@@ -6,6 +6,9 @@
 * Every SQL statement and every use of the metadata schema is in ``millstream.metastore``: the
   contract forbidding ``sqlalchemy`` and ``millstream.metastore.schema`` elsewhere holds, and
   breaks when such an import is added (the same probe trick).
+* Inside ``millstream.metastore`` only the facade (``store``) takes the facade: its modules take
+  a connection and a clock, and a module importing ``store`` breaks the contract that puts
+  ``store`` above them (the same probe trick).
 * No ``import`` runs inside a function body in ``src/`` except in the modules that keep start-up
   fast (the CLI, the package ``__init__``, the stream source that Spark starts per query), and
   there each block of such imports carries a ``# lazy:`` comment saying why.
@@ -62,6 +65,7 @@ def test_the_layering_contract_holds() -> None:
     assert "Millstream layers KEPT" in result.stdout
     assert "SQL and the metadata schema only inside millstream.metastore KEPT" in result.stdout
     assert "No import cycle among the modules of millstream.metastore KEPT" in result.stdout
+    assert FACADE_ON_TOP + " KEPT" in result.stdout
 
 
 def test_an_upward_import_breaks_the_contract(tmp_path: Path) -> None:
@@ -93,6 +97,27 @@ def test_sql_or_the_schema_outside_the_metastore_breaks_the_contract(tmp_path: P
     assert "SQL and the metadata schema only inside millstream.metastore BROKEN" in result.stdout
     assert "millstream.control.probe -> millstream.metastore.schema" in result.stdout
     assert "millstream.api.probe -> sqlalchemy" in result.stdout
+
+
+FACADE_ON_TOP = "Only the facade (millstream.metastore.store) is above the metastore's modules"
+
+
+def test_a_metastore_module_importing_the_facade_breaks_the_contract(tmp_path: Path) -> None:
+    """A metastore module that takes the facade again, even for a type only, is refused."""
+    shutil.copytree(SRC, tmp_path / "src" / "millstream")
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    pins = tmp_path / "src" / "millstream" / "metastore" / "pins.py"
+    pins.write_text(
+        pins.read_text()
+        + "\n\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+        + "    from millstream.metastore.store import MetadataStore\n"
+    )
+    result = _lint_imports(tmp_path / "pyproject.toml", pythonpath=tmp_path / "src")
+    assert result.returncode != 0, result.stdout
+    assert FACADE_ON_TOP + " BROKEN" in result.stdout
+    assert "millstream.metastore.pins is not allowed to import millstream.metastore.store" in (
+        " ".join(result.stdout.split())
+    )
 
 
 def _allowed(rel: str) -> bool:

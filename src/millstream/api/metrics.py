@@ -20,8 +20,7 @@ from millstream.control.workers import list_workers
 from millstream.core.lifecycle import State
 from millstream.datastream import dead_letter_spec
 from millstream.errors import NotFoundError
-from millstream.metastore.iceberg import publish_lag, read_pointer
-from millstream.metastore.jobs import reingest_jobs, unrecoverable_segments
+from millstream.metastore.jobs import unrecoverable_segments
 from millstream.sealing.reingest import RETENTION_EXPIRED, SOURCE_GONE
 
 #: Datastreams whose table may not exist (yet, or any more): no per-partition metrics.
@@ -253,9 +252,9 @@ class MillstreamCollector:
         now = self.ctx.clock.now()
         publishing = bool(self.ctx.control.iceberg_publish_interval)
         for table in tables:
-            if not publishing and read_pointer(store, table) is None:
+            if not publishing and store.read_pointer(table) is None:
                 continue
-            seconds = publish_lag(store, table, now)
+            seconds = store.publish_lag(table, now)
             if seconds is not None:
                 lag.add_metric([table], seconds)
         for w in workers:
@@ -350,7 +349,7 @@ class MillstreamCollector:
                 manifest = ctx.catalog.manifest(table)
             except NotFoundError:
                 continue
-            jobs = unrecoverable_segments(reingest_jobs(ctx.catalog.store, table), manifest, now)
+            jobs = unrecoverable_segments(ctx.catalog.store.reingest_jobs(table), manifest, now)
             by_reason = Counter(j.unrecoverable for j in jobs)
             for reason in sorted({RETENTION_EXPIRED, SOURCE_GONE, *filter(None, by_reason)}):
                 unrecoverable.add_metric([table, reason], by_reason.get(reason, 0))

@@ -7,12 +7,10 @@ from typing import Any
 from millstream.api.context import ApiContext
 from millstream.api.status import datastream_for_table, writer_health
 from millstream.control.workers import list_workers
-from millstream.metastore.iceberg import publish_lag, read_pointer
 from millstream.metastore.jobs import (
     FAILED,
     RUNNING,
     newest_per_segment,
-    reingest_jobs,
     unrecoverable_segments,
 )
 from millstream.metastore.models import Manifest, SegmentState
@@ -25,7 +23,7 @@ def repair_info(ctx: ApiContext, manifest: Manifest) -> dict[str, Any]:
     loop's status and what the last scan found."""
     table = manifest.table.name
     now = ctx.clock.now()
-    jobs = reingest_jobs(ctx.catalog.store, table)
+    jobs = ctx.catalog.store.reingest_jobs(table)
     stuck = unrecoverable_segments(jobs, manifest, now)
     stuck_ids = {j.id for j in stuck}
     live = {e.name: e.id for e in manifest.entries}
@@ -144,13 +142,13 @@ def _iceberg_view(ctx: ApiContext, table: str, now: float) -> dict[str, Any]:
     """The table's Iceberg view: the snapshot its pointer names, how far it lags (see
     :func:`millstream.metastore.iceberg.publish_lag`), and each live worker's publisher (its
     last publish, what it reused; its errors are under ``workers`` -> ``loops``)."""
-    pointer = read_pointer(ctx.catalog.store, table)
+    pointer = ctx.catalog.store.read_pointer(table)
     return {
         "publish_interval": ctx.control.iceberg_publish_interval,
         "manifest_version": None if pointer is None else pointer.manifest_version,
         "published_at": None if pointer is None else pointer.published_at,
         "metadata_location": None if pointer is None else pointer.metadata_location,
-        "lag_seconds": publish_lag(ctx.catalog.store, table, now),
+        "lag_seconds": ctx.catalog.store.publish_lag(table, now),
         "publishers": {
             w.id: view
             for w in list_workers(ctx.catalog.store)

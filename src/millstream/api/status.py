@@ -32,7 +32,7 @@ from millstream.api.models import (
     WriterHealthOut,
 )
 from millstream.control.registry import DatastreamRecord
-from millstream.control.workers import list_workers, read_assignments
+from millstream.control.workers import list_workers
 from millstream.core.lifecycle import State
 from millstream.datastream import DatastreamSpec, FilesSource, KafkaSource
 from millstream.errors import PreconditionFailedError
@@ -130,7 +130,7 @@ def serving_workers(ctx: ApiContext, datastream: str) -> list[ServingWorkerOut]:
     now = ctx.clock.now()
     workers = {w.id: w for w in list_workers(ctx.catalog.store)}
     out = []
-    for worker_id, role in read_assignments(ctx.catalog.store).get(datastream, []):
+    for worker_id, role in ctx.catalog.store.read_assignments().get(datastream, []):
         w = workers.get(worker_id)
         running = w is not None and any(
             wr.get("datastream") == datastream and wr.get("running")

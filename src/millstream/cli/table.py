@@ -278,7 +278,6 @@ def iceberg(
     current version is published first, so the location shows it."""
     # lazy: only the command that runs needs it; keeps `millstream --help` fast
     from millstream.errors import NotFoundError
-    from millstream.metastore.iceberg import read_pointer
     from millstream.table.iceberg import location
     from millstream.table.iceberg import publish as publish_view
 
@@ -287,7 +286,7 @@ def iceberg(
         if publish:
             pointer = publish_view(cat.store, cat.deep, table).pointer
         else:
-            pointer = read_pointer(cat.store, table)
+            pointer = cat.store.read_pointer(table)
         if pointer is None:
             # Nothing committed yet (or, with --no-publish, nothing published yet).
             raise NotFoundError("Iceberg view of table", table)

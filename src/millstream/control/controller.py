@@ -34,7 +34,6 @@ from millstream.control.watchdog import DEFAULT_STALL_SECONDS, check_stall_secon
 from millstream.control.workers import (
     CONTROLLER_LEASE,
     list_workers,
-    read_assignments,
     write_assignments,
 )
 from millstream.core.assignment import assign
@@ -174,7 +173,7 @@ class Controller:
         workers = [w for w in list_workers(self.store) if w.alive(now, self.settings.worker_ttl)]
         records = self.registry.list()
         replicas = {r.name: r.spec.replicas for r in records if r.state in ASSIGNED_STATES}
-        target = assign(replicas, [w.id for w in workers], read_assignments(self.store))
+        target = assign(replicas, [w.id for w in workers], self.store.read_assignments())
         if write_assignments(
             self.store, target, holder=self.id, token=lease.token, clock=self.clock
         ):

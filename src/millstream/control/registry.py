@@ -171,7 +171,7 @@ class Registry:
                 changes = check_evolution(table.spec, new_table)
                 schema_version = table.schema_version
             else:
-                info, changes = evolve_with_dead_letter(conn, self.store, new_table)
+                info, changes = evolve_with_dead_letter(conn, self.store.clock, new_table)
                 schema_version = info.schema_version
             if dry_run or not (changes or _settings_changed(rec.spec, spec)):
                 return rec, changes, schema_version

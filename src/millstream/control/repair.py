@@ -36,9 +36,7 @@ from millstream.core.lifecycle import State
 from millstream.errors import AlreadyExistsError
 from millstream.metastore.jobs import (
     ABANDONED,
-    finish_reingest,
     newest_per_segment,
-    reingest_jobs,
 )
 from millstream.sealing.repair import ReingestRunner, find_broken
 from millstream.supervise import Backoff, Supervisor
@@ -113,10 +111,9 @@ class AutoRepair:
         names = {b.entry.name for b in broken}
         # A job its controller stopped renewing, for a segment that needs nothing now, is
         # closed; one whose segment is still broken is taken over by the start below.
-        for old in newest_per_segment(reingest_jobs(self.catalog.store, table)).values():
+        for old in newest_per_segment(self.catalog.store.reingest_jobs(table)).values():
             if old.status(now) == ABANDONED and old.segment not in names:
-                finish_reingest(
-                    self.catalog.store,
+                self.catalog.store.finish_reingest(
                     old,
                     now=now,
                     status=ABANDONED,

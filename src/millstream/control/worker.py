@@ -51,7 +51,7 @@ from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control.controller import ControlSettings
 from millstream.control.registry import Registry
 from millstream.control.watchdog import Stall, StallWatch
-from millstream.control.workers import heartbeat, read_assignments
+from millstream.control.workers import heartbeat
 from millstream.core.lifecycle import State
 from millstream.datastream import DatastreamSpec, dead_letter_spec
 from millstream.errors import (
@@ -244,7 +244,7 @@ class Worker:
     def tick(self) -> None:
         mine = {
             ds: role
-            for ds, placement in read_assignments(self.catalog.store).items()
+            for ds, placement in self.catalog.store.read_assignments().items()
             for w, role in placement
             if w == self.id
         }

@@ -1,7 +1,7 @@
 """Worker membership (register, heartbeat) and writing the stored assignments, on the metadata
 store (the rows and statements live in :mod:`millstream.metastore.workers` and
-:mod:`millstream.metastore.assignments`, which also holds reading the assignments and the
-standby commit gate)."""
+:mod:`millstream.metastore.assignments`; reading the assignments and the standby commit gate
+are :meth:`MetadataStore.read_assignments` and :meth:`MetadataStore.may_commit`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any
 from millstream.clock import Clock
 from millstream.core.assignment import Placement
 from millstream.metastore import assignments, workers
-from millstream.metastore.assignments import may_commit, read_assignments
 from millstream.metastore.store import MetadataStore
 from millstream.metastore.workers import WorkerInfo
 
@@ -51,7 +50,5 @@ __all__ = [
     "WorkerInfo",
     "heartbeat",
     "list_workers",
-    "may_commit",
-    "read_assignments",
     "write_assignments",
 ]

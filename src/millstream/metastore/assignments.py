@@ -11,12 +11,6 @@ from millstream.clock import Clock
 from millstream.core.assignment import Placement
 from millstream.metastore import schema as s
 from millstream.metastore.leases import check_fence
-from millstream.metastore.store import MetadataStore
-
-
-def read_assignments(store: MetadataStore) -> dict[str, Placement]:
-    with store.read() as conn:
-        return assignments_in(conn)
 
 
 def assignments_in(conn: Connection) -> dict[str, Placement]:
@@ -31,25 +25,22 @@ def assignments_in(conn: Connection) -> dict[str, Placement]:
 
 
 def may_commit(
-    store: MetadataStore, datastream: str, worker_id: str, *, takeover_ttl: float, now: float
+    conn: Connection, datastream: str, worker_id: str, *, takeover_ttl: float, now: float
 ) -> bool:
     """Whether a standby-mode writer on ``worker_id`` may commit: it is the active, or the
-    active's worker has not heartbeaten for ``takeover_ttl`` seconds (or stopped). A writer no longer assigned
-    anywhere may not commit."""
-    with store.read() as conn:
-        placement = assignments_in(conn).get(datastream, [])
-        roles = dict(placement)
-        if worker_id not in roles:
-            return False
-        if roles[worker_id] == "active":
-            return True
-        active = next((w for w, r in placement if r == "active"), None)
-        if active is None:
-            return True
-        row = conn.execute(select(s.workers).where(s.workers.c.id == active)).mappings().first()
-        return row is None or (
-            row["status"] == "STOPPED" or row["heartbeat_at"] + takeover_ttl <= now
-        )
+    active's worker has not heartbeaten for ``takeover_ttl`` seconds (or stopped). A writer no
+    longer assigned anywhere may not commit."""
+    placement = assignments_in(conn).get(datastream, [])
+    roles = dict(placement)
+    if worker_id not in roles:
+        return False
+    if roles[worker_id] == "active":
+        return True
+    active = next((w for w, r in placement if r == "active"), None)
+    if active is None:
+        return True
+    row = conn.execute(select(s.workers).where(s.workers.c.id == active)).mappings().first()
+    return row is None or (row["status"] == "STOPPED" or row["heartbeat_at"] + takeover_ttl <= now)
 
 
 def write_assignments(

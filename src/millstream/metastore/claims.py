@@ -6,24 +6,21 @@ transaction of compare-and-sets (the operations table is in :mod:`millstream.met
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection
 
-from millstream.clock import SYSTEM_CLOCK
+from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.metastore.manifest import update_entry
 from millstream.metastore.models import Entry, SegmentState
 from millstream.metastore.reads import get_entry
-
-if TYPE_CHECKING:
-    from millstream.metastore.store import MetadataStore
 
 #: How long a seal claim holds before another sealer may take the run over (seconds).
 DEFAULT_CLAIM_TTL = 600.0
 
 
 def claim_run(
-    store: MetadataStore,
+    conn: Connection,
+    clock: Clock,
     run: Sequence[Entry],
     *,
     owner: str,
@@ -39,85 +36,75 @@ def claim_run(
     discarded). A claim without an expiry (schema v3) counts as expired. Whether a claim is
     live, and when the new one expires, are judged on the metadata store's clock
     (:func:`store_now`), never the sealer's: two sealers whose clocks disagree by more than the
-    TTL still agree on who holds a run."""
-
-    def _txn(conn: Connection) -> dict[int, int] | None:
-        now = store_now(store, conn)
-        # Every entry's precondition first: returning None after claiming some entries would
-        # commit a partial claim that nobody releases until it expires.
-        checked: dict[int, int] = {}
-        for e in run:
-            cur = get_entry(conn, e.id)
-            if cur is None or cur.removed_version is not None:
-                return None
-            if cur.claim_held(now):
-                return None
-            checked[e.id] = cur.row_version
-        versions: dict[int, int] = {}
-        for entry_id, version in checked.items():
-            # The version the check saw: a claim committed since then makes this fail.
-            versions[entry_id] = update_entry(
-                conn,
-                entry_id,
-                version,
-                {
-                    "state": SegmentState.COMMITTING.value,
-                    "claimed_by": owner,
-                    "claim_expires_at": now + ttl,
-                },
-            )
-        return versions
-
-    claimed, _ = store.retrying(_txn)
-    return claimed
+    TTL still agree on who holds a run. One transaction (``conn``'s)."""
+    now = store_now(conn, clock)
+    # Every entry's precondition first: returning None after claiming some entries would
+    # commit a partial claim that nobody releases until it expires.
+    checked: dict[int, int] = {}
+    for e in run:
+        cur = get_entry(conn, e.id)
+        if cur is None or cur.removed_version is not None:
+            return None
+        if cur.claim_held(now):
+            return None
+        checked[e.id] = cur.row_version
+    versions: dict[int, int] = {}
+    for entry_id, version in checked.items():
+        # The version the check saw: a claim committed since then makes this fail.
+        versions[entry_id] = update_entry(
+            conn,
+            entry_id,
+            version,
+            {
+                "state": SegmentState.COMMITTING.value,
+                "claimed_by": owner,
+                "claim_expires_at": now + ttl,
+            },
+        )
+    return versions
 
 
 def release_run(
-    store: MetadataStore, claimed: Mapping[int, int], *, error: str, fail_first: bool
+    conn: Connection, claimed: Mapping[int, int], *, error: str, fail_first: bool
 ) -> int | None:
     """Put a run whose seal failed back: CONSUMING with ``error`` (the first entry ERROR when
     ``fail_first``), claim cleared. Only entries still at their claimed version are touched (a
     re-ingested or taken-over entry is someone else's now). Returns the partition, or None if
     no entry was still ours."""
-
-    def _txn(conn: Connection) -> int | None:
-        ours = []
-        for entry_id, version in claimed.items():
-            cur = get_entry(conn, entry_id)
-            if cur is not None and cur.removed_version is None and cur.row_version == version:
-                ours.append(cur)
-        ours.sort(key=lambda e: e.seq)  # the run's first segment is the lowest sequence number
-        partition = None
-        for cur in ours:
-            entry_id, version = cur.id, cur.row_version
-            state = SegmentState.ERROR if fail_first and cur is ours[0] else SegmentState.CONSUMING
-            update_entry(
-                conn,
-                entry_id,
-                version,
-                {
-                    "state": state.value,
-                    "last_error": error,
-                    "claimed_by": None,
-                    "claim_expires_at": None,
-                },
-            )
-            partition = cur.partition
-        return partition
-
-    released, _ = store.retrying(_txn)
-    return released
+    ours = []
+    for entry_id, version in claimed.items():
+        cur = get_entry(conn, entry_id)
+        if cur is not None and cur.removed_version is None and cur.row_version == version:
+            ours.append(cur)
+    ours.sort(key=lambda e: e.seq)  # the run's first segment is the lowest sequence number
+    partition = None
+    for cur in ours:
+        entry_id, version = cur.id, cur.row_version
+        state = SegmentState.ERROR if fail_first and cur is ours[0] else SegmentState.CONSUMING
+        update_entry(
+            conn,
+            entry_id,
+            version,
+            {
+                "state": state.value,
+                "last_error": error,
+                "claimed_by": None,
+                "claim_expires_at": None,
+            },
+        )
+        partition = cur.partition
+    return partition
 
 
-def store_now(store: MetadataStore, conn: Connection) -> float:
+def store_now(conn: Connection, clock: Clock) -> float:
     """The metadata store's time (epoch seconds), read in ``conn``'s transaction: the
     database server's clock (PostgreSQL's ``clock_timestamp()``; SQLite's ``julianday``, on
     the host of its file), so every sealer's claim, take-over, renewal and swap is judged on
-    one clock whatever its own host's says. A store given its own clock (tests, simulations)
-    uses that instead."""
-    if store.clock is not SYSTEM_CLOCK:
-        return store.clock.now()
-    if store.is_sqlite:
+    one clock whatever its own host's says. A store given its own ``clock`` (tests,
+    simulations) uses that instead."""
+    if clock is not SYSTEM_CLOCK:
+        return clock.now()
+    if conn.dialect.name == "sqlite":
         sql = "SELECT (julianday('now') - 2440587.5) * 86400.0"
     else:
         sql = "SELECT EXTRACT(EPOCH FROM clock_timestamp())"
@@ -125,7 +112,8 @@ def store_now(store: MetadataStore, conn: Connection) -> float:
 
 
 def renew_claim(
-    store: MetadataStore,
+    conn: Connection,
+    clock: Clock,
     claimed: Mapping[int, int],
     *,
     owner: str,
@@ -137,25 +125,20 @@ def renew_claim(
     and its claim not yet expired on the store's clock: a claim that expired (a sealer frozen
     past its claim) is never brought back, as another sealer may hold the run, or GC may have
     taken the files uploaded under it; that seal's swap is then refused."""
-
-    def _txn(conn: Connection) -> dict[int, int] | None:
-        now = store_now(store, conn)
-        current: dict[int, int] = {}
-        for entry_id, version in claimed.items():
-            cur = get_entry(conn, entry_id)
-            if (
-                cur is None
-                or cur.removed_version is not None
-                or cur.row_version != version
-                or cur.claimed_by != owner
-                or not cur.claim_held(now)
-            ):
-                return None
-            current[entry_id] = version
-        return {
-            entry_id: update_entry(conn, entry_id, version, {"claim_expires_at": now + ttl})
-            for entry_id, version in current.items()
-        }
-
-    renewed, _ = store.retrying(_txn)
-    return renewed
+    now = store_now(conn, clock)
+    current: dict[int, int] = {}
+    for entry_id, version in claimed.items():
+        cur = get_entry(conn, entry_id)
+        if (
+            cur is None
+            or cur.removed_version is not None
+            or cur.row_version != version
+            or cur.claimed_by != owner
+            or not cur.claim_held(now)
+        ):
+            return None
+        current[entry_id] = version
+    return {
+        entry_id: update_entry(conn, entry_id, version, {"claim_expires_at": now + ttl})
+        for entry_id, version in current.items()
+    }

@@ -7,10 +7,10 @@ schema version are the same; the datastream's spec and its table never disagree.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, select
 
+from millstream.clock import Clock
 from millstream.core.evolution import Change
 from millstream.datastream import DatastreamSpec, dead_letter_spec
 from millstream.metastore import schema as s
@@ -19,20 +19,17 @@ from millstream.metastore.cas import cas_update
 from millstream.metastore.models import TableInfo
 from millstream.spec import TableSpec
 
-if TYPE_CHECKING:
-    from millstream.metastore.store import MetadataStore
-
 
 def evolve_with_dead_letter(
-    conn: Connection, store: MetadataStore, new_table: TableSpec
+    conn: Connection, clock: Clock, new_table: TableSpec
 ) -> tuple[TableInfo, list[Change]]:
     """:func:`~millstream.metastore.tables.evolve_table` of the table and, if it exists, of
     its dead-letter table (which follows the table's retention), inside ``conn``'s
     transaction."""
-    info, changes = tables.evolve_table(conn, store.clock, new_table)
+    info, changes = tables.evolve_table(conn, clock, new_table)
     dl = dead_letter_spec(new_table)
     if tables.find_table(conn, dl.name, missing_ok=True) is not None:
-        tables.evolve_table(conn, store.clock, dl)
+        tables.evolve_table(conn, clock, dl)
     return info, changes
 
 
@@ -58,7 +55,7 @@ def _datastreams_follow(conn: Connection, table: TableSpec, now: float) -> None:
 
 
 def absorb(
-    store: MetadataStore, table: str, propose: Callable[[TableSpec], TableSpec]
+    conn: Connection, clock: Clock, table: str, propose: Callable[[TableSpec], TableSpec]
 ) -> tuple[TableInfo, list[Change]]:
     """``schema_evolution: auto``: make ``propose(current spec)`` the table's spec, in ONE
     transaction with its dead-letter table and its datastream's row, through the same
@@ -70,18 +67,13 @@ def absorb(
 
     A :class:`~millstream.errors.CommitStateUnknownError` propagates: the caller reconciles
     by re-reading the table (:func:`propose` of the re-read spec is that spec when it landed),
-    never by running this again blindly."""
-
-    def _txn(conn: Connection) -> tuple[TableInfo, list[Change]]:
-        existing = tables.find_table(conn, table)
-        assert existing is not None
-        wanted = propose(existing.spec)
-        if wanted == existing.spec:
-            return existing, []
-        info, changes = evolve_with_dead_letter(conn, store, wanted)
-        if changes:
-            _datastreams_follow(conn, info.spec, store.clock.now())
-        return info, changes
-
-    result, _ = store.retrying(_txn)
-    return result
+    never by running this again blindly. One transaction (``conn``'s)."""
+    existing = tables.find_table(conn, table)
+    assert existing is not None
+    wanted = propose(existing.spec)
+    if wanted == existing.spec:
+        return existing, []
+    info, changes = evolve_with_dead_letter(conn, clock, wanted)
+    if changes:
+        _datastreams_follow(conn, info.spec, clock.now())
+    return info, changes

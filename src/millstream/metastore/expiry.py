@@ -28,7 +28,6 @@ removed rows, which nothing changes again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, Delete, Table, delete, func, select
 
@@ -38,9 +37,6 @@ from millstream.metastore.cas import cas_update
 from millstream.metastore.pins import drop_expired_pins, oldest_pinned
 from millstream.metastore.reads import oldest_kept_version
 from millstream.metastore.tables import find_table
-
-if TYPE_CHECKING:
-    from millstream.metastore.store import MetadataStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,80 +118,72 @@ def _delete_counted(conn: Connection, stmt: Delete, expected: int, what: str) ->
         )
 
 
-def expire_versions(
-    store: MetadataStore, table: str, *, now: float, dry_run: bool = False
-) -> Expiry:
-    """Expire the versions of ``table`` its retention no longer keeps (see the module doc)."""
-
-    def _txn(conn: Connection) -> Expiry:
-        info = find_table(conn, table, for_update=True)
-        assert info is not None
-        retention = info.spec.retention
-        before = oldest_kept_version(conn, table)
-        floor = expiry_floor(
-            conn,
-            table,
-            info.manifest_version,
-            before,
-            now=now,
-            seconds=retention.seconds,
-            min_versions=retention.min_versions,
-        )
-        pinned = oldest_pinned(conn, table, now)
-        if pinned is not None and pinned < floor:
-            floor = max(before, pinned)  # a reader holds that version: keep it
-        shown = _shown_version(conn, table)
-        if shown is not None and shown < floor:
-            floor = max(before, shown)  # the Iceberg view's current snapshot: keep it
-        if not dry_run:
-            drop_expired_pins(conn, table, now)
-        if floor <= before:
-            return Expiry(table, before, before)
-        e, dv, tv = s.entries, s.delete_vectors, s.table_versions
-        entry_rows, vector_rows = _rows(conn, e, table), _rows(conn, dv, table)
-        gone_ids = {i for i, _, removed in entry_rows if _expired(removed, floor)}
-        gone_dv_ids = {i for i, _, removed in vector_rows if _expired(removed, floor)}
-        remaining = {p for i, p, _ in entry_rows if i not in gone_ids} | {
-            p for i, p, _ in vector_rows if i not in gone_dv_ids
-        }
-        gone_files = {p for i, p, _ in entry_rows if i in gone_ids} | {
-            p for i, p, _ in vector_rows if i in gone_dv_ids
-        }
-        released = tuple(sorted(p for p in gone_files if p is not None and p not in remaining))
-        n_versions = conn.execute(
-            select(func.count()).where(tv.c.table_name == table, tv.c.manifest_version < floor)
-        ).scalar_one()
-        result = Expiry(
-            table,
-            before,
-            floor,
-            versions=int(n_versions),
-            entries=len(gone_ids),
-            delete_vectors=len(gone_dv_ids),
-            released_files=released,
-        )
-        if dry_run:
-            return result
-        # The table row is the lock: a commit or another expiry in between makes this retry.
-        cas_update(conn, s.tables, {"name": table}, info.version, {})
-        for t, ids in ((e, gone_ids), (dv, gone_dv_ids)):
-            if ids:
-                removed = t.c.removed_version
-                _delete_counted(
-                    conn,
-                    delete(t).where(
-                        t.c.table_name == table, removed.is_not(None), removed <= floor
-                    ),
-                    len(ids),
-                    t.name,
-                )
-        _delete_counted(
-            conn,
-            delete(tv).where(tv.c.table_name == table, tv.c.manifest_version < floor),
-            int(n_versions),
-            "ms_table_versions",
-        )
+def expire_versions(conn: Connection, table: str, *, now: float, dry_run: bool = False) -> Expiry:
+    """Expire the versions of ``table`` its retention no longer keeps (see the module doc), in
+    ``conn``'s transaction."""
+    info = find_table(conn, table, for_update=True)
+    assert info is not None
+    retention = info.spec.retention
+    before = oldest_kept_version(conn, table)
+    floor = expiry_floor(
+        conn,
+        table,
+        info.manifest_version,
+        before,
+        now=now,
+        seconds=retention.seconds,
+        min_versions=retention.min_versions,
+    )
+    pinned = oldest_pinned(conn, table, now)
+    if pinned is not None and pinned < floor:
+        floor = max(before, pinned)  # a reader holds that version: keep it
+    shown = _shown_version(conn, table)
+    if shown is not None and shown < floor:
+        floor = max(before, shown)  # the Iceberg view's current snapshot: keep it
+    if not dry_run:
+        drop_expired_pins(conn, table, now)
+    if floor <= before:
+        return Expiry(table, before, before)
+    e, dv, tv = s.entries, s.delete_vectors, s.table_versions
+    entry_rows, vector_rows = _rows(conn, e, table), _rows(conn, dv, table)
+    gone_ids = {i for i, _, removed in entry_rows if _expired(removed, floor)}
+    gone_dv_ids = {i for i, _, removed in vector_rows if _expired(removed, floor)}
+    remaining = {p for i, p, _ in entry_rows if i not in gone_ids} | {
+        p for i, p, _ in vector_rows if i not in gone_dv_ids
+    }
+    gone_files = {p for i, p, _ in entry_rows if i in gone_ids} | {
+        p for i, p, _ in vector_rows if i in gone_dv_ids
+    }
+    released = tuple(sorted(p for p in gone_files if p is not None and p not in remaining))
+    n_versions = conn.execute(
+        select(func.count()).where(tv.c.table_name == table, tv.c.manifest_version < floor)
+    ).scalar_one()
+    result = Expiry(
+        table,
+        before,
+        floor,
+        versions=int(n_versions),
+        entries=len(gone_ids),
+        delete_vectors=len(gone_dv_ids),
+        released_files=released,
+    )
+    if dry_run:
         return result
-
-    result, _ = store.retrying(_txn)
+    # The table row is the lock: a commit or another expiry in between makes this retry.
+    cas_update(conn, s.tables, {"name": table}, info.version, {})
+    for t, ids in ((e, gone_ids), (dv, gone_dv_ids)):
+        if ids:
+            removed = t.c.removed_version
+            _delete_counted(
+                conn,
+                delete(t).where(t.c.table_name == table, removed.is_not(None), removed <= floor),
+                len(ids),
+                t.name,
+            )
+    _delete_counted(
+        conn,
+        delete(tv).where(tv.c.table_name == table, tv.c.manifest_version < floor),
+        int(n_versions),
+        "ms_table_versions",
+    )
     return result

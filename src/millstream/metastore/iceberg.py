@@ -15,10 +15,14 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
+from millstream.clock import Clock
 from millstream.errors import CommitConflictError
 from millstream.metastore import schema as s
 from millstream.metastore.cas import cas_update
-from millstream.metastore.store import MetadataStore
+
+#: What :func:`swap_pointer` raises when another publisher moved the pointer first: its
+#: compare-and-set found another version, or its insert of the first pointer found a row.
+LOST_RACE = (CommitConflictError, IntegrityError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +37,8 @@ class IcebergPointer:
     version: int
 
 
-def read_pointer(store: MetadataStore, table: str) -> IcebergPointer | None:
+def read_pointer(conn: Connection, table: str) -> IcebergPointer | None:
     """The table's Iceberg pointer, or None if nothing was published yet."""
-    with store.read() as conn:
-        return _read(conn, table)
-
-
-def _read(conn: Connection, table: str) -> IcebergPointer | None:
     p = s.iceberg_pointers
     row = conn.execute(select(p).where(p.c.table_name == table)).first()
     if row is None:
@@ -54,62 +53,55 @@ def _read(conn: Connection, table: str) -> IcebergPointer | None:
 
 
 def swap_pointer(
-    store: MetadataStore,
+    conn: Connection,
     table: str,
     expected: IcebergPointer | None,
     *,
     metadata_location: str,
     manifest_version: int,
     now: float,
-) -> IcebergPointer | None:
+) -> IcebergPointer:
     """Move ``table``'s pointer from ``expected`` (None: there is none yet) to
     ``metadata_location``: a compare-and-set on the row version ``expected`` was read at (an
-    insert that the primary key refuses when there is no row yet). Returns the new pointer,
-    or None when another publisher moved it first (nothing changed here)."""
+    insert that the primary key refuses when there is no row yet). Returns the new pointer;
+    raises one of :data:`LOST_RACE` when another publisher moved it first (the transaction
+    must then be rolled back: nothing changes here)."""
     p = s.iceberg_pointers
     values = {
         "metadata_location": metadata_location,
         "manifest_version": manifest_version,
         "published_at": now,
     }
-    try:
-        with store.write() as conn:
-            if expected is None:
-                conn.execute(insert(p).values(table_name=table, version=1, **values))
-                new_version = 1
-            else:
-                new_version = cas_update(conn, p, {"table_name": table}, expected.version, values)
-    except (CommitConflictError, IntegrityError):
-        return None
+    if expected is None:
+        conn.execute(insert(p).values(table_name=table, version=1, **values))
+        new_version = 1
+    else:
+        new_version = cas_update(conn, p, {"table_name": table}, expected.version, values)
     return IcebergPointer(table, metadata_location, manifest_version, now, new_version)
 
 
-def version_committed_at(store: MetadataStore, table: str, version: int) -> float:
+def version_committed_at(conn: Connection, clock: Clock, table: str, version: int) -> float:
     """When ``table``'s manifest version ``version`` was committed (now, if its row is gone)."""
     tv = s.table_versions
-    with store.read() as conn:
-        row = conn.execute(
-            select(tv.c.committed_at).where(
-                tv.c.table_name == table, tv.c.manifest_version == version
-            )
-        ).first()
-    return float(row[0]) if row is not None else store.clock.now()
+    row = conn.execute(
+        select(tv.c.committed_at).where(tv.c.table_name == table, tv.c.manifest_version == version)
+    ).first()
+    return float(row[0]) if row is not None else clock.now()
 
 
-def publish_lag(store: MetadataStore, table: str, now: float) -> float | None:
+def publish_lag(conn: Connection, table: str, now: float) -> float | None:
     """How far ``table``'s Iceberg view lags: seconds since the oldest committed manifest
     version its newest snapshot does not cover was committed (0 when it covers the current
     version; None when the table has no committed version yet). A record committed more than
     this long ago is in the view."""
     tv = s.table_versions
-    pointer = read_pointer(store, table)
+    pointer = read_pointer(conn, table)
     shown = pointer.manifest_version if pointer is not None else 0
-    with store.read() as conn:
-        row = conn.execute(
-            select(func.min(tv.c.committed_at)).where(
-                tv.c.table_name == table, tv.c.manifest_version > shown
-            )
-        ).first()
+    row = conn.execute(
+        select(func.min(tv.c.committed_at)).where(
+            tv.c.table_name == table, tv.c.manifest_version > shown
+        )
+    ).first()
     if row is None or row[0] is None:
         return None if pointer is None else 0.0
     return max(0.0, now - float(row[0]))

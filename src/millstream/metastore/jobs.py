@@ -24,17 +24,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import Connection, delete, insert, select
 
-from millstream.errors import AlreadyExistsError, CommitConflictError, NotFoundError
+from millstream.errors import AlreadyExistsError, NotFoundError
 from millstream.metastore import schema as s
 from millstream.metastore.cas import cas_update
 from millstream.metastore.models import Manifest, SegmentState
-
-if TYPE_CHECKING:
-    from millstream.metastore.store import MetadataStore
 
 FORCE_COMMIT = "FORCE_COMMIT"
 REINGEST = "REINGEST"
@@ -52,7 +49,7 @@ class Job:
     payload: dict[str, Any]
 
 
-def submit_force_commit(store: MetadataStore, manifest: Manifest, *, now: float) -> Job:
+def submit_force_commit(conn: Connection, manifest: Manifest, *, now: float) -> Job:
     """Record a force commit of every segment of ``manifest`` not sealed yet (its seal may be
     in progress: COMMITTING), and drop the table's oldest force commits beyond
     :data:`KEEP_JOBS`."""
@@ -69,49 +66,46 @@ def submit_force_commit(store: MetadataStore, manifest: Manifest, *, now: float)
         {"segments": [[p, seq] for p, seq in segments]},
     )
     j = s.controller_jobs
-    with store.write() as conn:
-        conn.execute(
-            insert(j).values(
-                id=job.id,
-                kind=job.kind,
-                table_name=job.table,
-                created_at=job.created_at,
-                payload=job.payload,
-            )
+    conn.execute(
+        insert(j).values(
+            id=job.id,
+            kind=job.kind,
+            table_name=job.table,
+            created_at=job.created_at,
+            payload=job.payload,
         )
-        keep = (
-            select(j.c.id)
-            .where(j.c.table_name == job.table, j.c.kind == FORCE_COMMIT)
-            .order_by(j.c.created_at.desc(), j.c.id)
-            .limit(KEEP_JOBS)
+    )
+    keep = (
+        select(j.c.id)
+        .where(j.c.table_name == job.table, j.c.kind == FORCE_COMMIT)
+        .order_by(j.c.created_at.desc(), j.c.id)
+        .limit(KEEP_JOBS)
+    )
+    conn.execute(
+        delete(j).where(
+            j.c.table_name == job.table,
+            j.c.kind == FORCE_COMMIT,
+            j.c.id.not_in(keep.scalar_subquery()),
         )
-        conn.execute(
-            delete(j).where(
-                j.c.table_name == job.table,
-                j.c.kind == FORCE_COMMIT,
-                j.c.id.not_in(keep.scalar_subquery()),
-            )
-        )
+    )
     return job
 
 
-def get_job(store: MetadataStore, job_id: str) -> Job:
+def get_job(conn: Connection, job_id: str) -> Job:
     j = s.controller_jobs
-    with store.read() as conn:
-        row = conn.execute(select(j).where(j.c.id == job_id)).mappings().first()
+    row = conn.execute(select(j).where(j.c.id == job_id)).mappings().first()
     if row is None:
         raise NotFoundError("job", job_id)
     return Job(row["id"], row["kind"], row["table_name"], row["created_at"], row["payload"])
 
 
-def force_commit_targets(store: MetadataStore, table: str) -> dict[int, int]:
+def force_commit_targets(conn: Connection, table: str) -> dict[int, int]:
     """Per partition, the highest segment sequence some force commit of ``table`` named: a
     sealer seals the partition now while it has an unsealed segment at or below it."""
     j = s.controller_jobs
-    with store.read() as conn:
-        rows = conn.execute(
-            select(j.c.payload).where(j.c.table_name == table, j.c.kind == FORCE_COMMIT)
-        ).all()
+    rows = conn.execute(
+        select(j.c.payload).where(j.c.table_name == table, j.c.kind == FORCE_COMMIT)
+    ).all()
     out: dict[int, int] = {}
     for (payload,) in rows:
         for p, seq in payload.get("segments", []):
@@ -206,7 +200,7 @@ def _reingest_job(row: Any) -> ReingestJob:
 
 
 def start_reingest(
-    store: MetadataStore,
+    conn: Connection,
     table: str,
     segment: str,
     *,
@@ -226,66 +220,62 @@ def start_reingest(
     table's oldest finished re-ingest jobs beyond :data:`KEEP_JOBS` are dropped. With
     ``respect_backoff`` (the repair scan), a failed job whose ``next_attempt_at`` is still to
     come, or one that failed for good (no retry planned) for the same entry, is left alone and
-    None returned. ``after_read`` is a test hook between the read and the write.
+    None returned. ``after_read`` is a test hook between the read and the write. In ``conn``'s
+    transaction.
     """
-
-    def txn(conn: Connection) -> ReingestJob | None:
-        j = s.controller_jobs
-        active = conn.execute(select(j).where(j.c.active_key == segment)).mappings().first()
-        jobs = [
-            _reingest_job(r)
-            for r in conn.execute(
-                select(j).where(j.c.table_name == table, j.c.kind == REINGEST)
-            ).mappings()
-        ]
-        if after_read is not None:
-            after_read()
-        if active is not None:
-            job = _reingest_job(active)
-            if job.status(now) == RUNNING:
-                raise AlreadyExistsError("running re-ingestion job for segment", segment)
-            return _claim(conn, job, owner=owner, now=now, lease=lease, trigger=trigger)
-        mine = [x for x in jobs if x.segment == segment]
-        newest = max(mine, key=lambda x: (x.created_at, x.id), default=None)
-        if newest is not None and newest.entry_id == entry_id and newest.status(now) == FAILED:
-            retry_at = newest.next_attempt_at
-            if respect_backoff and (retry_at is None or retry_at > now):
-                return None
-            return _claim(conn, newest, owner=owner, now=now, lease=lease, trigger=trigger)
-        job = ReingestJob(
-            uuid.uuid4().hex,
-            table,
-            now,
-            0,
-            {
-                "segment": segment,
-                "entry_id": entry_id,
-                **_running(attempts=1, owner=owner, now=now, lease=lease, trigger=trigger),
-            },
+    j = s.controller_jobs
+    active = conn.execute(select(j).where(j.c.active_key == segment)).mappings().first()
+    jobs = [
+        _reingest_job(r)
+        for r in conn.execute(
+            select(j).where(j.c.table_name == table, j.c.kind == REINGEST)
+        ).mappings()
+    ]
+    if after_read is not None:
+        after_read()
+    if active is not None:
+        job = _reingest_job(active)
+        if job.status(now) == RUNNING:
+            raise AlreadyExistsError("running re-ingestion job for segment", segment)
+        return _claim(conn, job, owner=owner, now=now, lease=lease, trigger=trigger)
+    mine = [x for x in jobs if x.segment == segment]
+    newest = max(mine, key=lambda x: (x.created_at, x.id), default=None)
+    if newest is not None and newest.entry_id == entry_id and newest.status(now) == FAILED:
+        retry_at = newest.next_attempt_at
+        if respect_backoff and (retry_at is None or retry_at > now):
+            return None
+        return _claim(conn, newest, owner=owner, now=now, lease=lease, trigger=trigger)
+    job = ReingestJob(
+        uuid.uuid4().hex,
+        table,
+        now,
+        0,
+        {
+            "segment": segment,
+            "entry_id": entry_id,
+            **_running(attempts=1, owner=owner, now=now, lease=lease, trigger=trigger),
+        },
+    )
+    conn.execute(
+        insert(j).values(
+            id=job.id,
+            kind=REINGEST,
+            table_name=table,
+            created_at=now,
+            payload=job.payload,
+            version=0,
+            active_key=segment,
         )
-        conn.execute(
-            insert(j).values(
-                id=job.id,
-                kind=REINGEST,
-                table_name=table,
-                created_at=now,
-                payload=job.payload,
-                version=0,
-                active_key=segment,
-            )
-        )
-        finished = sorted(
-            (x for x in jobs if x.payload.get("status") != RUNNING),
-            key=lambda x: (x.created_at, x.id),
-            reverse=True,
-        )
-        drop = [x.id for x in finished[KEEP_JOBS - 1 :]]
-        if drop:
-            conn.execute(delete(j).where(j.c.id.in_(drop), j.c.active_key.is_(None)))
-        return job
-
-    result: ReingestJob | None = store.retrying(txn)[0]
-    return result
+    )
+    finished = sorted(
+        (x for x in jobs if x.payload.get("status") != RUNNING),
+        key=lambda x: (x.created_at, x.id),
+        reverse=True,
+    )
+    drop = [x.id for x in finished[KEEP_JOBS - 1 :]]
+    if drop:
+        conn.execute(delete(j).where(j.c.id.in_(drop), j.c.active_key.is_(None)))
+    return job
 
 
 def _running(
@@ -328,34 +318,30 @@ def _claim(
 
 
 def _update(
-    store: MetadataStore, job: ReingestJob, payload: dict[str, Any], *, active: bool
-) -> ReingestJob | None:
-    """One compare-and-set of ``job``'s row; None if it changed since ``job`` was read (taken
-    over, or abandoned by the next controller): the caller no longer owns the job."""
-    try:
-        with store.write() as conn:
-            version = cas_update(
-                conn,
-                s.controller_jobs,
-                {"id": job.id},
-                job.version,
-                {"payload": payload, "active_key": job.segment if active else None},
-            )
-    except CommitConflictError:
-        return None
+    conn: Connection, job: ReingestJob, payload: dict[str, Any], *, active: bool
+) -> ReingestJob:
+    """One compare-and-set of ``job``'s row; :class:`CommitConflictError` if it changed since
+    ``job`` was read (taken over, or abandoned by the next controller): the caller no longer
+    owns the job."""
+    version = cas_update(
+        conn,
+        s.controller_jobs,
+        {"id": job.id},
+        job.version,
+        {"payload": payload, "active_key": job.segment if active else None},
+    )
     return ReingestJob(job.id, job.table, job.created_at, version, payload)
 
 
-def renew_reingest(
-    store: MetadataStore, job: ReingestJob, *, now: float, lease: float
-) -> ReingestJob | None:
-    """Extend the lease of a job ``job``'s owner runs; None if it is no longer its own."""
+def renew_reingest(conn: Connection, job: ReingestJob, *, now: float, lease: float) -> ReingestJob:
+    """Extend the lease of a job ``job``'s owner runs; :class:`CommitConflictError` if it is
+    no longer its own."""
     payload = {**job.payload, "updated_at": now, "lease_expires_at": now + lease}
-    return _update(store, job, payload, active=True)
+    return _update(conn, job, payload, active=True)
 
 
 def finish_reingest(
-    store: MetadataStore,
+    conn: Connection,
     job: ReingestJob,
     *,
     now: float,
@@ -364,9 +350,10 @@ def finish_reingest(
     result: dict[str, Any] | None = None,
     next_attempt_at: float | None = None,
     unrecoverable: str | None = None,
-) -> ReingestJob | None:
+) -> ReingestJob:
     """Record the outcome (SUCCEEDED, FAILED or ABANDONED) and free the segment for the next
-    job; None if the job changed since ``job`` was read (another controller took it over)."""
+    job; :class:`CommitConflictError` if the job changed since ``job`` was read (another
+    controller took it over)."""
     payload = {
         **job.payload,
         "status": status,
@@ -377,17 +364,16 @@ def finish_reingest(
         "next_attempt_at": next_attempt_at,
         "unrecoverable": unrecoverable,
     }
-    return _update(store, job, payload, active=False)
+    return _update(conn, job, payload, active=False)
 
 
-def reingest_jobs(store: MetadataStore, table: str | None = None) -> list[ReingestJob]:
+def reingest_jobs(conn: Connection, table: str | None = None) -> list[ReingestJob]:
     """Every stored re-ingest job (of ``table``), oldest first."""
     j = s.controller_jobs
     q = select(j).where(j.c.kind == REINGEST)
     if table is not None:
         q = q.where(j.c.table_name == table)
-    with store.read() as conn:
-        rows = [_reingest_job(r) for r in conn.execute(q).mappings()]
+    rows = [_reingest_job(r) for r in conn.execute(q).mappings()]
     return sorted(rows, key=lambda x: (x.created_at, x.id))
 
 

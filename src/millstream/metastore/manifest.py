@@ -49,7 +49,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection, insert, select
 
@@ -226,18 +227,28 @@ def publish_version(
 # -- unknown outcomes ------------------------------------------------------------------------
 
 
-def reconcile(
-    store: Transactions,
-    txn: Callable[[Connection], T],
-    landed: Callable[[Connection], T | None],
-    what: str,
-    *,
-    aftermath: str = "its files are kept for garbage collection",
-) -> T:
-    """Run ``txn`` (retrying lost compare-and-sets); if its COMMIT has an unknown outcome,
-    re-read with ``landed`` whether it took effect and return that result. Raises
-    :class:`CommitStateUnknownError` if it did not land (or the re-read fails): the caller must
-    then keep every file it wrote, because nothing proves the manifest does not use them."""
+@dataclass(frozen=True, slots=True)
+class Reconcilable(Generic[T]):
+    """A write whose unknown outcome is settled by re-reading: its transaction function
+    ``txn`` (compare-and-sets, run in a write transaction) and ``landed``, which tells from a
+    fresh read whether ``txn`` took effect (its result) or not (None). A metastore module
+    builds one from plain values; the facade runs it with :func:`reconcile`."""
+
+    txn: Callable[[Connection], T]
+    landed: Callable[[Connection], T | None]
+    #: what the write is, for errors: "seal of t partition 0"
+    what: str
+    #: what an unknown outcome that did not land leaves behind, for errors
+    aftermath: str = "its files are kept for garbage collection"
+
+
+def reconcile(store: Transactions, write: Reconcilable[T]) -> T:
+    """Run ``write.txn`` (retrying lost compare-and-sets); if its COMMIT has an unknown
+    outcome, re-read with ``write.landed`` whether it took effect and return that result.
+    Raises :class:`CommitStateUnknownError` if it did not land (or the re-read fails): the
+    caller must then keep every file it wrote, because nothing proves the manifest does not
+    use them."""
+    txn, landed, what, aftermath = write.txn, write.landed, write.what, write.aftermath
     try:
         result, _ = store.retrying(txn)
         return result

@@ -12,15 +12,11 @@ finds the other owner.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, delete, insert, select
 
 from millstream.errors import TableOwnedError
 from millstream.metastore import schema as s
-
-if TYPE_CHECKING:
-    from millstream.metastore.store import MetadataStore
 
 
 def owners(conn: Connection, tables: Sequence[str]) -> dict[str, str]:
@@ -53,13 +49,3 @@ def claim_tables(conn: Connection, tables: Sequence[str], datastream: str, now: 
 def release_tables(conn: Connection, datastream: str) -> None:
     """Free every table ``datastream`` owns (in the caller's transaction: its removal)."""
     conn.execute(delete(s.table_owners).where(s.table_owners.c.datastream == datastream))
-
-
-def claim(store: MetadataStore, tables: Sequence[str], datastream: str) -> None:
-    """:func:`claim_tables` in a transaction of its own, for a writer run without the
-    controller (:class:`~millstream.spark.runner.DatastreamRunner` run directly)."""
-
-    def _txn(conn: Connection) -> None:
-        claim_tables(conn, tables, datastream, store.clock.now())
-
-    store.retrying(_txn)

@@ -20,16 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, delete, func, insert, select
 
 from millstream.metastore import schema as s
 from millstream.metastore.reads import resolve_version
 from millstream.metastore.tables import find_table
-
-if TYPE_CHECKING:
-    from millstream.metastore.store import MetadataStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +38,7 @@ class Pin:
 
 
 def pin_version(
-    store: MetadataStore,
+    conn: Connection,
     table: str,
     as_of: int | float | datetime | None,
     *,
@@ -52,35 +48,30 @@ def pin_version(
 ) -> Pin:
     """Pin the version of ``table`` that ``as_of`` names (None: the current one; a version
     number; a point in time) for ``seconds``. Raises :class:`VersionExpiredError` if retention
-    expired it already, :class:`InvalidSpecError` if the table never had it."""
+    expired it already, :class:`InvalidSpecError` if the table never had it. In ``conn``'s
+    transaction."""
     if seconds <= 0:
         raise ValueError(f"a pin must last a positive time, got {seconds}")
-
-    def _txn(conn: Connection) -> Pin:
-        # The table row's lock orders this pin against any expiry of the table.
-        info = find_table(conn, table, for_update=True)
-        assert info is not None
-        v = resolve_version(conn, info, as_of)  # VersionExpiredError below the floor
-        pid = conn.execute(
-            insert(s.read_pins).values(
-                table_name=table,
-                manifest_version=v,
-                holder=holder,
-                pinned_at=now,
-                expires_at=now + seconds,
-            )
-        ).inserted_primary_key
-        assert pid is not None
-        return Pin(int(pid[0]), table, v, holder, now + seconds)
-
-    pin, _ = store.retrying(_txn)
-    return pin
+    # The table row's lock orders this pin against any expiry of the table.
+    info = find_table(conn, table, for_update=True)
+    assert info is not None
+    v = resolve_version(conn, info, as_of)  # VersionExpiredError below the floor
+    pid = conn.execute(
+        insert(s.read_pins).values(
+            table_name=table,
+            manifest_version=v,
+            holder=holder,
+            pinned_at=now,
+            expires_at=now + seconds,
+        )
+    ).inserted_primary_key
+    assert pid is not None
+    return Pin(int(pid[0]), table, v, holder, now + seconds)
 
 
-def release_pin(store: MetadataStore, pin: Pin) -> bool:
+def release_pin(conn: Connection, pin: Pin) -> bool:
     """Release ``pin``; False if it was gone already (it expired and an expiry removed it)."""
-    with store.write() as conn:
-        n = conn.execute(delete(s.read_pins).where(s.read_pins.c.id == pin.id)).rowcount
+    n = conn.execute(delete(s.read_pins).where(s.read_pins.c.id == pin.id)).rowcount
     return n == 1
 
 
@@ -102,13 +93,12 @@ def drop_expired_pins(conn: Connection, table: str, now: float) -> int:
     )
 
 
-def list_pins(store: MetadataStore, table: str) -> list[Pin]:
+def list_pins(conn: Connection, table: str) -> list[Pin]:
     p = s.read_pins
-    with store.read() as conn:
-        rows = conn.execute(
-            select(p).where(p.c.table_name == table).order_by(p.c.manifest_version, p.c.id)
-        ).mappings()
-        return [
-            Pin(r["id"], r["table_name"], r["manifest_version"], r["holder"], r["expires_at"])
-            for r in rows
-        ]
+    rows = conn.execute(
+        select(p).where(p.c.table_name == table).order_by(p.c.manifest_version, p.c.id)
+    ).mappings()
+    return [
+        Pin(r["id"], r["table_name"], r["manifest_version"], r["holder"], r["expires_at"])
+        for r in rows
+    ]

@@ -11,12 +11,14 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from millstream.clock import Clock
 from millstream.datastream import dead_letter_spec
 from millstream.errors import InvalidSpecError, NotFoundError
-from millstream.metastore.manifest import reconcile, remove_segments
+from millstream.metastore.manifest import Reconcilable, remove_segments
 from millstream.metastore.models import Entry
 from millstream.metastore.reads import get_entry, live_entries
-from millstream.metastore.store import MetadataStore
+from millstream.metastore.shards import shards_of
+from millstream.metastore.tables import find_table
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,18 +61,19 @@ class RollbackPlan:
 
 
 def rollback_partition(
-    store: MetadataStore, table: str, partition: int, from_seq: int, *, dry_run: bool = True
-) -> RollbackPlan:
+    clock: Clock, table: str, partition: int, from_seq: int, *, dry_run: bool = True
+) -> Reconcilable[RollbackPlan]:
     """Plan (``dry_run``, the default) or apply a rollback of ``table`` partition ``partition``
-    to before segment ``from_seq``. Raises NotFoundError if the table, shard or segment does not
-    exist. Callers decide whether the datastream must be paused first."""
+    to before segment ``from_seq`` (for :func:`~millstream.metastore.manifest.reconcile` to
+    run). Raises NotFoundError if the table, shard or segment does not exist. Callers decide
+    whether the datastream must be paused first."""
     if from_seq < 0:
         raise InvalidSpecError("fromSequence", "must be >= 0")
 
     def _txn(conn: Connection) -> RollbackPlan:
-        info = store._table(conn, table)
+        info = find_table(conn, table)
         assert info is not None
-        shard = store._shards(conn, table, [partition]).get(partition)
+        shard = shards_of(conn, table, [partition]).get(partition)
         if shard is None:
             raise NotFoundError("shard", f"{table}/{partition}")
         entries = live_entries(conn, table, partition)
@@ -94,11 +97,11 @@ def rollback_partition(
         )
         if dry_run:
             return plan
-        now = store.clock.now()
+        now = clock.now()
         version = remove_segments(
             conn, info, (partition, shard.epoch, shard.version), doomed, new_upper, now
         )
-        dl_removed = _rollback_dead_letters(store, conn, table, partition, new_upper, now)
+        dl_removed = _rollback_dead_letters(conn, table, partition, new_upper, now)
         return RollbackPlan(
             table,
             partition,
@@ -127,7 +130,7 @@ def rollback_partition(
         if not attempted:
             return None
         plan = attempted[-1]
-        shard = store._shards(conn, table, [partition]).get(partition)
+        shard = shards_of(conn, table, [partition]).get(partition)
         if shard is None or shard.epoch < plan.new_epoch:
             return None
         for e in plan.removed:
@@ -136,8 +139,7 @@ def rollback_partition(
                 return None
         return plan
 
-    return reconcile(
-        store,
+    return Reconcilable(
         _recorded,
         _landed,
         f"rollback of {table} partition {partition}",
@@ -146,14 +148,14 @@ def rollback_partition(
 
 
 def _rollback_dead_letters(
-    store: MetadataStore, conn: Connection, table: str, partition: int, new_upper: int, now: float
+    conn: Connection, table: str, partition: int, new_upper: int, now: float
 ) -> int:
     """Dead-letter entries mirror the table's batch ranges: drop those at or above the new upper."""
     dl = dead_letter_spec(table).name
-    info = store._table(conn, dl, missing_ok=True)
+    info = find_table(conn, dl, missing_ok=True)
     if info is None:
         return 0
-    shard = store._shards(conn, dl, [partition]).get(partition)
+    shard = shards_of(conn, dl, [partition]).get(partition)
     if shard is None:
         return 0
     doomed = [e for e in live_entries(conn, dl, partition) if e.start >= new_upper]

@@ -7,33 +7,72 @@
 * :mod:`~millstream.metastore.tables`: creating and looking up tables;
 * :mod:`~millstream.metastore.shards`: reading shards and bootstrapping missing ones;
 * :mod:`~millstream.metastore.append`: applying compare-and-append (a writer's commit);
-* :mod:`~millstream.metastore.reads`: reading a table's manifest, now or as of a version.
+* :mod:`~millstream.metastore.reads`: reading a table's manifest, now or as of a version;
+* :mod:`~millstream.metastore.claims`, :mod:`~millstream.metastore.swaps`,
+  :mod:`~millstream.metastore.rollback`: a sealer's claims, the seal, compaction and
+  re-ingestion swaps, rollbacks;
+* :mod:`~millstream.metastore.expiry`, :mod:`~millstream.metastore.pins`,
+  :mod:`~millstream.metastore.iceberg`, :mod:`~millstream.metastore.jobs`,
+  :mod:`~millstream.metastore.evolve`, :mod:`~millstream.metastore.owners`,
+  :mod:`~millstream.metastore.assignments`: retention, read pins, the Iceberg view's pointer,
+  controller jobs, ``schema_evolution: auto``, table owners, the standby commit gate.
 
 Embedded default: a SQLite file in WAL mode. Multi-host: PostgreSQL by URL. Write transactions
 on SQLite take the write lock up front (``BEGIN IMMEDIATE``) so two processes never deadlock
 upgrading a read lock; on PostgreSQL every row change is a compare-and-set on ``version`` and a
 lost race is retried from a fresh read.
 
-The facade calls down into those modules and runs their transaction functions (which take a
-connection and a clock) in :meth:`MetadataStore.retrying`; none of them imports the facade
-(an import-linter contract keeps the package free of import cycles).
+The facade calls down into those modules: each method opens a read or write transaction (or
+runs the module's transaction function in :meth:`MetadataStore.retrying`, or a
+:class:`~millstream.metastore.manifest.Reconcilable` in
+:func:`~millstream.metastore.manifest.reconcile`) and passes a connection, its clock and plain
+values. None of them imports the facade: import-linter contracts keep the package free of
+import cycles and ``store`` the only module above the others.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection
 
 from millstream.clock import SYSTEM_CLOCK, Clock
+from millstream.core.assignment import Placement
 from millstream.core.evolution import Change
-from millstream.metastore import append, engine, reads, shards, tables
+from millstream.errors import CommitConflictError
+from millstream.metastore import (
+    append,
+    assignments,
+    claims,
+    engine,
+    evolve,
+    expiry,
+    iceberg,
+    jobs,
+    owners,
+    pins,
+    reads,
+    rollback,
+    shards,
+    swaps,
+    tables,
+)
 from millstream.metastore import schema as s
-from millstream.metastore.models import AppendResult, Manifest, Shard, ShardAppend, TableInfo
+from millstream.metastore.claims import DEFAULT_CLAIM_TTL
+from millstream.metastore.manifest import reconcile
+from millstream.metastore.models import (
+    AppendResult,
+    DeleteVector,
+    Entry,
+    Manifest,
+    Shard,
+    ShardAppend,
+    TableInfo,
+)
 from millstream.spec import TableSpec
 
 P = ParamSpec("P")
@@ -249,3 +288,282 @@ class MetadataStore:
         included: time travel may still read them)."""
         with self.read() as conn:
             return reads.referenced_files(conn, table)
+
+    # -- schema evolution (:mod:`.evolve`) -------------------------------------------------
+
+    def absorb(
+        self, table: str, propose: Callable[[TableSpec], TableSpec]
+    ) -> tuple[TableInfo, list[Change]]:
+        """``schema_evolution: auto``: :func:`~millstream.metastore.evolve.absorb` in ONE
+        retried transaction (``propose`` runs on the spec read inside it)."""
+        result, _ = self.retrying(evolve.absorb, self.clock, table, propose)
+        return result
+
+    # -- seal claims and swaps (:mod:`.claims`, :mod:`.swaps`) -----------------------------
+
+    def claim_run(
+        self, run: Sequence[Entry], *, owner: str, ttl: float = DEFAULT_CLAIM_TTL
+    ) -> dict[int, int] | None:
+        """:func:`~millstream.metastore.claims.claim_run` in one retried transaction."""
+        claimed, _ = self.retrying(claims.claim_run, self.clock, run, owner=owner, ttl=ttl)
+        return claimed
+
+    def release_run(
+        self, claimed: Mapping[int, int], *, error: str, fail_first: bool
+    ) -> int | None:
+        """:func:`~millstream.metastore.claims.release_run` in one retried transaction."""
+        released, _ = self.retrying(claims.release_run, claimed, error=error, fail_first=fail_first)
+        return released
+
+    def renew_claim(
+        self, claimed: Mapping[int, int], *, owner: str, ttl: float = DEFAULT_CLAIM_TTL
+    ) -> dict[int, int] | None:
+        """:func:`~millstream.metastore.claims.renew_claim` in one retried transaction."""
+        renewed, _ = self.retrying(claims.renew_claim, self.clock, claimed, owner=owner, ttl=ttl)
+        return renewed
+
+    def replace_run(
+        self,
+        table: str,
+        partition: int,
+        claimed: Mapping[int, int],
+        sealed: swaps.SealedSegment,
+    ) -> tuple[Entry, int | None]:
+        """A seal's swap (:func:`~millstream.metastore.swaps.replace_run`), its unknown
+        outcome reconciled by re-reading."""
+        return reconcile(self, swaps.replace_run(self.clock, table, partition, claimed, sealed))
+
+    def replace_sealed(
+        self,
+        table: str,
+        partition: int,
+        window: Sequence[Entry],
+        vectors: Sequence[DeleteVector],
+        reflects: tuple[tuple[int, ...], tuple[int, ...]],
+        merged: swaps.CompactedSegment,
+        *,
+        deadline: float,
+        clock: Clock,
+    ) -> tuple[Entry, int | None]:
+        """A compaction's swap (:func:`~millstream.metastore.swaps.replace_sealed`), its
+        unknown outcome reconciled by re-reading."""
+        return reconcile(
+            self,
+            swaps.replace_sealed(
+                self.clock,
+                table,
+                partition,
+                window,
+                vectors,
+                reflects,
+                merged,
+                deadline=deadline,
+                clock=clock,
+            ),
+        )
+
+    def replace_entry(
+        self, old: Entry, *, file_path: str, row_count: int, size_bytes: int
+    ) -> Entry:
+        """A re-ingestion's swap (:func:`~millstream.metastore.swaps.replace_entry`), its
+        unknown outcome reconciled by re-reading."""
+        return reconcile(
+            self,
+            swaps.replace_entry(
+                self.clock, old, file_path=file_path, row_count=row_count, size_bytes=size_bytes
+            ),
+        )
+
+    def rollback_partition(
+        self, table: str, partition: int, from_seq: int, *, dry_run: bool = True
+    ) -> rollback.RollbackPlan:
+        """Plan or apply a rollback (:func:`~millstream.metastore.rollback.rollback_partition`),
+        its unknown outcome reconciled by re-reading."""
+        return reconcile(
+            self,
+            rollback.rollback_partition(self.clock, table, partition, from_seq, dry_run=dry_run),
+        )
+
+    # -- retention and read pins (:mod:`.expiry`, :mod:`.pins`) ----------------------------
+
+    def expire_versions(self, table: str, *, now: float, dry_run: bool = False) -> expiry.Expiry:
+        """:func:`~millstream.metastore.expiry.expire_versions` in one retried transaction."""
+        result, _ = self.retrying(expiry.expire_versions, table, now=now, dry_run=dry_run)
+        return result
+
+    def pin_version(
+        self,
+        table: str,
+        as_of: int | float | datetime | None,
+        *,
+        holder: str,
+        seconds: float,
+        now: float,
+    ) -> pins.Pin:
+        """:func:`~millstream.metastore.pins.pin_version` in one retried transaction."""
+        pin, _ = self.retrying(
+            pins.pin_version, table, as_of, holder=holder, seconds=seconds, now=now
+        )
+        return pin
+
+    def release_pin(self, pin: pins.Pin) -> bool:
+        """Release ``pin``; False if it was gone already."""
+        with self.write() as conn:
+            return pins.release_pin(conn, pin)
+
+    def list_pins(self, table: str) -> list[pins.Pin]:
+        with self.read() as conn:
+            return pins.list_pins(conn, table)
+
+    # -- the Iceberg view's pointer (:mod:`.iceberg`) --------------------------------------
+
+    def read_pointer(self, table: str) -> iceberg.IcebergPointer | None:
+        """The table's Iceberg pointer, or None if nothing was published yet."""
+        with self.read() as conn:
+            return iceberg.read_pointer(conn, table)
+
+    def swap_pointer(
+        self,
+        table: str,
+        expected: iceberg.IcebergPointer | None,
+        *,
+        metadata_location: str,
+        manifest_version: int,
+        now: float,
+    ) -> iceberg.IcebergPointer | None:
+        """:func:`~millstream.metastore.iceberg.swap_pointer` in a write transaction; None
+        when another publisher moved the pointer first (nothing changed here)."""
+        try:
+            with self.write() as conn:
+                return iceberg.swap_pointer(
+                    conn,
+                    table,
+                    expected,
+                    metadata_location=metadata_location,
+                    manifest_version=manifest_version,
+                    now=now,
+                )
+        except iceberg.LOST_RACE:
+            return None
+
+    def version_committed_at(self, table: str, version: int) -> float:
+        with self.read() as conn:
+            return iceberg.version_committed_at(conn, self.clock, table, version)
+
+    def publish_lag(self, table: str, now: float) -> float | None:
+        """How far ``table``'s Iceberg view lags
+        (:func:`~millstream.metastore.iceberg.publish_lag`)."""
+        with self.read() as conn:
+            return iceberg.publish_lag(conn, table, now)
+
+    # -- controller jobs (:mod:`.jobs`) ----------------------------------------------------
+
+    def submit_force_commit(self, manifest: Manifest, *, now: float) -> jobs.Job:
+        with self.write() as conn:
+            return jobs.submit_force_commit(conn, manifest, now=now)
+
+    def get_job(self, job_id: str) -> jobs.Job:
+        with self.read() as conn:
+            return jobs.get_job(conn, job_id)
+
+    def force_commit_targets(self, table: str) -> dict[int, int]:
+        with self.read() as conn:
+            return jobs.force_commit_targets(conn, table)
+
+    def start_reingest(
+        self,
+        table: str,
+        segment: str,
+        *,
+        entry_id: int | None,
+        owner: str,
+        now: float,
+        lease: float,
+        trigger: str,
+        respect_backoff: bool = False,
+        after_read: Callable[[], None] | None = None,
+    ) -> jobs.ReingestJob | None:
+        """:func:`~millstream.metastore.jobs.start_reingest` in one retried transaction."""
+        job, _ = self.retrying(
+            jobs.start_reingest,
+            table,
+            segment,
+            entry_id=entry_id,
+            owner=owner,
+            now=now,
+            lease=lease,
+            trigger=trigger,
+            respect_backoff=respect_backoff,
+            after_read=after_read,
+        )
+        return job
+
+    def renew_reingest(
+        self, job: jobs.ReingestJob, *, now: float, lease: float
+    ) -> jobs.ReingestJob | None:
+        """Extend ``job``'s lease; None if it changed since it was read (no longer its
+        owner's)."""
+        try:
+            with self.write() as conn:
+                return jobs.renew_reingest(conn, job, now=now, lease=lease)
+        except CommitConflictError:
+            return None
+
+    def finish_reingest(
+        self,
+        job: jobs.ReingestJob,
+        *,
+        now: float,
+        status: str,
+        error: str | None = None,
+        result: dict[str, Any] | None = None,
+        next_attempt_at: float | None = None,
+        unrecoverable: str | None = None,
+    ) -> jobs.ReingestJob | None:
+        """Record ``job``'s outcome (:func:`~millstream.metastore.jobs.finish_reingest`); None
+        if it changed since it was read (another controller took it over)."""
+        try:
+            with self.write() as conn:
+                return jobs.finish_reingest(
+                    conn,
+                    job,
+                    now=now,
+                    status=status,
+                    error=error,
+                    result=result,
+                    next_attempt_at=next_attempt_at,
+                    unrecoverable=unrecoverable,
+                )
+        except CommitConflictError:
+            return None
+
+    def reingest_jobs(self, table: str | None = None) -> list[jobs.ReingestJob]:
+        """Every stored re-ingest job (of ``table``), oldest first."""
+        with self.read() as conn:
+            return jobs.reingest_jobs(conn, table)
+
+    # -- owners and assignments (:mod:`.owners`, :mod:`.assignments`) ----------------------
+
+    def claim_owners(self, tables: Sequence[str], datastream: str) -> None:
+        """:func:`~millstream.metastore.owners.claim_tables` in a transaction of its own, for a
+        writer run without the controller (:class:`~millstream.spark.runner.DatastreamRunner`
+        run directly)."""
+
+        def _txn(conn: Connection) -> None:
+            owners.claim_tables(conn, tables, datastream, self.clock.now())
+
+        self.retrying(_txn)
+
+    def read_assignments(self) -> dict[str, Placement]:
+        with self.read() as conn:
+            return assignments.assignments_in(conn)
+
+    def may_commit(
+        self, datastream: str, worker_id: str, *, takeover_ttl: float, now: float
+    ) -> bool:
+        """Whether a standby-mode writer on ``worker_id`` may commit
+        (:func:`~millstream.metastore.assignments.may_commit`)."""
+        with self.read() as conn:
+            return assignments.may_commit(
+                conn, datastream, worker_id, takeover_ttl=takeover_ttl, now=now
+            )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection
 
@@ -16,10 +15,10 @@ from millstream.clock import Clock
 from millstream.errors import SegmentChangedError
 from millstream.metastore.claims import store_now
 from millstream.metastore.manifest import (
+    Reconcilable,
     insert_delete_vector,
     insert_entry,
     publish_version,
-    reconcile,
     remove_delete_vector,
     update_entry,
 )
@@ -30,10 +29,7 @@ from millstream.metastore.reads import (
     live_entry_with_file,
     sealed_state,
 )
-
-if TYPE_CHECKING:
-    from millstream.metastore.store import MetadataStore
-
+from millstream.metastore.tables import find_table
 
 # -- seal swap ---------------------------------------------------------------------------------
 
@@ -51,13 +47,14 @@ class SealedSegment:
 
 
 def replace_run(
-    store: MetadataStore,
+    clock: Clock,
     table: str,
     partition: int,
     claimed: Mapping[int, int],
     sealed: SealedSegment,
-) -> tuple[Entry, int | None]:
-    """Swap a sealed segment in for the claimed run, in one transaction: the run's entries are
+) -> Reconcilable[tuple[Entry, int | None]]:
+    """Swap a sealed segment in for the claimed run, in one transaction (for
+    :func:`~millstream.metastore.manifest.reconcile` to run): the run's entries are
     removed, one ONLINE entry covering ``[run start, run end)`` with the run's first sequence
     number is added, with its delete vector. Returns (the new entry, the vector's id or None).
 
@@ -74,7 +71,8 @@ def replace_run(
     where = f"seal of {table} partition {partition}"
 
     def _txn(conn: Connection) -> tuple[Entry, int | None]:
-        info = store.table_row(conn, table)
+        info = find_table(conn, table)
+        assert info is not None
         if sealed.reflects is not None and sealed_state(conn, table, partition) != sealed.reflects:
             raise SegmentChangedError(
                 f"the sealed segments of {table} partition {partition} changed while this seal "
@@ -97,7 +95,7 @@ def replace_run(
             entries.append(cur)
         entries.sort(key=lambda e: e.seq)
         new_version = info.manifest_version + 1
-        now = store.clock.now()
+        now = clock.now()
         for e in entries:
             update_entry(
                 conn,
@@ -135,7 +133,7 @@ def replace_run(
         new = get_entry(conn, new_id)
         assert new is not None
         # Last, right before COMMIT: a swap that waited on locks is judged by when it lands.
-        at = store_now(store, conn)
+        at = store_now(conn, clock)
         if not all(e.claim_held(at) for e in entries):
             raise SegmentChangedError(
                 f"the claim on the run being sealed in {table} partition {partition} expired "
@@ -149,7 +147,7 @@ def replace_run(
     def _landed(conn: Connection) -> tuple[Entry, int | None] | None:
         return _landed_with_vector(conn, table, partition, sealed.file_path, sealed.delete_vector)
 
-    return reconcile(store, _txn, _landed, where)
+    return Reconcilable(_txn, _landed, where)
 
 
 def _landed_with_vector(
@@ -192,7 +190,7 @@ class CompactedSegment:
 
 
 def replace_sealed(
-    store: MetadataStore,
+    store_clock: Clock,
     table: str,
     partition: int,
     window: Sequence[Entry],
@@ -202,7 +200,7 @@ def replace_sealed(
     *,
     deadline: float,
     clock: Clock,
-) -> tuple[Entry, int | None]:
+) -> Reconcilable[tuple[Entry, int | None]]:
     """Swap a compaction's merged segment in for ``window`` (a suffix of the partition's sealed
     segments, in sequence order) and ``vectors`` (the live delete vectors written by the seals
     of the window's segments), in one transaction. The merged entry covers ``[first start, last
@@ -213,14 +211,16 @@ def replace_sealed(
     Preconditions: the partition's live sealed entries and delete vectors are exactly
     ``reflects`` (what the compaction planned and built from: a seal, rollback, re-ingestion or
     other compaction since then refuses it), every window entry is at the version read, and the
-    transaction ends before ``deadline`` (by ``clock``): garbage collection deletes
-    unreferenced files older than its grace period, so a compactor stalled past that could
-    swap in a file already collected. Any failing raises :class:`SegmentChangedError`."""
+    transaction ends before ``deadline`` (by ``clock``; the rows' times are ``store_clock``'s):
+    garbage collection deletes unreferenced files older than its grace period, so a compactor
+    stalled past that could swap in a file already collected. Any failing raises
+    :class:`SegmentChangedError`."""
     where = f"compaction of {table} partition {partition}"
     first, last = window[0], window[-1]
 
     def _txn(conn: Connection) -> tuple[Entry, int | None]:
-        info = store.table_row(conn, table)
+        info = find_table(conn, table)
+        assert info is not None
         if sealed_state(conn, table, partition) != reflects:
             raise SegmentChangedError(
                 f"the sealed segments of {table} partition {partition} changed while they "
@@ -241,7 +241,7 @@ def replace_sealed(
             update_entry(conn, e.id, e.row_version, {"removed_version": new_version})
         for dv in vectors:
             remove_delete_vector(conn, dv.id, new_version)
-        now = store.clock.now()
+        now = store_clock.now()
         new_id = insert_entry(
             conn,
             table=table,
@@ -285,15 +285,15 @@ def replace_sealed(
     def _landed(conn: Connection) -> tuple[Entry, int | None] | None:
         return _landed_with_vector(conn, table, partition, merged.file_path, merged.delete_vector)
 
-    return reconcile(store, _txn, _landed, where)
+    return Reconcilable(_txn, _landed, where)
 
 
 # -- re-ingestion ------------------------------------------------------------------------------
 
 
 def replace_entry(
-    store: MetadataStore, old: Entry, *, file_path: str, row_count: int, size_bytes: int
-) -> Entry:
+    clock: Clock, old: Entry, *, file_path: str, row_count: int, size_bytes: int
+) -> Reconcilable[Entry]:
     """Swap a rebuilt file in for segment ``old`` (same partition, sequence number and offset
     range). A sealed segment stays ONLINE; any other becomes CONSUMING with no claim: if a
     sealer held ``old``, its swap now finds the run changed and is discarded, and the next seal
@@ -304,7 +304,8 @@ def replace_entry(
     where = f"re-ingestion of segment {old.name}"
 
     def _txn(conn: Connection) -> Entry:
-        info = store.table_row(conn, old.table)
+        info = find_table(conn, old.table)
+        assert info is not None
         cur = get_entry(conn, old.id)
         if cur is None or cur.removed_version is not None:
             raise SegmentChangedError(
@@ -313,7 +314,7 @@ def replace_entry(
                 segment=old.name,
             )
         version = info.manifest_version + 1
-        now = store.clock.now()
+        now = clock.now()
         update_entry(
             conn,
             old.id,
@@ -344,4 +345,4 @@ def replace_entry(
     def _landed(conn: Connection) -> Entry | None:
         return live_entry_with_file(conn, old.table, old.partition, file_path)
 
-    return reconcile(store, _txn, _landed, where)
+    return Reconcilable(_txn, _landed, where)

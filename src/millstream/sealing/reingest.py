@@ -35,7 +35,6 @@ from millstream.ingest.formats import decoder_for
 from millstream.ingest.sources import config_for, reader_for
 from millstream.ingest.sources.base import RAW_SCHEMA, PartitionReader
 from millstream.metastore.models import Entry, SegmentState
-from millstream.metastore.swaps import replace_entry
 from millstream.sealing.keyindex import comparison_floor_below
 from millstream.storage.deepstore import table_data_prefix
 from millstream.table.gc import MAX_STAGED_AGE_SECONDS
@@ -134,8 +133,8 @@ def reingest_segment(
         catalog.deep.delete(path)
         raise StagedFileExpiredError(path, age, max_staged_age)
     try:
-        return replace_entry(
-            catalog.store, entry, file_path=path, row_count=rows.num_rows, size_bytes=size
+        return catalog.store.replace_entry(
+            entry, file_path=path, row_count=rows.num_rows, size_bytes=size
         )
     except (SegmentChangedError, CommitConflictError):
         # The swap refused (precondition) or gave up (lost every compare-and-set): nothing

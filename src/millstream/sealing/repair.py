@@ -32,9 +32,6 @@ from millstream.metastore.jobs import (
     FAILED,
     SUCCEEDED,
     ReingestJob,
-    finish_reingest,
-    renew_reingest,
-    start_reingest,
 )
 from millstream.metastore.models import Entry, Manifest, SegmentState
 from millstream.metastore.store import MetadataStore
@@ -130,8 +127,7 @@ class ReingestRunner:
         unknown segment and 409 for one whose job runs elsewhere (raised); None when
         ``respect_backoff`` and the segment's last attempt asked to wait."""
         entry = find_segment(catalog, segment)
-        job = start_reingest(
-            self.store,
+        job = self.store.start_reingest(
             entry.table,
             segment,
             entry_id=entry.id,
@@ -188,8 +184,8 @@ class ReingestRunner:
             # another controller take a job that is still running.
             while not done.wait(self.lease / 3):
                 try:
-                    renewed = renew_reingest(
-                        self.store, current[0], now=self.clock.now(), lease=self.lease
+                    renewed = self.store.renew_reingest(
+                        current[0], now=self.clock.now(), lease=self.lease
                     )
                 except Exception as exc:  # the store may be briefly down: try again
                     log.warning("re-ingest job %s: lease renewal failed: %s", job.id, exc)
@@ -223,8 +219,7 @@ class ReingestRunner:
         finished = None
         if not lost.is_set():
             try:
-                finished = finish_reingest(
-                    self.store,
+                finished = self.store.finish_reingest(
                     current[0],
                     now=self.clock.now(),
                     status=status,

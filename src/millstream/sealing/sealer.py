@@ -54,14 +54,11 @@ from millstream.errors import (
     InjectedSealFault,
     SegmentChangedError,
 )
-from millstream.metastore.claims import DEFAULT_CLAIM_TTL, claim_run, release_run, renew_claim
-from millstream.metastore.jobs import force_commit_targets
+from millstream.metastore.claims import DEFAULT_CLAIM_TTL
 from millstream.metastore.models import Entry, Manifest
 from millstream.metastore.swaps import (
     CompactedSegment,
     SealedSegment,
-    replace_run,
-    replace_sealed,
 )
 from millstream.sealing.compaction import (
     CompactionPlan,
@@ -133,8 +130,8 @@ class _ClaimRenewer:
                 with self._lock:
                     if self._stop.is_set():
                         return
-                    renewed = renew_claim(
-                        s.store, self.claimed, owner=s.claim_owner, ttl=s.claim_ttl
+                    renewed = s.store.renew_claim(
+                        self.claimed, owner=s.claim_owner, ttl=s.claim_ttl
                     )
                     if renewed is None:
                         s.claims_lost += 1
@@ -337,7 +334,7 @@ class Sealer:
         runs in the background beside the writers."""
         out = []
         try:
-            forced = force_commit_targets(self.store, self.table)
+            forced = self.store.force_commit_targets(self.table)
         except Exception as exc:  # the store is down: thresholds still apply, the next pass asks
             log.warning("cannot read force commits of %s: %s", self.table, exc)
             forced = {}
@@ -488,8 +485,7 @@ class Sealer:
                 )
             self.faults.check("before_compact_swap", partition)
             swapping = True
-            merged, dv_id = replace_sealed(
-                self.store,
+            merged, dv_id = self.store.replace_sealed(
                 self.table,
                 partition,
                 plan.window,
@@ -566,7 +562,7 @@ class Sealer:
         started = time.monotonic()
         # Whether another sealer's claim on any segment of the run still holds is judged by
         # claim_run on the metadata store's clock, not this sealer's (which may be skewed).
-        claimed = claim_run(self.store, run, owner=self.claim_owner, ttl=self.claim_ttl)
+        claimed = self.store.claim_run(run, owner=self.claim_owner, ttl=self.claim_ttl)
         if claimed is None:
             return None  # another sealer is building it (its claim has not expired)
         # A seal may run longer than its claim (a large run, a slow deep store): the claim is
@@ -607,8 +603,7 @@ class Sealer:
             sealed_from = None
             if index is not None:
                 sealed_from = (index.reflects.entries, index.reflects.delete_vectors)
-            sealed, dv_id = replace_run(
-                self.store,
+            sealed, dv_id = self.store.replace_run(
                 self.table,
                 partition,
                 claimed,
@@ -684,7 +679,7 @@ class Sealer:
         self.failures[partition] = count
         self.last_error[partition] = error
         try:
-            release_run(self.store, claimed, error=error, fail_first=count >= self.max_failures)
+            self.store.release_run(claimed, error=error, fail_first=count >= self.max_failures)
         except Exception as exc:  # the store may be down: the reason this seal failed
             # The claim expires on its own; another sealer (or this one) takes the run then.
             log.warning(

@@ -34,7 +34,6 @@ from millstream.errors import (
     from_spark_failure,
 )
 from millstream.ingest.sources import config_for, spec_reader
-from millstream.metastore.owners import claim
 from millstream.metastore.store import MetadataStore
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.maintenance import DEFAULT_MAINTENANCE_INTERVAL, Maintainer
@@ -225,8 +224,8 @@ class DatastreamRunner:
         # (TableOwnedError): two writers of one table would share its shards, and one's
         # commits would be dropped as covered. A runner started without the controller
         # claims them here.
-        claim(
-            self.catalog.store, [self.spec.table_name, self.spec.dead_letter_table], self.spec.name
+        self.catalog.store.claim_owners(
+            [self.spec.table_name, self.spec.dead_letter_table], self.spec.name
         )
         # The table as it is: its schema may have evolved since this runner's datastream spec
         # was read (the sink reads the current spec per batch anyway).

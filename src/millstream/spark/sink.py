@@ -40,8 +40,6 @@ from millstream.errors import (
 from millstream.ingest.decode import Decoded, dead_letter_rows, decode_records
 from millstream.ingest.formats import absorber, decoder_for
 from millstream.ingest.sources.base import RAW_SCHEMA
-from millstream.metastore.assignments import may_commit
-from millstream.metastore.evolve import absorb
 from millstream.metastore.store import MetadataStore
 from millstream.spark.membership import Member, Membership
 from millstream.spark.options import GroupSinkOptions, SinkOptions
@@ -275,7 +273,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
         its retry looks again) instead of trying the change again blindly."""
         store = self._store()
         try:
-            info, changes = absorb(store, self.spec.name, propose)
+            info, changes = store.absorb(self.spec.name, propose)
         except CommitStateUnknownError:
             current = self.current_spec()
             if propose(current) != current:
@@ -434,8 +432,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
     def _may_commit(self, store: MetadataStore) -> bool:
         if self.gate is None:
             return True
-        return may_commit(
-            store,
+        return store.may_commit(
             self.gate.datastream,
             self.gate.worker,
             takeover_ttl=self.gate.takeover_ttl,

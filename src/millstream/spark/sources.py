@@ -224,15 +224,14 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return end
         # lazy: only a gated (standby) source needs the metadata store; importing SQLAlchemy
         # in every query's source process would slow every query start by ~0.3 s.
-        from millstream.metastore.assignments import may_commit
         from millstream.metastore.store import MetadataStore
 
         if self._gate_store is None:
             assert self.opts.settings is not None
             self._gate_store = MetadataStore(self.opts.settings.metadata_url)
         store = self._gate_store
-        if may_commit(
-            store, gate.datastream, gate.worker, takeover_ttl=gate.takeover_ttl, now=time.time()
+        if store.may_commit(
+            gate.datastream, gate.worker, takeover_ttl=gate.takeover_ttl, now=time.time()
         ):
             return end
         uppers = {sh.partition: sh.upper for sh in store.list_shards(gate.table)}

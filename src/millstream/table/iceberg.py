@@ -87,9 +87,6 @@ from millstream.core.engines import engine_for
 from millstream.errors import CommitStateUnknownError
 from millstream.metastore.iceberg import (
     IcebergPointer,
-    read_pointer,
-    swap_pointer,
-    version_committed_at,
 )
 from millstream.metastore.models import Entry, Manifest
 from millstream.metastore.store import MetadataStore
@@ -718,7 +715,7 @@ def load_metadata(deep: DeepStore, path: str) -> TableMetadata:
 
 def current_location(deep: DeepStore, store: MetadataStore, table: str) -> str | None:
     """The URI of ``table``'s current Iceberg metadata file (None: never published)."""
-    pointer = read_pointer(store, table)
+    pointer = store.read_pointer(table)
     return None if pointer is None else location(deep, pointer.metadata_location)
 
 
@@ -1095,7 +1092,7 @@ def publish(
     saw published last, if the pointer still names it and the table's spec is the same
     (:func:`incremental_view`, :func:`write_snapshot`): its cost grows with what changed since,
     not with the table. Otherwise it reads every data file of the version."""
-    pointer = read_pointer(store, table)
+    pointer = store.read_pointer(table)
     manifest = store.manifest(table)
     v = manifest.version
     if v == 0:
@@ -1120,7 +1117,7 @@ def publish(
         view = incremental_view(deep, manifest, state, cache)
     else:
         view = full_view(deep, manifest)
-    committed_at = version_committed_at(store, table, v)
+    committed_at = store.version_committed_at(table, v)
     metadata_path, expired, new_state = write_snapshot(
         deep,
         manifest.table.spec,
@@ -1134,20 +1131,20 @@ def publish(
     )
     now = store.clock.now()
     try:
-        moved = swap_pointer(
-            store, table, pointer, metadata_location=metadata_path, manifest_version=v, now=now
+        moved = store.swap_pointer(
+            table, pointer, metadata_location=metadata_path, manifest_version=v, now=now
         )
     except CommitStateUnknownError:
         if cache is not None:
             cache.remember(deep, table, None)
-        again = read_pointer(store, table)
+        again = store.read_pointer(table)
         landed = again is not None and again.metadata_location == metadata_path
         return PublishResult(table, again, landed and view is not None, expired if landed else ())
     if moved is None:
         if cache is not None:
             cache.remember(deep, table, None)
         log.info("iceberg view of %s: another publisher moved the pointer first", table)
-        return PublishResult(table, read_pointer(store, table), False)
+        return PublishResult(table, store.read_pointer(table), False)
     if cache is not None:
         if new_state is None and state is not None:  # only snapshots expired: same layout
             new_state = ViewState(
@@ -1176,7 +1173,7 @@ def referenced_view_files(store: MetadataStore, deep: DeepStore, table: str) -> 
     whose snapshot is retained, and of every retained snapshot (manifest version at or above
     the oldest kept one) they list, its manifest list, manifests, delete files and merged-row
     files."""
-    pointer = read_pointer(store, table)
+    pointer = store.read_pointer(table)
     if pointer is None:
         return set()
     oldest = store.oldest_kept_version(table)

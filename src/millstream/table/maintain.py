@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from millstream.clock import SYSTEM_CLOCK, Clock
-from millstream.metastore.expiry import Expiry, expire_versions
-from millstream.metastore.iceberg import read_pointer
+from millstream.metastore.expiry import Expiry
 from millstream.metastore.store import MetadataStore
 from millstream.storage.deepstore import DeepStore
 from millstream.table.gc import DEFAULT_GRACE_SECONDS, collect_garbage_files
@@ -68,11 +67,11 @@ def maintain(
     A table with an Iceberg view is then published (its expired snapshots dropped), through
     ``publish_cache`` if given (a :class:`~millstream.table.iceberg.PublishCache`: the
     process's publisher's, so its next publish still builds on the snapshot)."""
-    expiry = expire_versions(store, table, now=clock.now(), dry_run=dry_run)
+    expiry = store.expire_versions(table, now=clock.now(), dry_run=dry_run)
     removed = collect_garbage_files(
         store, deep, table, grace_seconds=grace_seconds, clock=clock, dry_run=dry_run
     )
-    if read_pointer(store, table) is not None:
+    if store.read_pointer(table) is not None:
         # lazy: pyiceberg (about a second to import) loads only where a table has a view
         from millstream.table.iceberg import collect_view_garbage, publish
 

@@ -23,10 +23,10 @@ drawing its steps from ``Random(f"{seed}/{schedule}/{actor}")``:
   one's swap must be refused; a compaction past garbage collection's grace period); each with
   its own key-index cache.
 * an **operator** (in schedule 0 of every seed and in most others): rollbacks of a recent
-  segment (:func:`millstream.metastore.rollback.rollback_partition`) and re-ingests of a live
+  segment (:meth:`MetadataStore.rollback_partition`) and re-ingests of a live
   segment from the source (:func:`millstream.sealing.reingest.reingest_segment`), each at least
   once, while everything else runs; a step waits for a live segment to act on.
-* a **maintainer**: expiry (:func:`millstream.metastore.expiry.expire_versions`) and garbage
+* a **maintainer**: expiry (:meth:`MetadataStore.expire_versions`) and garbage
   collection (:func:`millstream.table.gc.collect_garbage`) with a grace period twice the
   staged-file age limit, as in production; in every other schedule (even index), every
   other round it also publishes the table's Iceberg view (:func:`millstream.table.iceberg.publish`, as table maintenance and the workers'
@@ -101,10 +101,8 @@ from millstream.errors import (
 )
 from millstream.ingest.sources import config_for
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
-from millstream.metastore.expiry import expire_versions
-from millstream.metastore.iceberg import IcebergPointer, read_pointer
+from millstream.metastore.iceberg import IcebergPointer
 from millstream.metastore.models import Manifest, SegmentState
-from millstream.metastore.rollback import rollback_partition
 from millstream.reference.model import Row, canonical
 from millstream.reference.oracle import RawRecord, expected_table
 from millstream.sealing.compaction import CompactionPolicy
@@ -535,8 +533,8 @@ def _operator(sch: Schedule, name: str, rng: random.Random) -> None:
             if kind == "rollback":
                 sch.fault("rollback", name, f"partition {entry.partition} from seq {entry.seq}")
                 with contextlib.suppress(*OPERATOR_EXPECTED):
-                    rollback_partition(
-                        catalog.store, sch.table, entry.partition, entry.seq, dry_run=False
+                    catalog.store.rollback_partition(
+                        sch.table, entry.partition, entry.seq, dry_run=False
                     )
             else:
                 sch.fault("reingest", name, entry.name)
@@ -553,7 +551,7 @@ def _maintainer(sch: Schedule, name: str, rng: random.Random) -> None:
         while not sch.writers_done.is_set() and not sch.stop.is_set():
             time.sleep(rng.uniform(0.05, 0.3))
             for t in (sch.table, sch.dead_table):
-                expire_versions(catalog.store, t, now=time.time())
+                catalog.store.expire_versions(t, now=time.time())
                 collect_garbage(catalog.store, catalog.deep, t, grace_seconds=GC_GRACE)
             rounds += 1
             if sch.view and rounds % 2 == 1:  # every other round: a publish reads every file
@@ -945,7 +943,7 @@ def _read_view(sch: Schedule, cat: Catalog, *, final: bool) -> None:
     with pyiceberg: during the schedule the current one and the oldest retained one; in the
     final check the newest :data:`VIEW_READS` whole, and every retained snapshot's files
     (and the earlier metadata files kept for them) are checked to exist."""
-    pointer = read_pointer(cat.store, sch.table)
+    pointer = cat.store.read_pointer(sch.table)
     if pointer is None:
         return
     try:
@@ -953,7 +951,7 @@ def _read_view(sch: Schedule, cat: Catalog, *, final: bool) -> None:
             location(cat.deep, pointer.metadata_location), properties=_io_properties(sch)
         )
     except OSError as exc:
-        if read_pointer(cat.store, sch.table) == pointer:
+        if cat.store.read_pointer(sch.table) == pointer:
             sch.anomaly("view", f"the current metadata file does not load: {_one_line(exc)}")
         return
     ids = sorted((s.snapshot_id for s in table.metadata.snapshots), reverse=True)
@@ -991,9 +989,7 @@ def _read_view(sch: Schedule, cat: Catalog, *, final: bool) -> None:
         except OSError as exc:
             # A snapshot may lose files only once retention expired its version (the current
             # one never: an engine loading the table by name reads it).
-            current = (
-                v == pointer.manifest_version and read_pointer(cat.store, sch.table) == pointer
-            )
+            current = v == pointer.manifest_version and cat.store.read_pointer(sch.table) == pointer
             if current or v >= cat.store.oldest_kept_version(sch.table):
                 sch.anomaly("view", f"snapshot {v} references a missing file: {_one_line(exc)}")
             continue

@@ -97,7 +97,7 @@ from harness.cluster import (
 from harness.servers import MotoS3Server, PostgresServer
 from millstream.catalog import Catalog
 from millstream.control.registry import Registry
-from millstream.control.workers import WorkerInfo, list_workers, read_assignments
+from millstream.control.workers import WorkerInfo, list_workers
 from millstream.core.lifecycle import COMMAND_TARGETS, Command, State
 from millstream.datastream import DatastreamSpec
 from millstream.faults import SEAL_FAULTS_ENV
@@ -779,7 +779,7 @@ class _Campaign:
         )
 
     def _placement(self, st: Stream) -> dict[str, str]:
-        return {w: role for w, role in read_assignments(self.cat.store).get(st.name, [])}
+        return {w: role for w, role in self.cat.store.read_assignments().get(st.name, [])}
 
     def _current(self, w: WorkerInfo) -> bool:
         """Whether ``w``'s last heartbeat came from its running process (not from one that was

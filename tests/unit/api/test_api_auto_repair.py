@@ -20,7 +20,6 @@ from millstream.clock import ManualClock
 from millstream.control.controller import Controller, ControlSettings
 from millstream.datastream import DatastreamSpec
 from millstream.errors import SegmentUnavailableError
-from millstream.metastore.jobs import start_reingest
 from millstream.reference.model import canonical
 from millstream.reference.oracle import expected_table
 from millstream.sealing.sealer import Sealer
@@ -226,8 +225,7 @@ def test_a_job_survives_a_restart_and_one_a_dead_controller_left_running_is_take
     assert sealed is not None and sealed.sealed.file_path is not None
     catalog.deep.delete(sealed.sealed.file_path)
     # A controller took the segment's job and died before finishing it.
-    dead = start_reingest(
-        catalog.store,
+    dead = catalog.store.start_reingest(
         "orders",
         "orders__0__0",
         entry_id=sealed.sealed.id,

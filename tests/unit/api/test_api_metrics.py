@@ -28,7 +28,6 @@ from millstream.ingest.decode import dead_letter_rows, decode_records
 from millstream.ingest.sources import spec_reader
 from millstream.ingest.sources.base import RAW_SCHEMA
 from millstream.metastore.models import ShardAppend
-from millstream.metastore.rollback import rollback_partition
 from millstream.spark.runner import CommitLogTotals
 from millstream.spark.sink import _row_counts, append_commit_log
 from millstream.table.commit import StagedWrite, commit_writes
@@ -185,7 +184,7 @@ def test_a_commit_without_records_keeps_the_last_record_timestamp_and_a_rollback
     )
     assert store.get_shard("orders", 0).last_record_ms == 2_000  # type: ignore[union-attr]
 
-    rollback_partition(store, "orders", 0, 1, dry_run=False)
+    store.rollback_partition("orders", 0, 1, dry_run=False)
 
     assert store.get_shard("orders", 0).last_record_ms is None  # type: ignore[union-attr]
 

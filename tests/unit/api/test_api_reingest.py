@@ -19,7 +19,6 @@ from millstream.ingest.decode import decode_records
 from millstream.ingest.formats import decoder_for
 from millstream.ingest.sources import config_for, reader_for
 from millstream.ingest.sources.base import RAW_SCHEMA
-from millstream.metastore.jobs import start_reingest
 from millstream.reference.model import canonical
 from millstream.reference.oracle import expected_table
 from millstream.sealing.sealer import Sealer
@@ -119,8 +118,7 @@ def test_reingest_refuses_a_second_job_for_the_same_segment_and_unknown_segments
     controller.tick()
     _ingest(catalog, DatastreamSpec.parse(spec_body("orders", source_dir)), 0, 0, 10)
     # Another controller runs a job for the segment (its lease holds): the store says so.
-    start_reingest(
-        catalog.store,
+    catalog.store.start_reingest(
         "orders",
         "orders__0__0",
         entry_id=catalog.manifest("orders").entries[0].id,

@@ -15,7 +15,7 @@ from millstream.clock import ManualClock
 from millstream.control import events
 from millstream.control.controller import Controller, ControlSettings
 from millstream.control.registry import Registry
-from millstream.control.workers import heartbeat, may_commit, read_assignments
+from millstream.control.workers import heartbeat
 from millstream.core.assignment import ACTIVE, STANDBY
 from millstream.core.lifecycle import Command, State
 from millstream.datastream import DatastreamSpec
@@ -79,7 +79,7 @@ def test_when_the_leader_stops_ticking_past_the_ttl_the_other_takes_over_with_a_
     assert c1.tick()
     old = c1.lease
     assert old is not None
-    assert read_assignments(catalog.store) == {"orders": [("w1", ACTIVE)]}
+    assert catalog.store.read_assignments() == {"orders": [("w1", ACTIVE)]}
 
     clock.advance(SETTINGS.lease_ttl - 1)
     assert not c2.tick(), "the lease has not expired yet"
@@ -90,10 +90,10 @@ def test_when_the_leader_stops_ticking_past_the_ttl_the_other_takes_over_with_a_
     assert c2.lease is not None and c2.lease.token == old.token + 1
 
     # The old leader wakes up: it cannot renew, and a write under its old lease is fenced.
-    before = read_assignments(catalog.store)
+    before = catalog.store.read_assignments()
     with pytest.raises(LeaseLostError):
         c1.reconcile(old)
-    assert read_assignments(catalog.store) == before
+    assert catalog.store.read_assignments() == before
     assert not c1.tick()
     assert c1.lease is None
 
@@ -120,12 +120,12 @@ def test_a_leader_paused_mid_tick_past_its_ttl_is_fenced_and_steps_down(
     assert c1.lease is None and not c1.is_leader
     assert c2.lease is not None and c2.lease.token == 2
     # c1's assignment write was refused: what is stored is c2's, under c2's token.
-    assert read_assignments(catalog.store) == {"orders": [("w1", ACTIVE)]}
+    assert catalog.store.read_assignments() == {"orders": [("w1", ACTIVE)]}
     assert assignment_tokens(catalog) == {2}
     assert registry.get("orders").state is State.STOPPING  # nor did c1 complete the stop
 
     assert c2.tick()
-    assert read_assignments(catalog.store) == {}
+    assert catalog.store.read_assignments() == {}
     assert registry.get("orders").state is State.STOPPED
 
 
@@ -174,18 +174,18 @@ def test_the_leader_assigns_ready_and_paused_datastreams_to_live_workers(
     beat(catalog, clock, "w1")
     beat(catalog, clock, "w2")
     ready(registry, leader, "a", "b", spec=make_spec, replicas=2)
-    expected = read_assignments(catalog.store)
+    expected = catalog.store.read_assignments()
     for name in ("a", "b"):
         assert sorted(w for w, _ in expected[name]) == ["w1", "w2"]
         assert [r for _, r in expected[name]] == [ACTIVE, STANDBY]
 
     registry.command("a", Command.PAUSE)
     assert leader.tick()
-    assert read_assignments(catalog.store) == expected, "a paused writer keeps its placement"
+    assert catalog.store.read_assignments() == expected, "a paused writer keeps its placement"
 
     registry.command("b", Command.STOP)
     assert leader.tick()
-    assert read_assignments(catalog.store) == {"a": expected["a"]}
+    assert catalog.store.read_assignments() == {"a": expected["a"]}
 
 
 def test_a_standby_is_promoted_when_its_actives_worker_stops_heartbeating(
@@ -195,35 +195,33 @@ def test_a_standby_is_promoted_when_its_actives_worker_stops_heartbeating(
     beat(catalog, clock, "w1")
     beat(catalog, clock, "w2")
     ready(registry, leader, "orders", spec=make_spec, replicas=2)
-    assert read_assignments(catalog.store) == {"orders": [("w1", ACTIVE), ("w2", STANDBY)]}
+    assert catalog.store.read_assignments() == {"orders": [("w1", ACTIVE), ("w2", STANDBY)]}
     now = clock.now()
-    assert not may_commit(
-        catalog.store, "orders", "w2", takeover_ttl=SETTINGS.takeover_ttl, now=now
-    )
-    assert may_commit(catalog.store, "orders", "w1", takeover_ttl=SETTINGS.takeover_ttl, now=now)
+    assert not catalog.store.may_commit("orders", "w2", takeover_ttl=SETTINGS.takeover_ttl, now=now)
+    assert catalog.store.may_commit("orders", "w1", takeover_ttl=SETTINGS.takeover_ttl, now=now)
 
     # w1 goes silent; w2 and a new w3 keep heartbeating.
     clock.advance(SETTINGS.takeover_ttl - 0.1)
     beat(catalog, clock, "w2")
-    assert not may_commit(
-        catalog.store, "orders", "w2", takeover_ttl=SETTINGS.takeover_ttl, now=clock.now()
+    assert not catalog.store.may_commit(
+        "orders", "w2", takeover_ttl=SETTINGS.takeover_ttl, now=clock.now()
     )
     clock.advance(0.1)
     # The standby's commit gate opens after the takeover TTL, long before the controller
     # counts w1 dead (the worker TTL) and moves its writers.
     assert SETTINGS.takeover_ttl < SETTINGS.worker_ttl
-    assert may_commit(
-        catalog.store, "orders", "w2", takeover_ttl=SETTINGS.takeover_ttl, now=clock.now()
+    assert catalog.store.may_commit(
+        "orders", "w2", takeover_ttl=SETTINGS.takeover_ttl, now=clock.now()
     )
     assert leader.tick()
-    assert read_assignments(catalog.store) == {"orders": [("w1", ACTIVE), ("w2", STANDBY)]}
+    assert catalog.store.read_assignments() == {"orders": [("w1", ACTIVE), ("w2", STANDBY)]}
     clock.advance(SETTINGS.worker_ttl - SETTINGS.takeover_ttl)
     beat(catalog, clock, "w2")
     beat(catalog, clock, "w3")
     assert leader.tick()
-    assert read_assignments(catalog.store) == {"orders": [("w2", ACTIVE), ("w3", STANDBY)]}
-    assert not may_commit(
-        catalog.store, "orders", "w1", takeover_ttl=SETTINGS.takeover_ttl, now=clock.now()
+    assert catalog.store.read_assignments() == {"orders": [("w2", ACTIVE), ("w3", STANDBY)]}
+    assert not catalog.store.may_commit(
+        "orders", "w1", takeover_ttl=SETTINGS.takeover_ttl, now=clock.now()
     )
 
 
@@ -263,11 +261,11 @@ def test_a_delete_removes_the_record_and_its_assignment_once_no_writer_runs(
     leader = controller(catalog, clock, "c1")
     beat(catalog, clock, "w1", "orders")
     ready(registry, leader, "orders", spec=make_spec)
-    assert read_assignments(catalog.store) == {"orders": [("w1", ACTIVE)]}
+    assert catalog.store.read_assignments() == {"orders": [("w1", ACTIVE)]}
     registry.command("orders", Command.DELETE)
     assert leader.tick()
     assert registry.get("orders").state is State.DELETING
-    assert read_assignments(catalog.store) == {}
+    assert catalog.store.read_assignments() == {}
     beat(catalog, clock, "w1")
     assert leader.tick()
     with pytest.raises(NotFoundError):

@@ -8,7 +8,7 @@ import pytest
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.leases import acquire_or_renew, check_fence, release
-from millstream.control.workers import CONTROLLER_LEASE, read_assignments, write_assignments
+from millstream.control.workers import CONTROLLER_LEASE, write_assignments
 from millstream.core.assignment import ACTIVE, STANDBY
 from millstream.errors import LeaseLostError
 
@@ -117,4 +117,4 @@ def test_an_old_leaders_assignment_write_is_fenced_and_changes_nothing(
         write_assignments(store, first, holder="c1", token=old.token, clock=clock)
     with pytest.raises(LeaseLostError):  # same holder id, stale token: still refused
         write_assignments(store, first, holder="c2", token=old.token, clock=clock)
-    assert read_assignments(store) == second
+    assert store.read_assignments() == second

@@ -35,7 +35,6 @@ from millstream.datastream import DatastreamSpec, dead_letter_spec
 from millstream.errors import CommitStateUnknownError, IncompatibleChangeError
 from millstream.ingest.sources import config_for
 from millstream.ingest.sources.base import RAW_SCHEMA
-from millstream.metastore.evolve import absorb
 from millstream.spark.options import SinkOptions
 from millstream.spark.sink import DECODE_ROWS, SegmentSink, StoreRegistry
 from millstream.spark.sources import marker_batch
@@ -342,7 +341,7 @@ def test_two_tasks_racing_to_absorb_the_same_writer_schema_evolve_the_table_once
     assert all(r["qty"] == 2**40 for r in got)
     # a proposal made from the old spec and applied late changes nothing (the CAS loser)
     stale = cat.store.get_table("orders").spec
-    _, changes = absorb(cat.store, "orders", lambda current: stale)
+    _, changes = cat.store.absorb("orders", lambda current: stale)
     assert changes == []
 
 

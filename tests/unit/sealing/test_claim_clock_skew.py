@@ -90,7 +90,7 @@ def _until_the_claim_expired_on_the_server(cat: Catalog) -> None:
     deadline = time.monotonic() + 60
     while True:
         with cat.store.read() as conn:
-            now = store_now(cat.store, conn)
+            now = store_now(conn, cat.store.clock)
         assert expiry <= now + SHORT_TTL, "the claim's expiry is not on the server's clock"
         if now > expiry:
             return

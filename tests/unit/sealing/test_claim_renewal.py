@@ -172,7 +172,7 @@ def test_a_renewal_is_judged_on_the_database_servers_clock(
     renewed expiry is the server's now + TTL (test_claim_clock_skew.py skews the sealers')."""
     import uuid
 
-    from millstream.metastore.claims import claim_run, renew_claim, store_now
+    from millstream.metastore.claims import store_now
 
     if backend == "sqlite":
         url = f"sqlite:///{tmp_path / 'm.db'}"
@@ -183,14 +183,14 @@ def test_a_renewal_is_judged_on_the_database_servers_clock(
         c.create_table(SPEC)
         _ingest(c)
         run = list(c.manifest("t").entries)
-        claimed = claim_run(c.store, run, owner="me", ttl=TTL)
+        claimed = c.store.claim_run(run, owner="me", ttl=TTL)
         assert claimed is not None
-        renewed = renew_claim(c.store, claimed, owner="me", ttl=TTL)
+        renewed = c.store.renew_claim(claimed, owner="me", ttl=TTL)
         assert renewed is not None and set(renewed) == set(claimed)
         with c.store.read() as conn:
-            server_now = store_now(c.store, conn)
+            server_now = store_now(conn, c.store.clock)
         assert abs(server_now - time.time()) < 60, "the server's clock, not the sealer's"
         expiries = {e.claim_expires_at for e in c.manifest("t").entries}
         assert all(x is not None and x <= server_now + TTL for x in expiries), expiries
-        assert renew_claim(c.store, claimed, owner="me", ttl=TTL) is None, "old versions"
-        assert renew_claim(c.store, renewed, owner="someone else", ttl=TTL) is None
+        assert c.store.renew_claim(claimed, owner="me", ttl=TTL) is None, "old versions"
+        assert c.store.renew_claim(renewed, owner="someone else", ttl=TTL) is None

@@ -21,7 +21,7 @@ from millstream.clock import ManualClock
 from millstream.datastream import DatastreamSpec
 from millstream.errors import InjectedSealFault, SegmentChangedError
 from millstream.metastore.models import SegmentState
-from millstream.metastore.rollback import RollbackPlan, rollback_partition
+from millstream.metastore.rollback import RollbackPlan
 from millstream.reference.model import canonical, model_rows
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
@@ -285,7 +285,7 @@ def test_a_rollback_after_compaction_brings_back_what_it_should(
     newest = max(
         (e for e in feed.cat.manifest("t").entries if e.partition == 0), key=lambda e: e.seq
     )
-    plan = rollback_partition(feed.cat.store, "t", 0, newest.seq, dry_run=False)
+    plan = feed.cat.store.rollback_partition("t", 0, newest.seq, dry_run=False)
     feed.rolled_back(plan)
     feed.assert_table_equals_model()
     # And after a seal on top of the compacted segment, rolling that seal back.
@@ -297,7 +297,7 @@ def test_a_rollback_after_compaction_brings_back_what_it_should(
     newest = max(
         (e for e in feed.cat.manifest("t").entries if e.partition == 0), key=lambda e: e.seq
     )
-    plan = rollback_partition(feed.cat.store, "t", 0, newest.seq, dry_run=False)
+    plan = feed.cat.store.rollback_partition("t", 0, newest.seq, dry_run=False)
     feed.rolled_back(plan)
     feed.assert_table_equals_model()
 
@@ -332,7 +332,7 @@ def test_randomized_seals_compactions_and_rollbacks_equal_the_model(
                 )
                 if live:
                     target = rnd.choice(live[-3:])
-                    plan = rollback_partition(feed.cat.store, "t", p, target.seq, dry_run=False)
+                    plan = feed.cat.store.rollback_partition("t", p, target.seq, dry_run=False)
                     feed.rolled_back(plan)
             if step % 10 == 9:
                 feed.assert_table_equals_model()
@@ -473,7 +473,7 @@ def test_a_polling_cached_reader_equals_the_model_through_seals_compactions_and_
                 )
                 if newer:
                     target = rnd.choice(newer)
-                    plan = rollback_partition(feed.cat.store, "t", p, target.seq, dry_run=False)
+                    plan = feed.cat.store.rollback_partition("t", p, target.seq, dry_run=False)
                     feed.rolled_back(plan)
             assert canonical(polled.read_table("t").to_pylist()) == feed.expected()
         assert polled.read_cache is not None and polled.read_cache.hits > 100
@@ -505,7 +505,7 @@ def test_a_cached_reader_does_not_merge_onto_a_read_a_rollback_replaced(
             key=lambda e: e.seq,
         )
         assert len(newer) == 2
-        plan = rollback_partition(feed.cat.store, "t", 0, newer[1].seq, dry_run=False)
+        plan = feed.cat.store.rollback_partition("t", 0, newer[1].seq, dry_run=False)
         feed.rolled_back(plan)
         for _ in range(after):
             feed.batch(0, 5)

@@ -19,7 +19,6 @@ import pytest
 
 from millstream.catalog import Catalog
 from millstream.metastore.models import Manifest, SegmentState
-from millstream.metastore.rollback import rollback_partition
 from millstream.reference.model import canonical, model_rows
 from millstream.sealing.keyindex import CACHE, KeyIndex, indexed
 from millstream.sealing.sealer import Sealer
@@ -260,7 +259,7 @@ def test_rollback_removes_the_delete_vectors_of_the_removed_seals(tmp_path: Path
     feed.batch(0, 10, keys=list(range(10)))  # every key updated
     second = sealer.seal_partition(0, force=True)
     assert second is not None and second.rows_deleted == 10
-    plan = rollback_partition(feed.cat.store, "t", 0, second.sealed.seq, dry_run=False)
+    plan = feed.cat.store.rollback_partition("t", 0, second.sealed.seq, dry_run=False)
     assert [e.seq for e in plan.removed] == [second.sealed.seq]
     m = feed.cat.manifest("t")
     assert m.delete_vectors == ()
@@ -348,7 +347,7 @@ def test_a_seal_built_on_an_index_that_went_stale_is_discarded_not_swapped(
 
     def rollback_during_build(point: str, partition: int) -> None:
         if point == "before_swap":
-            rollback_partition(feed.cat.store, "t", 0, 1, dry_run=False)
+            feed.cat.store.rollback_partition("t", 0, 1, dry_run=False)
 
     sealer.faults.hook = rollback_during_build
     with pytest.raises(Exception, match="changed"):

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends
 
 from millstream.api.context import ApiContext, get_context
 from millstream.api.models import ControlSettingsOut, HealthOut, SettingsOut, WorkerOut
-from millstream.control.workers import list_workers, read_assignments
+from millstream.control.workers import list_workers
 from millstream.metastore.engine import public_url
 
 router = APIRouter(tags=["cluster"])
@@ -19,7 +19,7 @@ Ctx = Annotated[ApiContext, Depends(get_context)]
 def workers(ctx: Ctx) -> list[WorkerOut]:
     now = ctx.clock.now()
     assigned: dict[str, list[dict[str, str]]] = {}
-    for ds, placement in read_assignments(ctx.catalog.store).items():
+    for ds, placement in ctx.catalog.store.read_assignments().items():
         for worker_id, role in placement:
             assigned.setdefault(worker_id, []).append({"datastream": ds, "role": role})
     return [

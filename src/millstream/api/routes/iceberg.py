@@ -17,7 +17,6 @@ from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse
 
 from millstream.api.context import ApiContext, get_context
-from millstream.metastore.iceberg import read_pointer
 from millstream.table.iceberg import load_metadata, location
 
 NAMESPACE = "default"
@@ -38,7 +37,7 @@ def _no_namespace(namespace: str) -> JSONResponse:
 
 def _published(ctx: ApiContext) -> list[str]:
     names = [t.name for t in ctx.catalog.store.list_tables()]
-    return [n for n in names if read_pointer(ctx.catalog.store, n) is not None]
+    return [n for n in names if ctx.catalog.store.read_pointer(n) is not None]
 
 
 @router.get("/config")
@@ -78,7 +77,7 @@ def list_tables(ctx: Ctx, namespace: str) -> dict[str, Any] | JSONResponse:
 def _load(ctx: ApiContext, namespace: str, table: str) -> dict[str, Any] | JSONResponse:
     if namespace != NAMESPACE:
         return _no_namespace(namespace)
-    pointer = read_pointer(ctx.catalog.store, table)
+    pointer = ctx.catalog.store.read_pointer(table)
     if pointer is None:
         return _error(
             404,
@@ -102,5 +101,5 @@ def load_table(ctx: Ctx, namespace: str, table: str) -> dict[str, Any] | JSONRes
 
 @router.head("/namespaces/{namespace}/tables/{table}", response_model=None)
 def table_exists(ctx: Ctx, namespace: str, table: str) -> Response:
-    found = namespace == NAMESPACE and read_pointer(ctx.catalog.store, table) is not None
+    found = namespace == NAMESPACE and ctx.catalog.store.read_pointer(table) is not None
     return Response(status_code=204 if found else 404)

@@ -23,8 +23,7 @@ from millstream.api.status import consuming_info, datastream_for_table, require_
 from millstream.control.registry import DatastreamRecord
 from millstream.core.lifecycle import Command, State
 from millstream.errors import InvalidSpecError, NotFoundError
-from millstream.metastore.jobs import get_job, pending_segments, submit_force_commit
-from millstream.metastore.rollback import rollback_partition
+from millstream.metastore.jobs import pending_segments
 from millstream.sealing.reingest import parse_segment_name
 
 router = APIRouter(tags=["pinot-compatible"])
@@ -164,12 +163,12 @@ def delete_segments_from_sequence_num(
         require_writer_stopped(ctx, table)
     # Every named segment is checked (a dry run each) before any partition is rolled back.
     plans = [
-        rollback_partition(ctx.catalog.store, table, p, seq, dry_run=True)
+        ctx.catalog.store.rollback_partition(table, p, seq, dry_run=True)
         for p, seq in sorted(targets.items())
     ]
     if not dryRun:
         plans = [
-            rollback_partition(ctx.catalog.store, table, p, seq, dry_run=False)
+            ctx.catalog.store.rollback_partition(table, p, seq, dry_run=False)
             for p, seq in sorted(targets.items())
         ]
     return {"table": table, "dryRun": dryRun, "partitions": [x.to_dict() for x in plans]}
@@ -181,7 +180,7 @@ def force_commit(ctx: Ctx, tableName: str) -> dict[str, Any]:
     thresholds: the request is stored as a job that every worker's sealer reads on its next
     pass (it survives a controller restart). Poll ``GET /tables/forceCommitStatus/{jobId}``."""
     manifest = ctx.catalog.manifest(tableName)  # 404 for an unknown table
-    job = submit_force_commit(ctx.catalog.store, manifest, now=ctx.clock.now())
+    job = ctx.catalog.store.submit_force_commit(manifest, now=ctx.clock.now())
     return {
         "forceCommitJobId": job.id,
         "forceCommitStatus": "SUCCESS",
@@ -194,7 +193,7 @@ def force_commit(ctx: Ctx, tableName: str) -> dict[str, Any]:
 def force_commit_status(ctx: Ctx, jobId: str) -> dict[str, Any]:
     """Pinot's job status: the segments the force commit named and those not sealed yet
     (computed from the current manifest; 0 yet to be committed means done)."""
-    job = get_job(ctx.catalog.store, jobId)
+    job = ctx.catalog.store.get_job(jobId)
     pending = pending_segments(job, ctx.catalog.manifest(job.table))
     return {
         "jobId": job.id,

@@ -13,7 +13,6 @@ from fastapi.responses import JSONResponse
 from millstream.api.context import ApiContext, get_context
 from millstream.api.status import datastream_for_table
 from millstream.errors import NotFoundError
-from millstream.metastore.jobs import reingest_jobs as stored_reingest_jobs
 from millstream.sealing.reingest import parse_segment_name
 
 router = APIRouter(tags=["segments"])
@@ -39,7 +38,7 @@ def list_reingest_jobs(ctx: ApiContext) -> list[dict[str, Any]]:
     """Every stored re-ingestion job, oldest first: RUNNING, SUCCEEDED, FAILED, or ABANDONED
     (its controller stopped renewing it)."""
     now = ctx.clock.now()
-    return [j.to_dict(now) for j in stored_reingest_jobs(ctx.catalog.store)]
+    return [j.to_dict(now) for j in ctx.catalog.store.reingest_jobs()]
 
 
 @router.get("/reingestJobs")

@@ -21,7 +21,6 @@ from millstream.api.status import (
     require_writer_stopped,
     upstream_offsets,
 )
-from millstream.metastore.rollback import rollback_partition
 
 router = APIRouter(prefix="/tables", tags=["tables"])
 Ctx = Annotated[ApiContext, Depends(get_context)]
@@ -76,7 +75,7 @@ def rollback_segments(
     ctx.catalog.table(table)
     if not dryRun and not force:
         require_writer_stopped(ctx, table)
-    plan = rollback_partition(ctx.catalog.store, table, partition, fromSequence, dry_run=dryRun)
+    plan = ctx.catalog.store.rollback_partition(table, partition, fromSequence, dry_run=dryRun)
     return plan.to_dict()
 
 
