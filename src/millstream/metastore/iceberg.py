@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from millstream.errors import CommitConflictError
+from millstream.errors import CommitConflictError, VersionExpiredError
 from millstream.metastore import schema as s
 from millstream.metastore.cas import cas_update
+from millstream.metastore.reads import oldest_kept_version
 from millstream.metastore.store import MetadataStore
+from millstream.metastore.tables import find_table
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +67,14 @@ def swap_pointer(
     """Move ``table``'s pointer from ``expected`` (None: there is none yet) to
     ``metadata_location``: a compare-and-set on the row version ``expected`` was read at (an
     insert that the primary key refuses when there is no row yet). Returns the new pointer,
-    or None when another publisher moved it first (nothing changed here)."""
+    or None when another publisher moved it first (nothing changed here).
+
+    Raises :class:`~millstream.errors.VersionExpiredError` (nothing changed) when retention
+    expired ``manifest_version`` since the publisher read it: garbage collection may have
+    deleted its files already. Expiry never passes the version the pointer shows, but before a
+    table's first publish no pointer keeps anything; the check runs under the table row's lock,
+    which expiry takes too, so either the pointer moves first (and expiry keeps the version)
+    or expiry does (and the pointer stays)."""
     p = s.iceberg_pointers
     values = {
         "metadata_location": metadata_location,
@@ -74,6 +83,10 @@ def swap_pointer(
     }
     try:
         with store.write() as conn:
+            find_table(conn, table, for_update=True)
+            oldest = oldest_kept_version(conn, table)
+            if manifest_version < oldest:
+                raise VersionExpiredError(table, manifest_version, oldest)
             if expected is None:
                 conn.execute(insert(p).values(table_name=table, version=1, **values))
                 new_version = 1
