@@ -51,6 +51,7 @@ HEAVY = (
     "integration/test_crash_recovery.py",
     "integration/test_cli_query_spark.py",
     "integration/test_cli_run_stop.py",
+    "integration/test_cli_run_iceberg.py",
     "integration/test_local_cluster.py",
 )
 #: Modules whose tests share an expensive module-scoped fixture (a produced topic, a browser):

@@ -2082,19 +2082,20 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         name="iceberg-reused-delete-file-only-when-unchanged",
         file="src/millstream/table/iceberg.py",
         what="an incremental publish lists a previous snapshot's delete file again only when "
-        "no hidden row changed in any data file of the new view it holds positions of",
+        "every data file of the new view it holds positions of still hides them all",
         old="""\
-        if covered in changed:
-            return False
+    return bool(np.isin(old.facts.deleted, facts.deleted, assume_unique=True).all())
 """,
         new="""\
-        pass  # MUTATION: a changed file's old positions are listed again
+    return True  # MUTATION: a changed file's old positions are listed again
 """,
         tests=(
             "tests/contract/test_contract_iceberg_incremental.py::"
             "test_every_incremental_snapshot_reads_as_millstreams_read_of_its_version",
             "tests/contract/test_contract_iceberg_incremental.py::"
             "test_a_publish_reuses_the_delete_files_and_manifests_of_what_did_not_change",
+            "tests/contract/test_contract_iceberg_incremental.py::"
+            "test_a_rollback_that_shows_a_hidden_row_again_writes_that_files_positions_anew",
         ),
         select="sqlite-local",
     ),
@@ -2292,6 +2293,59 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             if snap.snapshot_id != current.current_snapshot_id:  # MUTATION
 """,
         tests=(COMMIT_CAMPAIGN,),
+    ),
+    Guard(
+        name="iceberg-pointer-never-shows-an-expired-version",
+        file="src/millstream/metastore/iceberg.py",
+        what="swap_pointer refuses a version retention expired since the publisher read it "
+        "(before a first publish no pointer keeps it; GC may have deleted its files)",
+        old="""\
+    if manifest_version < oldest:
+""",
+        new="""\
+    if False:  # MUTATION: the pointer may name an expired version
+""",
+        tests=(
+            "tests/contract/test_contract_iceberg_view.py::"
+            "test_a_first_publish_whose_version_expires_and_is_collected_meanwhile_moves_no_pointer",
+        ),
+        select="sqlite-local",
+    ),
+    Guard(
+        name="iceberg-merged-delete-files-keep-their-positions",
+        file="src/millstream/table/iceberg.py",
+        what="past the delete files allowed per partition, the positions of the smaller ones "
+        "are written into the new delete file (their data files still hide those rows)",
+        old="""\
+                extra[path].extend(moving)
+""",
+        new="""\
+                pass  # MUTATION: the merged delete files' positions are dropped
+""",
+        tests=(
+            "tests/contract/test_contract_iceberg_incremental.py::"
+            "test_an_update_writes_only_its_new_positions_beside_the_old_delete_files",
+        ),
+        select="sqlite-local",
+    ),
+    Guard(
+        name="iceberg-new-positions-beside-the-old-delete-files",
+        file="src/millstream/table/iceberg.py",
+        what="a data file that keeps its old delete files gets its new hidden positions in a "
+        "new delete file (the positions the old files do not hold)",
+        old="""\
+                np.setdiff1d(f.deleted, old.facts.deleted, assume_unique=True)
+                if path in changed
+""",
+        new="""\
+                f.deleted[:0]  # MUTATION: only the old delete files' positions are hidden
+                if path in changed
+""",
+        tests=(
+            "tests/contract/test_contract_iceberg_incremental.py::"
+            "test_an_update_writes_only_its_new_positions_beside_the_old_delete_files",
+        ),
+        select="sqlite-local",
     ),
     Guard(
         name="expiry-keeps-the-version-the-iceberg-pointer-shows",

@@ -107,9 +107,9 @@ def test_a_publish_reuses_the_delete_files_and_manifests_of_what_did_not_change(
     catalog: Catalog,
 ) -> None:
     """An upsert table partitioned by key, published after each change with one cache: an
-    update of keys in one partition rewrites only that partition's deletes (the other
-    partition's delete file is listed again, the same file); a seal, a compaction and a
-    rollback each change only what they touch; every snapshot equals the read."""
+    update of keys in one partition writes only that partition's new positions (every
+    delete file is listed again, the same file); a seal, a compaction and a rollback each
+    change only what they touch; every snapshot equals the read."""
     spec = {
         "name": "kv",
         "schema": SCHEMA,
@@ -143,12 +143,15 @@ def test_a_publish_reuses_the_delete_files_and_manifests_of_what_did_not_change(
     history.batch(0, [rec(4, 6), rec(2, 7)])
     again = checker.publish(cache)
     assert again["incremental"] == 1
-    assert again["data_manifests_reused"] >= 1 and again["delete_files_reused"] == 1
+    assert again["data_manifests_reused"] >= 1 and again["delete_files_written"] == 1
     deletes_after, manifests_after = _layout(catalog, checker.published[max(checker.published)])
-    # Partition 1's delete file is listed again (the same file); partition 0's is new.
-    p1 = {d for d in deletes if d.endswith("-p1.parquet")}
-    assert len(p1) == 1 and p1 <= deletes_after
-    assert not {d for d in deletes if d.endswith("-p0.parquet")} & deletes_after
+    # Every delete file is listed again (the same files: partition 1's were not touched, and
+    # partition 0's old file only hides one more row), beside one new file of partition 0
+    # that holds only the new position.
+    assert {d for d in deletes if d.endswith("-p1.parquet")}
+    assert deletes <= deletes_after and again["delete_files_reused"] == len(deletes)
+    (new,) = deletes_after - deletes
+    assert new.endswith("-p0.parquet")
     assert manifests & manifests_after  # the unchanged files' data manifest, listed again
 
     # Seal partition 0 (the update hits its old rows), compact, roll back: each published.
@@ -237,3 +240,95 @@ def test_a_publisher_never_builds_on_a_snapshot_garbage_collection_removed(
         for e in m.fetch_manifest_entry(io):
             path = relative(catalog.deep, e.data_file.file_path)
             assert path is not None and catalog.deep.exists(path), path
+
+
+def _delete_rows(catalog: Catalog, metadata: str) -> dict[str, int]:
+    """The current snapshot's delete files (paths) and the positions each holds."""
+    table = StaticTable.from_metadata(metadata, properties=s3_properties(catalog))
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    return {
+        e.data_file.file_path: e.data_file.record_count
+        for m in snapshot.manifests(table.io)
+        if m.content == ManifestContent.DELETES
+        for e in m.fetch_manifest_entry(table.io)
+    }
+
+
+def test_an_update_writes_only_its_new_positions_beside_the_old_delete_files(
+    catalog: Catalog,
+) -> None:
+    """Unsealed upserts of a few keys at a time over one big file: each publish keeps every
+    delete file it published (a data file that only hides more rows keeps them) and writes one
+    new delete file holding only the positions the update hid; past the limit per partition
+    the smaller delete files are merged into the new one, their positions kept; and a
+    rollback, which shows rows again, writes the affected files' positions anew. Every
+    snapshot equals the read."""
+    from millstream.table.iceberg import MAX_DELETE_FILES_PER_PARTITION
+
+    history = History(
+        catalog,
+        catalog.create_table(
+            {"name": "kv", "schema": SCHEMA, "mode": "upsert", "primary_key": ["k"]}
+        ).spec,
+    )
+    checker = Checker(catalog, "kv")
+    cache = PublishCache()
+    history.batch(0, [(k, False, 0, 0, "a") for k in range(200)])
+    assert checker.publish(cache)["incremental"] == 0
+    before: dict[str, int] = {}
+    merged = False
+    for i in range(1, 2 * MAX_DELETE_FILES_PER_PARTITION + 2):
+        # Three keys never updated before (their rows in the first file get hidden) and key 0
+        # again (its row in the first file, then in the last update's file, gets hidden):
+        # four new positions each time.
+        keys = [0, 3 * i, 3 * i + 1, 3 * i + 2]
+        history.batch(0, [(k, False, 0, i, "b") for k in keys])
+        stats = checker.publish(cache)  # equals the read (checked inside)
+        assert stats["incremental"] == 1 and stats["delete_files_written"] == 1
+        after = _delete_rows(catalog, checker.published[max(checker.published)])
+        assert len(after) <= MAX_DELETE_FILES_PER_PARTITION
+        new = {p: n for p, n in after.items() if p not in before}
+        assert len(new) == 1
+        if set(before) <= set(after):
+            assert sum(new.values()) == 4  # only the new positions
+        else:  # the smaller ones were merged into the new file, their positions kept
+            merged = True
+            gone = set(before) - set(after)
+            assert sum(new.values()) == sum(before[p] for p in gone) + 4
+        before = after
+    assert merged
+    seqs = sorted(e.seq for e in catalog.manifest("kv").entries)
+    catalog.store.rollback_partition("kv", 0, seqs[-3], dry_run=False)  # shows rows again
+    assert checker.publish(cache)["incremental"] == 1
+    history.batch(0, [(1, False, 0, 99, "c")])
+    assert checker.publish(cache)["incremental"] == 1
+    checker.time_travel()
+
+
+def test_a_rollback_that_shows_a_hidden_row_again_writes_that_files_positions_anew(
+    catalog: Catalog,
+) -> None:
+    """A file whose hidden row shows again drops its old delete files. An update of key 2
+    (partition 0) shares its micro-batch file with a row of partition 1, so rolling back
+    partition 0's segment leaves that file in the view: the first file's delete file then
+    covers only files that remain, but its position of key 2 must go (key 2's old row is
+    Millstream's read again)."""
+    spec = {
+        "name": "kv",
+        "schema": SCHEMA,
+        "mode": "upsert",
+        "primary_key": ["k"],
+        "partitioned_by_key": True,
+    }
+    history = History(catalog, catalog.create_table(spec).spec)
+    checker = Checker(catalog, "kv")
+    cache = PublishCache()
+    history.batch(0, [(0, False, 0, 1, "a"), (2, False, 0, 1, "a"), (4, False, 0, 1, "a")])
+    assert checker.publish(cache)["incremental"] == 0
+    history.batch(0, [(2, False, 0, 2, "b"), (1, False, 0, 2, "b")])  # one file, both partitions
+    assert checker.publish(cache)["incremental"] == 1
+    newest = max(e.seq for e in catalog.manifest("kv").entries if e.partition == 0)
+    catalog.store.rollback_partition("kv", 0, newest, dry_run=False)
+    assert checker.publish(cache)["incremental"] == 1  # equals the read: key 2 at qty 1
+    checker.time_travel()

@@ -576,3 +576,50 @@ def test_the_snapshot_the_pointer_shows_keeps_its_files_after_its_version_would_
     assert catalog.store.oldest_kept_version("kv") == 2
     current = location(catalog.deep, moved.metadata_location)
     assert pyiceberg_rows(current, None, s3_properties(catalog)) == []
+
+
+def test_a_first_publish_whose_version_expires_and_is_collected_meanwhile_moves_no_pointer(
+    catalog: Catalog, monkeypatch: Any
+) -> None:
+    """The race of garbage collection with a table's first publish: with no pointer yet,
+    nothing keeps the version a publish is writing a snapshot of. Here, between the publish's
+    read of version 1 and its pointer swap, a rollback commits version 2, retention expires
+    version 1 and GC deletes its file. The pointer must not then name a snapshot whose file is
+    gone: the publish moves nothing, and the next one shows version 2."""
+    from millstream.clock import ManualClock
+    from millstream.table.gc import collect_garbage
+
+    clock = ManualClock(time.time())
+    catalog.store.clock = clock
+    kv = _kv(catalog, time="1s", min_versions=1)
+    kv.batch(0, [(1, False, 0, 1, "a"), (2, False, 0, 2, "b")])
+    real = catalog.store.version_committed_at
+    raced: list[int] = []
+
+    def expire_and_collect_first(table: str, version: int) -> float:
+        # Called by publish after it computed the view of ``version``, before the swap.
+        if not raced:
+            raced.append(version)
+            kv.rollback(0, 0)  # version 2: version 1's file is referenced by version 1 only
+            clock.advance(3600)
+            catalog.store.expire_versions("kv", now=clock.now())
+            collect_garbage(catalog.store, catalog.deep, "kv", grace_seconds=0, clock=clock)
+            assert catalog.store.oldest_kept_version("kv") == 2
+        return real(table, version)
+
+    monkeypatch.setattr(catalog.store, "version_committed_at", expire_and_collect_first)
+    result = publish(catalog.store, catalog.deep, "kv")
+    assert raced == [1]
+    pointer = catalog.store.read_pointer("kv")
+    if pointer is not None:  # whatever it names reads, as Millstream reads that version
+        metadata = location(catalog.deep, pointer.metadata_location)
+        assert pyiceberg_rows(metadata, None, s3_properties(catalog)) == millstream_rows(
+            catalog, "kv", pointer.manifest_version
+        )
+    assert not result.published and pointer is None
+    monkeypatch.undo()
+    again = publish(catalog.store, catalog.deep, "kv")
+    assert again.published and again.pointer is not None
+    assert again.pointer.manifest_version == 2
+    metadata = location(catalog.deep, again.pointer.metadata_location)
+    assert pyiceberg_rows(metadata, None, s3_properties(catalog)) == []

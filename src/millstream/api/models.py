@@ -274,7 +274,8 @@ class WorkerOut(_Out):
     assignments: list[dict[str, str]] = Field(description="[{datastream, role}] assigned to it.")
     loops: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="Its background loops (sealer, maintainer) as it reported them: runs, "
+        description="Its background loops (sealer, maintainer, publishing: its Iceberg "
+        "publisher process) as it reported them: runs, "
         "errors, consecutive_failures, last_error, next_attempt_at.",
     )
     shared_query: dict[str, Any] | None = Field(

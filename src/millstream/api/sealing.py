@@ -141,7 +141,8 @@ def _writer_health(ctx: ApiContext, table: str) -> dict[str, Any] | None:
 def _iceberg_view(ctx: ApiContext, table: str, now: float) -> dict[str, Any]:
     """The table's Iceberg view: the snapshot its pointer names, how far it lags (see
     :func:`millstream.metastore.iceberg.publish_lag`), and each live worker's publisher (its
-    last publish, what it reused; its errors are under ``workers`` -> ``loops``)."""
+    last publish, what it reused) and its loops: per table (``publisher``) and the worker's
+    publishing loop, whose errors are its publisher process's exits and crashes."""
     pointer = ctx.catalog.store.read_pointer(table)
     return {
         "publish_interval": ctx.control.iceberg_publish_interval,
@@ -160,6 +161,7 @@ def _iceberg_view(ctx: ApiContext, table: str, now: float) -> dict[str, Any]:
             for w in list_workers(ctx.catalog.store)
             if w.alive(now, ctx.worker_ttl)
             for loop in w.info.get("loops") or []
-            if loop.get("loop") == "publisher" and loop.get("table") == table
+            if (loop.get("loop") == "publisher" and loop.get("table") == table)
+            or (loop.get("loop") == "publishing" and table in (w.info.get("maintenance") or {}))
         ],
     }

@@ -64,11 +64,24 @@ def run(
             "the table and its dead-letter table, beside the background sealer.",
         ),
     ] = 600.0,
+    iceberg_publish_interval: Annotated[
+        float,
+        typer.Option(
+            "--iceberg-publish-interval",
+            min=0.0,
+            metavar="SECONDS",
+            help="Publish the Iceberg view of the table and its dead-letter table this often "
+            "(seconds; 0 turns it off), by a publisher process of this run; an --available-now "
+            "run publishes once more before it exits. The controller's default.",
+        ),
+    ] = 15.0,  # DEFAULT_PUBLISH_INTERVAL, literal: the CLI imports the engine lazily
 ) -> None:
     """Ingest one datastream without any service. Ctrl-C (or SIGTERM) stops at a batch
     boundary, prints a summary and exits 0. In the background (not with --available-now) it
     seals, compacts sealed segments, and expires history and collects unreferenced files per
-    the table's retention."""
+    the table's retention. It publishes the tables' Iceberg views every
+    --iceberg-publish-interval seconds, and an --available-now run once more before it exits
+    (the summary prints where: `iceberg_scan` and pyiceberg read it)."""
     # lazy: only the command that runs needs it; keeps `millstream --help` fast
     from millstream.datastream import DatastreamSpec
 
@@ -92,6 +105,7 @@ def run(
             writer_id=writer_id,
             background_sealing=not available_now,
             maintenance_interval=maintenance_interval,
+            publish_interval=iceberg_publish_interval or None,
         )
         stop.attach(runner, spark)
         view = ProgressView(runner)
@@ -137,6 +151,8 @@ def run(
         summary["stopped"] = stop.requested
         if stats is not None and stats.sealing is not None:
             summary["seal_before_exit"] = stats.sealing
+        if stats is not None and stats.iceberg is not None:
+            summary["iceberg"] = stats.iceberg
         spark.stop()
         if output is OutputFormat.json:
             emit_json(summary)
@@ -154,6 +170,8 @@ def run(
             )
             if stats is not None and stats.sealing is not None:
                 console.print(_seal_report(stats.sealing), highlight=False)
+            if stats is not None and stats.iceberg is not None:
+                console.print(_iceberg_report(stats.iceberg), highlight=False, soft_wrap=True)
 
 
 class GracefulStop:
@@ -229,6 +247,18 @@ def _seal_report(report: dict[str, Any]) -> str:
     for p, err in sorted(report["failed"].items()):
         parts.append(f"partition {p} seal failed (the next run retries it): {err}")
     return "\n".join(parts) if parts else "nothing to seal"
+
+
+def _iceberg_report(report: dict[str, Any]) -> str:
+    """One line per table published by an ``--available-now`` run before it exited."""
+    lines = [
+        f"Iceberg view of {name}: version {v['manifest_version']} at {v['metadata_location']}"
+        for name, v in sorted(report.items())
+        if name != "error"
+    ]
+    if "error" in report:
+        lines.append(f"Iceberg publish failed (the next run publishes): {report['error']}")
+    return "\n".join(lines) if lines else "nothing to publish"
 
 
 class Engine(StrEnum):

@@ -69,7 +69,8 @@ from millstream.ingest.sources import spec_reader
 from millstream.ingest.sources.base import latest_offsets_of
 from millstream.metastore.engine import STORE_ERRORS
 from millstream.sealing.compaction import CompactionPolicy
-from millstream.sealing.maintenance import Maintainer, Publisher
+from millstream.sealing.maintenance import Maintainer
+from millstream.sealing.publishing import PublisherProcess
 from millstream.sealing.sealer import Sealer, SealFaults
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.options import CommitGate
@@ -201,12 +202,23 @@ class Worker:
         self.seal_loop = SupervisedLoop(
             "sealer", self.seal, interval=self.settings.tick_seconds * 2, clock=clock
         )
-        #: The Iceberg views of the tables this worker writes actively, published on a thread
-        #: of their own (a publish never delays a seal); None when publishing is off.
+        #: The Iceberg views of the tables this worker writes actively, published by a child
+        #: process driven from a thread of its own (a publish never delays a seal, nor holds
+        #: this process's GIL); None when publishing is off.
         interval = self.settings.iceberg_publish_interval
-        self.publisher = Publisher(catalog, interval=interval, clock=clock) if interval else None
+        self.publisher = (
+            PublisherProcess(catalog, interval=interval, clock=clock, owner=f"worker {self.id}")
+            if interval
+            else None
+        )
         self.publish_loop = (
-            SupervisedLoop("publishing", self.publish, interval=min(1.0, interval), clock=clock)
+            SupervisedLoop(
+                "publishing",
+                self.publish,
+                interval=min(1.0, interval),
+                clock=clock,
+                on_stop=self.publisher.close if self.publisher is not None else None,
+            )
             if interval
             else None
         )

@@ -16,9 +16,11 @@ from sqlalchemy import Connection, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from millstream.clock import Clock
-from millstream.errors import CommitConflictError
+from millstream.errors import CommitConflictError, VersionExpiredError
 from millstream.metastore import schema as s
 from millstream.metastore.cas import cas_update
+from millstream.metastore.reads import oldest_kept_version
+from millstream.metastore.tables import find_table
 
 #: What :func:`swap_pointer` raises when another publisher moved the pointer first: its
 #: compare-and-set found another version, or its insert of the first pointer found a row.
@@ -65,13 +67,24 @@ def swap_pointer(
     ``metadata_location``: a compare-and-set on the row version ``expected`` was read at (an
     insert that the primary key refuses when there is no row yet). Returns the new pointer;
     raises one of :data:`LOST_RACE` when another publisher moved it first (the transaction
-    must then be rolled back: nothing changes here)."""
+    must then be rolled back: nothing changes here).
+
+    Raises :class:`~millstream.errors.VersionExpiredError` (nothing changed) when retention
+    expired ``manifest_version`` since the publisher read it: garbage collection may have
+    deleted its files already. Expiry never passes the version the pointer shows, but before a
+    table's first publish no pointer keeps anything; the check runs under the table row's lock,
+    which expiry takes too, so either the pointer moves first (and expiry keeps the version)
+    or expiry does (and the pointer stays)."""
     p = s.iceberg_pointers
     values = {
         "metadata_location": metadata_location,
         "manifest_version": manifest_version,
         "published_at": now,
     }
+    find_table(conn, table, for_update=True)
+    oldest = oldest_kept_version(conn, table)
+    if manifest_version < oldest:
+        raise VersionExpiredError(table, manifest_version, oldest)
     if expected is None:
         conn.execute(insert(p).values(table_name=table, version=1, **values))
         new_version = 1

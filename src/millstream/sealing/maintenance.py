@@ -10,8 +10,9 @@ on the table row, and GC deletes only what nothing references.
 
 :class:`Publisher` publishes each table's Iceberg view (:func:`millstream.table.iceberg.publish`)
 every ``interval`` seconds, incrementally (one :class:`~millstream.table.iceberg.PublishCache`
-per publisher), supervised the same way (``loop="publisher"``): a worker runs it on a thread
-of its own, so neither a slow publish nor a failing one delays sealing or ingestion. A
+per publisher), supervised the same way (``loop="publisher"``): a worker (and ``millstream
+run``) runs it in a process of its own (:mod:`millstream.sealing.publishing`), so neither a
+slow publish nor a failing one delays sealing or ingestion, nor holds the writer's GIL. A
 :class:`Maintainer` given ``publish_interval`` runs one on the maintenance thread instead. Two
 publishers of one table are safe (the pointer moves by compare-and-set).
 """
@@ -20,15 +21,19 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.supervise import Backoff, LoopStatus, Supervisor
 from millstream.table.gc import DEFAULT_GRACE_SECONDS
 from millstream.table.maintain import Maintenance, maintain
+
+if TYPE_CHECKING:
+    from millstream.sealing.publishing import PublisherProcess
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +100,12 @@ class Maintainer:
             if publish_interval is not None
             else None
         )
-        #: The process's publisher when another thread runs it: the Iceberg publish that
-        #: follows an expiry uses its cache (see :func:`millstream.table.maintain.maintain`).
-        self.shared_publisher: Publisher | None = None
+        #: The publisher another thread runs: the Iceberg publish that follows an expiry uses
+        #: its cache (see :func:`millstream.table.maintain.maintain`); a publisher in a
+        #: process of its own (:class:`~millstream.sealing.publishing.PublisherProcess`)
+        #: drops the expired snapshots at its next turn instead, and maintenance does not
+        #: publish (a publish here would compete with the writer for this process's GIL).
+        self.shared_publisher: Publisher | PublisherProcess | None = None
         self.supervisors: dict[str, Supervisor] = {}
         self.tables: dict[str, TableMaintenance] = {}
         self._next: dict[str, float] = {}
@@ -130,6 +138,7 @@ class Maintainer:
 
     def maintain(self, names: Sequence[str]) -> None:
         publisher = self.publisher or self.shared_publisher
+        elsewhere = publisher is not None and not isinstance(publisher, Publisher)
         for name in names:
             report = maintain(
                 self.catalog.store,
@@ -138,6 +147,7 @@ class Maintainer:
                 grace_seconds=self.grace_seconds,
                 clock=self.clock,
                 publish_cache=None if publisher is None else publisher.cache,
+                publish_view=not elsewhere,
             )
             self.tables.setdefault(name, TableMaintenance()).add(report, self.clock.now())
             if report.files_removed or report.expiry.versions:
@@ -221,7 +231,7 @@ class Publisher:
         from millstream.table.iceberg import publish
 
         for name in names:
-            started = self.clock.now()
+            started = time.monotonic()  # a duration: not the clock (a child's stands still)
             result = publish(self.catalog.store, self.catalog.deep, name, cache=self.cache)
             if result.pointer is None:
                 continue
@@ -231,7 +241,7 @@ class Publisher:
                 "published_at": result.pointer.published_at,
                 "metadata_location": result.pointer.metadata_location,
                 "publishes": int(before.get("publishes", 0)) + int(result.published),
-                "last_publish_seconds": round(self.clock.now() - started, 3)
+                "last_publish_seconds": round(time.monotonic() - started, 3)
                 if result.published
                 else before.get("last_publish_seconds"),
                 "last": result.stats if result.published else before.get("last", {}),

@@ -37,6 +37,7 @@ from millstream.ingest.sources import config_for, spec_reader
 from millstream.metastore.store import MetadataStore
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.maintenance import DEFAULT_MAINTENANCE_INTERVAL, Maintainer
+from millstream.sealing.publishing import PublisherProcess
 from millstream.sealing.sealer import Sealer
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.catch_up import BatchDone, catch_up
@@ -158,6 +159,9 @@ class RunStats:
     #: ``--available-now`` with pauseless sealing: what the final seal pass did per partition
     #: (:meth:`millstream.sealing.sealer.Sealer.seal_what_is_due`).
     sealing: dict[str, Any] | None = None
+    #: The Iceberg views an available-now run published before it exited (per table: its
+    #: manifest version and metadata location, or the error), None when it did not publish.
+    iceberg: dict[str, Any] | None = None
 
 
 class DatastreamRunner:
@@ -176,6 +180,7 @@ class DatastreamRunner:
         maintenance_interval: float = DEFAULT_MAINTENANCE_INTERVAL,
         max_staged_age: float = MAX_STAGED_AGE_SECONDS,
         gc_grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        publish_interval: float | None = None,
     ) -> None:
         if gc_grace_seconds < max_staged_age:
             raise InvalidSpecError(
@@ -208,6 +213,13 @@ class DatastreamRunner:
         self.maintainer = Maintainer(
             catalog, interval=maintenance_interval, grace_seconds=gc_grace_seconds
         )
+        #: Publish the table's and the dead-letter table's Iceberg views this often while
+        #: :meth:`run` runs (``millstream run``; a worker publishes for all its writers
+        #: instead), by a publisher process of its own, and once more before an available-now
+        #: run exits. None: not published here.
+        self.publish_interval = publish_interval
+        self.publisher: PublisherProcess | None = None
+        self.publishing: SupervisedLoop | None = None
         #: The oldest staged file a commit accepts (GC's grace must be at least this).
         self.max_staged_age = max_staged_age
         #: The supervised background sealer while :meth:`run` runs one (see :meth:`sealing_status`).
@@ -357,6 +369,7 @@ class DatastreamRunner:
                     self._open()
                     if self.background_sealing and sealing is None:
                         sealing = self._start_sealing()
+                    self._start_publishing()
                     error = self._catch_up(on_tick)
                     if self._stopping:
                         return self.stats
@@ -371,9 +384,11 @@ class DatastreamRunner:
                     if self.background_sealing and sealing is None:
                         # Only now: start() created the tables, so no pass finds them missing.
                         sealing = self._start_sealing()
+                    self._start_publishing()
                     error = self._await(on_tick, tick_seconds)
                 if error is None and available_now and not self._stopping:
                     self.stats.sealing = self._seal_before_exit()
+                    self.stats.iceberg = self._publish_before_exit()
                 if error is None or self._stopping:
                     return self.stats
                 if not _restartable(error) or self.stats.restarts >= MAX_RESTARTS:
@@ -386,6 +401,11 @@ class DatastreamRunner:
         finally:
             if sealing is not None:
                 sealing.stop()  # lets a seal in progress finish, then checkpoints the key index
+            if self.publishing is not None:
+                self.publishing.stop()
+                self.publishing = None
+            if self.publisher is not None:
+                self.publisher.close()  # after the publish in progress
             if owns_lock:
                 self.state_dir.unlock()
 
@@ -456,6 +476,56 @@ class DatastreamRunner:
         except Exception as exc:  # ingestion succeeded; the next run seals what is left
             log.warning("the final seal pass of %s failed: %s", self.table_spec.name, exc)
             return {"sealed": {}, "not_due": {}, "failed": {"*": str(exc).splitlines()[0]}}
+
+    @property
+    def tables(self) -> dict[str, list[str]]:
+        """This writer's datastream -> its table and dead-letter table."""
+        return {self.spec.name: [self.table_spec.name, dead_letter_spec(self.table_spec.name).name]}
+
+    def _start_publishing(self) -> None:
+        """Publish the tables' Iceberg views every ``publish_interval`` seconds, by a
+        publisher process of this runner (see :mod:`millstream.sealing.publishing`), driven by
+        a supervised loop of its own (a crashed process is logged, counted and restarted after
+        a backoff); the tables must exist. Nothing when not publishing, or already running."""
+        if self.publish_interval is None or self.publishing is not None:
+            return
+        publisher = PublisherProcess(
+            self.catalog, interval=self.publish_interval, owner=f"writer {self.writer_id}"
+        )
+        tables = self.tables
+        self.publisher = publisher
+        self.publishing = SupervisedLoop(
+            "publishing",
+            lambda: publisher.run_due(tables),
+            interval=min(1.0, self.publish_interval),
+            thread_name=f"publishing-{self.spec.name}",
+        ).start()
+
+    def _publish_before_exit(self) -> dict[str, Any] | None:
+        """An ``--available-now`` run publishes its tables' Iceberg views before it exits, so
+        they show everything it committed (and sealed) as soon as it is done: the background
+        publisher's last turn may be up to an interval old. Per table: the version and
+        metadata location, or the error (ingestion succeeded; the next run publishes)."""
+        if self.publisher is None or self.publishing is None:
+            return None
+        # lazy: pyiceberg loads only in a process that publishes
+        from millstream.table.iceberg import location
+
+        self.publishing.stop()  # its step and this one use the same process, one at a time
+        out: dict[str, Any] = {}
+        try:
+            self.publisher.flush(self.tables)
+        except Exception as exc:
+            log.warning("the final Iceberg publish of %s failed: %s", self.table_spec.name, exc)
+            out["error"] = str(exc).splitlines()[0]
+        for name in self.tables[self.spec.name]:
+            pointer = self.catalog.store.read_pointer(name)
+            if pointer is not None:
+                out[name] = {
+                    "manifest_version": pointer.manifest_version,
+                    "metadata_location": location(self.catalog.deep, pointer.metadata_location),
+                }
+        return out
 
     def _start_sealing(self) -> SupervisedLoop:
         """Start sealing this writer's table on a supervised thread of this process; the

@@ -84,7 +84,7 @@ from pyiceberg.table.update.schema import UpdateSchema
 from pyiceberg.typedef import Record
 
 from millstream.core.engines import engine_for
-from millstream.errors import CommitStateUnknownError
+from millstream.errors import CommitStateUnknownError, VersionExpiredError
 from millstream.metastore.iceberg import (
     IcebergPointer,
 )
@@ -626,10 +626,17 @@ def incremental_view(
             deleted = np.setdiff1d(np.arange(rows, dtype=np.int64), kept, assume_unique=True)
         elif len(pos):
             old = before[path].deleted
-            deleted = np.union1d(
-                np.setdiff1d(old, pos, assume_unique=True),
-                np.setdiff1d(pos, kept, assume_unique=True),
-            ).astype(np.int64)
+            # Two ascending runs, disjoint (the second is of ``pos``, the first has none of
+            # it): a stable sort merges them in linear time (``union1d`` hashes them again).
+            deleted = np.sort(
+                np.concatenate(
+                    [
+                        np.setdiff1d(old, pos, assume_unique=True),
+                        np.setdiff1d(pos, kept, assume_unique=True),
+                    ]
+                ).astype(np.int64),
+                kind="stable",
+            )
         else:
             deleted = before[path].deleted
         files[path] = facts(path, deleted)
@@ -773,9 +780,10 @@ def _write_manifest(
 
 
 #: A snapshot's data manifests are written again as one past this many (each publish that
-#: adds files adds one); its delete files are written again past this many per partition.
+#: adds files adds one). Past this many delete files in a partition, the smaller ones are
+#: merged into the new one (the largest stays as it is).
 MAX_DATA_MANIFESTS = 16
-MAX_DELETE_FILES_PER_PARTITION = 4
+MAX_DELETE_FILES_PER_PARTITION = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -786,8 +794,9 @@ class PublishedFile:
     #: The sequence number (= snapshot id = manifest version) of the snapshot that added it.
     seq: int
     facts: FileFacts
-    #: The delete file (relative path) holding its hidden positions (None: it hides none).
-    delete_file: str | None
+    #: The delete files (relative paths) holding its hidden positions, each with the
+    #: positions it holds of this file (ascending; together, disjointly, ``facts.deleted``).
+    deletes: tuple[tuple[str, np.ndarray], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -797,6 +806,9 @@ class PublishedDeletes:
     manifest: ManifestFile
     #: The data files (relative paths) it holds positions of.
     covers: frozenset[str]
+    #: Its partition group (the lowest partition of the files it covers; -1: none) and rows.
+    group: int = -1
+    rows: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -821,27 +833,50 @@ class ViewState:
         return {p: f.facts for p, f in self.files.items() if p != self.merged_path}
 
 
-def reusable_delete_file(
-    deletes: PublishedDeletes,
-    path: str,
+def still_hidden(old: PublishedFile | None, facts: FileFacts, changed: bool) -> bool:
+    """Whether every position the previous view hid in a data file, the new view hides too,
+    so its old delete files stay right (the new positions go to a new file beside them): the
+    file was published before (a file that left and came back is new: its old positions are
+    not its new ones), and its hidden rows did not change or only grew."""
+    if old is None:
+        return False
+    if not changed:
+        return True
+    return bool(np.isin(old.facts.deleted, facts.deleted, assume_unique=True).all())
+
+
+def reusable_delete_files(
+    deletes: dict[str, PublishedDeletes],
     files: dict[str, FileFacts],
     changed: frozenset[str],
     before: dict[str, PublishedFile],
-) -> bool:
-    """Whether a previous snapshot's delete file can be listed again as it is: every data file
-    it holds positions of is still in the new view, its hidden rows did not change, and the
-    delete file held them (a file that left and came back is new: its old positions are not its
-    new ones). A delete file some of whose files left is written again without them (readers
-    would read their positions for nothing)."""
-    for covered in deletes.covers:
-        if covered not in files:
-            return False  # its positions would be read for nothing: rewrite the others'
-        if covered in changed:
-            return False
-        old = before.get(covered)
-        if old is None or old.delete_file != path:
-            return False
-    return True
+) -> set[str]:
+    """The previous snapshot's delete files that can be listed again as they are: every data
+    file one holds positions of is still in the new view and still hides them
+    (:func:`still_hidden`), and every other delete file of those data files is listed again
+    too (a data file whose positions are written again in full drops all its old ones:
+    readers would read them twice). A delete file some of whose files left is written again
+    without them (readers would read their positions for nothing)."""
+    kept = set()
+    for path, d in deletes.items():
+        if all(
+            covered in files
+            and still_hidden(before.get(covered), files[covered], covered in changed)
+            and any(held == path for held, _ in before[covered].deletes)
+            for covered in d.covers
+        ):
+            kept.add(path)
+    while True:  # a file with a dropped delete file is written in full: drop its others
+        dropped = {
+            held
+            for p, f in before.items()
+            if any(h not in kept for h, _ in f.deletes)
+            for held, _ in f.deletes
+            if held in kept
+        }
+        if not dropped:
+            return kept
+        kept -= dropped
 
 
 def write_snapshot(
@@ -864,9 +899,12 @@ def write_snapshot(
     With ``state`` (the layout of ``previous``'s current snapshot), what did not change is
     listed again rather than written: a data manifest whose files all remain, a data file's
     entry (with the sequence number it was added at), a delete file and its manifest when
-    :func:`reusable_delete_file` says so, the merged rows' file when they did not change. New
-    delete files, one per partition (of a file's lowest partition), hold the positions of
-    every other data file that hides rows."""
+    :func:`reusable_delete_files` says so, the merged rows' file when they did not change. New
+    delete files, one per partition (of a file's lowest partition), hold the positions no
+    listed delete file holds: every hidden position of a new data file (or of one whose old
+    delete files are dropped), and only the new ones of a data file that hides more rows than
+    before (a snapshot lists several delete files of a data file; readers apply them all), so
+    an update's cost grows with the positions it hides, not with the table."""
     table = spec.name
     prefix = view_prefix(table)
     if view is None:
@@ -932,43 +970,59 @@ def write_snapshot(
         )
         data_manifests.append((m, frozenset(rest)))
 
-    # The delete files: a previous one listed again if it may be, the rest in new ones.
-    kept: dict[str, PublishedDeletes] = {}
-    if state is not None:
-        for path, d in state.deletes.items():
-            if reusable_delete_file(d, path, view.files, changed, before):
-                kept[path] = d
-        partitions = {r[0] for f in view.files.values() for r in f.ranges}
-        if len(kept) > MAX_DELETE_FILES_PER_PARTITION * max(1, len(partitions)):
-            kept = {}
-    holder: dict[str, str | None] = {}
-    fresh: list[str] = []
+    # The delete files: a previous one listed again if it may be; the positions no listed file
+    # holds (all of a new file's, or a file's new ones) in new files, one per partition.
+    published_deletes = state.deletes if state is not None else {}
+    kept = reusable_delete_files(published_deletes, view.files, changed, before)
+    holds: dict[str, list[tuple[str, np.ndarray]]] = {}
+    extra: dict[str, list[np.ndarray]] = {}
     for path, f in sorted(view.files.items()):
         old = before.get(path)
-        if not len(f.deleted):
-            holder[path] = None
-        elif old is not None and old.delete_file in kept and path not in changed:
-            holder[path] = old.delete_file
+        if old is not None and all(h in kept for h, _ in old.deletes):
+            holds[path] = list(old.deletes)
+            new = (
+                np.setdiff1d(f.deleted, old.facts.deleted, assume_unique=True)
+                if path in changed
+                else f.deleted[:0]
+            )
         else:
-            fresh.append(path)
-    new_deletes: dict[str, PublishedDeletes] = {}
+            holds[path], new = [], f.deleted
+        if len(new):
+            extra[path] = [new]
     groups: dict[int, list[str]] = defaultdict(list)
-    for path in fresh:  # one delete file per partition: an untouched partition's stays as is
+    for path in extra:  # one new delete file per partition: an untouched partition's stays
         groups[min((r[0] for r in view.files[path].ranges), default=-1)].append(path)
+    for group in list(groups):
+        mine = sorted(
+            (h for h in kept if published_deletes[h].group == group),
+            key=lambda h: (-published_deletes[h].rows, h),
+        )
+        if len(mine) < MAX_DELETE_FILES_PER_PARTITION:
+            continue
+        # Too many in this partition: the smaller ones' positions go to the new file too.
+        merged = set(mine[1:])
+        kept -= merged
+        for path, held in holds.items():
+            moving = [pos for h, pos in held if h in merged]
+            if moving:
+                holds[path] = [(h, pos) for h, pos in held if h not in merged]
+                if path not in extra:
+                    extra[path] = []
+                    groups[group].append(path)
+                extra[path].extend(moving)
+    new_deletes: dict[str, PublishedDeletes] = {}
     for group, members in sorted(groups.items()):
+        members.sort()
+        positions = [np.sort(np.concatenate(extra[p])) for p in members]
         # Each file's location once, repeated by its positions, sorted by file then position
         # as the spec asks of a position delete file.
-        which = np.repeat(
-            np.arange(len(members), dtype=np.int64), [len(view.files[p].deleted) for p in members]
-        )
+        which = np.repeat(np.arange(len(members), dtype=np.int64), [len(x) for x in positions])
         deletes = pa.table(
             {
                 "file_path": pa.array([location(deep, p) for p in members], pa.string()).take(
                     which
                 ),
-                "pos": pa.array(
-                    np.concatenate([view.files[p].deleted for p in members]), pa.int64()
-                ),
+                "pos": pa.array(np.concatenate(positions), pa.int64()),
             },
             schema=DELETE_SCHEMA,
         )
@@ -990,10 +1044,10 @@ def write_snapshot(
                 )
             ],
         )
-        new_deletes[delete_path] = PublishedDeletes(m, frozenset(members))
-        for p in members:
-            holder[p] = delete_path
-    all_deletes = {**kept, **new_deletes}
+        new_deletes[delete_path] = PublishedDeletes(m, frozenset(members), group, deletes.num_rows)
+        for p, pos in zip(members, positions, strict=True):
+            holds[p].append((delete_path, pos))
+    all_deletes = {**{h: published_deletes[h] for h in kept}, **new_deletes}
 
     list_path = f"{prefix}/metadata/snap-{tag}.avro"
     parent = previous.current_snapshot_id if previous is not None else None
@@ -1050,7 +1104,8 @@ def write_snapshot(
     metadata_path = f"{prefix}/metadata/{tag}.metadata.json"
     ToOutputFile.table_metadata(metadata, _file(deep, metadata_path, create=True))
     published: dict[str, PublishedFile] = {
-        p: PublishedFile(entries[p][0], entries[p][1], f, holder[p]) for p, f in view.files.items()
+        p: PublishedFile(entries[p][0], entries[p][1], f, tuple(holds[p]))
+        for p, f in view.files.items()
     }
     if merged_path is not None:
         empty = np.zeros(0, np.int64)
@@ -1058,7 +1113,6 @@ def write_snapshot(
             entries[merged_path][0],
             entries[merged_path][1],
             FileFacts(view.merged.num_rows, 0, frozenset(), empty),
-            None,
         )
     new_state = ViewState(
         metadata_path,
@@ -1134,6 +1188,13 @@ def publish(
         moved = store.swap_pointer(
             table, pointer, metadata_location=metadata_path, manifest_version=v, now=now
         )
+    except VersionExpiredError as exc:
+        # Retention expired the version while this publish wrote its snapshot (GC may have
+        # deleted its files): nothing moved; the next publish shows a kept version.
+        if cache is not None:
+            cache.remember(deep, table, None)
+        log.info("iceberg view of %s: not published: %s", table, exc)
+        return PublishResult(table, store.read_pointer(table), False)
     except CommitStateUnknownError:
         if cache is not None:
             cache.remember(deep, table, None)

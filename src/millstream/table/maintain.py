@@ -61,12 +61,15 @@ def maintain(
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
     clock: Clock = SYSTEM_CLOCK,
     publish_cache: Any = None,
+    publish_view: bool = True,
 ) -> Maintenance:
     """Expire ``table``'s old versions, then delete the files no kept version references and
     that are older than the grace period (see :func:`millstream.table.gc.collect_garbage`).
     A table with an Iceberg view is then published (its expired snapshots dropped), through
     ``publish_cache`` if given (a :class:`~millstream.table.iceberg.PublishCache`: the
-    process's publisher's, so its next publish still builds on the snapshot)."""
+    process's publisher's, so its next publish still builds on the snapshot); not with
+    ``publish_view=False`` (a publisher of another process drops the expired snapshots at its
+    next publish)."""
     expiry = store.expire_versions(table, now=clock.now(), dry_run=dry_run)
     removed = collect_garbage_files(
         store, deep, table, grace_seconds=grace_seconds, clock=clock, dry_run=dry_run
@@ -75,7 +78,7 @@ def maintain(
         # lazy: pyiceberg (about a second to import) loads only where a table has a view
         from millstream.table.iceberg import collect_view_garbage, publish
 
-        if not dry_run:
+        if not dry_run and publish_view:
             # The Iceberg view drops the snapshots of the versions that just expired.
             publish(store, deep, table, cache=publish_cache)
         removed += collect_view_garbage(

@@ -2,10 +2,13 @@
 publishes the Iceberg view of each table it writes, incrementally after the first, on its own
 supervised loop. The operator sees the view's lag in ``/metrics`` and ``debugInfo``; a table
 whose publish fails is counted and backed off, and never stops another table's publishing or
-its writer's commits."""
+its writer's commits. The publishes run in the worker's publisher process (a child of the
+worker; see tests/unit/sealing/test_publisher_process.py for its crashes and its end)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from pathlib import Path
 
@@ -123,6 +126,11 @@ def test_a_worker_publishes_every_table_it_writes_at_the_default_interval(
     failing = loops[("publisher", "orders")]
     assert failing.consecutive_failures == orders_errors and failing.last_error is not None
     assert "orders" in failing.last_error
+    # The publishes ran in the worker's publisher process, a child of this one.
+    assert worker.publisher.pid is not None and worker.publisher.pid != os.getpid()
+    assert worker.publisher.alive and worker.publisher.starts == 1
+    worker.publisher.close()
+    assert not worker.publisher.alive
 
 
 def test_publishing_can_be_turned_off(catalog: Catalog, clock: ManualClock, tmp_path: Path) -> None:
@@ -131,3 +139,58 @@ def test_publishing_can_be_turned_off(catalog: Catalog, clock: ManualClock, tmp_
     assert worker.publisher is None and worker.publish_loop is None
     worker.publish()  # nothing to do, nothing published
     assert not [s for s in worker.loop_statuses() if s.loop == "publisher"]
+
+
+def test_a_crashed_publisher_process_is_counted_shown_and_restarted_with_backoff(
+    api: TestClient,
+    controller: Controller,
+    catalog: Catalog,
+    clock: ManualClock,
+    source_dir: Path,
+    tmp_path: Path,
+    running: threading.Event,
+) -> None:
+    assert api.post("/datastreams", json=spec_body("payments", source_dir)).status_code == 201
+    controller.tick()
+    worker = Worker(catalog, None, worker_id=WORKER, clock=clock, state_root=tmp_path / "state")
+    assert worker.publish_loop is not None and worker.publisher is not None
+    add_running_writer(worker, catalog, "payments", tmp_path / "state", running)
+    try:
+        _commit(catalog, "payments", [1, 2, 1], 0)
+        worker.publish_loop.run_once()
+        first = worker.publisher.pid
+        assert first is not None and worker.publisher.status()["payments"]["manifest_version"] == 1
+        os.kill(first, signal.SIGKILL)
+        _commit(catalog, "payments", [2, 3], 3)
+        clock.advance(DEFAULT_PUBLISH_INTERVAL)
+        wait = worker.publish_loop.run_once()  # finds its child gone: a failed step
+        status = worker.publish_loop.status()
+        assert status.errors == 1 and status.consecutive_failures == 1
+        assert status.last_error is not None
+        assert f"pid {first}" in status.last_error and "exit code -9" in status.last_error
+        assert f"worker {WORKER}" in status.last_error
+        assert 0 < wait < DEFAULT_PUBLISH_INTERVAL  # the loop waits its backoff, not an interval
+        worker._heartbeat()
+        text = api.get("/metrics").text
+        sample = (
+            f'millstream_background_errors_total{{loop="publishing",table="",worker="{WORKER}"}}'
+        )
+        assert _metric(text, sample) == 1.0
+        listed = {w["id"]: w for w in api.get("/workers").json()}
+        loops = [lp for lp in listed[WORKER]["loops"] if lp["loop"] == "publishing"]
+        assert loops and f"pid {first}" in loops[0]["last_error"]
+        assert worker.publisher.starts == 1
+        clock.advance(wait)
+        worker.publish_loop.run_once()  # the loop's next step, after the backoff: a new child, which publishes (in full: a new cache)
+        assert worker.publisher.starts == 2 and worker.publisher.pid != first
+        assert worker.publish_loop.status().consecutive_failures == 0
+        view = worker.publisher.status()["payments"]
+        assert view["manifest_version"] == 2 and view["last"]["incremental"] == 0
+        where = current_location(catalog.deep, catalog.store, "payments")
+        assert where is not None
+        assert pyiceberg_rows(where) == canonical(catalog.read_table("payments").to_pylist())
+        worker._heartbeat()
+        debug = api.get("/tables/payments/debugInfo").json()["iceberg"]
+        assert [lp["loop"] for lp in debug["publisher_loops"]].count("publishing") == 1
+    finally:
+        worker.publisher.close()
