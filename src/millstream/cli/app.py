@@ -224,6 +224,14 @@ def _seal_report(report: dict[str, Any]) -> str:
                 for p, s in sorted(report["sealed"].items())
             )
         )
+    if report.get("compacted"):
+        parts.append(
+            "compacted "
+            + ", ".join(
+                f"partition {p} ({s['segments']} sealed segments into one of {s['rows']} rows)"
+                for p, s in sorted(report["compacted"].items())
+            )
+        )
     for p, why in sorted(report["not_due"].items()):
         parts.append(f"partition {p} not sealed: {why}")
     for p, err in sorted(report["failed"].items()):

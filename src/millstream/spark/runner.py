@@ -440,9 +440,11 @@ class DatastreamRunner:
         return f"millstream-{self.spec.name}-{self.writer_id}"
 
     def _seal_before_exit(self) -> dict[str, Any] | None:
-        """An ``--available-now`` run seals what is due before it exits: no background sealer
-        outlives it, so without this its segments stay unsealed until some later run. (With
-        ``pauseless: false`` the sink sealed inline already.)"""
+        """An ``--available-now`` run seals what it wrote before it exits, below the flush
+        thresholds too, and compacts what is due: no background sealer outlives it, so
+        without this its segments stay unsealed until some later run, and every read until
+        then merges each key's every version. (With ``pauseless: false`` the sink sealed
+        inline already.)"""
         if not self.spec.segments.pauseless:
             return None
         seg = self.spec.segments
@@ -453,7 +455,7 @@ class DatastreamRunner:
             compaction=CompactionPolicy.of(seg),
         )
         try:
-            return sealer.seal_what_is_due()
+            return sealer.seal_what_is_due(everything=True)
         except Exception as exc:  # ingestion succeeded; the next run seals what is left
             log.warning("the final seal pass of %s failed: %s", self.table_spec.name, exc)
             return {"sealed": {}, "not_due": {}, "failed": {"*": str(exc).splitlines()[0]}}
