@@ -80,10 +80,10 @@ def run(
         # lazy: only the command that runs needs it; keeps `millstream --help` fast
         from millstream.cli.progress import ProgressView
         from millstream.spark.runner import DatastreamRunner
-        from millstream.spark.session import spark_session
+        from millstream.spark.session import BATCH_RUN_SETTINGS, spark_session
 
         catalog = open_catalog(home, create=True)
-        spark = spark_session(master=master)
+        spark = spark_session(master=master, config=BATCH_RUN_SETTINGS if available_now else None)
         stop.install()  # again: the SparkContext took SIGINT
         runner = DatastreamRunner(
             spec,
