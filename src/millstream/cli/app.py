@@ -93,6 +93,7 @@ def run(
             background_sealing=not available_now,
             maintenance_interval=maintenance_interval,
         )
+        runner.seal_all_on_exit = available_now  # no sealer outlives the run
         stop.attach(runner, spark)
         view = ProgressView(runner)
         stats = None

@@ -1,5 +1,6 @@
 """``millstream run --available-now`` seals all it wrote before it exits (no background sealer
-outlives it), and compacts what is due.
+outlives it), and compacts what is due; a runner left at its default seals what is due and
+says why each other partition was not sealed.
 
 The production :meth:`DatastreamRunner.run` runs here; only the Spark jobs are a stand-in
 (``_open`` creates the tables, ``_catch_up`` commits a batch per partition as the sink would
@@ -38,11 +39,14 @@ def _runner(
     monkeypatch: pytest.MonkeyPatch,
     batches: tuple[tuple[int, int], ...] = ((0, 150), (1, 20)),
     cat: Catalog | None = None,
+    seal_all: bool = True,
 ) -> Any:
     """A runner whose catch-up commits ``batches`` ((partition, rows)) after what the table
-    holds already (each row a new version of keys 0..rows-1)."""
+    holds already (each row a new version of keys 0..rows-1); ``seal_all`` as ``millstream run
+    --available-now`` sets it."""
     cat = cat or Catalog.open(home=tmp_path / "home")
     runner = DatastreamRunner(spec, cat, spark=None, writer_id="w")
+    runner.seal_all_on_exit = seal_all
 
     def catch_up(on_tick: Any) -> None:
         table = spec.table_spec()
@@ -102,6 +106,19 @@ def test_repeated_available_now_runs_compact_their_sealed_segments(
         entries = cat.manifest("orders").entries
         assert [(e.state, e.row_count) for e in entries] == [(SegmentState.ONLINE, 10)]
         assert sorted(cat.read_table("orders").column("id").to_pylist()) == list(range(10))
+
+
+def test_a_runner_at_its_default_seals_what_is_due_and_says_why_the_rest_was_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cat, runner = _runner(tmp_path, _spec(tmp_path), monkeypatch, seal_all=False)
+    stats = runner.run(available_now=True)
+    assert stats.sealing is not None
+    assert stats.sealing["sealed"] == {"0": {"segments": 1, "rows": 150}}
+    assert stats.sealing["failed"] == {}
+    assert "20 rows of flush_rows 100" in stats.sealing["not_due"]["1"]
+    states = {e.partition: e.state for e in cat.manifest("orders").entries}
+    assert states == {0: SegmentState.ONLINE, 1: SegmentState.CONSUMING}
 
 
 def test_with_pauseless_false_the_sink_sealed_inline_and_the_run_adds_no_pass(
