@@ -359,10 +359,7 @@ class DatastreamRunner:
         try:
             while not self._stopping:
                 if jobs:
-                    # Plain Spark jobs need no data source registered (_open): registering
-                    # starts Spark's SQL session state and a Python process that looks data
-                    # sources up, seconds of a fresh `run --available-now`.
-                    self.ensure_tables()
+                    self._open()
                     if self.background_sealing and sealing is None:
                         sealing = self._start_sealing()
                     error = self._catch_up(on_tick)

@@ -3,9 +3,8 @@ outlives it), and compacts what is due; a runner left at its default seals what 
 says why each other partition was not sealed.
 
 The production :meth:`DatastreamRunner.run` runs here; only the Spark jobs are a stand-in
-(``_catch_up`` commits a batch per partition as the sink would and returns as an
-available-now run does when it is done). The runner has no SparkSession (``spark=None``): an
-available-now run's jobs register no data source, so nothing else of Spark is touched."""
+(``_open`` creates the tables, ``_catch_up`` commits a batch per partition as the sink would
+and returns as an available-now run does when it is done)."""
 
 from __future__ import annotations
 
@@ -65,6 +64,7 @@ def _runner(
             staged = stage_rows(cat.deep, table, rows)
             commit_staged(cat.store, cat.deep, "orders", staged, {partition: (lo, lo + n)}, {})
 
+    monkeypatch.setattr(runner, "_open", runner.ensure_tables)
     monkeypatch.setattr(runner, "_catch_up", catch_up)
     return cat, runner
 
