@@ -93,10 +93,10 @@ def run(
         # lazy: only the command that runs needs it; keeps `millstream --help` fast
         from millstream.cli.progress import ProgressView
         from millstream.spark.runner import DatastreamRunner
-        from millstream.spark.session import spark_session
+        from millstream.spark.session import BATCH_RUN_SETTINGS, spark_session
 
         catalog = open_catalog(home, create=True)
-        spark = spark_session(master=master)
+        spark = spark_session(master=master, config=BATCH_RUN_SETTINGS if available_now else None)
         stop.install()  # again: the SparkContext took SIGINT
         runner = DatastreamRunner(
             spec,
@@ -107,6 +107,7 @@ def run(
             maintenance_interval=maintenance_interval,
             publish_interval=iceberg_publish_interval or None,
         )
+        runner.seal_all_on_exit = available_now  # no sealer outlives the run
         stop.attach(runner, spark)
         view = ProgressView(runner)
         stats = None
@@ -240,6 +241,14 @@ def _seal_report(report: dict[str, Any]) -> str:
             + ", ".join(
                 f"partition {p} ({s['segments']} segments, {s['rows']} rows)"
                 for p, s in sorted(report["sealed"].items())
+            )
+        )
+    if report.get("compacted"):
+        parts.append(
+            "compacted "
+            + ", ".join(
+                f"partition {p} ({s['segments']} sealed segments into one of {s['rows']} rows)"
+                for p, s in sorted(report["compacted"].items())
             )
         )
     for p, why in sorted(report["not_due"].items()):

@@ -295,10 +295,12 @@ class Sealer:
             return None
         return shortfall(run, self.thresholds, self.clock)
 
-    def seal_what_is_due(self) -> dict[str, Any]:
+    def seal_what_is_due(self, *, everything: bool = False) -> dict[str, Any]:
         """One pass over every partition, reporting each: sealed (segments, rows), not due
-        (why), or failed (the error). What an ``--available-now`` run does before it exits,
-        where no background sealer outlives it."""
+        (why), or failed (the error). With ``everything``, every partition's consuming run is
+        sealed whatever its size or age, and the sealed segments due for it are compacted
+        (``compacted``): what an ``--available-now`` run does before it exits, where no
+        background sealer outlives it, so that what it wrote is read as final rows."""
         sealed: dict[str, Any] = {}
         not_due: dict[str, str] = {}
         failed: dict[str, str] = {}
@@ -307,12 +309,12 @@ class Sealer:
             run = self.pending_run(p, manifest)
             if not run:
                 continue
-            reason = self.not_due_reason(run)
+            reason = None if everything else self.not_due_reason(run)
             if reason is not None:
                 not_due[str(p)] = reason
                 continue
             try:
-                result = self.seal_partition(p)
+                result = self.seal_partition(p, force=everything)
             except Exception as exc:
                 failed[str(p)] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 continue
@@ -320,8 +322,15 @@ class Sealer:
                 not_due[str(p)] = "another sealer holds the run, or it changed meanwhile"
             else:
                 sealed[str(p)] = {"segments": len(result.replaced), "rows": result.rows_out}
+        report: dict[str, Any] = {"sealed": sealed, "not_due": not_due, "failed": failed}
+        if everything:
+            report["compacted"] = {
+                str(c.partition): {"segments": len(c.replaced), "rows": c.rows_out}
+                for c in self.compact_due()
+            }
+            failed.update({str(p): e for p, e in self.compaction_errors.items()})
         self.checkpoint(force=True)
-        return {"sealed": sealed, "not_due": not_due, "failed": failed}
+        return report
 
     def partitions(self) -> list[int]:
         return [sh.partition for sh in self.store.list_shards(self.table)]

@@ -205,6 +205,10 @@ class DatastreamRunner:
         #: tables on a thread of this process while the query runs (``millstream run``; a
         #: worker does both on its own threads instead).
         self.background_sealing = background_sealing
+        #: An ``available_now`` run seals everything it wrote before it exits, below the flush
+        #: thresholds too, and compacts what is due (``millstream run --available-now``: no
+        #: sealer outlives it); False, only what is due (see :meth:`_seal_before_exit`).
+        self.seal_all_on_exit = False
         #: Seconds between the background sealer's passes, and its backoff after a failure.
         self.seal_interval = 1.0
         self.seal_backoff = Backoff(base=1.0, cap=60.0)
@@ -459,9 +463,12 @@ class DatastreamRunner:
         return f"millstream-{self.spec.name}-{self.writer_id}"
 
     def _seal_before_exit(self) -> dict[str, Any] | None:
-        """An ``--available-now`` run seals what is due before it exits: no background sealer
-        outlives it, so without this its segments stay unsealed until some later run. (With
-        ``pauseless: false`` the sink sealed inline already.)"""
+        """An ``available_now`` run seals before it exits: no background sealer outlives it,
+        so without this its segments stay unsealed until some later run, and every read until
+        then merges each key's every version. With :attr:`seal_all_on_exit` (``millstream run
+        --available-now``) everything it wrote, below the flush thresholds too, and it compacts
+        what is due; else what is due. (With ``pauseless: false`` the sink sealed inline
+        already.)"""
         if not self.spec.segments.pauseless:
             return None
         seg = self.spec.segments
@@ -472,7 +479,7 @@ class DatastreamRunner:
             compaction=CompactionPolicy.of(seg),
         )
         try:
-            return sealer.seal_what_is_due()
+            return sealer.seal_what_is_due(everything=self.seal_all_on_exit)
         except Exception as exc:  # ingestion succeeded; the next run seals what is left
             log.warning("the final seal pass of %s failed: %s", self.table_spec.name, exc)
             return {"sealed": {}, "not_due": {}, "failed": {"*": str(exc).splitlines()[0]}}

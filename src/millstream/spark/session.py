@@ -19,6 +19,27 @@ LOCAL_FILES_WITHOUT_CHECKSUMS = {
 }
 
 
+#: The Spark settings of a run that ends when it has caught up (``millstream run
+#: --available-now``), whose JVM lives for seconds and whose batches are a few Spark jobs:
+#:
+#: * the driver JVM compiles with the C1 compiler only (``TieredStopAtLevel=1``): C2's
+#:   compiler threads spend CPU on code a short run would not run long enough to win back
+#:   (a fresh run of 1M upserts used about a third less CPU in all, docs/performance.md,
+#:   "Batch"), and the serial collector in a 512 MiB heap: the JVM holds no data (the Python
+#:   tasks read, decode and stage the records; they send the JVM a few bytes a task), so
+#:   parallel GC threads buy nothing (the serial collector alone, in the default 1 GiB heap,
+#:   let the JVM grow to ~700 MB of RSS). In ``defaultJavaOptions``, so a user's
+#:   ``spark.driver.extraJavaOptions`` stays;
+#: * a Python worker exits after its task instead of waiting to be reused, which gives back
+#:   its memory (the decoded batch's high-water mark) before the run's final seal, instead of
+#:   holding it idle beside the seal until the JVM stops.
+BATCH_RUN_SETTINGS = {
+    "spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "spark.driver.memory": "512m",
+    "spark.python.worker.reuse": "false",
+}
+
+
 def worker_python(config: Mapping[str, str] | None = None) -> str:
     """The interpreter Spark's Python workers run: the one the user chose (``PYSPARK_PYTHON``,
     or ``spark.pyspark.python`` in ``config``), else this one. Not "python3" from PATH: a venv
