@@ -48,6 +48,10 @@ def _run(spec: Path, home: Path, *extra: str) -> dict[str, Any]:
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    # The JVM logs through the package's log4j2.properties: none of Spark's start-up noise
+    # (a profile banner, a log-level hint, Hadoop's native-library warning) on the terminal.
+    for noise in ("log4j profile", "Setting default log level", "NativeCodeLoader"):
+        assert noise not in proc.stderr, proc.stderr[-3000:]
     summary: dict[str, Any] = json.loads(proc.stdout)
     return summary
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -38,6 +39,12 @@ BATCH_RUN_SETTINGS = {
     "spark.driver.memory": "512m",
     "spark.python.worker.reuse": "false",
 }
+
+
+#: The driver's log4j configuration (this package's ``log4j2.properties``).
+LOG4J_OPTION = (
+    "-Dlog4j2.configurationFile=" + (Path(__file__).parent / "log4j2.properties").as_uri()
+)
 
 
 def worker_python(config: Mapping[str, str] | None = None) -> str:
@@ -87,7 +94,13 @@ def spark_session(
     # the shards before using it (runner.checkpoint_verdict), so it needs no checksum.
     for key, value in LOCAL_FILES_WITHOUT_CHECKSUMS.items():
         builder = builder.config(key, value)
-    for key, value in (config or {}).items():
+    settings = dict(config or {})
+    # The JVM logs through the package's log4j2.properties: no banner, hint or native-library
+    # warning on the user's terminal at each start. Beside any default Java options given.
+    settings["spark.driver.defaultJavaOptions"] = " ".join(
+        o for o in (LOG4J_OPTION, settings.get("spark.driver.defaultJavaOptions")) if o
+    )
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
