@@ -56,6 +56,20 @@ def _fixed(spec: DatastreamSpec) -> dict[str, Any]:
     return out
 
 
+def _single_table(name: str, spec: DatastreamSpec) -> None:
+    if spec.multi_table:
+        raise InvalidSpecError(
+            "source",
+            f"datastream {name!r} writes a table per topic: updating such a datastream is "
+            "not supported yet; create another datastream instead",
+        )
+
+
+def _names(spec: DatastreamSpec) -> list[str]:
+    """A single-table spec's table and dead-letter table."""
+    return [spec.table_name, spec.dead_letter_table]
+
+
 def _check_fixed_fields(old: DatastreamSpec, new: DatastreamSpec) -> None:
     """Everything but the schema, the table section (which the evolution rules check) and
     :data:`UPDATABLE_SOURCE_FIELDS` must stay as it is: a source, segment or replica change
@@ -113,7 +127,9 @@ class Registry:
     def create(self, spec: DatastreamSpec) -> DatastreamRecord:
         """Insert the datastream in INITIALIZING and ask the leader to set it up. Its table
         and dead-letter table must not belong to another datastream (:class:`TableOwnedError`)."""
-        spec.table_spec()  # validated already; raises InvalidSpecError naming the field
+        # validated already; a multi-table spec's listed topics' tables (a topic_pattern's
+        # are claimed as its topics are found)
+        claimed = [n for t in spec.declared_tables().values() for n in _names(t)]
 
         def _txn(conn: Txn) -> DatastreamRecord:
             if self._get(conn, spec.name) is not None:
@@ -122,7 +138,7 @@ class Registry:
             # Its table and dead-letter table become its own (TableOwnedError, a 409 naming
             # the other datastream, if one owns either): in this transaction, so two creates
             # racing for one table cannot both insert (the owner row's key decides).
-            owners.claim_tables(conn, [spec.table_name, spec.dead_letter_table], spec.name, now)
+            owners.claim_tables(conn, claimed, spec.name, now)
             datastreams.insert_new(conn, spec, now)
             events.enqueue(conn, spec.name, events.CREATE, now)
             rec = self._get(conn, spec.name)
@@ -146,12 +162,14 @@ class Registry:
         before the leader created the table)."""
         if spec.name != name:
             raise InvalidSpecError("name", f"{spec.name!r} is not the datastream {name!r}")
+        _single_table(name, spec)
         new_table = spec.table_spec()
 
         def _txn(conn: Txn) -> Update:
             rec = self._get(conn, name)
             if rec is None:
                 raise NotFoundError("datastream", name)
+            _single_table(name, rec.spec)
             _check_fixed_fields(rec.spec, spec)
             if new_table.name != rec.spec.table_name:
                 # Its table names are its own (owners.claim_tables); another name may be

@@ -1,0 +1,210 @@
+"""A datastream of many topics (``source.topics`` or ``source.topic_pattern``), a table each:
+what its spec says, what it refuses (naming the field), and which tables it claims."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from millstream.catalog import Catalog
+from millstream.control.controller import Controller
+from millstream.control.registry import Registry
+from millstream.datastream import DatastreamSpec
+from millstream.errors import InvalidSpecError, TableOwnedError
+
+BASE: dict[str, Any] = {
+    "name": "inventory",
+    "source": {
+        "kind": "kafka",
+        "bootstrap_servers": "127.0.0.1:9092",
+        "topics": ["dbserver1.inventory.customers", "dbserver1.inventory.orders"],
+    },
+    "table": {"mode": "upsert", "primary_key": ["id"]},
+    "schema": {"id": "long", "name": "string"},
+}
+
+
+def _spec(**changes: Any) -> dict[str, Any]:
+    data = copy.deepcopy(BASE)
+    for path, value in changes.items():
+        *parents, leaf = path.split("__")
+        at = data
+        for p in parents:
+            at = at.setdefault(p, {})
+        if value is None:
+            at.pop(leaf, None)
+        else:
+            at[leaf] = value
+    return data
+
+
+def _error(data: dict[str, Any]) -> InvalidSpecError:
+    with pytest.raises(InvalidSpecError) as info:
+        DatastreamSpec.parse(data)
+    return info.value
+
+
+def test_each_listed_topic_gets_a_table_named_by_the_template() -> None:
+    spec = DatastreamSpec.parse(BASE)
+    assert spec.multi_table
+    tables = spec.declared_tables()
+    assert sorted(tables) == ["customers", "orders"]  # {topic_last}, the default template
+    orders = tables["orders"]
+    assert orders.name == "inventory"  # the datastream owns every table
+    assert orders.source.kind == "kafka" and orders.source.topic == "dbserver1.inventory.orders"
+    table = orders.table_spec()
+    assert (table.mode, table.primary_key, table.columns) == (
+        "upsert",
+        ("id",),
+        {"id": "long", "name": "string"},
+    )
+    assert orders.dead_letter_table == "orders__dead_letter"
+
+    named = DatastreamSpec.parse(_spec(table__name="{datastream}_{topic_safe}"))
+    assert sorted(named.declared_tables()) == [
+        "inventory_dbserver1_inventory_customers",
+        "inventory_dbserver1_inventory_orders",
+    ]
+    # a single-table question of a multi-table spec is refused, naming the field
+    with pytest.raises(InvalidSpecError, match="writes a table per topic"):
+        spec.table_spec()
+
+
+def test_exactly_one_of_topic_topics_and_topic_pattern() -> None:
+    both = _error(_spec(source__topic="a"))
+    assert both.field == "source.topics"
+    assert "exactly one of topic, topics or topic_pattern (the spec gives topic, topics)" in str(
+        both
+    )
+    assert _error(_spec(source__topics=None)).field == "source.topic"
+    assert _error(_spec(source__topics=["a", "b", "a"])).field == "source.topics.2"
+    bad = _error(_spec(source__topics=None, source__topic_pattern="db(["))
+    assert bad.field == "source.topic_pattern"
+    assert "is not a regular expression" in str(bad)
+
+
+def test_two_topics_mapping_to_one_table_are_refused_naming_both() -> None:
+    err = _error(_spec(source__topics=["db1.shop.orders", "db2.shop.orders"]))
+    assert err.field == "table.name"
+    assert "topics 'db1.shop.orders' and 'db2.shop.orders' both map to table 'orders'" in str(err)
+    # a table that would be another topic's dead-letter table is refused likewise
+    dl = _error(_spec(source__topics=["a.orders", "b.orders__dead_letter"]))
+    assert "'a.orders' and 'b.orders__dead_letter'" in str(dl)
+    # an override's name resolves it
+    ok = DatastreamSpec.parse(
+        _spec(
+            source__topics=["db1.shop.orders", "db2.shop.orders"],
+            overrides={"db2.shop.orders": {"name": "orders_2"}},
+        )
+    )
+    assert sorted(ok.declared_tables()) == ["orders", "orders_2"]
+
+
+def test_the_template_and_its_names_are_checked() -> None:
+    unknown = _error(_spec(table__name="{topik}"))
+    assert unknown.field == "table.name"
+    assert "{topik} is not a variable" in str(unknown) and "{topic_last}" in str(unknown)
+    fixed = _error(_spec(table__name="orders"))
+    assert "names every topic's table alike" in str(fixed)
+    dotted = _error(_spec(table__name="{topic}"))  # a topic's dots are not a table name's
+    assert dotted.field == "table.name"
+    assert "topic 'dbserver1.inventory.customers'" in str(dotted)
+
+
+def test_a_topic_override_changes_its_table_alone() -> None:
+    spec = DatastreamSpec.parse(
+        _spec(
+            overrides={
+                "dbserver1.inventory.orders": {
+                    "mode": "append",
+                    "schema": {"order_id": "long", "total": "double"},
+                    "retention": {"time": "1h"},
+                },
+                "dbserver1.inventory.customers": {
+                    "schema": {"cid": "long", "ts": "long"},
+                    "primary_key": ["cid"],
+                    "comparison_column": "ts",
+                },
+            }
+        )
+    )
+    tables = spec.declared_tables()
+    orders = tables["orders"].table_spec()
+    assert (orders.mode, orders.primary_key, orders.retention.time) == ("append", (), "1h")
+    assert list(orders.columns) == ["order_id", "total"]
+    customers = tables["customers"].table_spec()
+    assert (customers.mode, customers.primary_key, customers.comparison_column) == (
+        "upsert",
+        ("cid",),
+        "ts",
+    )
+
+
+def test_an_override_error_names_the_topic_and_its_field() -> None:
+    err = _error(_spec(overrides={"dbserver1.inventory.orders": {"primary_key": ["nope"]}}))
+    assert err.field == "overrides.dbserver1.inventory.orders.primary_key"
+    assert "topic 'dbserver1.inventory.orders': column 'nope' is not in the schema" in str(err)
+    typo = _error(_spec(overrides={"dbserver1.inventory.orderz": {"mode": "append"}}))
+    assert typo.field == "overrides.dbserver1.inventory.orderz"
+    assert "is not a topic of source.topics" in str(typo)
+    outside = _error(
+        _spec(
+            source__topics=None,
+            source__topic_pattern=r"dbserver1\.inventory\..*",
+            overrides={"dbserver2.inventory.orders": {"mode": "append"}},
+        )
+    )
+    assert "does not match source.topic_pattern" in str(outside)
+    single = _error(
+        _spec(source__topics=None, source__topic="t", overrides={"t": {"mode": "append"}})
+    )
+    assert single.field == "overrides"
+
+
+def test_a_pattern_takes_the_topics_it_matches_whole() -> None:
+    spec = DatastreamSpec.parse(
+        _spec(source__topics=None, source__topic_pattern=r"dbserver1\.inventory\..*")
+    )
+    assert spec.declared_tables() == {}  # found by the worker, on the broker
+    found = spec.tables(
+        [
+            "dbserver1.inventory.customers",
+            "dbserver1.inventoryx.orders",  # no match
+            "xdbserver1.inventory.orders",  # a match must be whole
+            "dbserver1.inventory.products",
+        ]
+    )
+    assert found.topics() == {
+        "customers": "dbserver1.inventory.customers",
+        "products": "dbserver1.inventory.products",
+    }
+    clash = spec.tables(["dbserver1.inventory.a.x", "dbserver1.inventory.b.x"])
+    assert list(clash.members) == ["x"]  # the first topic by name keeps the table
+    assert "both map to table 'x'" in str(clash.refused["dbserver1.inventory.b.x"])
+    with pytest.raises(InvalidSpecError, match="topic_poll_interval"):
+        DatastreamSpec.parse(
+            _spec(
+                source__topics=None,
+                source__topic_pattern="x.*",
+                source__topic_poll_interval="soon",
+            )
+        )
+
+
+def test_the_datastream_owns_every_listed_topics_table(tmp_path: Path) -> None:
+    catalog = Catalog.open(home=tmp_path / "home")
+    registry = Registry(catalog.store)
+    registry.create(DatastreamSpec.parse(BASE))
+    Controller(catalog, controller_id="c1").tick()  # the leader creates the tables
+    assert {"customers", "orders", "orders__dead_letter"} <= {
+        t.name for t in catalog.store.list_tables()
+    }
+    other = {**copy.deepcopy(BASE), "name": "other"}
+    other["source"]["topics"] = ["x.orders"]
+    with pytest.raises(TableOwnedError, match="table 'orders' belongs to datastream 'inventory'"):
+        registry.create(DatastreamSpec.parse(other))
+    with pytest.raises(InvalidSpecError, match="writes a table per topic"):
+        registry.update("inventory", DatastreamSpec.parse(BASE))
