@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -182,11 +182,12 @@ class KafkaSource(_SchemaFormat):
         description="Record fields into columns the schema declares: {timestamp, key, headers, "
         "topic, partition, offset; with the debezium envelope op, ts_ms, source_ts_ms: column}.",
     )
-    schema_evolution: Literal["none", "auto"] = Field(
-        default="none",
+    schema_evolution: Literal["none", "auto"] | None = Field(
+        default=None,
         description="auto (avro or protobuf with a schema_registry): a writer schema with fields "
         "the table lacks grows the table (added at the end, nullable; lossless widenings "
-        "too) at the batch that first carries it; none: such fields are ignored.",
+        "too) at the batch that first carries it; none: such fields are ignored. Unset: none, "
+        "or auto for tables made from the registry (no schema).",
     )
     on_data_loss: Literal["fail", "accept"] = Field(
         default="fail",
@@ -452,7 +453,11 @@ class DatastreamSpec(_Frozen):
         default_factory=TableSection, description="The table written and its merge engine."
     )
     columns: dict[str, ColumnType] = Field(
-        alias="schema", min_length=1, description="Column name -> type, in order."
+        alias="schema",
+        default_factory=dict,
+        description="Column name -> type, in order. Required, except for a multi-table "
+        "Debezium Avro source with a schema_registry: each topic's table is then made from "
+        "its writer schemas.",
     )
     segments: SegmentsSection = Field(
         default_factory=SegmentsSection, description="When segments are sealed and compacted."
@@ -501,6 +506,13 @@ class DatastreamSpec(_Frozen):
         if not DATASTREAM_NAME_RE.match(self.name):
             raise InvalidSpecError("name", f"{self.name!r} must match [a-z0-9][a-z0-9_-]{{0,63}}")
         parse_duration(self.trigger_interval, field="trigger_interval")
+        if not self.columns and not self._schema_from_registry():
+            raise InvalidSpecError(
+                "schema",
+                "is required (column name -> type); only a source with topics or "
+                "topic_pattern, envelope debezium, format avro and a schema_registry may leave "
+                "it out (each table then takes its topic's writer schema)",
+            )
         if self.multi_table:
             self._check_tables()
             return self
@@ -521,6 +533,32 @@ class DatastreamSpec(_Frozen):
                     )
         return self
 
+    def _schema_from_registry(self) -> bool:
+        src = self.source
+        return (
+            isinstance(src, KafkaSource)
+            and src.multi_table
+            and src.envelope == "debezium"
+            and src.format == "avro"
+            and src.schema_registry is not None
+        )
+
+    @property
+    def schema_from_registry(self) -> bool:
+        """Each topic's table is made from its writer schemas (no ``schema`` given): the
+        columns from the Debezium envelope's row record, the key from the record key's
+        schema, the comparison column from ``source.ts_ms`` (:data:`SOURCE_TS_COLUMN`, unless
+        the table section names one), and later writer schemas grow it
+        (``schema_evolution: auto`` unless the source says ``none``)."""
+        return not self.columns and self._schema_from_registry()
+
+    def table_name_of(self, topic: str) -> str:
+        """The name of ``topic``'s table (its override's, or the template's)."""
+        ov = self.overrides.get(topic)
+        if ov is not None and ov.name:
+            return ov.name
+        return table_name_for(self.table.name or DEFAULT_TABLE_TEMPLATE, self.name, topic)
+
     def _check_tables(self) -> None:
         """A multi-table spec: its template, its overrides, and (``topics``) every topic's
         table, with no two topics mapping to one table."""
@@ -535,6 +573,8 @@ class DatastreamSpec(_Frozen):
                     if src.topics is not None
                     else f"does not match source.topic_pattern {src.topic_pattern!r}",
                 )
+        if self.schema_from_registry:
+            return  # each table's columns and key come from its topic's writer schemas
         tables = self.tables(src.topics or list(self.overrides))
         if tables.refused:
             topic, error = next(iter(tables.refused.items()))
@@ -549,11 +589,13 @@ class DatastreamSpec(_Frozen):
         those of :meth:`tables`, each written as its single-topic spec (:meth:`table_for`)."""
         return isinstance(self.source, KafkaSource) and self.source.multi_table
 
-    def table_for(self, topic: str) -> DatastreamSpec:
+    def table_for(self, topic: str, derived: DerivedTable | None = None) -> DatastreamSpec:
         """The spec of ``topic``'s table in a multi-table datastream: this spec with
         ``source.topic`` set, the table named by the template (or the override) and the
         topic's override applied. Same datastream name: the datastream owns the table. An
-        error names the topic (and ``overrides.<topic>.<field>`` for an override's field)."""
+        error names the topic (and ``overrides.<topic>.<field>`` for an override's field).
+        With :attr:`schema_from_registry`, ``derived`` is the table's columns and key (from
+        its writer schemas, or the table as it is stored)."""
         src = self.source
         assert isinstance(src, KafkaSource)
         data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -565,9 +607,26 @@ class DatastreamSpec(_Frozen):
         table = data.get("table") or {}
         ov = self.overrides.get(topic)
         given = ov.model_dump(mode="json", by_alias=True, exclude_none=True) if ov else {}
-        table["name"] = given.pop("name", None) or table_name_for(
-            self.table.name or DEFAULT_TABLE_TEMPLATE, self.name, topic
-        )
+        given.pop("name", None)
+        table["name"] = self.table_name_of(topic)
+        if self.schema_from_registry:
+            if derived is None:
+                raise InvalidSpecError(
+                    "schema", f"topic {topic!r}: the registry holds no writer schema for it yet"
+                )
+            data["schema"] = dict(derived.columns)
+            if not table.get("primary_key"):
+                table["primary_key"] = list(derived.key)
+            if not table.get("comparison_column"):
+                # the change's time in the database orders a key's versions
+                data["schema"][SOURCE_TS_COLUMN] = "long"
+                table["comparison_column"] = SOURCE_TS_COLUMN
+                source["metadata_columns"] = {
+                    **source.get("metadata_columns", {}),
+                    "source_ts_ms": SOURCE_TS_COLUMN,
+                }
+            if src.schema_evolution is None:
+                source["schema_evolution"] = "auto"
         if "schema" in given:
             data["schema"] = given.pop("schema")
         if given.get("mode") == "append" and "primary_key" not in given:
@@ -587,11 +646,17 @@ class DatastreamSpec(_Frozen):
                 field, f"topic {topic!r}: {exc.message.split(': ', 1)[-1]}"
             ) from None
 
-    def tables(self, topics: Iterable[str]) -> TopicTables:
+    def tables(
+        self,
+        topics: Iterable[str],
+        derive: Callable[[str, str], DerivedTable | None] | None = None,
+    ) -> TopicTables:
         """The tables of ``topics`` (those of the source among them): table name -> its spec
         (:meth:`table_for`). A topic whose table cannot be made (an invalid name, a bad
         override) or whose table name another topic maps to already (the earlier topic in
-        name order keeps it) is refused, with the error naming it (and the other topic)."""
+        name order keeps it) is refused, with the error naming it (and the other topic).
+        With :attr:`schema_from_registry`, ``derive(topic, table)`` gives each table's columns
+        and key; a topic it has none for yet (None) is left out until it has."""
         src = self.source
         assert isinstance(src, KafkaSource)
         out: dict[str, DatastreamSpec] = {}
@@ -601,7 +666,12 @@ class DatastreamSpec(_Frozen):
             if not src.matches(topic):
                 continue
             try:
-                member = self.table_for(topic)
+                derived = None
+                if self.schema_from_registry:
+                    derived = derive(topic, self.table_name_of(topic)) if derive else None
+                    if derived is None:
+                        continue
+                member = self.table_for(topic, derived)
             except InvalidSpecError as exc:
                 refused[topic] = exc
                 continue
@@ -634,6 +704,8 @@ class DatastreamSpec(_Frozen):
         if not self.multi_table:
             return {self.table_name: self}
         assert isinstance(self.source, KafkaSource)
+        if self.schema_from_registry:
+            return {}  # made as the worker finds each topic's writer schemas
         return self.tables(self.source.topics or []).members
 
     @property
@@ -688,6 +760,20 @@ class DatastreamSpec(_Frozen):
         return cls.from_yaml(p.read_text())
 
 
+#: The column a table made from Debezium writer schemas orders a key's changes by: the
+#: envelope's ``source.ts_ms`` (when the change happened in the database).
+SOURCE_TS_COLUMN = "_source_ts_ms"
+
+
+@dataclass(frozen=True)
+class DerivedTable:
+    """A multi-table Debezium datastream's table as its topic's writer schemas make it: the
+    row record's fields as columns, in order, and the record key's fields as the key."""
+
+    columns: dict[str, str]
+    key: tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class TopicTables:
     """A multi-table datastream's tables for some topics (:meth:`DatastreamSpec.tables`)."""
@@ -718,13 +804,6 @@ def _check_envelope(source: KafkaSource, table: TableSpec) -> None:
             + ("" if source.format == "json" else " with a schema_file"),
         )
     if source.envelope == "debezium":
-        if source.schema_evolution == "auto":
-            raise InvalidSpecError(
-                "source.schema_evolution",
-                "auto is not supported with the debezium envelope yet (the writer schema is "
-                "the envelope's, whose row record is nested in before/after); update the "
-                "table's schema with millstream datastream update",
-            )
         if not table.keyed:
             raise InvalidSpecError(
                 "source.envelope",

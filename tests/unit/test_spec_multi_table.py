@@ -12,7 +12,7 @@ import pytest
 from millstream.catalog import Catalog
 from millstream.control.controller import Controller
 from millstream.control.registry import Registry
-from millstream.datastream import DatastreamSpec
+from millstream.datastream import SOURCE_TS_COLUMN, DatastreamSpec, DerivedTable
 from millstream.errors import InvalidSpecError, TableOwnedError
 
 BASE: dict[str, Any] = {
@@ -208,3 +208,83 @@ def test_the_datastream_owns_every_listed_topics_table(tmp_path: Path) -> None:
         registry.create(DatastreamSpec.parse(other))
     with pytest.raises(InvalidSpecError, match="writes a table per topic"):
         registry.update("inventory", DatastreamSpec.parse(BASE))
+
+
+DEBEZIUM: dict[str, Any] = {
+    "name": "inventory",
+    "source": {
+        "kind": "kafka",
+        "bootstrap_servers": "127.0.0.1:9092",
+        "topic_pattern": r"dbserver1\.inventory\..*",
+        "format": "avro",
+        "schema_registry": {"url": "http://127.0.0.1:1"},
+        "envelope": "debezium",
+    },
+    "table": {"mode": "upsert"},
+}
+
+
+def test_without_a_schema_each_table_takes_its_topics_writer_schemas() -> None:
+    spec = DatastreamSpec.parse(DEBEZIUM)
+    assert spec.schema_from_registry and spec.declared_tables() == {}
+    derived = DerivedTable({"id": "long", "name": "string"}, ("id",))
+    member = spec.table_for("dbserver1.inventory.customers", derived)
+    table = member.table_spec()
+    assert (table.name, table.primary_key, table.comparison_column) == (
+        "customers",
+        ("id",),
+        SOURCE_TS_COLUMN,
+    )
+    assert list(table.columns) == ["id", "name", SOURCE_TS_COLUMN]
+    assert member.source.kind == "kafka"
+    assert member.source.metadata_columns == {"source_ts_ms": SOURCE_TS_COLUMN}
+    assert member.source.schema_evolution == "auto"  # later writer schemas grow it
+    # a topic with no writer schema yet has no table yet; one whose schema makes none is refused
+    found = spec.tables(
+        ["dbserver1.inventory.customers", "dbserver1.inventory.orders"],
+        lambda topic, table: derived if table == "customers" else None,
+    )
+    assert list(found.members) == ["customers"] and not found.refused
+    with pytest.raises(InvalidSpecError, match="no writer schema"):
+        spec.table_for("dbserver1.inventory.orders")
+    # the user's own key, comparison column and schema_evolution win
+    own = DatastreamSpec.parse(
+        {
+            **DEBEZIUM,
+            "source": {**DEBEZIUM["source"], "schema_evolution": "none"},
+            "table": {"mode": "upsert", "primary_key": ["name"], "comparison_column": "id"},
+        }
+    )
+    mine = own.table_for("dbserver1.inventory.customers", derived)
+    assert mine.table_spec().primary_key == ("name",)
+    assert list(mine.table_spec().columns) == ["id", "name"]
+    assert mine.source.schema_evolution == "none"
+
+
+def test_a_schema_may_be_left_out_only_where_the_registry_gives_it() -> None:
+    for change in (
+        {"envelope": None},
+        {"format": "json", "schema_registry": None},
+        {"topic_pattern": None, "topic": "dbserver1.inventory.customers"},
+    ):
+        source = {k: v for k, v in {**DEBEZIUM["source"], **change}.items() if v is not None}
+        err = _error({**DEBEZIUM, "source": source})
+        assert err.field == "schema" and "is required" in str(err), change
+
+
+def test_a_stored_spec_makes_the_same_tables_as_the_one_created() -> None:
+    """The registry stores a spec with every field (defaults included) and the worker reads
+    that: its tables must be the ones the user's spec makes (tables made from the registry
+    evolve by default, unless the user said ``none``)."""
+    derived = DerivedTable({"id": "long"}, ("id",))
+    for source in (DEBEZIUM["source"], {**DEBEZIUM["source"], "schema_evolution": "none"}):
+        spec = DatastreamSpec.parse({**DEBEZIUM, "source": source})
+        stored = DatastreamSpec.parse(spec.model_dump(mode="json", by_alias=True))
+        topic = "dbserver1.inventory.customers"
+        assert stored.table_for(topic, derived) == spec.table_for(topic, derived)
+    assert (
+        DatastreamSpec.parse(BASE).declared_tables()
+        == DatastreamSpec.parse(
+            DatastreamSpec.parse(BASE).model_dump(mode="json", by_alias=True)
+        ).declared_tables()
+    )

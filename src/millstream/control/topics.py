@@ -9,6 +9,13 @@ fails keeps the topics found before (no table stops because the broker did not a
 is logged with the datastream, counted, retried with backoff and shown in the worker's loops
 (``debugInfo``, ``millstream_loop_*``).
 
+With no ``schema`` (a Debezium Avro source with a registry,
+:attr:`~millstream.datastream.DatastreamSpec.schema_from_registry`), a topic's table is made
+from its latest writer schemas (:func:`~millstream.ingest.formats.envelope.debezium_table`)
+once the registry has them, or taken as it is stored once it exists (its schema may have grown
+since); a topic without a schema yet waits, asked again every ``topic_poll_interval``, and a
+registry that does not answer makes its topics wait likewise (logged).
+
 A topic whose table cannot be made (two topics mapping to one table name, an invalid name) is
 refused: logged once, and listed with the reason in the worker's status; the other topics'
 tables run on.
@@ -21,15 +28,28 @@ import threading
 from collections.abc import Callable
 
 from millstream.clock import SYSTEM_CLOCK, Clock
-from millstream.datastream import DatastreamSpec, KafkaSource, TopicTables
+from millstream.datastream import (
+    DatastreamSpec,
+    DerivedTable,
+    KafkaSource,
+    TopicTables,
+)
+from millstream.errors import InvalidSpecError
+from millstream.ingest.formats.envelope import debezium_table
+from millstream.ingest.formats.registry import RegistryClient
 from millstream.ingest.sources.kafka import list_topics
-from millstream.spec import parse_duration
+from millstream.spec import TableSpec, parse_duration
 from millstream.supervise import Backoff, LoopStatus, Supervisor
 
 log = logging.getLogger(__name__)
 
 #: The broker's topics for a source: what a pattern is matched against.
 Lister = Callable[[KafkaSource], list[str]]
+#: A table's stored spec (None: no such table yet).
+Stored = Callable[[str], TableSpec | None]
+#: How long a worker's tick waits for a registry that does not answer (the topic then waits
+#: for the next try).
+REGISTRY_WAIT_S = 5.0
 
 
 def broker_topics(source: KafkaSource) -> list[str]:
@@ -48,13 +68,50 @@ def datastream_of(key: str) -> str:
     return key.split(".", 1)[0]
 
 
+def current_tables(
+    spec: DatastreamSpec,
+    *,
+    stored: Stored,
+    lister: Lister = broker_topics,
+) -> dict[str, DatastreamSpec]:
+    """A multi-table datastream's tables that exist now, table -> its single-topic spec, for
+    the API and the CLI (the worker keeps its own, :class:`Topics`): its listed topics', or
+    those its pattern matches on the broker now (raises when the broker does not answer)."""
+    source = spec.source
+    assert isinstance(source, KafkaSource)
+    topics = (
+        list(source.topics)
+        if source.topics is not None
+        else [t for t in lister(source) if source.matches(t)]
+    )
+
+    def derive(topic: str, table: str) -> DerivedTable | None:
+        st = stored(table)
+        return DerivedTable(dict(st.columns), st.primary_key) if st is not None else None
+
+    found = spec.tables(topics, derive if spec.schema_from_registry else None)
+    return {n: m for n, m in found.members.items() if stored(n) is not None}
+
+
 class Topics:
     """Per multi-table datastream: its topics (listed from the broker for a pattern) and the
     tables they map to."""
 
-    def __init__(self, *, clock: Clock = SYSTEM_CLOCK, lister: Lister = broker_topics) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        lister: Lister = broker_topics,
+        stored: Stored = lambda _: None,
+    ) -> None:
         self.clock = clock
         self.lister = lister
+        self.stored = stored
+        #: per (datastream, topic): its table made from the writer schemas, and when a topic
+        #: without one was last asked
+        self.derived: dict[tuple[str, str], DerivedTable] = {}
+        self._asked: dict[tuple[str, str], float] = {}
+        self._registries: dict[str, RegistryClient] = {}
         #: per datastream, the topics a pattern matched at the last listing, and when
         self.found: dict[str, list[str]] = {}
         self.listed_at: dict[str, float] = {}
@@ -73,7 +130,8 @@ class Topics:
         else:
             self._list_if_due(datastream, source)
             topics = self.found.get(datastream, [])
-        found = spec.tables(topics)
+        derive = self._deriver(datastream, spec) if spec.schema_from_registry else None
+        found = spec.tables(topics, derive)
         refused = {t: e.message for t, e in found.refused.items()}
         with self._lock:
             before = self.refused.get(datastream, {})
@@ -83,10 +141,50 @@ class Topics:
             self.refused[datastream] = refused
         return found
 
+    def _deriver(
+        self, datastream: str, spec: DatastreamSpec
+    ) -> Callable[[str, str], DerivedTable | None]:
+        source = spec.source
+        assert isinstance(source, KafkaSource) and source.schema_registry is not None
+        reg = source.schema_registry
+        client = self._registries.get(reg.url)
+        if client is None:
+            client = self._registries[reg.url] = RegistryClient(
+                reg.url, user_info=reg.basic_auth_user_info, max_wait=REGISTRY_WAIT_S
+            )
+        every = _seconds(source)
+
+        def derive(topic: str, table: str) -> DerivedTable | None:
+            key = (datastream, topic)
+            stored = self.stored(table)
+            if stored is not None:  # as it is now: its schema may have grown
+                return DerivedTable(dict(stored.columns), stored.primary_key)
+            if key in self.derived:
+                return self.derived[key]
+            now = self.clock.now()
+            if now - self._asked.get(key, -every) < every:
+                return None
+            self._asked[key] = now
+            try:
+                found = debezium_table(client, topic)
+            except InvalidSpecError:
+                raise
+            except Exception as exc:  # the registry did not answer: the topic waits
+                log.warning(
+                    "datastream %s: topic %s waits for its writer schema: %s",
+                    datastream,
+                    topic,
+                    exc,
+                )
+                return None
+            if found is not None:
+                self.derived[key] = found
+            return found
+
+        return derive
+
     def _list_if_due(self, datastream: str, source: KafkaSource) -> None:
-        interval = parse_duration(source.topic_poll_interval, field="source.topic_poll_interval")
-        assert interval is not None
-        every = interval.total_seconds()
+        every = _seconds(source)
         now = self.clock.now()
         last = self.listed_at.get(datastream)
         if last is not None and now - last < every:
@@ -115,6 +213,15 @@ class Topics:
         back)."""
         for d in (self.found, self.listed_at, self.refused, self.supervisors):
             d.pop(datastream, None)
+        for cache in (self.derived, self._asked):
+            for key in [k for k in cache if k[0] == datastream]:
+                del cache[key]
 
     def loop_statuses(self, *, alive: bool) -> list[LoopStatus]:
         return [s.status(alive=alive) for _, s in sorted(self.supervisors.items())]
+
+
+def _seconds(source: KafkaSource) -> float:
+    interval = parse_duration(source.topic_poll_interval, field="source.topic_poll_interval")
+    assert interval is not None
+    return interval.total_seconds()

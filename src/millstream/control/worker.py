@@ -63,6 +63,7 @@ from millstream.errors import (
     SourceOffsetsRewoundError,
     SourceReadError,
     StateDirLockedError,
+    TableNotFoundError,
     from_spark_failure,
 )
 from millstream.faults import seal_faults
@@ -76,6 +77,7 @@ from millstream.sealing.thresholds import Thresholds
 from millstream.spark.options import CommitGate
 from millstream.spark.runner import CommitLogTotals, DatastreamRunner
 from millstream.spark.shared import SharedQueryMemberError, SharedQueryRunner
+from millstream.spec import TableSpec
 from millstream.storage.statedir import StateDirCleaner, StateDirectory
 from millstream.supervise import Backoff, LoopStatus, SupervisedLoop, Supervisor
 
@@ -180,7 +182,7 @@ class Worker:
         self.shared: SharedQueryRunner | None = None
         #: The multi-table datastreams' topics and tables (:mod:`millstream.control.topics`),
         #: and the spec each such table's writer runs, by member key.
-        self.topics = Topics(clock=clock)
+        self.topics = Topics(clock=clock, stored=self._stored_spec)
         self.member_specs: dict[str, DatastreamSpec] = {}
         self.shared_thread: threading.Thread | None = None
         self._shared_writers: list[_Writer] = []
@@ -333,6 +335,13 @@ class Worker:
         for ds in set(self.topics.found) - set(ready):
             self.topics.forget(ds)
         return out
+
+    def _stored_spec(self, table: str) -> TableSpec | None:
+        """A table's spec as stored (None: no such table yet)."""
+        try:
+            return self.catalog.table(table).spec
+        except TableNotFoundError:
+            return None
 
     def _lock_free(self, ds: str, role: str) -> bool:
         """Whether a datastream not in the shared query may join it now: its state directory
