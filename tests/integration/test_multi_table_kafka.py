@@ -245,3 +245,41 @@ def test_tables_with_nothing_new_get_no_task_and_no_commit(
     versions = {n: catalog.table(n).manifest_version for n in names}
     assert versions["t1"] > versions["t0"] and versions["t4"] > versions["t0"]
     assert len({versions[n] for n in names if n not in ("t1", "t4")}) == 1
+
+
+def test_the_api_lists_every_table_and_its_own_topics_lag(
+    kafka_broker: TansuBroker, tmp_path: Path
+) -> None:
+    """GET /datastreams/{name} lists the tables a pattern's topics got; /metrics and a table's
+    consumingSegmentsInfo show each table's lag against its own topic."""
+    from harness.api_support import TestClient
+    from millstream.api import create_app
+
+    prefix = f"ma{uuid.uuid4().hex[:8]}"
+    boot = kafka_broker.bootstrap
+    sizes = {"orders": 7, "items": 3}
+    for n, size in sizes.items():
+        kafka_broker.create_topic(f"{prefix}.shop.{n}", partitions=1)
+        produce_exact(boot, f"{prefix}.shop.{n}", {0: _rows(size, n)})
+    catalog = Catalog.open(home=tmp_path / "home")
+    controller = Controller(catalog, controller_id="c1")
+    body = _spec("shop", boot, prefix).model_dump(mode="json", by_alias=True, exclude_none=True)
+    body["source"].pop("topic_pattern")
+    body["source"]["topics"] = [f"{prefix}.shop.{n}" for n in sizes]
+    with TestClient(create_app(catalog, controller=controller, upstream_timeout=10)) as api:
+        created = api.post("/datastreams", json=body)
+        assert created.status_code == 201, created.text
+        assert created.json()["table"] is None
+        controller.tick()
+        rec = api.get("/datastreams/shop").json()
+        assert (rec["state"], rec["table"], rec["tables"]) == ("READY", None, ["items", "orders"])
+        # each table's shards, as its writer makes them when it joins a worker's query
+        spec = DatastreamSpec.parse(rec["spec"])
+        for member in spec.declared_tables().values():
+            bootstrap(member, catalog.store)
+        assert [d["tables"] for d in api.get("/datastreams").json()] == [["items", "orders"]]
+        info = api.get("/tables/orders/consumingSegmentsInfo").json()
+        assert [p["records_lag"] for p in info["partitions"]] == [sizes["orders"]]
+        metrics = api.get("/metrics").text
+        for n, size in sizes.items():
+            assert f'millstream_offset_lag{{partition="0",table="{n}"}} {size}.0' in metrics

@@ -7,6 +7,7 @@ completions apply only if the record is still in the state they expect.
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 from millstream.clock import SYSTEM_CLOCK, Clock
@@ -54,6 +55,10 @@ def _fixed(spec: DatastreamSpec) -> dict[str, Any]:
     for f in UPDATABLE_SOURCE_FIELDS:
         out["source"].pop(f, None)
     return out
+
+
+#: A dead-letter table's name is its table's with this suffix (:func:`dead_letter_spec`).
+DEAD_LETTER_SUFFIX = "__dead_letter"
 
 
 def _single_table(name: str, spec: DatastreamSpec) -> None:
@@ -121,6 +126,18 @@ class Registry:
     def list(self) -> list[DatastreamRecord]:
         with self.store.read() as conn:
             return datastreams.list_all(conn)
+
+    def owner_of(self, table: str) -> str | None:
+        """The datastream that owns ``table`` (None: no datastream does)."""
+        with self.store.read() as conn:
+            return owners.owners(conn, [table]).get(table)
+
+    def tables_of(self, name: str) -> builtins.list[str]:
+        """The tables datastream ``name`` writes (owns), dead-letter tables left out: its
+        one table, or every table of a multi-table datastream made so far."""
+        with self.store.read() as conn:
+            owned = owners.owned_by(conn, name)
+        return [t for t in owned if not t.endswith(DEAD_LETTER_SUFFIX)]
 
     # -- user commands ---------------------------------------------------------------------
 
