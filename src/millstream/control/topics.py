@@ -112,6 +112,7 @@ class Topics:
         self.derived: dict[tuple[str, str], DerivedTable] = {}
         self._asked: dict[tuple[str, str], float] = {}
         self._registries: dict[str, RegistryClient] = {}
+        self._made: dict[str, tuple[tuple[str, tuple[str, ...]], TopicTables]] = {}
         #: per datastream, the topics a pattern matched at the last listing, and when
         self.found: dict[str, list[str]] = {}
         self.listed_at: dict[str, float] = {}
@@ -130,8 +131,14 @@ class Topics:
         else:
             self._list_if_due(datastream, source)
             topics = self.found.get(datastream, [])
-        derive = self._deriver(datastream, spec) if spec.schema_from_registry else None
-        found = spec.tables(topics, derive)
+        if spec.schema_from_registry:
+            found = spec.tables(topics, self._deriver(datastream, spec))
+        else:  # the same spec and topics make the same tables: made once, not at each tick
+            key = (spec.model_dump_json(), tuple(topics))
+            cached = self._made.get(datastream)
+            if cached is None or cached[0] != key:
+                cached = self._made[datastream] = (key, spec.tables(topics))
+            found = cached[1]
         refused = {t: e.message for t, e in found.refused.items()}
         with self._lock:
             before = self.refused.get(datastream, {})
@@ -156,11 +163,12 @@ class Topics:
 
         def derive(topic: str, table: str) -> DerivedTable | None:
             key = (datastream, topic)
-            stored = self.stored(table)
-            if stored is not None:  # as it is now: its schema may have grown
-                return DerivedTable(dict(stored.columns), stored.primary_key)
             if key in self.derived:
                 return self.derived[key]
+            stored = self.stored(table)
+            if stored is not None:  # as it is (its schema may have grown): not derived again
+                as_is = self.derived[key] = DerivedTable(dict(stored.columns), stored.primary_key)
+                return as_is
             now = self.clock.now()
             if now - self._asked.get(key, -every) < every:
                 return None
@@ -211,7 +219,7 @@ class Topics:
     def forget(self, datastream: str) -> None:
         """A datastream no longer run here: its listing is dropped (listed afresh if it comes
         back)."""
-        for d in (self.found, self.listed_at, self.refused, self.supervisors):
+        for d in (self.found, self.listed_at, self.refused, self.supervisors, self._made):
             d.pop(datastream, None)
         for cache in (self.derived, self._asked):
             for key in [k for k in cache if k[0] == datastream]:
