@@ -501,6 +501,23 @@ class DatastreamSpec(_Frozen):
     def _types(cls, v: dict[str, str]) -> dict[str, str]:
         return normalize_columns(v)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _evolution_default(cls, data: Any) -> Any:
+        """``source.schema_evolution`` unset is ``none`` wherever a ``schema`` is given (as it
+        always was), so a spec stored before and one sent now compare equal; it stays unset
+        only for tables made from the registry (:attr:`schema_from_registry`: auto)."""
+        if not isinstance(data, dict) or not data.get("schema"):
+            return data
+        source = data.get("source")
+        if (
+            isinstance(source, dict)
+            and source.get("kind") == "kafka"
+            and source.get("schema_evolution") is None
+        ):
+            data = {**data, "source": {**source, "schema_evolution": "none"}}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> DatastreamSpec:
         if not DATASTREAM_NAME_RE.match(self.name):

@@ -288,3 +288,14 @@ def test_a_stored_spec_makes_the_same_tables_as_the_one_created() -> None:
             DatastreamSpec.parse(BASE).model_dump(mode="json", by_alias=True)
         ).declared_tables()
     )
+
+
+def test_a_spec_stored_before_schema_evolution_could_be_unset_compares_equal() -> None:
+    """A single-table spec stored with ``schema_evolution: none`` (every spec stored so far
+    has it: the default was dumped) and the same spec sent again without the field are the
+    same spec, so an update does not read it as a change of the source."""
+    sent = {**BASE, "source": {**BASE["source"], "topic": "t"}}
+    del sent["source"]["topics"]
+    stored = {**sent, "source": {**sent["source"], "schema_evolution": "none"}}
+    assert DatastreamSpec.parse(sent) == DatastreamSpec.parse(stored)
+    assert DatastreamSpec.parse(sent).source.schema_evolution == "none"
