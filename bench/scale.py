@@ -5,6 +5,7 @@ Run from the repository root (not part of CI; about 12 minutes, ``--quick`` abou
     .venv/bin/python bench/scale.py                      # both parts, 3 rounds of part A
     .venv/bin/python bench/scale.py --quick              # 200,000 rows, 1 round, 20 s steps
     .venv/bin/python bench/scale.py --skip b --json /tmp/scale.json
+    .venv/bin/python bench/scale.py --skip a,b --topics 100 --topic-rate 10 --seconds 180
     # options: --rows N, --rounds N, --partitions 4,64,256, --streams 1,4,8,16,
     #          --rate R (per datastream), --seconds S (per step), --query-per-datastream,
     #          --skip a|b, --keep
@@ -39,6 +40,15 @@ the tree's CPU use, and per datastream the produce-ack -> visible freshness, sam
 ``ingest_freshness.py`` does (every 50 ms: the last acknowledged offset per partition and the
 shard uppers; a sample's latency is the first time its shard's upper passes it minus its ack
 time), plus the batches committed and the median commit time.
+
+**(c) Many topics, one worker: a datastream of many topics vs a datastream per topic.** The
+same real processes as (b). ``--topics`` (100) topics of one partition each get
+``--topic-rate`` (10) records/s each. First ONE datastream names them all
+(``source.topics``, a table each, ``orders_spec``'s table section, starting at the latest
+offsets); once caught up it is measured for ``--seconds``: per table the produce-ack ->
+visible freshness (p99 per table, worst and median), the worker's RSS every 5 s and its CPU.
+It is then deleted, and the same topics get a datastream each on the same worker, measured
+the same way.
 
 Prints both tables and the verdicts against issue 15's targets (64 partitions catch up at
 >= 0.8x the rows/s of 4 partitions; 8 datastreams on one worker each keep p99 freshness <=
@@ -250,19 +260,20 @@ class Producer:
     (round-robin over the topics' partitions) from a thread, noting each partition's last
     acknowledged offset and when it was acknowledged."""
 
-    def __init__(self, bootstrap: str, rate: float) -> None:
+    def __init__(self, bootstrap: str, rate: float, partitions: int = TOPIC_PARTITIONS) -> None:
         from confluent_kafka import Producer as KafkaProducer
 
         from millstream.ingest.sources.generator import GeneratorConfig, generate
 
         self.rate = rate
+        self.partitions = partitions
         self.topics: list[str] = []
         self.acks = Acks()
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        cfg = GeneratorConfig(seed=SEED, partitions=TOPIC_PARTITIONS, key_cardinality=20_000)
+        cfg = GeneratorConfig(seed=SEED, partitions=partitions, key_cardinality=20_000)
         self.records = {
-            p: [(k, v) for _, k, v in generate(cfg, p, 0, 20_000)] for p in range(TOPIC_PARTITIONS)
+            p: [(k, v) for _, k, v in generate(cfg, p, 0, 20_000)] for p in range(partitions)
         }
         self.producer = KafkaProducer(
             {"bootstrap.servers": bootstrap, "linger.ms": 20, "log.connection.close": False}
@@ -298,9 +309,9 @@ class Producer:
                 due = int(self.rate * (now - t0))
                 n = sent.get(topic, 0)
                 while n < due:
-                    p = n % TOPIC_PARTITIONS
+                    p = n % self.partitions
                     recs = self.records[p]
-                    key, value = recs[(n // TOPIC_PARTITIONS) % len(recs)]
+                    key, value = recs[(n // self.partitions) % len(recs)]
                     try:
                         self.producer.produce(
                             topic, value=value, key=key, partition=p, on_delivery=self._on_delivery
@@ -676,6 +687,176 @@ def all_caught_up(api: Any, names: list[str], producer: Producer, store: Any) ->
 
 
 # ---------------------------------------------------------------------------------------------
+# (c) many topics: one multi-table datastream vs a datastream per topic
+# ---------------------------------------------------------------------------------------------
+
+
+def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
+    """``--topics`` topics of one partition each, ``--topic-rate`` records/s each, into ONE
+    worker: first as one datastream naming them all (``source.topics``, a table each), then,
+    in the same run on the same worker and topics, as a datastream per topic. Each variant
+    starts at the topics' latest offsets, is measured for ``--seconds`` once caught up:
+    per table the produce-ack -> visible freshness (as in (b)), and the worker's RSS every
+    5 s (its growth over the window says whether it stays flat)."""
+    from harness.cluster import Api, Cluster, orders_spec, wait_until
+    from millstream.local.tansu import TansuBroker
+    from millstream.metastore.store import MetadataStore
+
+    home = base / "home-c"
+    home.mkdir(parents=True)
+    url = f"sqlite:///{home / 'metadata.db'}"
+    broker = TansuBroker(base / "tansu-c").start()
+    cluster = Cluster(home=home, metadata_url=url)
+    store = MetadataStore(url)
+    n = args.topics
+    topics = [f"c{i:03d}" for i in range(n)]
+    producer = Producer(broker.bootstrap, args.topic_rate, partitions=1)
+    samples: list[Any] = []
+    sampling = threading.Event()
+    stop_sampler = threading.Event()
+    variants: dict[str, Any] = {}
+
+    def sampler() -> None:
+        while not stop_sampler.is_set():
+            if sampling.is_set():
+                last, _ = producer.snapshot()
+                with contextlib.suppress(Exception):
+                    samples.append((time.time(), last, all_uppers(store)))
+            time.sleep(0.1)
+
+    def caught_up(api: Any, names: list[str], tables: dict[str, str]) -> bool:
+        if not all(api.state(x) == "READY" and api.running_writers(x) == {"w1"} for x in names):
+            return False
+        _, ends = producer.snapshot()
+        uppers = all_uppers(store)
+        if any((t, 0) not in uppers for t in tables):
+            return False
+        # within 5 s of records: at a few records a second a table's lag is rarely 0
+        behind = 5 * args.topic_rate
+        return all(ends.get((tp, 0), 0) - uppers[(t, 0)] <= behind for t, tp in tables.items())
+
+    def measure(variant: str, api: Any, worker: Any, tables: dict[str, str]) -> dict[str, Any]:
+        sampling.set()
+        since = time.time()
+        rss: list[tuple[float, float]] = []
+        cpu0 = sum(p["cpu_s"] for p in tree(worker.pid))
+        while time.time() - since < args.seconds:
+            time.sleep(5.0)
+            rss.append((time.time() - since, tree_summary(tree(worker.pid))["rss_mb"]))
+        until = time.time()
+        cpu1 = sum(p["cpu_s"] for p in tree(worker.pid))
+        time.sleep(args.tail)
+        sampling.clear()
+        p99s, p50s, unresolved = [], [], 0
+        for table, topic in tables.items():
+            lat, missing = latencies(samples, table, topic, since, until)
+            unresolved += missing
+            if lat:
+                p99s.append(common.percentile(lat, 99, "nearest"))
+                p50s.append(common.percentile(lat, 50, "nearest"))
+        samples.clear()
+        out = {
+            "tables": len(tables),
+            "window_s": until - since,
+            "load": common.load(),
+            "worker_cpu_cores": (cpu1 - cpu0) / (until - since),
+            "p99_s_worst": max(p99s) if p99s else float("nan"),
+            "p99_s_median": statistics.median(p99s) if p99s else float("nan"),
+            "p50_s_median": statistics.median(p50s) if p50s else float("nan"),
+            "tables_measured": len(p99s),
+            "unresolved": unresolved,
+            "rss_mb": rss,
+            "rss_mb_first": rss[0][1],
+            "rss_mb_last": rss[-1][1],
+            "rss_mb_peak": max(r for _, r in rss),
+        }
+        log(
+            f"(c) {variant}: {len(tables)} tables, p99 worst {out['p99_s_worst']:.2f}s median "
+            f"{out['p99_s_median']:.2f}s, p50 median {out['p50_s_median']:.2f}s, worker CPU "
+            f"{out['worker_cpu_cores']:.2f} cores, RSS {out['rss_mb_first']:,.0f} -> "
+            f"{out['rss_mb_last']:,.0f} MB (peak {out['rss_mb_peak']:,.0f}) over "
+            f"{out['window_s']:.0f}s, load {out['load'][0]}"
+        )
+        return out
+
+    sample_thread = threading.Thread(target=sampler, name="scale-c-sampler", daemon=True)
+    try:
+        diag = cluster.diagnostics
+        ctl = cluster.controller()
+        api = Api(ctl.url)
+        wait_until("the controller leads", lambda: api.get("/health")["leader"], timeout=60)
+        worker = cluster.worker("w1", ctl.url)
+        wait_until(
+            "the worker heartbeats",
+            lambda: api.workers().get("w1", {}).get("alive"),
+            timeout=300,
+            diagnostics=diag,
+        )
+        for t in topics:
+            broker.create_topic(t, 1)
+        producer.add(topics)
+        producer.start()
+        sample_thread.start()
+        base_spec = orders_spec("x", broker.bootstrap, "x")
+        base_spec["source"]["starting_offsets"] = "latest"
+        base_spec.pop("max_records_per_batch")
+
+        # one datastream naming every topic: a table each, named after its topic
+        one = {**base_spec, "name": "multi", "table": {**base_spec["table"], "name": "m{topic}"}}
+        one["source"] = {**base_spec["source"], "topics": topics}
+        del one["source"]["topic"]
+        assert api.post("/datastreams", one).status_code == 201
+        tables = {f"m{t}": t for t in topics}
+        t0 = time.time()
+        wait_until(
+            f"one datastream of {n} topics runs and is caught up",
+            functools.partial(caught_up, api, ["multi"], tables),
+            timeout=args.catch_up_timeout,
+            interval=2.0,
+            diagnostics=diag,
+        )
+        log(f"(c) one datastream of {n} topics caught up after {time.time() - t0:.0f}s")
+        variants["one_datastream"] = measure("one datastream", api, worker, tables)
+        assert api.delete("/datastreams/multi").status_code == 202
+        wait_until(
+            "the multi-table datastream is removed",
+            lambda: all(d["name"] != "multi" for d in api.get("/datastreams")),
+            timeout=args.catch_up_timeout,
+            interval=1.0,
+            diagnostics=diag,
+        )
+
+        # the same topics, a datastream each
+        names = [f"d{t}" for t in topics]
+        for name, t in zip(names, topics, strict=True):
+            spec = {**base_spec, "name": name, "table": {**base_spec["table"], "name": name}}
+            spec["source"] = {**base_spec["source"], "topic": t}
+            assert api.post("/datastreams", spec).status_code == 201
+        tables = {name: t for name, t in zip(names, topics, strict=True)}
+        t0 = time.time()
+        wait_until(
+            f"{n} datastreams run and are caught up",
+            functools.partial(caught_up, api, names, tables),
+            timeout=args.catch_up_timeout,
+            interval=2.0,
+            diagnostics=diag,
+        )
+        log(f"(c) {n} datastreams caught up after {time.time() - t0:.0f}s")
+        variants["datastream_per_topic"] = measure("a datastream per topic", api, worker, tables)
+        api.close()
+    except BaseException:
+        print(cluster.diagnostics(), file=sys.stderr)
+        raise
+    finally:
+        stop_sampler.set()
+        producer.stop()
+        cluster.close()
+        store.dispose()
+        broker.stop()
+    return {"topics": n, "rate_per_topic": args.topic_rate, **variants}
+
+
+# ---------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------
 
@@ -775,7 +956,9 @@ def main(argv: list[str] | None = None) -> int:
         "session 16), not all of them in one shared query",
     )
     ap.add_argument("--catch-up-timeout", type=float, default=240.0)
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: a,b")
+    ap.add_argument("--topics", type=int, default=100, help="(c) topics, one partition each")
+    ap.add_argument("--topic-rate", type=float, default=10.0, help="(c) records/s per topic")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: a,b,c")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
@@ -799,6 +982,8 @@ def main(argv: list[str] | None = None) -> int:
             res["a"] = part_a(args, base, log)
         if "b" not in skip:
             res["b"] = part_b(args, base, log)
+        if "c" not in skip:
+            res["c"] = part_c(args, base, log)
     res["load_end"] = common.load()
     report(res, log)
     common.save_results("scale", res, args.json, log)

@@ -53,6 +53,7 @@ HEAVY = (
     "integration/test_cli_run_stop.py",
     "integration/test_cli_run_iceberg.py",
     "integration/test_local_cluster.py",
+    "integration/test_multi_table_debezium.py",
 )
 #: Modules whose tests share an expensive module-scoped fixture (a produced topic, a browser):
 #: each such module stays on one worker, so the fixture is built once.

@@ -1755,12 +1755,15 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         what="creating a datastream claims its table and dead-letter table in the same "
         "transaction; one another datastream owns is refused (409 naming it)",
         old="""\
-            owners.claim_tables(conn, [spec.table_name, spec.dead_letter_table], spec.name, now)
+            owners.claim_tables(conn, claimed, spec.name, now)
 """,
         new="""\
             pass  # MUTATION: two datastreams may write one table
 """,
-        tests=("tests/unit/api/test_api_table_owners.py",),
+        tests=(
+            "tests/unit/api/test_api_table_owners.py",
+            "tests/unit/test_spec_multi_table.py::test_the_datastream_owns_every_listed_topics_table",
+        ),
     ),
     Guard(
         name="a-tables-owner-row-is-unique",
@@ -2363,6 +2366,38 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_the_snapshot_the_pointer_shows_keeps_its_files_after_its_version_would_expire",
         ),
         select="sqlite-local",
+    ),
+    Guard(
+        name="multi-table-one-table-per-topic",
+        file="src/millstream/datastream.py",
+        what="DatastreamSpec.tables: a topic whose table (or dead-letter table) another topic's "
+        "table already has is refused (two topics in one table would share its shards, and one "
+        "topic's commits would be dropped as covered by the other's offsets)",
+        old="""\
+            if taken:
+""",
+        new="""\
+            if False:  # MUTATION: two topics may map to one table
+""",
+        tests=("tests/unit/test_spec_multi_table.py", "tests/unit/control/test_topic_discovery.py"),
+    ),
+    Guard(
+        name="multi-table-a-tables-failure-is-its-own",
+        file="src/millstream/control/worker.py",
+        what="Worker._member_failed: a table of a multi-table datastream that cannot go on "
+        "waits out its own backoff; it never puts the datastream (its other tables) in ERROR",
+        old="""\
+        if fail and ds not in self.member_specs:
+            self.registry.fail(ds, error)
+""",
+        new="""\
+        if fail:  # MUTATION: one table's failure stops every table of its datastream
+            self.registry.fail(datastream_of(ds), error)
+""",
+        tests=(
+            "tests/integration/test_multi_table_kafka.py::"
+            "test_a_worker_runs_every_table_of_a_topic_pattern_and_isolates_them",
+        ),
     ),
 )
 

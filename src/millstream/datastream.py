@@ -8,6 +8,9 @@ Loaded and validated once at the edge; every problem is an InvalidSpecError nami
 from __future__ import annotations
 
 import re
+import string
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -136,7 +139,25 @@ DEBEZIUM_METADATA: dict[str, tuple[str, ...]] = {
 class KafkaSource(_SchemaFormat):
     kind: Literal["kafka"] = Field(description="A Kafka-protocol topic.")
     bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port]")
-    topic: str = Field(min_length=1, description="The topic to read, every partition of it.")
+    topic: str | None = Field(
+        default=None, min_length=1, description="The topic to read, every partition of it."
+    )
+    topics: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="Several topics, a table each (named by table.name, a template); "
+        "instead of topic.",
+    )
+    topic_pattern: str | None = Field(
+        default=None,
+        min_length=1,
+        description="A regular expression the whole topic name matches: every such topic, "
+        "those created later too, gets a table; instead of topic.",
+    )
+    topic_poll_interval: str = Field(
+        default="30s",
+        description="topic_pattern: how often the broker's topics are listed for new matches.",
+    )
     format: Literal["json", "avro", "protobuf"] = Field(
         default="json",
         description="How values are decoded; avro and protobuf need a schema_registry or a "
@@ -161,11 +182,12 @@ class KafkaSource(_SchemaFormat):
         description="Record fields into columns the schema declares: {timestamp, key, headers, "
         "topic, partition, offset; with the debezium envelope op, ts_ms, source_ts_ms: column}.",
     )
-    schema_evolution: Literal["none", "auto"] = Field(
-        default="none",
+    schema_evolution: Literal["none", "auto"] | None = Field(
+        default=None,
         description="auto (avro or protobuf with a schema_registry): a writer schema with fields "
         "the table lacks grows the table (added at the end, nullable; lossless widenings "
-        "too) at the batch that first carries it; none: such fields are ignored.",
+        "too) at the batch that first carries it; none: such fields are ignored. Unset: none, "
+        "or auto for tables made from the registry (no schema).",
     )
     on_data_loss: Literal["fail", "accept"] = Field(
         default="fail",
@@ -173,6 +195,50 @@ class KafkaSource(_SchemaFormat):
         "the datastream naming the partition and offsets; accept skips them, goes on from the "
         "first offset still held and records the loss (millstream_source_records_lost).",
     )
+
+    @model_validator(mode="after")
+    def _check_topics(self) -> KafkaSource:
+        given = [f for f in ("topic", "topics", "topic_pattern") if getattr(self, f) is not None]
+        if len(given) != 1:
+            raise InvalidSpecError(
+                f"source.{given[1] if len(given) > 1 else 'topic'}",
+                "give exactly one of topic, topics or topic_pattern"
+                + (f" (the spec gives {', '.join(given)})" if given else ""),
+            )
+        if self.topics is not None:
+            seen: set[str] = set()
+            for i, t in enumerate(self.topics):
+                if not t:
+                    raise InvalidSpecError(f"source.topics.{i}", "must not be empty")
+                if t in seen:
+                    raise InvalidSpecError(f"source.topics.{i}", f"lists topic {t!r} twice")
+                seen.add(t)
+        if self.topic_pattern is not None:
+            try:
+                re.compile(self.topic_pattern)
+            except re.error as exc:
+                raise InvalidSpecError(
+                    "source.topic_pattern",
+                    f"{self.topic_pattern!r} is not a regular expression: {exc}",
+                ) from None
+        d = parse_duration(self.topic_poll_interval, field="source.topic_poll_interval")
+        assert d is not None
+        if d.total_seconds() <= 0:
+            raise InvalidSpecError("source.topic_poll_interval", "must be positive")
+        return self
+
+    @property
+    def multi_table(self) -> bool:
+        """Several topics (``topics`` or ``topic_pattern``), a table each."""
+        return self.topic is None
+
+    def matches(self, topic: str) -> bool:
+        """Whether ``topic`` is one of this source's: listed, or matching the pattern whole."""
+        if self.topics is not None:
+            return topic in self.topics
+        if self.topic_pattern is not None:
+            return re.fullmatch(self.topic_pattern, topic) is not None
+        return topic == self.topic
 
 
 class FilesSource(_Frozen):
@@ -230,7 +296,11 @@ SourceSpec = Annotated[KafkaSource | FilesSource | GeneratorSource, Field(discri
 
 class TableSection(_Frozen):
     name: str | None = Field(
-        default=None, description="The table's name; default: the datastream's name."
+        default=None,
+        description="The table's name; default: the datastream's name. With source.topics or "
+        "topic_pattern a template of {datastream}, {topic}, {topic_last} (after the last '.') "
+        "and {topic_safe} (other characters than letters, digits, '_', '-' as '_'); default "
+        "{topic_last}.",
     )
     primary_key: list[str] = Field(
         default_factory=list, description="Key columns (dedup, upsert, partial; not append)."
@@ -268,6 +338,65 @@ class TableSection(_Frozen):
         default=False,
         description="Keyed modes: every record of a key arrives on one source partition, so "
         "reads merge each partition alone and a sealed upsert partition needs no merge.",
+    )
+
+
+class TopicOverride(_Frozen):
+    """What one topic's table changes from the datastream's ``table`` section and ``schema``
+    (``overrides``, with ``source.topics`` or ``source.topic_pattern``)."""
+
+    name: str | None = Field(
+        default=None, description="The table's name instead of the template's."
+    )
+    mode: MergeMode | None = Field(
+        default=None, description="Its merge engine (append drops the primary_key too)."
+    )
+    primary_key: list[str] | None = Field(default=None, description="Its key columns.")
+    comparison_column: str | None = Field(default=None, description="Its comparison column.")
+    delete_column: str | None = Field(default=None, description="Its delete column.")
+    retention: Retention | None = Field(default=None, description="Its history kept.")
+    columns: dict[str, ColumnType] | None = Field(
+        default=None, alias="schema", min_length=1, description="Its columns, in order."
+    )
+
+
+#: The variables of a multi-table datastream's table name template (``table.name``).
+TEMPLATE_VARIABLES = ("datastream", "topic", "topic_last", "topic_safe")
+#: A multi-table datastream's table name template when ``table.name`` is not given.
+DEFAULT_TABLE_TEMPLATE = "{topic_last}"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def check_template(template: str) -> None:
+    """``template`` uses only :data:`TEMPLATE_VARIABLES`, plainly (``{topic_last}``)."""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise InvalidSpecError(
+            "table.name", f"{template!r} is not a name template: {exc}"
+        ) from None
+    used = [f for _, f, _, _ in parts if f is not None]
+    for _, f, spec, conv in parts:
+        if f is not None and (f not in TEMPLATE_VARIABLES or spec or conv):
+            raise InvalidSpecError(
+                "table.name",
+                f"{{{f}}} is not a variable of a table name template; the variables are "
+                + ", ".join(f"{{{v}}}" for v in TEMPLATE_VARIABLES),
+            )
+    if not used:
+        raise InvalidSpecError(
+            "table.name",
+            f"{template!r} names every topic's table alike; use a variable such as {{topic_last}}",
+        )
+
+
+def table_name_for(template: str, datastream: str, topic: str) -> str:
+    """The table name ``template`` gives ``topic`` (see :data:`TEMPLATE_VARIABLES`)."""
+    return template.format(
+        datastream=datastream,
+        topic=topic,
+        topic_last=topic.rsplit(".", 1)[-1],
+        topic_safe=_UNSAFE.sub("_", topic),
     )
 
 
@@ -324,7 +453,11 @@ class DatastreamSpec(_Frozen):
         default_factory=TableSection, description="The table written and its merge engine."
     )
     columns: dict[str, ColumnType] = Field(
-        alias="schema", min_length=1, description="Column name -> type, in order."
+        alias="schema",
+        default_factory=dict,
+        description="Column name -> type, in order. Required, except for a multi-table "
+        "Debezium Avro source with a schema_registry: each topic's table is then made from "
+        "its writer schemas.",
     )
     segments: SegmentsSection = Field(
         default_factory=SegmentsSection, description="When segments are sealed and compacted."
@@ -357,17 +490,53 @@ class DatastreamSpec(_Frozen):
         description="dead_letter: a record that cannot be decoded goes to <table>__dead_letter "
         "and the frontier moves on; fail: the batch stops, naming partition and offset.",
     )
+    overrides: dict[str, TopicOverride] = Field(
+        default_factory=dict,
+        description="source.topics or topic_pattern: per topic (its full name), what its table "
+        "changes from table and schema.",
+    )
 
     @field_validator("columns")
     @classmethod
     def _types(cls, v: dict[str, str]) -> dict[str, str]:
         return normalize_columns(v)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _evolution_default(cls, data: Any) -> Any:
+        """``source.schema_evolution`` unset is ``none`` wherever a ``schema`` is given (as it
+        always was), so a spec stored before and one sent now compare equal; it stays unset
+        only for tables made from the registry (:attr:`schema_from_registry`: auto)."""
+        if not isinstance(data, dict) or not data.get("schema"):
+            return data
+        source = data.get("source")
+        if (
+            isinstance(source, dict)
+            and source.get("kind") == "kafka"
+            and source.get("schema_evolution") is None
+        ):
+            data = {**data, "source": {**source, "schema_evolution": "none"}}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> DatastreamSpec:
         if not DATASTREAM_NAME_RE.match(self.name):
             raise InvalidSpecError("name", f"{self.name!r} must match [a-z0-9][a-z0-9_-]{{0,63}}")
         parse_duration(self.trigger_interval, field="trigger_interval")
+        if not self.columns and not self._schema_from_registry():
+            raise InvalidSpecError(
+                "schema",
+                "is required (column name -> type); only a source with topics or "
+                "topic_pattern, envelope debezium, format avro and a schema_registry may leave "
+                "it out (each table then takes its topic's writer schema)",
+            )
+        if self.multi_table:
+            self._check_tables()
+            return self
+        if self.overrides:
+            raise InvalidSpecError(
+                "overrides", "applies to a source with topics or topic_pattern (a table each)"
+            )
         table = self.table_spec()  # validates the table section against the schema
         if isinstance(self.source, KafkaSource):
             _check_envelope(self.source, table)
@@ -381,8 +550,189 @@ class DatastreamSpec(_Frozen):
                     )
         return self
 
+    def _schema_from_registry(self) -> bool:
+        src = self.source
+        return (
+            isinstance(src, KafkaSource)
+            and src.multi_table
+            and src.envelope == "debezium"
+            and src.format == "avro"
+            and src.schema_registry is not None
+        )
+
+    @property
+    def schema_from_registry(self) -> bool:
+        """Each topic's table is made from its writer schemas (no ``schema`` given): the
+        columns from the Debezium envelope's row record, the key from the record key's
+        schema, the comparison column from ``source.ts_ms`` (:data:`SOURCE_TS_COLUMN`, unless
+        the table section names one), and later writer schemas grow it
+        (``schema_evolution: auto`` unless the source says ``none``)."""
+        return not self.columns and self._schema_from_registry()
+
+    def table_name_of(self, topic: str) -> str:
+        """The name of ``topic``'s table (its override's, or the template's)."""
+        ov = self.overrides.get(topic)
+        if ov is not None and ov.name:
+            return ov.name
+        return table_name_for(self.table.name or DEFAULT_TABLE_TEMPLATE, self.name, topic)
+
+    def _check_tables(self) -> None:
+        """A multi-table spec: its template, its overrides, and (``topics``) every topic's
+        table, with no two topics mapping to one table."""
+        src = self.source
+        assert isinstance(src, KafkaSource)
+        check_template(self.table.name or DEFAULT_TABLE_TEMPLATE)
+        for topic in self.overrides:
+            if not src.matches(topic):
+                raise InvalidSpecError(
+                    f"overrides.{topic}",
+                    "is not a topic of source.topics"
+                    if src.topics is not None
+                    else f"does not match source.topic_pattern {src.topic_pattern!r}",
+                )
+        if self.schema_from_registry:
+            return  # each table's columns and key come from its topic's writer schemas
+        tables = self.tables(src.topics or list(self.overrides))
+        if tables.refused:
+            topic, error = next(iter(tables.refused.items()))
+            raise error
+        if src.topic_pattern is not None and not self.overrides:
+            # the table section and the schema, checked on a topic of the pattern's shape
+            self.table_for("topic")
+
+    @property
+    def multi_table(self) -> bool:
+        """A table per topic (``source.topics`` or ``source.topic_pattern``): the tables are
+        those of :meth:`tables`, each written as its single-topic spec (:meth:`table_for`)."""
+        return isinstance(self.source, KafkaSource) and self.source.multi_table
+
+    def table_for(self, topic: str, derived: DerivedTable | None = None) -> DatastreamSpec:
+        """The spec of ``topic``'s table in a multi-table datastream: this spec with
+        ``source.topic`` set, the table named by the template (or the override) and the
+        topic's override applied. Same datastream name: the datastream owns the table. An
+        error names the topic (and ``overrides.<topic>.<field>`` for an override's field).
+        With :attr:`schema_from_registry`, ``derived`` is the table's columns and key (from
+        its writer schemas, or the table as it is stored)."""
+        src = self.source
+        assert isinstance(src, KafkaSource)
+        data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        data.pop("overrides", None)
+        source = data["source"]
+        source.pop("topics", None)
+        source.pop("topic_pattern", None)
+        source["topic"] = topic
+        table = data.get("table") or {}
+        ov = self.overrides.get(topic)
+        given = ov.model_dump(mode="json", by_alias=True, exclude_none=True) if ov else {}
+        given.pop("name", None)
+        table["name"] = self.table_name_of(topic)
+        if self.schema_from_registry:
+            if derived is None:
+                raise InvalidSpecError(
+                    "schema", f"topic {topic!r}: the registry holds no writer schema for it yet"
+                )
+            data["schema"] = dict(derived.columns)
+            if not table.get("primary_key"):
+                table["primary_key"] = list(derived.key)
+            if not table.get("comparison_column"):
+                # the change's time in the database orders a key's versions
+                data["schema"][SOURCE_TS_COLUMN] = "long"
+                table["comparison_column"] = SOURCE_TS_COLUMN
+                source["metadata_columns"] = {
+                    **source.get("metadata_columns", {}),
+                    "source_ts_ms": SOURCE_TS_COLUMN,
+                }
+            if src.schema_evolution is None:
+                source["schema_evolution"] = "auto"
+        if "schema" in given:
+            data["schema"] = given.pop("schema")
+        if given.get("mode") == "append" and "primary_key" not in given:
+            table["primary_key"] = []
+        table.update(given)
+        data["table"] = table
+        try:
+            return DatastreamSpec.parse(data)
+        except InvalidSpecError as exc:
+            field = exc.field
+            leaf = field.split(".", 1)[-1] if field.startswith("table.") else field
+            if ov is not None and (
+                leaf.split(".")[0] in (ov.model_dump(by_alias=True, exclude_none=True))
+            ):
+                field = f"overrides.{topic}.{leaf}"
+            raise InvalidSpecError(
+                field, f"topic {topic!r}: {exc.message.split(': ', 1)[-1]}"
+            ) from None
+
+    def tables(
+        self,
+        topics: Iterable[str],
+        derive: Callable[[str, str], DerivedTable | None] | None = None,
+    ) -> TopicTables:
+        """The tables of ``topics`` (those of the source among them): table name -> its spec
+        (:meth:`table_for`). A topic whose table cannot be made (an invalid name, a bad
+        override) or whose table name another topic maps to already (the earlier topic in
+        name order keeps it) is refused, with the error naming it (and the other topic).
+        With :attr:`schema_from_registry`, ``derive(topic, table)`` gives each table's columns
+        and key; a topic it has none for yet (None) is left out until it has."""
+        src = self.source
+        assert isinstance(src, KafkaSource)
+        out: dict[str, DatastreamSpec] = {}
+        topic_of: dict[str, str] = {}
+        refused: dict[str, InvalidSpecError] = {}
+        for topic in sorted(set(topics)):
+            if not src.matches(topic):
+                continue
+            try:
+                derived = None
+                if self.schema_from_registry:
+                    derived = derive(topic, self.table_name_of(topic)) if derive else None
+                    if derived is None:
+                        continue
+                member = self.table_for(topic, derived)
+            except InvalidSpecError as exc:
+                refused[topic] = exc
+                continue
+            name = member.table_name
+            # a table's name, or its dead-letter table's, taken by another topic's table
+            taken = [n for n in (name, member.dead_letter_table) if n in topic_of]
+            if name.endswith("__dead_letter") and name.removesuffix("__dead_letter") in topic_of:
+                taken.append(name.removesuffix("__dead_letter"))
+            if taken:
+                both = f"topics {topic_of[taken[0]]!r} and {topic!r}"
+                refused[topic] = InvalidSpecError(
+                    "table.name",
+                    (
+                        f"{both} both map to table {name!r}"
+                        if taken[0] == name
+                        else f"{both} map to tables {taken[0]!r} and {name!r}, one the other's "
+                        "dead-letter table"
+                    )
+                    + "; change the template or give one of them a name in overrides",
+                )
+                continue
+            out[name] = member
+            topic_of[name] = topic
+        return TopicTables(out, refused)
+
+    def declared_tables(self) -> dict[str, DatastreamSpec]:
+        """The tables known from the spec alone, name -> the single-topic spec that writes it:
+        its one table, or every listed topic's (``source.topics``); none for a
+        ``topic_pattern``, whose tables come as the worker finds its topics."""
+        if not self.multi_table:
+            return {self.table_name: self}
+        assert isinstance(self.source, KafkaSource)
+        if self.schema_from_registry:
+            return {}  # made as the worker finds each topic's writer schemas
+        return self.tables(self.source.topics or []).members
+
     @property
     def table_name(self) -> str:
+        if self.multi_table:
+            raise InvalidSpecError(
+                "table.name",
+                f"datastream {self.name!r} writes a table per topic: ask for a topic's table "
+                "(DatastreamSpec.tables)",
+            )
         return self.table.name or self.name
 
     @property
@@ -396,6 +746,7 @@ class DatastreamSpec(_Frozen):
         return d.total_seconds()
 
     def table_spec(self) -> TableSpec:
+        self.table_name  # noqa: B018  (a multi-table spec has a table per topic)
         data = self.table.model_dump(exclude_none=True)
         data["name"] = self.table_name
         data["schema"] = dict(self.columns)
@@ -426,6 +777,38 @@ class DatastreamSpec(_Frozen):
         return cls.from_yaml(p.read_text())
 
 
+#: The column a table made from Debezium writer schemas orders a key's changes by: the
+#: envelope's ``source.ts_ms`` (when the change happened in the database).
+SOURCE_TS_COLUMN = "_source_ts_ms"
+
+
+@dataclass(frozen=True)
+class DerivedTable:
+    """A multi-table Debezium datastream's table as its topic's writer schemas make it: the
+    row record's fields as columns, in order, and the record key's fields as the key."""
+
+    columns: dict[str, str]
+    key: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TopicTables:
+    """A multi-table datastream's tables for some topics (:meth:`DatastreamSpec.tables`)."""
+
+    #: table name -> the single-topic spec that writes it
+    members: dict[str, DatastreamSpec]
+    #: topic -> why it has no table (a collision, an invalid name or override)
+    refused: dict[str, InvalidSpecError]
+
+    def topics(self) -> dict[str, str]:
+        """table name -> its topic."""
+        out: dict[str, str] = {}
+        for name, m in self.members.items():
+            assert isinstance(m.source, KafkaSource) and m.source.topic is not None
+            out[name] = m.source.topic
+        return out
+
+
 def _check_envelope(source: KafkaSource, table: TableSpec) -> None:
     """``source.envelope`` and ``source.metadata_columns`` against the table."""
     if source.schema_evolution == "auto" and (
@@ -438,13 +821,6 @@ def _check_envelope(source: KafkaSource, table: TableSpec) -> None:
             + ("" if source.format == "json" else " with a schema_file"),
         )
     if source.envelope == "debezium":
-        if source.schema_evolution == "auto":
-            raise InvalidSpecError(
-                "source.schema_evolution",
-                "auto is not supported with the debezium envelope yet (the writer schema is "
-                "the envelope's, whose row record is nested in before/after); update the "
-                "table's schema with millstream datastream update",
-            )
         if not table.keyed:
             raise InvalidSpecError(
                 "source.envelope",

@@ -15,7 +15,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from millstream.api.context import ApiContext
 from millstream.api.rows import LiveRows
 from millstream.api.sealing import debug_info
-from millstream.api.status import consuming_info, upstream_offsets, writer_health
+from millstream.api.status import (
+    consuming_info,
+    tables_written,
+    upstream_offsets,
+    writer_health,
+)
 from millstream.control.workers import list_workers
 from millstream.core.lifecycle import State
 from millstream.datastream import dead_letter_spec
@@ -147,10 +152,13 @@ class MillstreamCollector:
         ) = self._families()
         records = ctx.registry.list()
         live = [r for r in records if r.state not in _NO_TABLE]
-        upstream = upstream_offsets([r.spec for r in live], ctx.upstream_timeout)
-        for rec in live:
+        written = tables_written(ctx, live)
+        upstream = upstream_offsets(
+            [s for _, _, s in written if s is not None], ctx.upstream_timeout, by_table=True
+        )
+        for rec, table, _ in written:
             try:
-                info = consuming_info(ctx, rec.spec.table_name, rec, upstream[rec.name])
+                info = consuming_info(ctx, table, rec, upstream.get(table))
             except NotFoundError:
                 continue
             for p in info.partitions:
@@ -176,13 +184,14 @@ class MillstreamCollector:
         alive.add_metric([], sum(1 for w in workers if w.alive(now, ctx.worker_ttl)))
         for rec in live:
             pauseless.add_metric([rec.name], 1.0 if rec.spec.segments.pauseless else 0.0)
+        for _, table, _ in written:
             try:
-                debug = debug_info(ctx, rec.spec.table_name)
+                debug = debug_info(ctx, table)
             except NotFoundError:
                 continue
-            in_error.add_metric([rec.spec.table_name], len(debug["segments_in_error"]))
+            in_error.add_metric([table], len(debug["segments_in_error"]))
             for q in debug["sealer_queue"]:
-                seal_lag.add_metric([rec.spec.table_name, str(q["partition"])], q["segments"])
+                seal_lag.add_metric([table, str(q["partition"])], q["segments"])
         for w in workers:
             for ds, st in (w.info.get("sealing") or {}).items():
                 if st.get("last_seal_seconds") is not None:
@@ -215,16 +224,12 @@ class MillstreamCollector:
             versions_expired,
             last_maintained,
         )
-        yield from self._repair_metrics([r.spec.table_name for r in live])
+        yield from self._repair_metrics([t for _, t, _ in written])
         yield from self._row_counters(workers)
         yield from self._health_metrics(records, workers)
         yield from self._claim_metrics(workers)
         yield from self._iceberg_metrics(
-            [
-                n
-                for r in live
-                for n in (r.spec.table_name, dead_letter_spec(r.spec.table_name).name)
-            ],
+            [n for _, t, _ in written for n in (t, dead_letter_spec(t).name)],
             workers,
         )
 

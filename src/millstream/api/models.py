@@ -54,7 +54,15 @@ class DatastreamOut(_Out):
     name: str
     state: State
     version: int = Field(description="Bumped by every transition (compare-and-set).")
-    table: str = Field(description="The table the datastream writes.")
+    table: str | None = Field(
+        description="The table the datastream writes (None for one that writes a table per "
+        "topic: see tables)."
+    )
+    tables: list[str] = Field(
+        default_factory=list,
+        description="Every table it writes (a table per topic with source.topics or "
+        "topic_pattern, those made so far), dead-letter tables left out.",
+    )
     last_error: str | None
     created_at: float
     updated_at: float
@@ -77,9 +85,16 @@ class DatastreamOut(_Out):
         *,
         health: WriterHealthOut | None = None,
         warnings: list[str] | None = None,
+        tables: list[str] | None = None,
     ) -> DatastreamOut:
+        multi = rec.spec.multi_table
+        table = None if multi else rec.spec.table_name
         return cls(
-            table=rec.spec.table_name, health=health, warnings=warnings or [], **rec.to_dict()
+            table=table,
+            tables=tables if tables is not None else ([] if table is None else [table]),
+            health=health,
+            warnings=warnings or [],
+            **rec.to_dict(),
         )
 
 

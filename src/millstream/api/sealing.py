@@ -131,7 +131,7 @@ def debug_info(ctx: ApiContext, table: str) -> dict[str, Any]:
 def _writer_health(ctx: ApiContext, table: str) -> dict[str, Any] | None:
     """The health of the writer of ``table`` (running, retrying, stalled: see
     :func:`millstream.api.status.writer_health`), None unless its datastream is READY."""
-    rec = datastream_for_table(ctx.registry.list(), table)
+    rec = datastream_for_table(ctx, table)
     if rec is None or rec.spec.table_name != table:
         return None
     health = writer_health(ctx, [rec]).get(rec.name)

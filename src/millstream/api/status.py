@@ -15,10 +15,11 @@ Pinot's does); with no committed record yet it is unknown (None).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from millstream.api.context import ApiContext
@@ -31,15 +32,19 @@ from millstream.api.models import (
     ServingWorkerOut,
     WriterHealthOut,
 )
-from millstream.control.registry import DatastreamRecord
+from millstream.control.registry import DEAD_LETTER_SUFFIX, DatastreamRecord
+from millstream.control.topics import current_tables
 from millstream.control.workers import list_workers
 from millstream.core.lifecycle import State
 from millstream.datastream import DatastreamSpec, FilesSource, KafkaSource
-from millstream.errors import PreconditionFailedError
+from millstream.errors import PreconditionFailedError, TableNotFoundError
 from millstream.ingest.sources import spec_reader
 from millstream.metastore import reads
 from millstream.metastore.models import SegmentState
 from millstream.metastore.store import MetadataStore
+from millstream.spec import TableSpec
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,57 +58,108 @@ class Upstream:
 def describe_source(spec: DatastreamSpec) -> str:
     src = spec.source
     if isinstance(src, KafkaSource):
+        if src.topics is not None:
+            return f"kafka topics {', '.join(src.topics)} on {src.bootstrap_servers}"
+        if src.topic_pattern is not None:
+            return f"kafka topics matching {src.topic_pattern!r} on {src.bootstrap_servers}"
         return f"kafka topic {src.topic!r} on {src.bootstrap_servers}"
     if isinstance(src, FilesSource):
         return f"files under {src.path}"
     return "the generator"
 
 
-def upstream_offsets(specs: Iterable[DatastreamSpec], timeout: float) -> dict[str, Upstream]:
-    """Latest offsets of each datastream's source, asked concurrently. A source that fails or
-    does not answer within ``timeout`` seconds (a broker that is down) gets an error instead."""
+def upstream_offsets(
+    specs: Iterable[DatastreamSpec], timeout: float, *, by_table: bool = False
+) -> dict[str, Upstream]:
+    """Latest offsets of each datastream's source, asked concurrently, by datastream name (or
+    by table name with ``by_table``: the single-topic specs of a multi-table datastream's
+    tables share its name). A source that fails or does not answer within ``timeout`` seconds
+    (a broker that is down) gets an error instead."""
     answers: dict[str, Upstream] = {}
     threads: dict[str, threading.Thread] = {}
+
+    def key(spec: DatastreamSpec) -> str:
+        return spec.table_name if by_table else spec.name
 
     def ask(spec: DatastreamSpec) -> None:
         try:
             offsets = spec_reader(spec.source).latest_offsets()
-            answers[spec.name] = Upstream({int(p): int(o) for p, o in offsets.items()})
+            answers[key(spec)] = Upstream({int(p): int(o) for p, o in offsets.items()})
         except Exception as exc:  # any source failure is reported, never raised
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            answers[spec.name] = Upstream(
+            answers[key(spec)] = Upstream(
                 None, f"cannot read the latest offsets of {describe_source(spec)}: {reason}"
             )
 
     specs = list(specs)
     for spec in specs:
-        t = threading.Thread(target=ask, args=(spec,), name=f"upstream-{spec.name}", daemon=True)
-        threads[spec.name] = t
+        t = threading.Thread(target=ask, args=(spec,), name=f"upstream-{key(spec)}", daemon=True)
+        threads[key(spec)] = t
         t.start()
     deadline = time.monotonic() + timeout
     for spec in specs:
-        threads[spec.name].join(max(0.0, deadline - time.monotonic()))
-        if spec.name not in answers:
-            answers[spec.name] = Upstream(
+        threads[key(spec)].join(max(0.0, deadline - time.monotonic()))
+        if key(spec) not in answers:
+            answers[key(spec)] = Upstream(
                 None,
                 f"{describe_source(spec)} did not answer within {timeout:g}s (is the broker down?)",
             )
     return {name: answers[name] for name in threads}
 
 
-def datastream_for_table(
-    records: Iterable[DatastreamRecord], table: str
-) -> DatastreamRecord | None:
-    """The datastream writing ``table`` (or whose dead-letter table it is)."""
+def datastream_for_table(ctx: ApiContext, table: str) -> DatastreamRecord | None:
+    """The datastream writing ``table`` (or whose dead-letter table it is). For a table of a
+    multi-table datastream, the record carries that table's single-topic spec
+    (:meth:`DatastreamSpec.table_for`), so what is asked of a datastream's table (its source's
+    offsets, a re-ingestion) is asked of its own topic; None if its topic is not found."""
+    records = ctx.registry.list()
     for rec in records:
-        if table in (rec.spec.table_name, rec.spec.dead_letter_table):
+        if not rec.spec.multi_table and table in (rec.spec.table_name, rec.spec.dead_letter_table):
             return rec
-    return None
+    owner = ctx.registry.owner_of(table)
+    found = next((r for r in records if r.name == owner and r.spec.multi_table), None)
+    if found is None:
+        return None
+    base = table.removesuffix(DEAD_LETTER_SUFFIX)
+    try:
+        members = current_tables(found.spec, stored=lambda n: _stored(ctx, n))
+    except Exception as exc:  # the broker did not answer: the table's topic is unknown
+        log.warning("the topic of table %s of datastream %s is unknown: %s", table, owner, exc)
+        return None
+    member = members.get(base)
+    return None if member is None else replace(found, spec=member)
+
+
+def tables_written(
+    ctx: ApiContext, records: Iterable[DatastreamRecord]
+) -> list[tuple[DatastreamRecord, str, DatastreamSpec | None]]:
+    """Every table the datastreams write, with its datastream and its single-topic spec: a
+    datastream's one table, or each table of a multi-table one made so far (its spec None when
+    the broker did not say which topic it reads: its upstream offsets are then unknown)."""
+    out: list[tuple[DatastreamRecord, str, DatastreamSpec | None]] = []
+    for rec in records:
+        if not rec.spec.multi_table:
+            out.append((rec, rec.spec.table_name, rec.spec))
+            continue
+        try:
+            members = current_tables(rec.spec, stored=lambda n: _stored(ctx, n))
+        except Exception as exc:  # the broker did not answer
+            log.warning("the topics of datastream %s are unknown: %s", rec.name, exc)
+            members = {}
+        out += [(rec, t, members.get(t)) for t in ctx.registry.tables_of(rec.name)]
+    return out
+
+
+def _stored(ctx: ApiContext, table: str) -> TableSpec | None:
+    try:
+        return ctx.catalog.table(table).spec
+    except TableNotFoundError:
+        return None
 
 
 def require_writer_stopped(ctx: ApiContext, table: str) -> None:
     """A rollback needs the datastream writing ``table`` PAUSED or STOPPED (409 naming it)."""
-    rec = datastream_for_table(ctx.registry.list(), table)
+    rec = datastream_for_table(ctx, table)
     if rec is not None and rec.state not in (State.PAUSED, State.STOPPED):
         raise PreconditionFailedError(
             f"datastream {rec.name!r} writing table {table!r} is {rec.state.value}; pause it "

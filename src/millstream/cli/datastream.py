@@ -62,7 +62,14 @@ def _source(spec: dict[str, Any]) -> str:
     src = spec.get("source", {})
     kind = src.get("kind")
     if kind == "kafka":
-        return f"kafka {src.get('topic')} @ {src.get('bootstrap_servers')}"
+        topics = (
+            ", ".join(src["topics"])
+            if src.get("topics")
+            else f"/{src['topic_pattern']}/"
+            if src.get("topic_pattern")
+            else src.get("topic")
+        )
+        return f"kafka {topics} @ {src.get('bootstrap_servers')}"
     if kind == "files":
         return f"files {src.get('path')}"
     return str(kind)
@@ -98,8 +105,11 @@ def _show_record(rec: dict[str, Any], verb: str | None = None) -> None:
     head = f"datastream [bold]{rec['name']}[/] is {rec['state']}"
     console.print(head + (f" ({verb})" if verb else ""), highlight=False)
     spec = rec.get("spec", {})
+    tables = rec.get("tables") or []
     lines = [
-        ("table", rec.get("table")),
+        ("table", rec.get("table"))
+        if rec.get("table") is not None
+        else (f"tables ({len(tables)})", ", ".join(tables) or "(none yet)"),
         ("source", _source(spec)),
         ("mode", spec.get("table", {}).get("mode")),
         ("replicas", spec.get("replicas")),
@@ -220,7 +230,9 @@ def list_(
                     {
                         "name": r["name"],
                         "state": r["state"],
-                        "table": r["table"],
+                        "table": r["table"]
+                        if r.get("table") is not None
+                        else f"{len(r.get('tables') or [])} tables",
                         "source": _source(r["spec"]),
                         "version": r["version"],
                         "updated": _when(r["updated_at"]),

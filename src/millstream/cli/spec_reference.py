@@ -57,7 +57,13 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
         return [m for a in get_args(annotation) for m in _models_in(a)]
     if get_origin(annotation) is not None and hasattr(annotation, "__metadata__"):
         return _models_in(get_args(annotation)[0])
+    if get_origin(annotation) is dict:  # a section per key (``overrides``: per topic)
+        return _models_in(get_args(annotation)[1])
     return []
+
+
+#: What the keys of a map of sections name, in the reference's paths.
+_MAP_KEYS = {"overrides": "<topic>"}
 
 
 def _type_text(annotation: Any) -> str:
@@ -147,7 +153,11 @@ def _section(
                 kind = f"[section](#{_anchor(seen[models[0]])})"
             elif len(models) == 1:
                 kind = f"[section](#{_anchor(path)})"
-                later.append((path, models[0], f"{path}."))
+                if get_origin(field.annotation) is dict:
+                    kind = f"map of string to {kind}"
+                    later.append((path, models[0], f"{path}.{_MAP_KEYS.get(key, '<key>')}."))
+                else:
+                    later.append((path, models[0], f"{path}."))
             else:
                 kinds = [str(get_args(m.model_fields["kind"].annotation)[0]) for m in models]
                 links = [f"[`{k}`](#{_anchor(f'{path} (kind: {k})')})" for k in kinds]

@@ -160,9 +160,11 @@ class Controller:
         if rec is None or rec.state is not State.INITIALIZING:
             return
         try:
-            table = rec.spec.table_spec()
-            self.catalog.create_table(table)
-            self.catalog.create_table(dead_letter_spec(table))
+            # a topic_pattern's tables are created as the worker finds their topics
+            for member in rec.spec.declared_tables().values():
+                table = member.table_spec()
+                self.catalog.create_table(table)
+                self.catalog.create_table(dead_letter_spec(table))
         except MillstreamError as exc:
             self.registry.fail(rec.name, f"cannot create table: {exc.message}")
             return

@@ -7,6 +7,7 @@ completions apply only if the record is still in the state they expect.
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 from millstream.clock import SYSTEM_CLOCK, Clock
@@ -54,6 +55,24 @@ def _fixed(spec: DatastreamSpec) -> dict[str, Any]:
     for f in UPDATABLE_SOURCE_FIELDS:
         out["source"].pop(f, None)
     return out
+
+
+#: A dead-letter table's name is its table's with this suffix (:func:`dead_letter_spec`).
+DEAD_LETTER_SUFFIX = "__dead_letter"
+
+
+def _single_table(name: str, spec: DatastreamSpec) -> None:
+    if spec.multi_table:
+        raise InvalidSpecError(
+            "source",
+            f"datastream {name!r} writes a table per topic: updating such a datastream is "
+            "not supported yet; create another datastream instead",
+        )
+
+
+def _names(spec: DatastreamSpec) -> list[str]:
+    """A single-table spec's table and dead-letter table."""
+    return [spec.table_name, spec.dead_letter_table]
 
 
 def _check_fixed_fields(old: DatastreamSpec, new: DatastreamSpec) -> None:
@@ -108,12 +127,26 @@ class Registry:
         with self.store.read() as conn:
             return datastreams.list_all(conn)
 
+    def owner_of(self, table: str) -> str | None:
+        """The datastream that owns ``table`` (None: no datastream does)."""
+        with self.store.read() as conn:
+            return owners.owners(conn, [table]).get(table)
+
+    def tables_of(self, name: str) -> builtins.list[str]:
+        """The tables datastream ``name`` writes (owns), dead-letter tables left out: its
+        one table, or every table of a multi-table datastream made so far."""
+        with self.store.read() as conn:
+            owned = owners.owned_by(conn, name)
+        return [t for t in owned if not t.endswith(DEAD_LETTER_SUFFIX)]
+
     # -- user commands ---------------------------------------------------------------------
 
     def create(self, spec: DatastreamSpec) -> DatastreamRecord:
         """Insert the datastream in INITIALIZING and ask the leader to set it up. Its table
         and dead-letter table must not belong to another datastream (:class:`TableOwnedError`)."""
-        spec.table_spec()  # validated already; raises InvalidSpecError naming the field
+        # validated already; a multi-table spec's listed topics' tables (a topic_pattern's
+        # are claimed as its topics are found)
+        claimed = [n for t in spec.declared_tables().values() for n in _names(t)]
 
         def _txn(conn: Txn) -> DatastreamRecord:
             if self._get(conn, spec.name) is not None:
@@ -122,7 +155,7 @@ class Registry:
             # Its table and dead-letter table become its own (TableOwnedError, a 409 naming
             # the other datastream, if one owns either): in this transaction, so two creates
             # racing for one table cannot both insert (the owner row's key decides).
-            owners.claim_tables(conn, [spec.table_name, spec.dead_letter_table], spec.name, now)
+            owners.claim_tables(conn, claimed, spec.name, now)
             datastreams.insert_new(conn, spec, now)
             events.enqueue(conn, spec.name, events.CREATE, now)
             rec = self._get(conn, spec.name)
@@ -146,12 +179,14 @@ class Registry:
         before the leader created the table)."""
         if spec.name != name:
             raise InvalidSpecError("name", f"{spec.name!r} is not the datastream {name!r}")
+        _single_table(name, spec)
         new_table = spec.table_spec()
 
         def _txn(conn: Txn) -> Update:
             rec = self._get(conn, name)
             if rec is None:
                 raise NotFoundError("datastream", name)
+            _single_table(name, rec.spec)
             _check_fixed_fields(rec.spec, spec)
             if new_table.name != rec.spec.table_name:
                 # Its table names are its own (owners.claim_tables); another name may be

@@ -31,8 +31,9 @@ from typing import Any
 
 from millstream.catalog import Catalog
 from millstream.clock import Clock
-from millstream.control.registry import DatastreamRecord, Registry
+from millstream.control.registry import Registry
 from millstream.core.lifecycle import State
+from millstream.datastream import DatastreamSpec
 from millstream.errors import AlreadyExistsError
 from millstream.metastore.jobs import (
     ABANDONED,
@@ -89,22 +90,28 @@ class AutoRepair:
         for rec in self.registry.list():
             if rec.state in _NO_TABLE:
                 continue
-            table = rec.spec.table_name
-            sup = self.supervisors.get(table)
-            if sup is None:
-                sup = Supervisor(
-                    "repairer",
-                    table=table,
-                    clock=self.clock,
-                    # Failed scans of a table back off from the scan interval (at least 1 s).
-                    backoff=Backoff(base=min(max(1.0, self.settings.interval), 3600.0), cap=3600.0),
-                )
-                self.supervisors[table] = sup
-            if sup.due():
-                sup.attempt(self.scan_table, rec)
+            # every table of a multi-table datastream's listed topics (a topic_pattern's are
+            # not scanned yet: which topic a found table reads is the worker's to know)
+            for table, spec in rec.spec.declared_tables().items():
+                self._scan(table, spec)
 
-    def scan_table(self, rec: DatastreamRecord) -> None:
-        table = rec.spec.table_name
+    def _scan(self, table: str, spec: DatastreamSpec) -> None:
+        sup = self.supervisors.get(table)
+        if sup is None:
+            sup = Supervisor(
+                "repairer",
+                table=table,
+                clock=self.clock,
+                # Failed scans of a table back off from the scan interval (at least 1 s).
+                backoff=Backoff(base=min(max(1.0, self.settings.interval), 3600.0), cap=3600.0),
+            )
+            self.supervisors[table] = sup
+        if sup.due():
+            sup.attempt(self.scan_table, spec)
+
+    def scan_table(self, spec: DatastreamSpec) -> None:
+        """Start a re-ingestion of every broken segment of ``spec``'s (single-topic) table."""
+        table = spec.table_name
         manifest = self.catalog.manifest(table)
         broken = find_broken(self.catalog.deep, manifest)
         now = self.clock.now()
@@ -126,7 +133,7 @@ class AutoRepair:
                 continue
             try:
                 job = self.runner.start(
-                    self.catalog, rec.spec, b.entry.name, trigger="auto", respect_backoff=True
+                    self.catalog, spec, b.entry.name, trigger="auto", respect_backoff=True
                 )
             except AlreadyExistsError:
                 continue  # running elsewhere (an operator's job, another controller)

@@ -50,6 +50,7 @@ from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.control.controller import ControlSettings
 from millstream.control.registry import Registry
+from millstream.control.topics import Topics, datastream_of, member_key
 from millstream.control.watchdog import Stall, StallWatch
 from millstream.control.workers import heartbeat
 from millstream.core.lifecycle import State
@@ -62,6 +63,7 @@ from millstream.errors import (
     SourceOffsetsRewoundError,
     SourceReadError,
     StateDirLockedError,
+    TableNotFoundError,
     from_spark_failure,
 )
 from millstream.faults import seal_faults
@@ -76,6 +78,7 @@ from millstream.sealing.thresholds import Thresholds
 from millstream.spark.options import CommitGate
 from millstream.spark.runner import CommitLogTotals, DatastreamRunner
 from millstream.spark.shared import SharedQueryMemberError, SharedQueryRunner
+from millstream.spec import TableSpec
 from millstream.storage.statedir import StateDirCleaner, StateDirectory
 from millstream.supervise import Backoff, LoopStatus, SupervisedLoop, Supervisor
 
@@ -121,6 +124,8 @@ def _bad_record(exc: Exception) -> bool:
 
 @dataclass
 class _Writer:
+    #: the datastream, or a multi-table datastream's table as ``<datastream>.<table>``
+    #: (:func:`~millstream.control.topics.member_key`): the shared query's member
     datastream: str
     role: str
     state_dir: StateDirectory
@@ -176,6 +181,10 @@ class Worker:
         #: Run every writer in one streaming query (see the module's docstring).
         self.shared_query = shared_query
         self.shared: SharedQueryRunner | None = None
+        #: The multi-table datastreams' topics and tables (:mod:`millstream.control.topics`),
+        #: and the spec each such table's writer runs, by member key.
+        self.topics = Topics(clock=clock, stored=self._stored_spec)
+        self.member_specs: dict[str, DatastreamSpec] = {}
         self.shared_thread: threading.Thread | None = None
         self._shared_writers: list[_Writer] = []
         #: A datastream whose state directory was held elsewhere: when to try it again, and
@@ -289,11 +298,14 @@ class Worker:
         those it runs (READY and assigned here, less those waiting out a failure's backoff):
         they join or leave the running query; the query is restarted only when that cannot
         be done (see :meth:`_change_members`) or when none runs."""
-        ready = {
-            ds: role
-            for ds, role in mine.items()
-            if (rec := states.get(ds)) is not None and rec.state is State.READY
-        }
+        ready = self._tables_of(
+            {
+                ds: role
+                for ds, role in mine.items()
+                if (rec := states.get(ds)) is not None and rec.state is State.READY
+            },
+            states,
+        )
         for ds, role in ready.items():
             if ds in self.writers:
                 self.writers[ds].role = role
@@ -317,6 +329,31 @@ class Worker:
                 w.state_dir.unlock()
         if wanted:
             self._start_shared({ds: ready[ds] for ds in sorted(wanted)})
+
+    def _tables_of(self, ready: dict[str, str], states: dict[str, Any]) -> dict[str, str]:
+        """The shared query's members for the READY datastreams ``ready``: a datastream, or
+        each table of a multi-table one (``<datastream>.<table>``, its own writer: its own
+        commits, epochs, dead-letter table, failures and backoff)."""
+        out: dict[str, str] = {}
+        for ds, role in ready.items():
+            spec: DatastreamSpec = states[ds].spec
+            if not spec.multi_table:
+                out[ds] = role
+                continue
+            for table, member in self.topics.tables(ds, spec).members.items():
+                key = member_key(ds, table)
+                self.member_specs[key] = member
+                out[key] = role
+        for ds in set(self.topics.found) - set(ready):
+            self.topics.forget(ds)
+        return out
+
+    def _stored_spec(self, table: str) -> TableSpec | None:
+        """A table's spec as stored (None: no such table yet)."""
+        try:
+            return self.catalog.table(table).spec
+        except TableNotFoundError:
+            return None
 
     def _lock_free(self, ds: str, role: str) -> bool:
         """Whether a datastream not in the shared query may join it now: its state directory
@@ -391,7 +428,7 @@ class Worker:
     def _new_member(self, ds: str, role: str) -> _Writer | None:
         """A fresh writer of ``ds`` holding its state directory, for the shared query (None,
         listed unlocked and retried later, if someone took the directory meanwhile)."""
-        rec = self.registry.get(ds)
+        spec = self.member_specs[ds] if ds in self.member_specs else self.registry.get(ds).spec
         previous = self.writers.get(ds)
         if previous is not None and previous.locked:
             previous.state_dir.unlock()  # kept through its backoff; the new writer locks
@@ -410,7 +447,7 @@ class Worker:
             self._lock_retry[ds] = (self.clock.now() + LOCK_RETRY_SECONDS, LOCK_RETRY_SECONDS)
             return None
         w.locked = True
-        w.runner = self._runner(rec.spec, w.state_dir)
+        w.runner = self._runner(spec, w.state_dir, member=ds)
         return w
 
     def _start_shared(self, wanted: dict[str, str]) -> None:
@@ -455,13 +492,15 @@ class Worker:
 
     def _member_failed(self, ds: str, error: str, *, fail: bool) -> None:
         """Record a member's failure (its backoff starts now); with ``fail`` (restarting
-        cannot help, as for a writer of its own) the datastream goes to ERROR."""
+        cannot help, as for a writer of its own) the datastream goes to ERROR. A table of a
+        multi-table datastream never takes its datastream (the other tables) down: it waits
+        out its own backoff, retried alone, and its health says why."""
         w = self.writers.get(ds)
         error = error.splitlines()[0][:2000]
         log.error("writer %s on %s failed: %s", ds, self.id, error)
         if w is not None:
             self._failed(w, error)
-        if fail:
+        if fail and ds not in self.member_specs:
             self.registry.fail(ds, error)
 
     def _count_source_error(self, ds: str, exc: BaseException, message: str) -> None:
@@ -534,8 +573,11 @@ class Worker:
         w.thread = threading.Thread(target=_run, name=f"writer-{ds}", daemon=True)
         w.thread.start()
 
-    def _runner(self, spec: DatastreamSpec, state_dir: StateDirectory) -> DatastreamRunner:
-        """This worker's writer of ``spec`` (a standby's commits wait for its commit gate)."""
+    def _runner(
+        self, spec: DatastreamSpec, state_dir: StateDirectory, *, member: str | None = None
+    ) -> DatastreamRunner:
+        """This worker's writer of ``spec`` (a standby's commits wait for its commit gate),
+        ``member`` of the shared query (default: the datastream's name)."""
         gate = CommitGate(
             spec.name, self.id, spec.table_spec().name, takeover_ttl=self.settings.takeover_ttl
         )
@@ -546,6 +588,7 @@ class Worker:
             writer_id=self.id,
             state_dir=state_dir,
             commit_gate=gate if spec.replica_mode == "standby" else None,
+            member=member,
         )
 
     def _failed(self, w: _Writer, error: str) -> None:
@@ -670,7 +713,9 @@ class Worker:
         hosted = list(self.writers.values())
         writers = [
             {
-                "datastream": w.datastream,
+                "datastream": datastream_of(w.datastream),
+                "table": w.runner.spec.table_name if w.runner is not None else None,
+                "member": w.datastream,
                 "role": w.role,
                 "running": w.running,
                 "locked": w.state_dir.held,
@@ -731,7 +776,7 @@ class Worker:
                 c = counts.get(p, {})
                 out.append(
                     {
-                        "datastream": ds,
+                        "datastream": datastream_of(ds),
                         "table": table,
                         "partition": p,
                         "consumed": c.get("consumed", 0),
@@ -749,11 +794,15 @@ class Worker:
         the newest)."""
         out: dict[str, dict[str, Any]] = {}
         for (ds, kind), (n, message) in sorted(self.source_errors.items()):
-            entry = out.setdefault(ds, {"datastream": ds, "errors": {}, "lost_ranges": []})
+            entry = out.setdefault(
+                ds, {"datastream": datastream_of(ds), "errors": {}, "lost_ranges": []}
+            )
             entry["errors"][kind] = {"count": n, "last_error": message}
         for ds, totals in sorted(self.row_totals.items()):
             if totals.lost_ranges:
-                entry = out.setdefault(ds, {"datastream": ds, "errors": {}, "lost_ranges": []})
+                entry = out.setdefault(
+                    ds, {"datastream": datastream_of(ds), "errors": {}, "lost_ranges": []}
+                )
                 entry["lost_ranges"] = list(totals.lost_ranges)
         for ds, entry in out.items():
             w = self.writers.get(ds)
@@ -837,6 +886,7 @@ class Worker:
             *(s.status(alive=alive) for _, s in sorted(self.seal_supervisors.items())),
             *self.maintainer.loop_statuses(alive=alive),
             *self._publish_statuses(),
+            *self.topics.loop_statuses(alive=self.beat_loop.alive),
         ]
 
     def _publish_statuses(self) -> list[LoopStatus]:

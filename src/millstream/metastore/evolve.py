@@ -35,13 +35,16 @@ def evolve_with_dead_letter(
 
 def _datastreams_follow(conn: Connection, table: TableSpec, now: float) -> None:
     """The spec of every datastream writing ``table`` takes the table's columns (a
-    compare-and-set on its row, in the caller's transaction)."""
+    compare-and-set on its row, in the caller's transaction). A datastream of many topics
+    keeps its spec: each of its tables has its own columns, stored with the table."""
     rows = conn.execute(
         select(s.datastreams.c.name, s.datastreams.c.spec, s.datastreams.c.version)
     ).all()
     for name, spec, version in rows:
+        parsed = DatastreamSpec.parse(spec)
         if (
-            DatastreamSpec.parse(spec).table_name != table.name
+            parsed.multi_table
+            or parsed.table_name != table.name
             or spec.get("schema") == table.columns
         ):
             continue

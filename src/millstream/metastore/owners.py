@@ -46,6 +46,16 @@ def claim_tables(conn: Connection, tables: Sequence[str], datastream: str, now: 
             )
 
 
+def owned_by(conn: Connection, datastream: str) -> list[str]:
+    """The tables ``datastream`` owns (its dead-letter tables included), by name."""
+    rows = conn.execute(
+        select(s.table_owners.c.table_name)
+        .where(s.table_owners.c.datastream == datastream)
+        .order_by(s.table_owners.c.table_name)
+    )
+    return [r[0] for r in rows]
+
+
 def release_tables(conn: Connection, datastream: str) -> None:
     """Free every table ``datastream`` owns (in the caller's transaction: its removal)."""
     conn.execute(delete(s.table_owners).where(s.table_owners.c.datastream == datastream))

@@ -181,6 +181,7 @@ class DatastreamRunner:
         max_staged_age: float = MAX_STAGED_AGE_SECONDS,
         gc_grace_seconds: float = DEFAULT_GRACE_SECONDS,
         publish_interval: float | None = None,
+        member: str | None = None,
     ) -> None:
         if gc_grace_seconds < max_staged_age:
             raise InvalidSpecError(
@@ -189,6 +190,9 @@ class DatastreamRunner:
                 f"{max_staged_age:g} s: GC could delete a staged file a commit still accepts",
             )
         self.spec = spec
+        #: Its name as a member of a worker's shared query: the datastream's, or for a table
+        #: of a multi-table datastream ``<datastream>.<table>``.
+        self.member = member or spec.name
         self.catalog = catalog
         self.spark = spark
         self.writer_id = writer_id or f"{spec.name}-{socket.gethostname()}"

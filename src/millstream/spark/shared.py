@@ -115,7 +115,7 @@ class SharedQueryRunner:
     ) -> None:
         if not members:
             raise InvalidSpecError("members", "a shared query runs at least one datastream")
-        self.members = {m.spec.name: m for m in sorted(members, key=lambda m: m.spec.name)}
+        self.members = {m.member: m for m in sorted(members, key=lambda m: m.member)}
         self.spark = spark
         self.state_dir = state_dir
         #: restarts after a restartable error, per member (``*``: the query's own)
@@ -206,7 +206,7 @@ class SharedQueryRunner:
         runs, or its trigger is shorter than the query's (the caller then restarts the query
         with it). A member whose tables or source do not answer raises
         :class:`SharedQueryMemberError`, and the query runs on without it."""
-        name = member.spec.name
+        name = member.member
         with self._lock:
             if self._stopping or self.query is None or not self.query.isActive:
                 return False

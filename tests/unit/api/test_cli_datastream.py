@@ -96,6 +96,33 @@ def test_list_and_show_in_text_and_json(run: Cli, created: None) -> None:
     assert run.json("datastream", "show", "orders")["state"] == "READY"
 
 
+def test_a_datastream_of_many_topics_shows_its_tables(
+    run: Cli, controller: Controller, tmp_path: Path
+) -> None:
+    f = tmp_path / "inventory.yaml"
+    f.write_text(
+        """
+name: inventory
+source:
+  kind: kafka
+  bootstrap_servers: 127.0.0.1:1
+  topics: [db.inventory.customers, db.inventory.orders]
+table: {mode: upsert, primary_key: [id]}
+schema: {id: long, status: string}
+"""
+    )
+    assert run("datastream", "create", "-f", str(f)).exit_code == 0
+    controller.tick()
+    shown = run("datastream", "show", "inventory")
+    assert shown.exit_code == 0, shown.output
+    assert "tables (2): customers, orders" in shown.stdout
+    assert "kafka db.inventory.customers, db.inventory.orders @ 127.0.0.1:1" in shown.stdout
+    assert "2 tables" in run("datastream", "list").stdout
+    assert run.json("datastream", "show", "inventory")["tables"] == ["customers", "orders"]
+    tables = run("table", "list", "--home", str(tmp_path / "home"), controller=False)
+    assert "customers" in tables.stdout and "orders" in tables.stdout, tables.output
+
+
 def test_list_with_no_datastreams_says_so(run: Cli) -> None:
     assert run("datastream", "list").stdout.strip() == "(no datastreams)"
     assert run.json("datastream", "list") == []

@@ -24,7 +24,7 @@ from harness.schema_registry import TestSchemaRegistry
 from millstream.datastream import DatastreamSpec
 from millstream.errors import InvalidSpecError, SourceReadError
 from millstream.ingest.decode import Decoded, decode_records
-from millstream.ingest.formats import decoder_for
+from millstream.ingest.formats import absorber, decoder_for
 from millstream.ingest.sources import config_for
 from millstream.reference.model import model_rows
 
@@ -328,17 +328,26 @@ def test_the_spec_takes_avro_and_refuses_protobuf(source: dict[str, Any], ok: bo
     assert err.value.field == "source.envelope" and "json or avro" in str(err.value)
 
 
-def test_the_spec_refuses_schema_evolution_auto_with_the_envelope() -> None:
-    """The writer schema of a Debezium topic is the envelope's: growing the table to its
-    top-level fields (before, after, source, op...) would be wrong, so auto is refused."""
-    fields = {
-        "format": "avro",
-        "schema_registry": {"url": "http://127.0.0.1:1"},
-        "schema_evolution": "auto",
-    }
-    with pytest.raises(InvalidSpecError) as err:
-        datastream(None, **fields)
-    assert err.value.field == "source.schema_evolution" and "debezium" in str(err.value)
+def test_schema_evolution_auto_with_the_envelope_grows_the_table_by_its_row_record(
+    registry,
+) -> None:
+    """The writer schema of a Debezium topic is the envelope's: auto grows the table by the
+    fields of its row record (``before``/``after``'s ``Value``), never by the envelope's own
+    top-level fields (before, after, source, op...)."""
+    spec = datastream(registry.url, schema_evolution="auto")
+    enc = DebeziumAvroEncoder(
+        registry.url,
+        "auto-envelope",
+        envelope=debezium_envelope(
+            [*ITEMS_VALUE_FIELDS, {"name": "note", "type": ["null", "string"], "default": None}]
+        ),
+    )
+    value = enc.value(event("c", None, {"id": 1, "name": "a", "qty": 1, "note": "n"}, 1))
+    auto = absorber(config_for(spec.source)[1])
+    assert auto is not None
+    table = spec.table_spec()
+    grown = auto.absorbing(table, pa.array([value], pa.binary()))
+    assert list(grown.columns) == [*table.columns, "note"]
 
 
 def test_decimal_and_nested_after_columns_and_their_bad_values(registry) -> None:

@@ -60,11 +60,17 @@ def create_datastream(
     Its source is probed first (its latest offsets, within the API's upstream timeout): one
     that cannot be reached does not stop the create, the response's ``warnings`` say why."""
     parsed = DatastreamSpec.parse(spec)
-    probe = upstream_offsets([parsed], ctx.upstream_timeout)[parsed.name]
+    # a multi-table datastream's topics are its worker's to find (its listed ones may not
+    # exist yet): its tables' sources are shown per table once they run
+    probe = (
+        None
+        if parsed.multi_table
+        else upstream_offsets([parsed], ctx.upstream_timeout)[parsed.name]
+    )
     rec = ctx.registry.create(parsed)
     response.headers["Location"] = f"/datastreams/{rec.name}"
     warnings = []
-    if probe.error is not None:
+    if probe is not None and probe.error is not None:
         warnings.append(
             f"{probe.error}; the datastream was created and its writer will retry (its "
             "health shows the error)"
@@ -77,14 +83,19 @@ def list_datastreams(ctx: Ctx) -> list[DatastreamOut]:
     """Every datastream, with its writer's ``health`` while READY."""
     records = ctx.registry.list()
     health = writer_health(ctx, records)
-    return [DatastreamOut.of(r, health=health.get(r.name)) for r in records]
+    return [
+        DatastreamOut.of(r, health=health.get(r.name), tables=ctx.registry.tables_of(r.name))
+        for r in records
+    ]
 
 
 @router.get("/{name}", response_model=DatastreamOut, responses=NOT_FOUND)
 def get_datastream(ctx: Ctx, name: str) -> DatastreamOut:
     """The datastream's record, with its writer's ``health`` while READY."""
     rec = ctx.registry.get(name)
-    return DatastreamOut.of(rec, health=writer_health(ctx, [rec]).get(rec.name))
+    return DatastreamOut.of(
+        rec, health=writer_health(ctx, [rec]).get(rec.name), tables=ctx.registry.tables_of(name)
+    )
 
 
 @router.patch(

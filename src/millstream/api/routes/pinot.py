@@ -37,7 +37,7 @@ PAUSED_STATES = (State.PAUSED, State.STOPPING, State.STOPPED)
 
 def _writer_of(ctx: ApiContext, table: str) -> DatastreamRecord:
     ctx.catalog.table(table)  # 404 for an unknown table
-    rec = datastream_for_table(ctx.registry.list(), table)
+    rec = datastream_for_table(ctx, table)
     if rec is None or table != rec.spec.table_name:
         raise NotFoundError("datastream writing table", table)
     return rec

@@ -26,7 +26,7 @@ def reingest(ctx: Ctx, name: str) -> JSONResponse:
     any controller). A job whose controller died (ABANDONED) or that failed is taken over."""
     table, _, _ = parse_segment_name(name)
     ctx.catalog.table(table)
-    rec = datastream_for_table(ctx.registry.list(), table)
+    rec = datastream_for_table(ctx, table)
     if rec is None:
         raise NotFoundError("datastream writing table", table)
     job = ctx.reingest.start(ctx.catalog, rec.spec, name, trigger="api")

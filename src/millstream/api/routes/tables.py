@@ -93,7 +93,7 @@ def consuming_segments_info(ctx: Ctx, table: str) -> ConsumingSegmentsInfoOut:
     """Per partition: shard upper, the source's latest offset, records and availability lag,
     and the workers serving it. A source that cannot be reached gives nulls and an error."""
     ctx.catalog.table(table)  # 404 before asking any broker
-    rec = datastream_for_table(ctx.registry.list(), table)
+    rec = datastream_for_table(ctx, table)
     upstream = (
         upstream_offsets([rec.spec], ctx.upstream_timeout)[rec.name] if rec is not None else None
     )

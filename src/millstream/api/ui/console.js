@@ -184,7 +184,10 @@ const COMMANDS = {
 
 function describeSource(src) {
   if (!src) return "";
-  if (src.kind === "kafka") return `kafka ${src.topic} @ ${src.bootstrap_servers}`;
+  if (src.kind === "kafka") {
+    const topics = src.topics ? src.topics.join(", ") : src.topic_pattern ? `/${src.topic_pattern}/` : src.topic;
+    return `kafka ${topics} @ ${src.bootstrap_servers}`;
+  }
   if (src.kind === "files") return `files ${src.path}`;
   return src.kind;
 }
@@ -237,7 +240,7 @@ function datastreamRow(d) {
       { class: `ds-health${d.health && d.health.status !== "running" && d.health.status !== "starting" ? " error-text" : ""}` },
       healthText(d.health),
     ),
-    el("td", {}, el("a", { href: `#/tables/${encodeURIComponent(d.table)}` }, d.table)),
+    el("td", {}, ...(d.tables || [d.table]).flatMap((t, i) => [i ? ", " : "", el("a", { href: `#/tables/${encodeURIComponent(t)}` }, t)])),
     el("td", {}, describeSource(d.spec.source)),
     num(d.version),
     el("td", {}, sinceEpoch(d.updated_at)),
@@ -316,8 +319,10 @@ const tablesPage = {
     const list = await api("GET", "/datastreams");
     const rows = [];
     for (const d of list) {
-      rows.push({ table: d.table, datastream: d.name, state: d.state, kind: "table" });
-      rows.push({ table: `${d.table}__dead_letter`, datastream: d.name, state: d.state, kind: "dead-letter table" });
+      for (const t of d.tables || [d.table]) {
+        rows.push({ table: t, datastream: d.name, state: d.state, kind: "table" });
+        rows.push({ table: `${t}__dead_letter`, datastream: d.name, state: d.state, kind: "dead-letter table" });
+      }
     }
     fill(this.list, rows, () =>
       table(
@@ -664,7 +669,7 @@ const errorsPage = {
   async refresh() {
     const [streams, workers] = await Promise.all([api("GET", "/datastreams"), api("GET", "/workers")]);
     const debugs = await Promise.all(
-      streams.map((d) => api("GET", `/tables/${encodeURIComponent(d.table)}/debugInfo`).catch(() => null)),
+      streams.flatMap((d) => d.tables || [d.table]).map((t) => api("GET", `/tables/${encodeURIComponent(t)}/debugInfo`).catch(() => null)),
     );
     const rows = [];
     for (const d of streams) {

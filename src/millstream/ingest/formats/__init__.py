@@ -39,6 +39,7 @@ from millstream.ingest.formats.csv import CsvDecoder
 from millstream.ingest.formats.envelope import (
     DebeziumAvroPlan,
     EnvelopeDecoder,
+    debezium_row_record,
     decode_debezium_avro,
 )
 from millstream.ingest.formats.fit import Parsed, concat
@@ -338,6 +339,8 @@ class SchemaDecoder:
             found = self.registry.schema(schema_id)
             if found.schema_type != "AVRO":
                 return []
+            if self.debezium:  # the envelope's row record holds the table's fields
+                return avro_writer_fields(debezium_row_record(found.schema) or {})
             return avro_writer_fields(found.schema)
         return proto_writer_fields(message_at(self._proto_file(schema_id), indexes))
 

@@ -35,10 +35,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from millstream.datastream import DEBEZIUM_METADATA, KAFKA_METADATA
+from millstream.datastream import DEBEZIUM_METADATA, KAFKA_METADATA, DerivedTable
+from millstream.errors import InvalidSpecError
 from millstream.ingest.formats.avro import AvroSchemaPlan, field_columns, read_each
+from millstream.ingest.formats.avro import writer_fields as avro_writer_fields
 from millstream.ingest.formats.fit import Parsed, all_rejected, assemble, drop_rows
 from millstream.ingest.formats.jsonblock import json_schema, parse_json, parse_robust
+from millstream.ingest.formats.registry import RegistryClient
 from millstream.spec import TableSpec
 from millstream.types import arrow_type
 
@@ -255,6 +258,57 @@ def _is_kind(t: Any, kinds: tuple[str, ...]) -> bool:
     return isinstance(b, str) and b in kinds
 
 
+def debezium_row_record(schema: Any) -> dict[str, Any] | None:
+    """The row record of a Debezium ``Envelope`` Avro schema (None when it has none): it is
+    defined in ``before``'s union (``after`` refers to it by name), or in ``after``'s."""
+    if isinstance(schema, str):
+        schema = json.loads(schema)
+    if not isinstance(schema, dict) or schema.get("type") != "record":
+        return None
+    fields = {f["name"]: f["type"] for f in schema.get("fields", [])}
+    return next(
+        (
+            b
+            for name in ("before", "after")
+            for b in _branches(fields.get(name))
+            if isinstance(b, dict) and b.get("type") == "record"
+        ),
+        None,
+    )
+
+
+def debezium_table(registry: RegistryClient, topic: str) -> DerivedTable | None:
+    """``topic``'s table as its latest Debezium writer schemas make it (subjects
+    ``<topic>-value`` and ``<topic>-key``, Debezium's default naming): the row record's
+    fields as columns, the key record's fields as the key. None while the registry has no
+    value schema for the topic; a schema that makes no table raises
+    :class:`InvalidSpecError` naming the topic and why."""
+    value = registry.latest(f"{topic}-value")
+    if value is None:
+        return None
+    row = debezium_row_record(value.schema) if value.schema_type == "AVRO" else None
+    if row is None:
+        raise InvalidSpecError(
+            "source.envelope",
+            f"topic {topic!r}: writer schema id {value.schema_id} is not a Debezium envelope "
+            "(no record in before/after)",
+        )
+    columns: dict[str, str] = {}
+    for f in avro_writer_fields(row):
+        if f.column_type is None:
+            raise InvalidSpecError(f"schema.{f.name}", f"topic {topic!r}: {f.why}")
+        columns[f.name] = f.column_type
+    key = registry.latest(f"{topic}-key")
+    key_fields = [f.name for f in avro_writer_fields(key.schema)] if key is not None else []
+    if not key_fields:
+        raise InvalidSpecError(
+            "table.primary_key",
+            f"topic {topic!r}: the registry holds no record key schema ({topic}-key) to take "
+            "the key from; give the table's primary_key in overrides",
+        )
+    return DerivedTable(columns, tuple(key_fields))
+
+
 @dataclass
 class DebeziumAvroPlan:
     """How one Debezium ``Envelope`` writer schema fills the table: the envelope is read with
@@ -274,17 +328,7 @@ class DebeziumAvroPlan:
         if not isinstance(schema, dict) or schema.get("type") != "record":
             return cls(parsed, None, "the Avro schema is not a record: not a Debezium envelope")
         fields = {f["name"]: f["type"] for f in schema.get("fields", [])}
-        # The row record is defined in before's union (after refers to it by name), or
-        # in after's.
-        value = next(
-            (
-                b
-                for name in ("before", "after")
-                for b in _branches(fields.get(name))
-                if isinstance(b, dict) and b.get("type") == "record"
-            ),
-            None,
-        )
+        value = debezium_row_record(schema)
         if value is None:
             return cls(
                 parsed,

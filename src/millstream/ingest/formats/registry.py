@@ -117,6 +117,21 @@ class RegistryClient:
             self._by_id[schema_id] = found
         return found
 
+    def latest(self, subject: str) -> RegisteredSchema | None:
+        """A subject's latest version (None when the registry has no such subject)."""
+        try:
+            body = self._get_retrying(
+                f"/subjects/{urllib.parse.quote(subject, safe='')}/versions/latest"
+            )
+        except SchemaNotFound:
+            return None
+        return RegisteredSchema(
+            int(body.get("id", -1)),
+            str(body.get("schemaType") or "AVRO"),
+            str(body["schema"]),
+            tuple(body.get("references") or ()),
+        )
+
     def version(self, subject: str, version: int) -> RegisteredSchema:
         """A subject's version (a Protobuf schema's references name them)."""
         body = self._get_retrying(

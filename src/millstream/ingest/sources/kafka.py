@@ -716,6 +716,26 @@ class KafkaReader(PartitionReader):
         return end
 
 
+def list_topics(
+    bootstrap_servers: str, options: dict[str, str] | None = None, *, timeout: float = 10.0
+) -> list[str]:
+    """The topics the broker at ``bootstrap_servers`` holds, by name (its internal topics,
+    ``__consumer_offsets`` and the like, left out): what a ``topic_pattern`` is matched
+    against. A broker that does not answer in ``timeout`` seconds raises
+    :class:`SourceReadError`."""
+    conf = KafkaConfig(bootstrap_servers, "-", dict(options or {})).client_config()
+    try:
+        with CONSUMERS.lease(conf) as c:
+            md = c.list_topics(timeout=timeout)
+    except Exception as exc:
+        raise SourceReadError(
+            f"kafka broker {bootstrap_servers}", f"listing its topics failed: {exc}"
+        ) from exc
+    return sorted(
+        name for name, t in md.topics.items() if t.error is None and not name.startswith("__")
+    )
+
+
 def _append(
     m: Any,
     offsets: list[int],
