@@ -121,6 +121,9 @@ def main() -> None:
             time.sleep(args.settle)
             prod: dict[str, Any] = {}
             load0 = load_text()
+            sealer = runner.sealer
+            seals0 = len(sealer.durations) if sealer is not None else 0
+            compactions0 = len(sealer.compactions) if sealer is not None else 0
             w0 = time.time()
             peers.producer_loop(
                 broker.bootstrap, args.seed, args.keys, [args.rate], args.seconds, prod
@@ -139,6 +142,9 @@ def main() -> None:
             commits = [
                 c for c in runner.commits() if w0 <= c.get("at", 0) <= w1 + 5 and c.get("rows")
             ]
+            seals = list(sealer.durations[seals0:]) if sealer is not None else []
+            compactions = [c.seconds for c in sealer.compactions[compactions0:]] if sealer else []
+            segments = len(catalog.manifest("peers").entries)
             t_read = time.perf_counter()
             rows = catalog.read_table("peers").num_rows
             read_s = time.perf_counter() - t_read
@@ -150,6 +156,17 @@ def main() -> None:
                 spark.stop()
             broker.stop()
     out = summarize(batches, commits, captured.records, w0, w1)
+    out.update(
+        seals_in_window=[round(x, 2) for x in seals],
+        compactions_in_window=[round(x, 2) for x in compactions],
+        manifest_entries=segments,
+        all_steps_median_s={
+            k: round(statistics.median(b["duration_ms"].get(k, 0) / 1000 for b in batches), 3)
+            for k in sorted({k for b in batches for k in b["duration_ms"]})
+        }
+        if batches
+        else {},
+    )
     out.update(
         keys=args.keys,
         rate=args.rate,
