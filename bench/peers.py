@@ -419,16 +419,17 @@ def produce_preload(bootstrap: str, keys: int) -> int:
 def producer_loop(
     bootstrap: str, seed: int, keys: int, rates: list[int], phase_s: float, out: dict[str, Any]
 ) -> None:
-    """Produce the stream (record i: seq = STREAM_SEQ_BASE + i, partition i % 4) at each rate
-    for ``phase_s``; note every record's acknowledgement time, partition and offset."""
+    """Produce the stream (record i: seq = STREAM_SEQ_BASE + i, partition key % 4, so a key's
+    records stay in order, as Kafka's partitioner by key keeps them) at each rate for
+    ``phase_s``; note every record's acknowledgement time, partition and offset."""
     from confluent_kafka import Producer
 
-    total = int(sum(r * phase_s for r in rates)) + PARTITIONS
+    total = int(sum(r * phase_s for r in rates)) + 64 * PARTITIONS
     recs = wl.records(seed, keys, 0, total, wl.STREAM_SEQ_BASE)
     lines = recs.json_lines()
     key_bytes = [str(k).encode() for k in recs.id.tolist()]
     ack_t = np.full(total, np.nan)
-    part = np.arange(total) % PARTITIONS
+    part = recs.id % PARTITIONS
     offs = np.full(total, -1, dtype=np.int64)
     producer = Producer(
         {"bootstrap.servers": bootstrap, "linger.ms": 5, "log.connection.close": False}
@@ -445,7 +446,7 @@ def producer_loop(
             if el >= phase_s:
                 break
             due = first + int(rate * el)
-            while sent < min(due, total - PARTITIONS):
+            while sent < min(due, total - 64 * PARTITIONS):
                 i = sent
 
                 def cb(err: Any, msg: Any, i: int = i) -> None:
@@ -470,9 +471,12 @@ def producer_loop(
         phases.append({"rate": rate, "first": first, "end": sent, "t0": t0, "t1": time.time()})
     producer.flush(60)
     # Tansu's high watermark is the base offset of the last record batch + 1: end each
-    # partition with a batch of one record so every acknowledged record becomes readable.
-    for _ in range(PARTITIONS):
+    # partition with a batch of one record so every acknowledged record becomes readable
+    # (the next records, one at a time, until every partition had one).
+    ended: set[int] = set()
+    while len(ended) < PARTITIONS and sent < total:
         i = sent
+        ended.add(int(part[i]))
 
         def cb_last(err: Any, msg: Any, i: int = i) -> None:
             if err is None:
