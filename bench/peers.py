@@ -34,7 +34,7 @@ of the phase was seen.
 
 Run from the repository root::
 
-    .venv/bin/python bench/peers.py --smoke                        # both modes, ~3 minutes
+    .venv/bin/python bench/peers.py --smoke                        # both modes, a few minutes
     .venv/bin/python bench/peers.py batch --rows 1000000 --rounds 3
     .venv/bin/python bench/peers.py stream --keys 200000,2000000 --rates 1000,5000,20000 --phase 60
 """
