@@ -122,8 +122,8 @@ class SourceOptions:
     partition with no start), ``max_records_per_batch`` (None: the adaptive budget,
     :func:`~millstream.ingest.sources.base.adaptive_budget` of ``task_memory_mb``), ``tasks``
     (Spark tasks per batch), ``split_min_records`` (a partition's range is split over
-    several tasks only into pieces of at least this many records), ``ranges_only`` (send
-    range markers only; the sink reads the records itself)."""
+    several tasks only into pieces of at least this many records). The source sends range
+    markers only; the sink reads the records itself (:mod:`millstream.spark.sources`)."""
 
     kind: str
     config: dict[str, Any]
@@ -133,7 +133,6 @@ class SourceOptions:
     start_offsets: dict[int, int] = field(default_factory=dict)
     tasks: int = 2
     split_min_records: int = SPLIT_MIN_RECORDS
-    ranges_only: bool = False
     gate: CommitGate | None = None
     #: where the gate's metadata store is (with a gate only)
     settings: Settings | None = None
@@ -170,7 +169,6 @@ class SourceOptions:
             "startOffsets": json.dumps(encode_offsets(self.start_offsets)),
             "tasks": str(self.tasks),
             "splitMinRecords": str(self.split_min_records),
-            "rangesOnly": str(self.ranges_only).lower(),
         }
         if self.trigger_seconds:
             out["triggerSeconds"] = repr(self.trigger_seconds)
@@ -200,7 +198,6 @@ class SourceOptions:
             start_offsets=decode_offsets(_json(o, "startOffsets", {})),
             tasks=_int(o, "tasks", 2),
             split_min_records=_int(o, "splitMinRecords", SPLIT_MIN_RECORDS),
-            ranges_only=o.get("rangesOnly", "false").lower() == "true",
             gate=gate,
             settings=settings,
             trigger_seconds=_float(o, "triggerSeconds", 0.0),

@@ -309,7 +309,6 @@ class DatastreamRunner:
             starting_offsets=self.spec.source.starting_offsets,
             start_offsets=boot.uppers,
             tasks=max(1, int(self.spark.sparkContext.defaultParallelism)),
-            ranges_only=True,
             gate=self.commit_gate,
             settings=settings if self.commit_gate is not None else None,
         )

@@ -1,9 +1,10 @@
 """The segment sink: a Spark streaming Arrow writer that commits through compare_and_append.
 
-* ``write()`` runs on executors: read the task's source ranges (with the source options, when
-  the source sends range markers only), decode + validate the records, stage one Parquet data
-  file (several partitions per file) and one dead-letter file, named with batch id, Spark
-  partition and attempt, and return the per-partition offset ranges.
+* ``write()`` runs on executors: read the task's source ranges (the source sends one range
+  marker per range, no records; the sink reads them with the source's options), decode +
+  validate the records, stage one Parquet data file (several partitions per file) and one
+  dead-letter file, named with batch id, Spark partition and attempt, and return the
+  per-partition offset ranges.
 * ``commit()`` runs in a separate process on the driver with a fresh writer object, so
   everything it needs travels in the commit messages and the options. It calls
   compare_and_append for every touched shard of the table AND its dead-letter table in ONE
@@ -48,8 +49,8 @@ from millstream.spark.options import GroupSinkOptions, SinkOptions
 from millstream.spark.sources import (
     ENTRY,
     GROUP_SCHEMA,
-    SELF_READ,
     each_member,
+    marked_ranges,
     member_errors,
 )
 from millstream.spec import TableSpec
@@ -192,27 +193,13 @@ class SegmentSink(DataSourceStreamArrowWriter):
         stamps: dict[int, int],
         lost: list[tuple[int, int, int]] | None = None,
     ) -> Iterator[pa.Table]:
-        """The task's records, in pieces of at most :data:`DECODE_ROWS`: those that came
-        through Spark, then those of the ranges the source left for the sink to read (markers
-        valued :data:`SELF_READ`), read one chunk at a time. ``stamps`` receives the source's
-        timestamp of each partition's last record read itself, where the source has one."""
-        names = RAW_SCHEMA.names[:4]
-        is_marker = raw.column("is_marker")
-        records = raw.filter(pc.invert(is_marker)).select(names)
-        if records.num_rows:
-            yield from _slices(records)
-        markers = raw.filter(is_marker)
-        self_read = markers.filter(pc.equal(markers.column("value"), pa.scalar(SELF_READ)))
-        if self_read.num_rows == 0:
+        """The records of the task's ranges (its markers, :func:`marked_ranges`), read from
+        the source in pieces of at most :data:`DECODE_ROWS`, one chunk at a time. ``stamps``
+        receives the source's timestamp of each partition's last record, where the source
+        has one."""
+        ranges = marked_ranges(raw)
+        if not ranges:
             return
-        ranges = sorted(
-            zip(
-                self_read.column("partition").to_pylist(),
-                self_read.column("range_lo").to_pylist(),
-                self_read.column("range_hi").to_pylist(),
-                strict=True,
-            )
-        )
         # with the reader's optional columns (timestamp, headers) for metadata columns
         reader = self.opts.source_reader()
         yield from _coalesced(reader.read_records(ranges, last_record_ms=stamps))

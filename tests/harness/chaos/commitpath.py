@@ -353,7 +353,6 @@ def _writer(sch: Schedule, name: str, rng: random.Random, *, clean: bool = False
                 # Small pieces: a batch of fewer partitions than tasks splits a partition's
                 # range over both tasks, and the commit chains the pieces (guard 78).
                 split_min_records=rng.choice([1, 3, SPLIT_MIN_RECORDS]),
-                ranges_only=True,
             )
             sink = SinkOptions(
                 settings=sch.settings,
