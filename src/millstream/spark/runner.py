@@ -271,7 +271,9 @@ class DatastreamRunner:
         register(self.spark)
         self.ensure_tables()
 
-    def start(self, *, available_now: bool) -> Any:
+    def start(self) -> Any:
+        """Start the running writer's streaming query (triggered every ``trigger_interval``)
+        from the shard uppers, reusing the checkpoint where it agrees with them."""
         self._open()
         boot = self.bootstrap()
         self.prepare_checkpoint(boot)
@@ -284,13 +286,8 @@ class DatastreamRunner:
             .options(**sink.to_options())
             .option("checkpointLocation", str(self.checkpoint))
             .queryName(f"millstream-{self.spec.name}-{self.writer_id}")
+            .trigger(processingTime=f"{int(self.spec.trigger_seconds * 1000)} milliseconds")
         )
-        if available_now:
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(
-                processingTime=f"{int(self.spec.trigger_seconds * 1000)} milliseconds"
-            )
         self.query = writer.start()
         return self.query
 
@@ -334,26 +331,22 @@ class DatastreamRunner:
         available_now: bool,
         on_tick: Callable[[DatastreamRunner], None] | None = None,
         tick_seconds: float = 1.0,
-        streaming: bool = False,
     ) -> RunStats:
         """Run until done (``available_now``) or :meth:`stop`; restart from the shard upper
         when a commit is fenced or finds a gap. Raises the query's error otherwise.
 
-        ``available_now`` runs its batches as Spark jobs (:mod:`millstream.spark.catch_up`:
-        no streaming query, no Spark checkpoint; ``on_tick`` is called after each batch and
-        at the end, ``tick_seconds`` does not apply);
-        with ``streaming`` it runs them as a streaming query with
-        ``trigger(availableNow=True)`` instead, which resumes from its checkpoint as a
-        running writer does.
+        A running writer is a streaming query, resuming from its checkpoint; ``on_tick`` is
+        called every ``tick_seconds`` while it runs. ``available_now`` runs the batches as
+        Spark jobs instead (:mod:`millstream.spark.catch_up`: no streaming query, no Spark
+        checkpoint; ``on_tick`` is called after each batch and at the end).
 
         Holds the state directory lock throughout (and releases it at the end, unless the
         caller locked it first, as a worker does)."""
         owns_lock = not self.state_dir.held
         sealing: SupervisedLoop | None = None
-        jobs = available_now and not streaming
         try:
             while not self._stopping:
-                if jobs:
+                if available_now:
                     self._open()
                     if self.background_sealing and sealing is None:
                         sealing = self._start_sealing()
@@ -361,7 +354,7 @@ class DatastreamRunner:
                     if self._stopping:
                         return self.stats
                 else:
-                    self.start(available_now=available_now)
+                    self.start()
                     if self._stopping:
                         # stop() came while start() was starting this query: it stopped the
                         # one before (or none), and this one would run on with nobody to
