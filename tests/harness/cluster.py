@@ -262,7 +262,7 @@ class Cluster:
     ) -> Service:
         """Start worker ``worker_id`` (again: same log file, appended); ``env`` is added to
         its environment (``MILLSTREAM_SEAL_FAULTS`` ...), ``extra_args`` to its command line
-        (``--shared-query`` ...)."""
+        (``--home`` ...)."""
         args = [
             str(MILLSTREAM_BIN),
             "worker",
