@@ -703,8 +703,6 @@ class Worker:
         for ds, w in list(self.writers.items()):
             if w.role != "active" or not w.running or w.runner is None:
                 continue
-            if not w.runner.spec.segments.pauseless:
-                continue  # its sink seals inline: the writer waits for the seal
             spec = w.runner.spec
             supervisor = self.seal_supervisors.get(ds)
             if supervisor is None:

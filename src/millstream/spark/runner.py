@@ -197,9 +197,8 @@ class DatastreamRunner:
         self.stats = RunStats()
         #: Makes a standby commit only when the active is gone (a worker's standby mode).
         self.commit_gate = commit_gate
-        #: Seal (with ``pauseless: true``; otherwise the sink seals inline) and maintain the
-        #: tables on a thread of this process while the query runs (``millstream run``; a
-        #: worker does both on its own threads instead).
+        #: Seal and maintain the tables on a thread of this process while the query runs
+        #: (``millstream run``; a worker does both on its own threads instead).
         self.background_sealing = background_sealing
         #: Seconds between the background sealer's passes, and its backoff after a failure.
         self.seal_interval = 1.0
@@ -319,7 +318,6 @@ class DatastreamRunner:
             stats_file=str(self.stats_file),
             source_kind=kind,
             source_config=config,
-            seal_inline=None if self.spec.segments.pauseless else Thresholds.of(self.spec.segments),
             gate=self.commit_gate,
             max_staged_age=self.max_staged_age,
         )
@@ -431,12 +429,9 @@ class DatastreamRunner:
         """The Spark job group of an available-now run's batch jobs."""
         return f"millstream-{self.spec.name}-{self.writer_id}"
 
-    def _seal_before_exit(self) -> dict[str, Any] | None:
+    def _seal_before_exit(self) -> dict[str, Any]:
         """An ``--available-now`` run seals what is due before it exits: no background sealer
-        outlives it, so without this its segments stay unsealed until some later run. (With
-        ``pauseless: false`` the sink sealed inline already.)"""
-        if not self.spec.segments.pauseless:
-            return None
+        outlives it, so without this its segments stay unsealed until some later run."""
         seg = self.spec.segments
         sealer = Sealer(
             self.catalog,
@@ -468,8 +463,7 @@ class DatastreamRunner:
         }
 
         def background_pass() -> None:
-            if seg.pauseless:  # else the sink seals (and compacts) inline
-                sealer.seal_due()  # seals, then compacts
+            sealer.seal_due()  # seals, then compacts
             # Supervised per datastream inside: a failure backs off maintenance only.
             self.maintainer.run_due(tables)
 

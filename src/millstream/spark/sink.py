@@ -184,8 +184,6 @@ class SegmentSink(DataSourceStreamArrowWriter):
         self.stats_file = options.stats_file
         # Set when a worker runs this writer as one replica of several (standby mode).
         self.gate = options.gate
-        # pauseless: false -> the micro-batch waits for due seals (the comparison mode).
-        self.seal_inline = options.seal_inline
 
     def _record_pieces(
         self,
@@ -370,8 +368,6 @@ class SegmentSink(DataSourceStreamArrowWriter):
             commit_s=time.perf_counter() - started,
             lost=[m for m in messages if isinstance(m, SinkMessage) and m.lost],
         )
-        if self.seal_inline:
-            self._seal_inline()
         faults.hit("after_commit", batchId)
         result.raise_for_gaps()
 
@@ -401,22 +397,6 @@ class SegmentSink(DataSourceStreamArrowWriter):
     def _delete(deep: DeepStore, paths: set[str]) -> None:
         for p in paths:
             deep.delete(p)
-
-    def _seal_inline(self) -> None:
-        # lazy: only `pauseless: false` seals in the sink; the sealer imports pandas (~1.5 s),
-        # which every write task's and commit's Python worker would otherwise pay at start.
-        from millstream.catalog import Catalog
-        from millstream.sealing.sealer import Sealer
-
-        catalog = Catalog(self.settings, self._store(), self._deep())
-        # A fresh sealer per commit, possibly in a fresh process: checkpoint the key index
-        # after every seal so the next one loads it instead of rebuilding it.
-        Sealer(
-            catalog,
-            self.spec.name,
-            thresholds=self.seal_inline,
-            checkpoint_seconds=0.0,
-        ).seal_due()
 
     def _may_commit(self, store: MetadataStore) -> bool:
         if self.gate is None:
