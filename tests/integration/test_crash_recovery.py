@@ -71,7 +71,7 @@ def crash_at(
         WRITER,
         logs,
         streaming=streaming,
-        MILLSTREAM_FAULTS=f"{point}:1",
+        MILLSTREAM_FAULTS=f"{point}@1=hang",
         MILLSTREAM_FAULT_DIR=str(faults),
     )
     try:

@@ -63,13 +63,12 @@ from millstream.errors import (
     StateDirLockedError,
     from_spark_failure,
 )
-from millstream.faults import seal_faults
 from millstream.ingest.sources import spec_reader
 from millstream.ingest.sources.base import latest_offsets_of
 from millstream.metastore.engine import STORE_ERRORS
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.maintenance import Maintainer, Publisher
-from millstream.sealing.sealer import Sealer, SealFaults
+from millstream.sealing.sealer import Sealer
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.options import CommitGate
 from millstream.spark.runner import CommitLogTotals, DatastreamRunner
@@ -738,7 +737,6 @@ class Worker:
                 thresholds=Thresholds.of(seg),
                 compaction=CompactionPolicy.of(seg),
                 clock=self.clock,
-                faults=SealFaults(seal_faults()),  # MILLSTREAM_SEAL_FAULTS: drills and tests
             )
             self.sealers[ds] = sealer
         sealer.seal_due()

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from harness.fault_points import at_commit
 from harness.ingest_support import produce_exact
 from harness.schema_registry import TestSchemaRegistry
 from millstream.catalog import Catalog
@@ -470,7 +471,7 @@ def test_an_unknown_outcome_of_the_evolution_is_reconciled_by_re_reading_the_tab
             fired.append(after)
             raise OSError("connection lost during COMMIT")
 
-    store.on_commit = fail_once
+    uninstall = at_commit(store, fail_once)
     sink = SegmentSink(options, stores)
     try:
         if landed:
@@ -481,7 +482,7 @@ def test_an_unknown_outcome_of_the_evolution_is_reconciled_by_re_reading_the_tab
             assert cat.store.get_table("orders").schema_version == 1
             staged = sink.write(iter(batch))  # Spark's retry of the task
     finally:
-        store.on_commit = None
+        uninstall()
         stores.close()
     assert fired == [landed]
     SegmentSink(options).commit([staged], 0)
