@@ -102,7 +102,6 @@ def main(argv: list[str] | None = None) -> int:
                 max_records_per_batch=args.records,
                 start_offsets=boot.uppers,
                 tasks=TASKS,
-                ranges_only=True,
             )
             sink = SinkOptions(
                 settings=Settings.load(home=home),

@@ -87,7 +87,6 @@ from ingest_profile import (
     fused_probe,
     instrumented_run,
     profile_batch,
-    source_only,
     summarize_timed,
 )
 from ingest_report import report
@@ -213,10 +212,7 @@ def run(
             )
             if not args.no_profile:
                 res["profile"] = profile_batch(inp, base, planned, tasks)
-                res["source_only"] = source_only(spark, inp, base, planned)
-                log(f"source alone into noop: {res['source_only']['rows_s']:,.0f} rows/s")
                 res["a"]["jobs"] = spark_jobs(event_dir, job_group=res["a"]["job_group"])
-                res["source_only"]["jobs"] = spark_jobs(event_dir, res["source_only"]["query_id"])
                 res["timed"] = instrumented_run(spark, inp, base, batch)
                 res["timed"]["jobs"] = spark_jobs(event_dir, res["timed"]["query_id"])
                 res["timed"]["summary"] = summarize_timed(res["timed"])

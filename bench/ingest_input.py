@@ -126,7 +126,7 @@ def adaptive_batch(inp: Input, tasks: int) -> int:
 
 def source_options(spec: Any, **fields: Any) -> Any:
     """The stream source's options for ``spec``, as the runner builds them (``fields``
-    override, e.g. ``tasks`` or ``ranges_only``)."""
+    override, e.g. ``tasks``)."""
     from millstream.ingest.sources import config_for
     from millstream.spark.options import SourceOptions
 

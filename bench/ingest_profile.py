@@ -1,7 +1,5 @@
 """Where (a)'s time goes: variations of the catch-up run that isolate its parts.
 
-* :func:`source_only`: the source emitting its records into Spark's ``noop`` sink (the data
-  path before the sink read its own ranges), i.e. reading alone.
 * :func:`instrumented_run`: (a) again with timed subclasses of the stream source and the
   segment sink (marker wait, read + decode, Parquet staging per task, commit), summarized by
   :func:`summarize_timed`.
@@ -29,15 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from common import ship_by_value, timed
 from ingest_input import Input, files_spec, source_options
-from ingest_observe import cpu_delta, process_cpu, progress
+from ingest_observe import progress
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from millstream.spark.options import Options, SinkOptions, SourceOptions
 from millstream.spark.sink import SegmentSink
-from millstream.spark.sources import FORMAT, StreamReader, StreamSource
+from millstream.spark.sources import StreamReader, StreamSource, marked_ranges
 from millstream.spark.table_source import MillstreamDataSource, register
 
 TIMED_SOURCE = "millstream_source_timed"
@@ -55,33 +52,6 @@ def _tasks(spark: Any) -> int:
 # ---------------------------------------------------------------------------------------------
 # The source alone
 # ---------------------------------------------------------------------------------------------
-
-
-def source_only(spark: Any, inp: Input, base: Path, batch: int) -> dict[str, Any]:
-    """The same files source and batch size into Spark's ``noop`` sink: what reading alone
-    (Python source worker -> JVM rows) costs, without decode, Parquet or commits."""
-    register(spark)
-    opts = source_options(files_spec("orders", inp.root, batch), tasks=_tasks(spark))
-    cpu0 = process_cpu()
-    t0 = time.perf_counter()
-    q = (
-        spark.readStream.format(FORMAT)
-        .options(**opts.to_options())
-        .load()
-        .writeStream.format("noop")
-        .option("checkpointLocation", str(base / "source-only-ckpt"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination()
-    s = time.perf_counter() - t0
-    return {
-        "query_id": str(q.id),
-        "cpu_s": cpu_delta(cpu0, process_cpu()),
-        "seconds": s,
-        "rows_s": inp.rows / s,
-        "progress": progress(q),
-    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,7 +165,7 @@ def instrumented_run(spark: Any, inp: Input, base: Path, batch: int | None) -> d
     catalog = Catalog.open(home=base / "timed-home")
     catalog.create_table(table_spec)
     catalog.create_table(dead_letter_spec(table_spec.name))
-    source = source_options(spec, tasks=_tasks(spark), ranges_only=True)
+    source = source_options(spec, tasks=_tasks(spark))
     sink = SinkOptions(
         settings=catalog.settings,
         table_spec=table_spec,
@@ -280,10 +250,12 @@ def fused_task(args: tuple[dict[str, str], str, Any, str]) -> dict[str, float]:
     opts, spec_json, task, deep_root = args
     spec = TableSpec.parse(json.loads(spec_json))
     t0 = time.perf_counter()
-    batches = list(StreamReader(SourceOptions.from_options(opts)).read(task))
+    source = SourceOptions.from_options(opts)
+    markers = pa.Table.from_batches(list(StreamReader(source).read(task)), schema=RAW_SCHEMA)
+    # as the sink reads them: the markers' ranges, from a reader of the source's kind/config
+    raw = pa.Table.from_batches(list(source.reader().read_records(marked_ranges(markers))))
     t1 = time.perf_counter()
-    raw = pa.Table.from_batches(batches, schema=RAW_SCHEMA)
-    decoded = decode_records(spec, raw.filter(pc.invert(raw.column("is_marker"))))
+    decoded = decode_records(spec, raw.select(RAW_SCHEMA.names[:4]))
     t2 = time.perf_counter()
     stage_rows(DeepStore.from_uri(deep_root), spec, decoded.rows, name_hint="fused")
     t3 = time.perf_counter()
@@ -363,6 +335,8 @@ def profile_batch(inp: Input, base: Path, batch: int, tasks: int) -> dict[str, A
             table_spec=table_spec,
             writer_id="profile",
             bad_records="dead_letter",
+            source_kind="files",
+            source_config={"path": str(inp.root)},
         )
     )
     deep = sink._deep()
@@ -371,25 +345,18 @@ def profile_batch(inp: Input, base: Path, batch: int, tasks: int) -> dict[str, A
     prof = cProfile.Profile()
     rows = 0
     for task in parts:
-        batches, t_read = timed(lambda task=task: list(reader.read(task)))
-        raw, t_table = timed(pa.Table.from_batches, batches, schema=RAW_SCHEMA)
-        _, t_ranges = timed(_ranges, raw)
-        records = raw.filter(pc.invert(raw.column("is_marker")))
+        batches = list(reader.read(task))  # the task's range markers
+        markers = pa.Table.from_batches(batches, schema=RAW_SCHEMA)
+        _, t_ranges = timed(_ranges, markers)
+        read, t_read = timed(lambda m=markers: list(files.read_records(marked_ranges(m))))
+        raw, t_table = timed(pa.Table.from_batches, read)
+        records = raw.select(RAW_SCHEMA.names[:4])
         rows += records.num_rows
         decoded, t_decode = timed(decode_records, table_spec, records)
         _, t_stage = timed(stage_rows, deep, table_spec, decoded.rows, name_hint="profile")
         _, t_dead = timed(
             stage_rows, deep, dead_letter_spec("orders"), dead_letter_rows(decoded.dead)
         )
-        # IPC round trip: a lower bound of what moving the batch source -> JVM -> sink costs.
-        sinkbuf = io.BytesIO()
-
-        def ipc(raw: pa.Table = raw, buf: io.BytesIO = sinkbuf) -> None:
-            with pa.ipc.new_stream(buf, raw.schema) as w:
-                w.write_table(raw)
-            pa.ipc.open_stream(buf.getvalue()).read_all()
-
-        _, t_ipc = timed(ipc)
         prof.enable()
         msg, t_write = timed(sink.write, iter(batches))
         prof.disable()
@@ -402,7 +369,6 @@ def profile_batch(inp: Input, base: Path, batch: int, tasks: int) -> dict[str, A
                 "decode_s": t_decode,
                 "stage_parquet_s": t_stage,
                 "stage_dead_letter_s": t_dead,
-                "ipc_roundtrip_s": t_ipc,
                 "sink_write_s": t_write,
             }
         )

@@ -143,21 +143,6 @@ def report(res: dict[str, Any], log: Callable[[str], None]) -> None:
                     for t in ts
                 )
             )
-    so = res.get("source_only")
-    if so:
-        sums = stage_sums(so["progress"])
-        log(
-            f"    for comparison, the source emitting its records (the previous data path) "
-            f"into Spark's noop sink: {so['rows_s']:,.0f} "
-            f"rows/s, {so['seconds']:.2f}s wall, addBatch {sums['addBatch']:.2f}s over "
-            f"{len(so['progress'])} batches; CPU s: "
-            + ", ".join(f"{k} {v:.1f}" for k, v in so["cpu_s"].items())
-        )
-        for j in so.get("jobs", []):
-            log(
-                f"      batch {j['batch']} job {j['job']}: wall {j['wall_s']:.2f}s, tasks "
-                + ", ".join(f"{t['seconds']:.2f}s" for t in j["tasks"])
-            )
     tm = res.get("timed")
     if tm:
         sm = tm["summary"]
@@ -210,7 +195,7 @@ def report(res: dict[str, Any], log: Callable[[str], None]) -> None:
                 f"    task {i}: {t['rows']:,} rows: read {t['read_s']:.3f}s, to-table "
                 f"{t['to_table_s']:.3f}s, decode {t['decode_s']:.3f}s, stage parquet "
                 f"{t['stage_parquet_s']:.3f}s, stage dead-letter {t['stage_dead_letter_s']:.3f}s"
-                f", arrow IPC round trip {t['ipc_roundtrip_s']:.3f}s | SegmentSink.write "
+                f" | SegmentSink.write "
                 f"{t['sink_write_s']:.3f}s"
             )
         tot = {

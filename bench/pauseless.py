@@ -2,16 +2,16 @@
 
     .venv/bin/python bench/pauseless.py [--seconds 60] [--warmup 10] [--rate 4000] [--quick] [--skip seal|freshness] [--no-maintenance] [--json PATH]
 
-1. The same steady Kafka input is ingested twice, with ``pauseless: true`` and ``false``, with a
-   small ``flush_rows`` so seals happen every few seconds. Every 50th record's ack time is
-   noted; a sampler thread checks every 20 ms, while the producer runs, which noted records
-   the shard upper has passed (produce-ack-to-visible freshness) and whether a seal is in
-   progress (a segment COMMITTING). A sample is "during a seal" when a seal was in progress
+1. A steady Kafka input is ingested with a small ``flush_rows`` so seals happen every few
+   seconds (sealing is always pauseless: in the background while batches commit). Every 50th
+   record's ack time is noted; a sampler thread checks every 20 ms, while the producer runs,
+   which noted records the shard upper has passed (produce-ack-to-visible freshness) and
+   whether a seal is in progress (a segment COMMITTING). A sample is "during a seal" when a seal was in progress
    (or committed) while it waited.
    Compaction (``compaction_min_segments: 2``, so each partition compacts every other seal)
    and maintenance (retention 30 s, expiry and garbage collection every 5 s, grace 20 s) run
    meanwhile, as a long-running table has them; ``--no-maintenance`` runs without both.
-   Target: with pauseless, p99 during seals <= 1.2x p99 between seals.
+   Target: p99 during seals <= 1.2x p99 between seals.
 2. Seal time of a fixed 200k-row run with 1M and with 10M rows already sealed in the table.
    Target ratio <= 1.5 (a seal reads only its own run; it never rewrites older segments).
 """
@@ -41,7 +41,6 @@ def freshness_run(
     spark: Any,
     root: Path,
     *,
-    pauseless: bool,
     seconds: float,
     rate: int,
     warmup: float = 10.0,
@@ -58,7 +57,7 @@ def freshness_run(
     from millstream.metastore import schema as s
     from millstream.spark.runner import DatastreamRunner
 
-    tag = "pauseless" if pauseless else "blocking"
+    tag = "pauseless"
     broker = TansuBroker(root / f"broker-{tag}").start()
     runner: DatastreamRunner | None = None
     try:
@@ -83,7 +82,6 @@ def freshness_run(
                 "segments": {
                     "flush_rows": max(2000, rate * 3),
                     "flush_seconds": 3600,
-                    "pauseless": pauseless,
                     "compaction": maintenance,
                     "compaction_min_segments": 2,
                 },
@@ -394,18 +392,16 @@ def main() -> None:
                 # in the first measured mode's "between seals" p99.
                 warm = root / "warm"
                 warm.mkdir()
-                freshness_run(spark, warm, pauseless=True, seconds=3, rate=args.rate, warmup=2)
+                freshness_run(spark, warm, seconds=3, rate=args.rate, warmup=2)
                 rows = [
                     freshness_run(
                         spark,
                         root,
-                        pauseless=p,
                         seconds=seconds,
                         rate=args.rate,
                         warmup=args.warmup,
                         maintenance=not args.no_maintenance,
                     )
-                    for p in (True, False)
                 ]
             finally:
                 spark.stop()

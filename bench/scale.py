@@ -7,7 +7,7 @@ Run from the repository root (not part of CI; about 12 minutes, ``--quick`` abou
     .venv/bin/python bench/scale.py --skip b --json /tmp/scale.json
     .venv/bin/python bench/scale.py --skip a,b --topics 100 --topic-rate 10 --seconds 180
     # options: --rows N, --rounds N, --partitions 4,64,256, --streams 1,4,8,16,
-    #          --rate R (per datastream), --seconds S (per step), --query-per-datastream,
+    #          --rate R (per datastream), --seconds S (per step),
     #          --skip a|b, --keep
 
 **(a) Partitions: catch-up and commit latency.** The same total input (``--rows``, default
@@ -541,9 +541,7 @@ def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
         ctl = cluster.controller()
         api = Api(ctl.url)
         wait_until("the controller leads", lambda: api.get("/health")["leader"], timeout=60)
-        worker = cluster.worker(
-            "w1", ctl.url, extra_args=None if args.shared_query else ["--query-per-datastream"]
-        )
+        worker = cluster.worker("w1", ctl.url)
         wait_until(
             "the worker heartbeats",
             lambda: api.workers().get("w1", {}).get("alive"),
@@ -667,7 +665,6 @@ def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
     return {
         "idle": idle,
         "rate_per_datastream": args.rate,
-        "shared_query": args.shared_query,
         "steps": steps,
     }
 
@@ -892,10 +889,9 @@ def report(res: dict[str, Any], log: Any) -> None:
             )
     b = res.get("b")
     if b:
-        mode = "one shared query" if b.get("shared_query") else "a query per datastream"
         log(
             f"\n(b) datastreams on one worker at {b['rate_per_datastream']:,.0f} rows/s each, "
-            f"{mode}"
+            "one shared query"
         )
         idle = b["idle"]
         log(
@@ -948,13 +944,6 @@ def main(argv: list[str] | None = None) -> int:
         "--seconds", type=float, default=None, help="(b) window per step (60; quick 20)"
     )
     ap.add_argument("--tail", type=float, default=8.0, help="(b) seconds sampled after a window")
-    ap.add_argument(
-        "--query-per-datastream",
-        dest="shared_query",
-        action="store_false",
-        help="(b) the worker runs each datastream in a query of its own (the default before "
-        "session 16), not all of them in one shared query",
-    )
     ap.add_argument("--catch-up-timeout", type=float, default=240.0)
     ap.add_argument("--topics", type=int, default=100, help="(c) topics, one partition each")
     ap.add_argument("--topic-rate", type=float, default=10.0, help="(c) records/s per topic")

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import settings
 
 from harness.servers import MotoS3Server, PostgresServer
+from millstream import faults
 from millstream.local.tansu import TansuBroker
 from millstream.spark.session import spark_session
 
@@ -42,6 +43,14 @@ settings.register_profile("dev", deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 TESTS = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def _no_fault_handler_outlives_its_test() -> Iterator[None]:
+    """Fault handlers a test installs (:mod:`millstream.faults`) end with it."""
+    yield
+    faults.uninstall_all()
+
 
 #: Tests that start their own service processes and JVMs, or inject faults with timeouts: under
 #: xdist they share the ``heavy`` group, so no two of them compete for the 2 cores at once.

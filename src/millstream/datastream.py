@@ -414,9 +414,22 @@ class SegmentsSection(_Frozen):
     )
     pauseless: bool = Field(
         default=True,
-        description="Seal in the background while ingestion commits; false seals inside the "
-        "micro-batch's commit.",
+        description="Deprecated, true only: segments are always sealed in the background while "
+        "ingestion commits. false (sealing inside the micro-batch's commit) was removed and is "
+        "refused; leave the field out.",
     )
+
+    @field_validator("pauseless")
+    @classmethod
+    def _pauseless_only(cls, value: bool) -> bool:
+        if not value:
+            raise InvalidSpecError(
+                "segments.pauseless",
+                "false is no longer supported: segments are always sealed in the background "
+                "while ingestion commits (a micro-batch never waits for a seal); remove the field",
+            )
+        return value
+
     #: Merge a partition's sealed segments in the background (:mod:`millstream.sealing.compaction`):
     #: ``compaction_min_segments`` of similar size at a time; segments with
     #: ``compaction_max_rows`` live rows are not merged again.

@@ -520,17 +520,16 @@ class SourceOffsetsRewoundError(MillstreamError):
         )
 
 
-class InjectedSealFault(MillstreamError):
-    """A fault injected at a named seal point (tests and drills, through ``SealFaults``).
+class InjectedFault(MillstreamError):
+    """A fault injected at a named fault point (tests and drills: :mod:`millstream.faults`).
 
-    Nothing to fix: the seal failed as asked and is retried like any failed seal. Seen in
-    production, remove the fault injection from the sealer's configuration.
+    Nothing to fix: the work failed as asked (a seal is retried like any failed seal). Seen
+    in production, unset ``MILLSTREAM_FAULTS`` in the process's environment.
     """
 
-    def __init__(self, point: str, partition: int) -> None:
-        super().__init__(
-            f"fault injected at {point} (partition {partition})", point=point, partition=partition
-        )
+    def __init__(self, point: str, key: object = None) -> None:
+        where = "" if key is None else f" ({key})"
+        super().__init__(f"fault injected at {point}{where}", point=point, key=key)
 
 
 class ServiceStartError(MillstreamError):
@@ -596,7 +595,7 @@ HTTP_STATUS: dict[type[MillstreamError], int] = {
     SourceRangeGoneError: 410,
     SourceGapError: 410,
     SourceOffsetsRewoundError: 409,
-    InjectedSealFault: 500,
+    InjectedFault: 500,
     ServiceStartError: 500,
     SparkQueryError: 500,
     ControllerUnreachableError: 503,
@@ -632,7 +631,7 @@ EXIT_CODES: dict[type[MillstreamError], int] = {
     SourceRangeGoneError: 11,
     SourceGapError: 11,
     SourceOffsetsRewoundError: 11,
-    InjectedSealFault: 1,
+    InjectedFault: 1,
     ServiceStartError: 1,
     SparkQueryError: 9,
     ControllerUnreachableError: 1,

@@ -13,13 +13,14 @@ import pyarrow as pa
 import pytest
 
 from harness.contract_support import Backend
+from harness.fault_points import at_commit, at_sealer
 from millstream.catalog import Catalog
 from millstream.errors import SegmentChangedError
 from millstream.metastore.models import SegmentState
 from millstream.reference.model import canonical, model_rows
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
-from millstream.sealing.sealer import CompactionResult, Sealer, SealFaults, SealResult
+from millstream.sealing.sealer import CompactionResult, Sealer, SealResult
 from millstream.table.gc import collect_garbage
 from millstream.table.read import read_manifest
 from millstream.table.writer import commit_staged, stage_rows
@@ -136,16 +137,17 @@ def test_a_seal_and_a_compaction_racing_in_real_transactions_never_both_land(
             swapping.set()  # the next COMMIT is the swap's (not the seal's claim)
 
     with backend.open() as other:
-        there = _sealer(other, faults=SealFaults(hook=at))
+        there = _sealer(other)
+        at_sealer(there, hook=at)
 
         def start_the_other(landed: bool) -> None:
             if landed or not swapping.is_set():
                 return
-            other.store.on_commit = None
+            uninstall()
             racer.start()
             racer.join(1.0)  # it runs (or waits on a lock) while this one is uncommitted
 
-        other.store.on_commit = start_the_other
+        uninstall = at_commit(other.store, start_the_other)
         if inside == "compaction":
             first: CompactionResult | SealResult | None = there.compact_partition(0)
         else:

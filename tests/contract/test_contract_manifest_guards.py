@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
+from harness.fault_points import at_commit, at_sealer
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.datastream import DatastreamSpec, dead_letter_spec
@@ -35,7 +37,7 @@ from millstream.metastore.models import SegmentState, ShardAppend
 from millstream.sealing import reingest as reingest_module
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.reingest import reingest_segment
-from millstream.sealing.sealer import Sealer, SealFaults
+from millstream.sealing.sealer import Sealer
 from millstream.storage.deepstore import table_data_prefix
 from millstream.table.commit import StagedWrite, commit_writes
 from millstream.table.gc import MAX_STAGED_AGE_SECONDS, collect_garbage
@@ -158,13 +160,13 @@ def _fail_commit_once(catalog: Catalog, *, landed: bool) -> None:
 
     def hook(after: bool) -> None:
         if after == landed:
-            catalog.store.on_commit = None
+            uninstall()
             raise OSError("server closed the connection unexpectedly")
 
-    catalog.store.on_commit = hook
+    uninstall = at_commit(catalog.store, hook)
 
 
-def _at(point: str, action: Any) -> SealFaults:
+def _at(point: str, action: Any) -> Callable[[str, int], None]:
     fired: list[bool] = []
 
     def hook(p: str, _partition: int) -> None:
@@ -172,14 +174,21 @@ def _at(point: str, action: Any) -> SealFaults:
             fired.append(True)
             action()
 
-    return SealFaults(hook=hook)
+    return hook
+
+
+def _hooked(catalog: Catalog, hook: Callable[[str, int], None]) -> Sealer:
+    """A sealer of the table with ``hook`` at its fault points."""
+    sealer = Sealer(catalog, TABLE)
+    at_sealer(sealer, hook=hook)
+    return sealer
 
 
 def test_a_seal_whose_commit_landed_with_an_unknown_outcome_keeps_its_file_and_reads_work(
     pipe: Pipeline,
 ) -> None:
     faults = _at("before_swap", lambda: _fail_commit_once(pipe.catalog, landed=True))
-    result = Sealer(pipe.catalog, TABLE, faults=faults).seal_partition(0, force=True)
+    result = _hooked(pipe.catalog, faults).seal_partition(0, force=True)
     assert result is not None, "the re-read found the swap landed: the seal succeeded"
     assert pipe.entries(0) == [(0, SegmentState.ONLINE)]
     assert result.sealed.file_path is not None
@@ -192,7 +201,7 @@ def test_a_seal_whose_commit_did_not_land_keeps_its_files_and_the_run_seals_next
 ) -> None:
     before = {f.path for f in pipe.catalog.deep.list_files(table_data_prefix(TABLE))}
     faults = _at("before_swap", lambda: _fail_commit_once(pipe.catalog, landed=False))
-    sealer = Sealer(pipe.catalog, TABLE, faults=faults)
+    sealer = _hooked(pipe.catalog, faults)
     with pytest.raises(CommitStateUnknownError, match="did not land"):
         sealer.seal_partition(0, force=True)
     uploaded = {f.path for f in pipe.catalog.deep.list_files(table_data_prefix(TABLE))} - before
@@ -219,7 +228,7 @@ def test_reingesting_a_segment_a_sealer_holds_does_not_wedge_sealing_of_its_part
 ) -> None:
     segment = f"{TABLE}__0__1"
     faults = _at("before_upload", lambda: reingest_segment(pipe.catalog, pipe.ds, segment))
-    sealer = Sealer(pipe.catalog, TABLE, faults=faults)
+    sealer = _hooked(pipe.catalog, faults)
     with pytest.raises(SegmentChangedError):
         sealer.seal_partition(0, force=True)  # the run changed under it: discarded
     pipe.assert_reads_every_row_once()
@@ -243,7 +252,7 @@ def test_a_sealer_whose_expired_claim_was_taken_over_cannot_swap_its_stale_seal_
         taken.append(successor.seal_partition(0, force=True))
 
     faults = _at("before_swap", expire_and_take_over)
-    slow = Sealer(pipe.catalog, TABLE, faults=faults)
+    slow = _hooked(pipe.catalog, faults)
     with pytest.raises(SegmentChangedError):
         slow.seal_partition(0, force=True)
     assert taken and taken[0] is not None, "the successor took the expired claim over"
@@ -260,7 +269,7 @@ def test_a_sealer_whose_run_a_successor_claimed_but_not_yet_sealed_swaps_nothing
         pipe.catalog.store.clock = ManualClock(time.time() + DEFAULT_CLAIM_TTL + 60)
         assert pipe.catalog.store.claim_run(run, owner="successor") is not None
 
-    slow = Sealer(pipe.catalog, TABLE, faults=_at("before_swap", successor_claims))
+    slow = _hooked(pipe.catalog, _at("before_swap", successor_claims))
     with pytest.raises(SegmentChangedError):
         slow.seal_partition(0, force=True)
     assert all(state is SegmentState.COMMITTING for _, state in pipe.entries(0))
@@ -280,7 +289,7 @@ def test_a_sealer_stalled_past_its_claim_swaps_nothing_even_if_nobody_took_the_r
         clock.advance(DEFAULT_CLAIM_TTL + 3600 + 1)  # stalled past its claim and GC's grace
         collect_garbage(pipe.catalog.store, pipe.catalog.deep, TABLE, clock=clock)
 
-    stalled = Sealer(pipe.catalog, TABLE, faults=_at("before_swap", stall_and_collect))
+    stalled = _hooked(pipe.catalog, _at("before_swap", stall_and_collect))
     with pytest.raises(SegmentChangedError, match="expired before the swap"):
         stalled.seal_partition(0, force=True)
     assert all(state is SegmentState.CONSUMING for _, state in pipe.entries(0))
@@ -318,7 +327,7 @@ def test_a_live_claim_is_left_alone(pipe: Pipeline) -> None:
     other = Sealer(pipe.catalog, TABLE)
     held: list[object] = []
     faults = _at("before_swap", lambda: held.append(other.seal_partition(0, force=True)))
-    assert Sealer(pipe.catalog, TABLE, faults=faults).seal_partition(0, force=True) is not None
+    assert _hooked(pipe.catalog, faults).seal_partition(0, force=True) is not None
     assert held == [None]
     assert pipe.entries(0) == [(0, SegmentState.ONLINE)]
 
@@ -446,7 +455,7 @@ def test_a_seal_built_on_a_key_index_that_went_stale_is_discarded_and_retried(
     # re-ingested (a new entry): the index is stale, so the seal must not be swapped in.
     stale = _at("before_swap", lambda: reingest_segment(catalog, pipe.ds, f"{TABLE}__0__0"))
     with pytest.raises(SegmentChangedError, match="key index"):
-        Sealer(catalog, TABLE, faults=stale).seal_partition(0, force=True)
+        _hooked(catalog, stale).seal_partition(0, force=True)
     pipe.assert_reads_every_row_once()
     assert Sealer(catalog, TABLE).seal_partition(0, force=True) is not None
     assert pipe.entries(0) == [(0, SegmentState.ONLINE), (2, SegmentState.ONLINE)]
@@ -486,16 +495,19 @@ def test_a_rollback_whose_commit_outcome_is_unknown_is_reconciled_by_re_reading(
 def test_an_interrupt_during_a_seals_commit_keeps_the_file_the_swap_may_reference(
     pipe: Pipeline,
 ) -> None:
+    undo: list[Callable[[], None]] = []
+
     def interrupt_after_landing(landed: bool) -> None:
         if landed:
-            pipe.catalog.store.on_commit = None
+            undo.pop()()
             raise KeyboardInterrupt  # Ctrl-C in `millstream run --available-now`, say
 
     faults = _at(
-        "before_swap", lambda: setattr(pipe.catalog.store, "on_commit", interrupt_after_landing)
+        "before_swap",
+        lambda: undo.append(at_commit(pipe.catalog.store, interrupt_after_landing)),
     )
     with pytest.raises(KeyboardInterrupt):
-        Sealer(pipe.catalog, TABLE, faults=faults).seal_partition(0, force=True)
+        _hooked(pipe.catalog, faults).seal_partition(0, force=True)
     assert pipe.entries(0) == [(0, SegmentState.ONLINE)], "the swap landed"
     pipe.assert_reads_every_row_once()
 
@@ -515,14 +527,19 @@ def test_an_interrupt_during_a_compactions_commit_keeps_the_files_the_swap_refer
         assert sealer.seal_partition(0, force=True) is not None
     assert len(pipe.entries(0)) == 3, "three sealed segments to compact"
 
+    undo: list[Callable[[], None]] = []
+
     def interrupt_after_landing(landed: bool) -> None:
         if landed:
-            pipe.catalog.store.on_commit = None
+            undo.pop()()
             raise KeyboardInterrupt
 
-    sealer.faults = _at(
-        "before_compact_swap",
-        lambda: setattr(pipe.catalog.store, "on_commit", interrupt_after_landing),
+    at_sealer(
+        sealer,
+        hook=_at(
+            "before_compact_swap",
+            lambda: undo.append(at_commit(pipe.catalog.store, interrupt_after_landing)),
+        ),
     )
     with pytest.raises(KeyboardInterrupt):
         sealer.compact_partition(0)
@@ -596,14 +613,14 @@ def test_a_rollback_that_landed_is_reported_landed_even_if_a_writer_committed_si
 ) -> None:
     def writer_commits_then_connection_drops(landed: bool) -> None:
         if landed:
-            pipe.catalog.store.on_commit = None
+            uninstall()
             # A writer at the new epoch commits an empty range before the re-read.
             pipe.catalog.store.compare_and_append(
                 TABLE, [ShardAppend(0, LINES, LINES + 5, 1, None, 0)]
             )
             raise OSError("server closed the connection unexpectedly")
 
-    pipe.catalog.store.on_commit = writer_commits_then_connection_drops
+    uninstall = at_commit(pipe.catalog.store, writer_commits_then_connection_drops)
     plan = pipe.catalog.store.rollback_partition(TABLE, 0, 1, dry_run=False)
     assert plan.new_epoch == 1
     shard = pipe.catalog.store.get_shard(TABLE, 0)

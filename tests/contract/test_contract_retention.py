@@ -21,6 +21,7 @@ from harness.contract_support import (
     expected_rows,
     table_rows,
 )
+from harness.fault_points import at_commit
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.errors import AlreadyExistsError, CommitStateUnknownError, VersionExpiredError
@@ -179,13 +180,13 @@ def test_an_expiry_whose_commit_outcome_is_unknown_loses_nothing_and_converges(
 
     def drop_connection(at_landing: bool) -> None:
         if at_landing == landed:
-            catalog.store.on_commit = None
+            uninstall()
             raise ConnectionError("connection reset during COMMIT")
 
     # Ten hours on: the three consuming versions are past the window; so is every file's mtime.
     later = ManualClock(T0 + 10 * HOUR)
     assert later.now() > _after_every_file(catalog).now()
-    catalog.store.on_commit = drop_connection
+    uninstall = at_commit(catalog.store, drop_connection)
     with pytest.raises(CommitStateUnknownError):
         maintain(catalog.store, catalog.deep, TABLE, grace_seconds=0, clock=later)
     assert data_files(catalog) == files  # GC did not run on an unknown outcome
@@ -279,11 +280,11 @@ def test_a_pin_racing_an_expiry_either_keeps_its_version_or_is_refused(
         def pin_meanwhile(landed: bool) -> None:
             if landed:
                 return
-            other.store.on_commit = None
+            uninstall()
             pinner.start()
             pinner.join(1.0)  # the pin runs (or waits) while the expiry is uncommitted
 
-        other.store.on_commit = pin_meanwhile
+        uninstall = at_commit(other.store, pin_meanwhile)
         assert other.store.expire_versions(TABLE, now=T0 + 10 * HOUR).floor == 4
     pinner.join(30)
     assert not pinner.is_alive()

@@ -72,7 +72,6 @@ def _options(
             config,
             start_offsets=boot.uppers,
             tasks=2,
-            ranges_only=True,
             # the strict member's partitions go to different tasks, small as its batch is
             split_min_records=1 if strict else SPLIT_MIN_RECORDS,
         ),

@@ -261,8 +261,8 @@ class Cluster:
         extra_args: list[str] | None = None,
     ) -> Service:
         """Start worker ``worker_id`` (again: same log file, appended); ``env`` is added to
-        its environment (``MILLSTREAM_SEAL_FAULTS`` ...), ``extra_args`` to its command line
-        (``--shared-query`` ...)."""
+        its environment (``MILLSTREAM_FAULTS`` ...), ``extra_args`` to its command line
+        (``--home`` ...)."""
         args = [
             str(MILLSTREAM_BIN),
             "worker",

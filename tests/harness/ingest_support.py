@@ -28,10 +28,11 @@ import yaml
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.errors import TableNotFoundError
+from millstream.ingest.sources import spec_reader
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
 from millstream.reference.model import Row
 from millstream.reference.oracle import RawRecord, expected_table
-from millstream.spark.runner import DatastreamRunner
+from millstream.spark.runner import DatastreamRunner, RunStats
 
 PARTITIONS = 4
 MILLSTREAM_BIN = Path(sys.executable).parent / "millstream"
@@ -219,6 +220,28 @@ def shard_uppers(cat: Catalog, table: str) -> dict[int, int]:
     return {s.partition: s.upper for s in cat.store.list_shards(table)}
 
 
+def run_until_caught_up(runner: DatastreamRunner, *, timeout: float = 600.0) -> RunStats:
+    """``runner.run()`` as a running writer runs it (its streaming query, resuming from its
+    checkpoint: what ``millstream run`` and a worker run), stopped at a batch boundary once the
+    table's shards reach the source's latest offsets as they were when called. Fails the test
+    if they do not within ``timeout`` seconds (the writer is stopped all the same)."""
+    target = spec_reader(runner.spec.source).latest_offsets()
+    deadline = time.monotonic() + timeout
+    late: list[dict[int, int]] = []
+
+    def tick(r: DatastreamRunner) -> None:
+        uppers = uppers_or_empty(r.catalog, r.spec.table_name)
+        if all(uppers.get(p, -1) >= o for p, o in target.items()):
+            r.stop_after_batch()
+        elif time.monotonic() > deadline:
+            late.append(uppers)
+            r.stop_after_batch()
+
+    stats = runner.run(available_now=False, on_tick=tick, tick_seconds=0.2)
+    assert not late, f"the writer reached {late[0]}, not {target}, in {timeout:.0f} s"
+    return stats
+
+
 def uppers_or_empty(cat: Catalog, table: str) -> dict[int, int]:
     """The shard uppers, {} until the writer has created the table."""
     try:
@@ -251,13 +274,15 @@ def writer_in_background(runner: DatastreamRunner, name: str) -> Iterator[list[B
 # -- the CLI as a subprocess ---------------------------------------------------------------
 
 
-def cli_run_args(spec_file: Path, home: Path, writer_id: str) -> list[str]:
+def cli_run_args(
+    spec_file: Path, home: Path, writer_id: str, *, available_now: bool = True
+) -> list[str]:
     return [
         str(MILLSTREAM_BIN),
         "run",
         "-f",
         str(spec_file),
-        "--available-now",
+        *(["--available-now"] if available_now else []),
         "--writer-id",
         writer_id,
         "--home",
@@ -288,26 +313,6 @@ class Finished:
         return f"exit {self.returncode}\nstdout:\n{self.stdout[-4000:]}\nstderr:\n{self.stderr[-6000:]}"
 
 
-#: ``DatastreamRunner.run(available_now=True, streaming=True)`` in a process of its own: the
-#: streaming query a running writer runs, ending when it has caught up (the CLI's
-#: ``--available-now`` runs Spark jobs instead). Arguments: spec file, home, writer id, master.
-STREAMING_RUN = """
-import sys
-from pathlib import Path
-from millstream.catalog import Catalog
-from millstream.datastream import DatastreamSpec
-from millstream.spark.runner import DatastreamRunner
-from millstream.spark.session import spark_session
-
-spec_file, home, writer_id, master = sys.argv[1:]
-with Catalog.open(home=Path(home)) as cat:
-    spark = spark_session(master=master)
-    runner = DatastreamRunner(DatastreamSpec.from_file(Path(spec_file)), cat, spark, writer_id=writer_id)
-    runner.run(available_now=True, streaming=True)
-    spark.stop()
-"""
-
-
 def start_cli(
     spec_file: Path,
     home: Path,
@@ -319,15 +324,12 @@ def start_cli(
 ) -> subprocess.Popen[bytes]:
     """``millstream run --available-now`` in its own session, so the whole process group
     (the Python driver, its JVM and the Python workers) can be killed at once. With
-    ``streaming``, :data:`STREAMING_RUN` instead (the streaming query, not the CLI)."""
+    ``streaming``, ``millstream run`` (the running writer's streaming query, which runs until
+    stopped)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     out = (log_dir / f"{writer_id}.out").open("ab")
     err = (log_dir / f"{writer_id}.err").open("ab")
-    args = (
-        [sys.executable, "-c", STREAMING_RUN, str(spec_file), str(home), writer_id, SPARK_MASTER]
-        if streaming
-        else cli_run_args(spec_file, home, writer_id)
-    )
+    args = cli_run_args(spec_file, home, writer_id, available_now=not streaming)
     try:
         return subprocess.Popen(
             args,

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from harness.ingest_support import run_until_caught_up
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
@@ -111,7 +112,7 @@ def test_a_streaming_checkpoint_the_run_moves_past_is_removed_not_left_to_be_dis
 
     _append_source(root, 0, 600)
     first = runner()
-    assert first.run(available_now=True, streaming=True).discarded_checkpoints == []
+    assert run_until_caught_up(first).discarded_checkpoints == []
     checkpoint = first.state_dir.path / "checkpoint"
     assert (checkpoint / "offsets").is_dir()
 
@@ -120,7 +121,7 @@ def test_a_streaming_checkpoint_the_run_moves_past_is_removed_not_left_to_be_dis
     assert not checkpoint.exists(), "the shards moved past it: the jobs run removed it"
 
     records = _append_source(root, 2, 600)
-    assert runner().run(available_now=True, streaming=True).discarded_checkpoints == []
+    assert run_until_caught_up(runner()).discarded_checkpoints == []
     expected, _ = expected_table(spec.table_spec(), records)
     assert _rows(cat, spec.table_name) == canonical(expected)
     uppers = {s.partition: s.upper for s in cat.store.list_shards(spec.table_name)}

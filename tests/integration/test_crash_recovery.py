@@ -1,14 +1,14 @@
 """Issue 3 acceptance: a writer killed with SIGKILL at the worst moments loses nothing and
 duplicates nothing when it is started again.
 
-The writer runs as a subprocess in its own session, either as a streaming query (what a
-running writer runs, ending once caught up: ``run(available_now=True, streaming=True)``) or as
-``millstream run --available-now`` (whose batches are Spark jobs); a named fault point
+The writer runs as a subprocess in its own session, either as ``millstream run`` (a running
+writer's streaming query) or as ``millstream run --available-now`` (whose batches are Spark
+jobs); a named fault point
 (``MILLSTREAM_FAULTS``) makes it write a marker and hang at exactly the moment under test, and
 the test then SIGKILLs the whole process group (the Python driver, its JVM and the Python
 workers). A second run without faults, the same way, must finish the job; it runs in this
-process (the same ``DatastreamRunner.run``, on the test session's warm SparkSession) against
-the same home, writer id and checkpoint.
+process (the same ``DatastreamRunner.run``, on the test session's warm SparkSession; the
+streaming query is stopped once caught up) against the same home, writer id and checkpoint.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from harness.ingest_support import (
     assert_table_matches_source,
     kill_group,
     orders_spec,
+    run_until_caught_up,
     shard_uppers,
     start_cli,
     wait_for_marker,
@@ -70,7 +71,7 @@ def crash_at(
         WRITER,
         logs,
         streaming=streaming,
-        MILLSTREAM_FAULTS=f"{point}:1",
+        MILLSTREAM_FAULTS=f"{point}@1=hang",
         MILLSTREAM_FAULT_DIR=str(faults),
     )
     try:
@@ -110,9 +111,8 @@ def test_writer_killed_before_commit_resumes_without_loss_or_duplicates(
         )
 
     with Catalog.open(home=crash.home) as cat:
-        stats = DatastreamRunner(spec, cat, spark, writer_id=WRITER).run(
-            available_now=True, streaming=streaming
-        )
+        runner = DatastreamRunner(spec, cat, spark, writer_id=WRITER)
+        stats = run_until_caught_up(runner) if streaming else runner.run(available_now=True)
         assert stats.discarded_checkpoints == []  # a query's checkpoint agreed: batch 1 replays
         assert stats.restarts == 0
         assert shard_uppers(cat, spec.table_name) == crash.topic.ends()
@@ -146,9 +146,7 @@ def test_writer_killed_after_commit_replays_the_batch_as_a_harmless_drop(
         assert_same_rows(cat.read_table(spec.table_name).to_pylist(), expected, what="at crash")
 
     with Catalog.open(home=crash.home) as cat:
-        stats = DatastreamRunner(spec, cat, spark, writer_id=WRITER).run(
-            available_now=True, streaming=True
-        )
+        stats = run_until_caught_up(DatastreamRunner(spec, cat, spark, writer_id=WRITER))
         assert stats.discarded_checkpoints == []  # the checkpoint agreed: batch 1 replays
         assert stats.restarts == 0
 

@@ -4,7 +4,7 @@ for every merge engine, with every bad record in the dead-letter table once.
 One topic of 50,000 generator orders (updates, deletes, tombstones, duplicates and ~0.2%
 malformed records) on the session Tansu broker. Each engine ingests it into its own table in
 several batches with ``DatastreamRunner.run(available_now=True)`` (Spark jobs; one engine also
-as the streaming query, ``streaming=True``), and the result is
+as the streaming query a running writer runs, stopped once caught up), and the result is
 compared with the source-side oracle built from the broker's delivery reports.
 """
 
@@ -19,6 +19,7 @@ from harness.ingest_support import (
     Topic,
     assert_table_matches_source,
     orders_spec,
+    run_until_caught_up,
     shard_uppers,
 )
 from millstream.catalog import Catalog
@@ -62,7 +63,7 @@ def _ingest_and_compare(
     )
     with Catalog.open(home=tmp_path / "home") as cat:
         runner = DatastreamRunner(spec, cat, spark, writer_id=f"w-{mode}")
-        stats = runner.run(available_now=True, streaming=streaming)
+        stats = run_until_caught_up(runner) if streaming else runner.run(available_now=True)
 
         assert stats.restarts == 0
         assert stats.discarded_checkpoints == []
@@ -74,9 +75,8 @@ def _ingest_and_compare(
         version = cat.table(spec.table_name).manifest_version
 
         # Everything is ingested: running again commits nothing and changes nothing.
-        again = DatastreamRunner(spec, cat, spark, writer_id=f"w-{mode}").run(
-            available_now=True, streaming=streaming
-        )
+        rerun = DatastreamRunner(spec, cat, spark, writer_id=f"w-{mode}")
+        again = run_until_caught_up(rerun) if streaming else rerun.run(available_now=True)
         assert again.discarded_checkpoints == []
         assert cat.table(spec.table_name).manifest_version == version
         assert_table_matches_source(cat, spec, engine_topic.records)

@@ -49,7 +49,7 @@ def _source(bootstrap: str, uppers: dict[int, int]) -> SourceOptions:
         }
     )
     kind, config = config_for(spec.source, spec.name)
-    return SourceOptions(kind, config, start_offsets=uppers, ranges_only=True)
+    return SourceOptions(kind, config, start_offsets=uppers)
 
 
 def test_a_broker_restarted_empty_stops_the_partition_naming_both_offsets(tmp_path: Path) -> None:

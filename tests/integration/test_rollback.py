@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from harness.ingest_support import run_until_caught_up
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.errors import NotFoundError, WriterFencedError
@@ -68,7 +69,7 @@ def test_rollback_dry_run_changes_nothing_then_resume_reingests_and_old_writers_
     spec = _spec(tmp_path / "src")
     table = spec.table_spec()
     cat = Catalog.open(home=tmp_path / "home")
-    DatastreamRunner(spec, cat, spark, writer_id="w").run(available_now=True, streaming=True)
+    run_until_caught_up(DatastreamRunner(spec, cat, spark, writer_id="w"))
     full, bad = expected_table(table, records)
     assert _rows(cat, "rb") == canonical(full)
     before = cat.manifest("rb")
@@ -105,9 +106,7 @@ def test_rollback_dry_run_changes_nothing_then_resume_reingests_and_old_writers_
 
     # Resume: the writer's checkpoint disagrees with the new epoch and upper, so it is
     # discarded; the range is re-ingested exactly once.
-    stats = DatastreamRunner(spec, cat, spark, writer_id="w").run(
-        available_now=True, streaming=True
-    )
+    stats = run_until_caught_up(DatastreamRunner(spec, cat, spark, writer_id="w"))
     assert stats.discarded_checkpoints, "the stale checkpoint must not be trusted"
     assert _rows(cat, "rb") == canonical(full)
     dead = cat.read_table("rb__dead_letter")

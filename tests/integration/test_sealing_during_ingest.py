@@ -1,5 +1,6 @@
-"""Sealing during real ingestion: with ``pauseless: false`` each micro-batch waits for the seals
-that are due; the table stays equal to the source model and the partitions end up sealed."""
+"""Sealing during real ingestion: the background sealer seals while the batches commit
+(pauseless), and the run seals what is still due before it exits; the table stays equal to the
+source model and the partitions end up sealed, their segments contiguous."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.spark]
 
 
 @pytest.mark.parametrize("mode", ["upsert", "dedup"])
-def test_non_pauseless_ingest_seals_inline_and_the_table_equals_the_model(
+def test_ingest_seals_in_the_background_and_the_table_equals_the_model(
     tmp_path: Path, spark: Any, mode: str
 ) -> None:
     cfg = GeneratorConfig(seed=21, partitions=2, key_cardinality=300, malformed_fraction=0.01)
@@ -41,11 +42,13 @@ def test_non_pauseless_ingest_seals_inline_and_the_table_equals_the_model(
             "table": table,
             "schema": ORDERS_SCHEMA,
             "max_records_per_batch": 1000,
-            "segments": {"flush_rows": 1200, "pauseless": False},
+            "segments": {"flush_rows": 1200},
         }
     )
     cat = Catalog.open(home=tmp_path / "home")
-    DatastreamRunner(spec, cat, spark, writer_id="w").run(available_now=True)
+    runner = DatastreamRunner(spec, cat, spark, writer_id="w", background_sealing=True)
+    runner.seal_interval = 0.05  # passes while the batches commit, not only the final one
+    runner.run(available_now=True)
     expected, _ = expected_table(spec.table_spec(), records)
     assert canonical(cat.read_table(spec.table_name).to_pylist()) == canonical(expected)
     entries = cat.manifest(spec.table_name).entries

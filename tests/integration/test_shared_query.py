@@ -1,4 +1,4 @@
-"""A worker with ``shared_query`` runs all its datastreams in ONE Spark streaming query, and each
+"""A worker runs all its datastreams in ONE Spark streaming query, and each
 keeps the contract it has alone: its table equals the model of its source, a pause and a
 resume of one member lose and duplicate nothing of it or of the others, and a member whose
 bad record fails it (``bad_records: fail``) goes to ERROR alone while the others run on. A
@@ -89,7 +89,6 @@ def test_datastreams_share_one_query_and_each_keeps_its_contract(
         worker_id="w1",
         settings=ControlSettings(worker_ttl=60.0),
         state_root=tmp_path / "state",
-        shared_query=True,
     )
     queries_seen: set[int] = set()
 

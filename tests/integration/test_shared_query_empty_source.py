@@ -59,7 +59,6 @@ def test_a_member_starting_empty_ingests_every_line_of_a_partition_found_later(
         worker_id="w1",
         settings=ControlSettings(worker_ttl=60.0),
         state_root=tmp_path / "state",
-        shared_query=True,
     )
 
     def run_until(done: Callable[[], bool], what: str, timeout: float = 240.0) -> None:

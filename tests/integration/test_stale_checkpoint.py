@@ -17,7 +17,12 @@ from typing import Any
 
 import pytest
 
-from harness.ingest_support import assert_table_matches_source, orders_spec, shard_uppers
+from harness.ingest_support import (
+    assert_table_matches_source,
+    orders_spec,
+    run_until_caught_up,
+    shard_uppers,
+)
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.spark.runner import SIDECAR, Bootstrap, DatastreamRunner, checkpoint_verdict
@@ -37,9 +42,7 @@ def test_stale_checkpoint_is_discarded_and_the_writer_resumes_from_the_shards(
     with Catalog.open(home=tmp_path / "home") as cat:
 
         def run():
-            return DatastreamRunner(spec, cat, spark, writer_id="w").run(
-                available_now=True, streaming=True
-            )
+            return run_until_caught_up(DatastreamRunner(spec, cat, spark, writer_id="w"))
 
         topic.produce(PER_RUN)
         run()
@@ -207,16 +210,12 @@ def test_a_checkpoint_is_not_trusted_against_a_fresh_metadata_store(
         )
 
     home = tmp_path / "home"
-    DatastreamRunner(spec(1000), Catalog.open(home=home), spark, writer_id="w").run(
-        available_now=True, streaming=True
-    )
+    run_until_caught_up(DatastreamRunner(spec(1000), Catalog.open(home=home), spark, writer_id="w"))
     fresh = Catalog.open(home=home, metadata_url=f"sqlite:///{home / 'fresh.db'}")
-    stats = DatastreamRunner(spec(2000), fresh, spark, writer_id="w").run(
-        available_now=True, streaming=True
-    )
+    stats = run_until_caught_up(DatastreamRunner(spec(2000), fresh, spark, writer_id="w"))
     assert stats.discarded_checkpoints
     full = Catalog.open(home=tmp_path / "reference")
-    DatastreamRunner(spec(2000), full, spark, writer_id="w").run(available_now=True, streaming=True)
+    run_until_caught_up(DatastreamRunner(spec(2000), full, spark, writer_id="w"))
     assert canonical(fresh.read_table("fresh").to_pylist()) == canonical(
         full.read_table("fresh").to_pylist()
     )

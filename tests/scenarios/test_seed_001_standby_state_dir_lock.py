@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from harness.ingest_support import run_until_caught_up
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller, ControlSettings
@@ -309,7 +310,7 @@ def test_stale_checkpoint_written_back_after_cleanup_is_discarded_and_table_has_
         write_source(src, "000.jsonl", rows(0, 8))
         b_dir = StateDirectory(b_root, TASK)
         first = DatastreamRunner(spec, cat, spark, writer_id="b", state_dir=b_dir)
-        assert first.run(available_now=True, streaming=True).discarded_checkpoints == []
+        assert run_until_caught_up(first).discarded_checkpoints == []
         b_dir.lock()
         stale_copy = tmp_path / "b-stale-checkpoint"
         shutil.copytree(b_dir.checkpoint_dir, stale_copy)
@@ -317,9 +318,11 @@ def test_stale_checkpoint_written_back_after_cleanup_is_discarded_and_table_has_
 
         # The active A ingests part 1: the shards move past B's checkpoint.
         write_source(src, "001.jsonl", rows(1, 8))
-        a_run = DatastreamRunner(
-            spec, cat, spark, writer_id="a", state_dir=StateDirectory(a_root, TASK)
-        ).run(available_now=True, streaming=True)
+        a_run = run_until_caught_up(
+            DatastreamRunner(
+                spec, cat, spark, writer_id="a", state_dir=StateDirectory(a_root, TASK)
+            )
+        )
         assert a_run.discarded_checkpoints == []
         uppers = {s.partition: s.upper for s in cat.store.list_shards(spec.table_name)}
         assert uppers == {0: 16, 1: 16}
@@ -337,7 +340,7 @@ def test_stale_checkpoint_written_back_after_cleanup_is_discarded_and_table_has_
 
         write_source(src, "002.jsonl", rows(2, 5))
         again = DatastreamRunner(spec, cat, spark, writer_id="b", state_dir=b_dir)
-        stats = again.run(available_now=True, streaming=True)
+        stats = run_until_caught_up(again)
 
         assert len(stats.discarded_checkpoints) == 1, stats.discarded_checkpoints
         assert "the shard upper is 16" in stats.discarded_checkpoints[0]

@@ -24,11 +24,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from harness.fault_points import at_sealer
 from millstream.catalog import Catalog
 from millstream.metastore.models import Entry, Manifest, SegmentState
 from millstream.reference.model import canonical, model_rows
 from millstream.sealing.keyindex import CACHE
-from millstream.sealing.sealer import Sealer, SealFaults
+from millstream.sealing.sealer import Sealer
 from millstream.spec import TableSpec
 from millstream.table.writer import commit_staged, stage_rows
 
@@ -94,7 +95,9 @@ def _race(tmp_path: Path, mode: str, second_sealer: type[Sealer]) -> tuple[dict[
             in_build.set()
             assert release.wait(30)
 
-    slow = Sealer(cat, "t", faults=SealFaults(hook=hold_n), max_failures=10)
+    slow = Sealer(cat, "t", max_failures=10)
+
+    at_sealer(slow, hook=hold_n)
     errors: list[BaseException] = []
 
     def seal_n() -> None:

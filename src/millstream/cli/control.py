@@ -200,15 +200,6 @@ def worker(
         typer.Option("--token", envvar="MILLSTREAM_API_TOKEN", help="Bearer token, if needed."),
     ] = None,
     master: MasterOpt = None,
-    shared_query: Annotated[
-        bool,
-        typer.Option(
-            "--shared-query/--query-per-datastream",
-            help="Run all the worker's writers in one streaming query (the default: a "
-            "micro-batch's fixed cost paid once per trigger for all of them; adding, pausing "
-            "or removing a datastream restarts it) or each in a query of its own.",
-        ),
-    ] = True,
     output: OutputOpt = OutputFormat.text,
 ) -> None:
     """Run a worker: the writers the controller assigns to it, on one SparkSession.
@@ -238,7 +229,6 @@ def worker(
             spark,
             worker_id=worker_id,
             settings=ControlSettings(**remote["control"]),
-            shared_query=shared_query,
         )
         try:
             with ServiceGroup() as group:

@@ -1,5 +1,5 @@
 """A worker: one SparkSession; one streaming query for all its assigned writers (actives and
-standbys; ``shared_query``, the default) or one per writer.
+standbys).
 
 Each :meth:`Worker.tick` reads the stored assignments and datastream states and reconciles:
 
@@ -9,8 +9,7 @@ Each :meth:`Worker.tick` reads the stored assignments and datastream states and 
   continues exactly there;
 * not assigned (stop, delete, rebalance) -> the writer is stopped and released.
 
-With ``shared_query`` (the default) the writers of all its READY datastreams run in ONE
-streaming query
+The writers of all its READY datastreams run in ONE streaming query
 (:mod:`millstream.spark.shared`): a micro-batch's fixed cost is paid once per trigger for all
 of them instead of once per datastream. A change to its membership (a datastream added,
 paused, stopped, or back from its backoff) does not restart it: the datastream joins or leaves
@@ -66,14 +65,13 @@ from millstream.errors import (
     TableNotFoundError,
     from_spark_failure,
 )
-from millstream.faults import seal_faults
 from millstream.ingest.sources import spec_reader
 from millstream.ingest.sources.base import latest_offsets_of
 from millstream.metastore.engine import STORE_ERRORS
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.maintenance import Maintainer
 from millstream.sealing.publishing import PublisherProcess
-from millstream.sealing.sealer import Sealer, SealFaults
+from millstream.sealing.sealer import Sealer
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.options import CommitGate
 from millstream.spark.runner import CommitLogTotals, DatastreamRunner
@@ -108,8 +106,8 @@ def _kind(exc: BaseException) -> type[BaseException]:
 
 
 def _hopeless(exc: SharedQueryMemberError) -> bool:
-    """A shared query's member error that restarting cannot help: the datastream goes to ERROR
-    (as for a writer of its own); any other is retried after a backoff."""
+    """A shared query's member error that restarting cannot help: the datastream goes to
+    ERROR; any other is retried after a backoff."""
     return (isinstance(exc.error, MillstreamError) and not isinstance(exc.error, TRANSIENT)) or (
         isinstance(exc.error, Exception) and _bad_record(exc.error)
     )
@@ -167,7 +165,6 @@ class Worker:
         clock: Clock = SYSTEM_CLOCK,
         state_root: Path | None = None,
         url: str | None = None,
-        shared_query: bool = True,
     ) -> None:
         self.catalog = catalog
         self.spark = spark
@@ -178,8 +175,7 @@ class Worker:
         self.registry = Registry(catalog.store, clock=clock)
         self.url = url
         self.writers: dict[str, _Writer] = {}
-        #: Run every writer in one streaming query (see the module's docstring).
-        self.shared_query = shared_query
+        #: The one streaming query of every writer (see the module's docstring).
         self.shared: SharedQueryRunner | None = None
         #: The multi-table datastreams' topics and tables (:mod:`millstream.control.topics`),
         #: and the spec each such table's writer runs, by member key.
@@ -270,24 +266,7 @@ class Worker:
             if w == self.id
         }
         states = {r.name: r for r in self.registry.list()}
-        if self.shared_query:
-            self._reconcile_shared(mine, states)
-            self._clean_state_dirs()
-            self._heartbeat()
-            return
-        for ds, role in mine.items():
-            rec = states.get(ds)
-            should_run = rec is not None and rec.state is State.READY
-            w = self.writers.get(ds)
-            if should_run and (w is None or not w.running) and self._may_restart(w):
-                self._start(ds, role)
-            elif not should_run and w is not None:
-                self._stop_writer(ds)
-            elif w is not None:
-                w.role = role
-        for ds in list(self.writers):
-            if ds not in mine:
-                self._stop_writer(ds)
+        self._reconcile_shared(mine, states)
         self._clean_state_dirs()
         self._heartbeat()
 
@@ -432,7 +411,7 @@ class Worker:
         previous = self.writers.get(ds)
         if previous is not None and previous.locked:
             previous.state_dir.unlock()  # kept through its backoff; the new writer locks
-        # a fresh writer per start, as a writer of its own gets (its backoff carried on)
+        # a fresh writer per start (its backoff carried on)
         w = self.writers[ds] = _Writer(
             ds,
             role,
@@ -472,7 +451,7 @@ class Worker:
             except SharedQueryMemberError as exc:
                 # A source or store that did not answer (at a restart for another member's
                 # sake, say) is retried after a backoff; what restarting cannot help goes to
-                # ERROR, as for a writer of its own.
+                # ERROR.
                 self._count_source_error(exc.member, exc.error, str(exc))
                 self._member_failed(exc.member, str(exc), fail=_hopeless(exc))
             except Exception as exc:  # the query's own: every member waits out a backoff
@@ -492,9 +471,9 @@ class Worker:
 
     def _member_failed(self, ds: str, error: str, *, fail: bool) -> None:
         """Record a member's failure (its backoff starts now); with ``fail`` (restarting
-        cannot help, as for a writer of its own) the datastream goes to ERROR. A table of a
-        multi-table datastream never takes its datastream (the other tables) down: it waits
-        out its own backoff, retried alone, and its health says why."""
+        cannot help) the datastream goes to ERROR. A table of a multi-table datastream never
+        takes its datastream (the other tables) down: it waits out its own backoff, retried
+        alone, and its health says why."""
         w = self.writers.get(ds)
         error = error.splitlines()[0][:2000]
         log.error("writer %s on %s failed: %s", ds, self.id, error)
@@ -513,8 +492,8 @@ class Worker:
 
     def _stop_shared(self) -> None:
         """Stop the shared query (if any) and release its members' state directories; a
-        member waiting out a failure's backoff keeps its lock (as a writer of its own does),
-        so the worker still reports RUNNING meanwhile."""
+        member waiting out a failure's backoff keeps its lock, so the worker still reports
+        RUNNING meanwhile."""
         if self.shared is not None:
             self.shared.stop()
         if self.shared_thread is not None:
@@ -537,41 +516,6 @@ class Worker:
         ).clean()
         if removed:
             log.info("worker %s removed idle state directories %s", self.id, removed)
-
-    def _start(self, ds: str, role: str) -> None:
-        rec = self.registry.get(ds)
-        sd = StateDirectory(self.state_root, ds)
-        previous = self.writers.get(ds)
-        if previous is not None and not previous.running and previous.state_dir.held:
-            previous.state_dir.unlock()  # its thread ended (failed): release before retrying
-        w = _Writer(ds, role, sd, **(previous.carried() if previous is not None else {}))
-        self.writers[ds] = w
-        try:
-            sd.lock()
-        except StateDirLockedError as exc:
-            # Someone in this process still holds it (a writer shutting down): retry next tick.
-            # The writer stays listed, unlocked and not running, so the worker reports STARTING
-            # until it holds the lock (KAFKA-8187: never RUNNING with a writer that has no lock).
-            log.info("writer %s waits for its state directory: %s", ds, exc)
-            return
-        w.locked = True
-        runner = w.runner = self._runner(rec.spec, sd)
-
-        def _run() -> None:
-            try:
-                runner.run(available_now=False)
-            except Exception as exc:
-                error = (str(exc).splitlines() or [repr(exc)])[0][:2000]
-                self._failed(w, error)
-                log.error("writer %s on %s failed: %s", ds, self.id, error)
-                self._count_source_error(ds, exc, error)
-                if isinstance(exc, MillstreamError) or _bad_record(exc):
-                    self.registry.fail(ds, error)
-            finally:
-                w.done.set()
-
-        w.thread = threading.Thread(target=_run, name=f"writer-{ds}", daemon=True)
-        w.thread.start()
 
     def _runner(
         self, spec: DatastreamSpec, state_dir: StateDirectory, *, member: str | None = None
@@ -667,8 +611,6 @@ class Worker:
         w.stalled = stall
         self.stall_watch.forget(ds)
         self._failed(w, message)
-        if not self.shared_query and w.runner is not None:
-            w.runner.stop()  # its thread ends; the tick starts a new writer after the backoff
 
     def health(self, w: _Writer) -> dict[str, Any]:
         """A writer's health as the REST record, CLI and console show it: ``running``,
@@ -821,8 +763,6 @@ class Worker:
         for ds, w in list(self.writers.items()):
             if w.role != "active" or not w.running or w.runner is None:
                 continue
-            if not w.runner.spec.segments.pauseless:
-                continue  # its sink seals inline: the writer waits for the seal
             spec = w.runner.spec
             supervisor = self.seal_supervisors.get(ds)
             if supervisor is None:
@@ -858,7 +798,6 @@ class Worker:
                 thresholds=Thresholds.of(seg),
                 compaction=CompactionPolicy.of(seg),
                 clock=self.clock,
-                faults=SealFaults(seal_faults()),  # MILLSTREAM_SEAL_FAULTS: drills and tests
             )
             self.sealers[ds] = sealer
         sealer.seal_due()

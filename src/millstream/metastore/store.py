@@ -40,6 +40,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection
 
+from millstream import faults
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.core.assignment import Placement
 from millstream.core.evolution import Change
@@ -89,13 +90,27 @@ class MetadataStore:
         self.engine = engine.make_engine(url, is_sqlite=self.is_sqlite)
         #: Compare-and-set retries in this process (reported as commit conflicts).
         self.conflicts = 0
-        #: Fault point for tests and drills: called as ``on_commit(landed)`` right before
-        #: (``landed=False``) and right after (``landed=True``) every write transaction's COMMIT.
-        #: An exception it raises is treated as a failure during COMMIT, i.e. an unknown outcome
-        #: (:class:`CommitStateUnknownError`), whether or not the transaction landed.
-        self.on_commit: Callable[[bool], None] | None = None
         self._conflicts_lock = threading.Lock()
         engine.migrate(self)
+
+    # -- fault points ----------------------------------------------------------------------
+
+    @property
+    def on_commit(self) -> Callable[[bool], None] | None:
+        """What a write transaction calls as ``on_commit(landed)`` right before
+        (``landed=False``) and right after (``landed=True``) its COMMIT: the fault points
+        ``before_metadata_commit`` / ``after_metadata_commit`` (:mod:`millstream.faults`,
+        this store as their source). An exception there is a failure during COMMIT, an
+        unknown outcome (:class:`CommitStateUnknownError`). None while no fault handler is
+        installed, so a transaction pays one check."""
+        return self._commit_point if faults.armed() else None
+
+    @on_commit.setter
+    def on_commit(self, _hook: object) -> None:
+        raise AttributeError("install a fault handler instead: millstream.faults.install")
+
+    def _commit_point(self, landed: bool) -> None:
+        faults.hit("after_metadata_commit" if landed else "before_metadata_commit", None, self)
 
     # -- connection plumbing ---------------------------------------------------------------
 

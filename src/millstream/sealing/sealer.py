@@ -37,21 +37,21 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from millstream import faults
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.core.engines import engine_for
 from millstream.errors import (
     CommitConflictError,
     CommitStateUnknownError,
-    InjectedSealFault,
+    InjectedFault,
     SegmentChangedError,
 )
 from millstream.metastore.claims import DEFAULT_CLAIM_TTL
@@ -76,33 +76,7 @@ from millstream.table.read import read_entries
 
 log = logging.getLogger(__name__)
 
-#: Named fault points, in the order a seal reaches them.
-SEAL_POINTS = ("before_build", "before_upload", "before_swap", "after_swap")
-#: Named fault points, in the order a compaction of sealed segments reaches them.
-COMPACTION_POINTS = (
-    "before_compact_build",
-    "before_compact_upload",
-    "before_compact_swap",
-    "after_compact_swap",
-)
-FAULT_POINTS = SEAL_POINTS + COMPACTION_POINTS
 ROW_GROUP_ROWS = 128 * 1024
-
-
-@dataclass
-class SealFaults:
-    """Fail the next ``n`` seals at a point: ``SealFaults({"before_swap": 2})``. A callable
-    ``hook(point, partition)`` runs at every point too (tests use it to delay a build)."""
-
-    remaining: dict[str, int] = field(default_factory=dict)
-    hook: Callable[[str, int], None] | None = None
-
-    def check(self, point: str, partition: int) -> None:
-        if self.hook is not None:
-            self.hook(point, partition)
-        if self.remaining.get(point, 0) > 0:
-            self.remaining[point] -= 1
-            raise InjectedSealFault(point, partition)
 
 
 class _ClaimRenewer:
@@ -126,7 +100,7 @@ class _ClaimRenewer:
         s = self.sealer
         while not self._stop.wait(self.every):
             try:
-                s.faults.check("renew_claim", self.partition)
+                faults.hit("renew_claim", self.partition, s)
                 with self._lock:
                     if self._stop.is_set():
                         return
@@ -196,7 +170,6 @@ class Sealer:
         *,
         thresholds: Thresholds | None = None,
         clock: Clock = SYSTEM_CLOCK,
-        faults: SealFaults | None = None,
         max_failures: int = 3,
         checkpoint_seconds: float = 60.0,
         claim_ttl: float = DEFAULT_CLAIM_TTL,
@@ -208,7 +181,6 @@ class Sealer:
         self.table = table
         self.thresholds = thresholds or Thresholds()
         self.clock = clock
-        self.faults = faults or SealFaults()
         self.max_failures = max_failures
         #: Who this sealer is in its claims, and how long a claim holds: after that, another
         #: sealer may take the run over (this one is presumed dead; its swap is then refused).
@@ -478,9 +450,9 @@ class Sealer:
         dv_path: str | None = None
         swapping = False
         try:
-            self.faults.check("before_compact_build", partition)
+            faults.hit("before_compact_build", partition, self)
             rows, before, _ = merge_window(self.catalog.deep, spec, plan)
-            self.faults.check("before_compact_upload", partition)
+            faults.hit("before_compact_upload", partition, self)
             prefix = table_data_prefix(self.table)
             tag = f"p{partition}-s{plan.window[0].seq}-{uuid.uuid4().hex}"
             path = f"{prefix}/compacted-{tag}.parquet"
@@ -492,7 +464,7 @@ class Sealer:
                 self.catalog.deep.write_parquet(
                     dv_path, pa.table({OFFSET_COL: pa.array(before, pa.int64())})
                 )
-            self.faults.check("before_compact_swap", partition)
+            faults.hit("before_compact_swap", partition, self)
             swapping = True
             merged, dv_id = self.store.replace_sealed(
                 self.table,
@@ -545,8 +517,8 @@ class Sealer:
             plan.reason,
         )
         try:
-            self.faults.check("after_compact_swap", partition)
-        except InjectedSealFault as exc:
+            faults.hit("after_compact_swap", partition, self)
+        except InjectedFault as exc:
             log.warning(
                 "after-swap cleanup of the compaction of %s partition %d interrupted: %s",
                 self.table,
@@ -583,7 +555,7 @@ class Sealer:
         index: KeyIndex | None = None
         dropped = np.zeros(0, dtype=np.int64)
         try:
-            self.faults.check("before_build", partition)
+            faults.hit("before_build", partition, self)
             spec = manifest.table.spec
             rows = read_entries(self.catalog.deep, spec, run)
             index = self.key_index(partition, manifest)
@@ -591,7 +563,7 @@ class Sealer:
             sealed_rows = engine_for(spec).compact(rows, floor=floor)
             if index is not None:
                 dropped = index.superseded(sealed_rows)
-            self.faults.check("before_upload", partition)
+            faults.hit("before_upload", partition, self)
             prefix = table_data_prefix(self.table)
             tag = f"p{partition}-s{run[0].seq}-{uuid.uuid4().hex}"
             path = f"{prefix}/sealed-{tag}.parquet"
@@ -606,7 +578,7 @@ class Sealer:
                 self.catalog.deep.write_parquet(
                     dv_path, pa.table({OFFSET_COL: index.offsets(np.sort(dropped))})
                 )
-            self.faults.check("before_swap", partition)
+            faults.hit("before_swap", partition, self)
             claimed = renewer.stop()  # the versions of its last renewal
             swapping = True
             sealed_from = None
@@ -669,8 +641,8 @@ class Sealer:
             self.indexes.compact(index)
         self.checkpoint()
         try:
-            self.faults.check("after_swap", partition)
-        except InjectedSealFault as exc:
+            faults.hit("after_swap", partition, self)
+        except InjectedFault as exc:
             # The seal is done; only cleanup (nothing mandatory: GC removes unreferenced files
             # once time travel no longer needs them) was interrupted.
             log.warning(

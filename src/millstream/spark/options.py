@@ -6,7 +6,7 @@ and read back by ``from_options``; no other module reads or writes a Millstream 
 
 * :class:`SourceOptions`: which source (kind + config), where to start, the batch budget.
 * :class:`SinkOptions`: the table, the epochs the writer was started at, what to do with bad
-  records, the source the sink reads ranges of, inline sealing.
+  records, the source the sink reads ranges of.
 * :class:`CommitGate`: in both when a worker runs a writer as one replica of several: a
   standby commits (and plans past the shard uppers) only when the active is gone.
 * :class:`GroupSourceOptions` / :class:`GroupSinkOptions`: several datastreams in one query
@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from millstream.errors import InvalidSpecError
 from millstream.ingest.sources import PartitionReader, reader_for
 from millstream.ingest.sources.base import decode_offsets, encode_offsets
-from millstream.sealing.thresholds import Thresholds
 from millstream.table.limits import MAX_STAGED_AGE_SECONDS
 
 if TYPE_CHECKING:  # the source process (every query start) does without pydantic
@@ -122,8 +121,8 @@ class SourceOptions:
     partition with no start), ``max_records_per_batch`` (None: the adaptive budget,
     :func:`~millstream.ingest.sources.base.adaptive_budget` of ``task_memory_mb``), ``tasks``
     (Spark tasks per batch), ``split_min_records`` (a partition's range is split over
-    several tasks only into pieces of at least this many records), ``ranges_only`` (send
-    range markers only; the sink reads the records itself)."""
+    several tasks only into pieces of at least this many records). The source sends range
+    markers only; the sink reads the records itself (:mod:`millstream.spark.sources`)."""
 
     kind: str
     config: dict[str, Any]
@@ -133,7 +132,6 @@ class SourceOptions:
     start_offsets: dict[int, int] = field(default_factory=dict)
     tasks: int = 2
     split_min_records: int = SPLIT_MIN_RECORDS
-    ranges_only: bool = False
     gate: CommitGate | None = None
     #: where the gate's metadata store is (with a gate only)
     settings: Settings | None = None
@@ -170,7 +168,6 @@ class SourceOptions:
             "startOffsets": json.dumps(encode_offsets(self.start_offsets)),
             "tasks": str(self.tasks),
             "splitMinRecords": str(self.split_min_records),
-            "rangesOnly": str(self.ranges_only).lower(),
         }
         if self.trigger_seconds:
             out["triggerSeconds"] = repr(self.trigger_seconds)
@@ -200,7 +197,6 @@ class SourceOptions:
             start_offsets=decode_offsets(_json(o, "startOffsets", {})),
             tasks=_int(o, "tasks", 2),
             split_min_records=_int(o, "splitMinRecords", SPLIT_MIN_RECORDS),
-            ranges_only=o.get("rangesOnly", "false").lower() == "true",
             gate=gate,
             settings=settings,
             trigger_seconds=_float(o, "triggerSeconds", 0.0),
@@ -212,8 +208,7 @@ class SinkOptions:
     """The segment sink: where (``settings``, ``table_spec``), as which writer (``writer_id``,
     the shard ``epochs`` it was started at), ``bad_records`` (dead_letter|fail),
     ``stats_file`` (a JSON-lines commit log), the source whose ranges it reads itself
-    (``source_kind`` / ``source_config``), ``seal_inline`` (``pauseless: false``: seal what
-    is due after every commit) and the standby ``gate``."""
+    (``source_kind`` / ``source_config``) and the standby ``gate``."""
 
     settings: Settings
     table_spec: TableSpec
@@ -224,7 +219,6 @@ class SinkOptions:
     stats_file: str | None = None
     source_kind: str | None = None
     source_config: dict[str, Any] | None = None
-    seal_inline: Thresholds | None = None
     gate: CommitGate | None = None
     #: the oldest staged file a commit accepts; keep it at most half of GC's grace period
     max_staged_age: float = MAX_STAGED_AGE_SECONDS
@@ -259,8 +253,6 @@ class SinkOptions:
         if self.source_kind is not None:
             out["sourceKind"] = self.source_kind
             out["sourceConfig"] = json.dumps(self.source_config or {})
-        if self.seal_inline is not None:
-            out["sealInline"] = json.dumps(asdict(self.seal_inline))
         if self.gate is not None:
             out.update(self.gate.to_options())
         if self.max_staged_age != MAX_STAGED_AGE_SECONDS:
@@ -272,7 +264,6 @@ class SinkOptions:
         o = Options(options)
         if not o.get("tableSpec"):
             raise InvalidSpecError("tableSpec", "the sink needs the table's spec (JSON)")
-        seal = _json(o, "sealInline", None)
         # lazy: the spec (pydantic, YAML) is the sink's, not the query's source process's
         from millstream.config import Settings
         from millstream.spec import TableSpec
@@ -287,7 +278,6 @@ class SinkOptions:
             stats_file=o.get("statsFile") or None,
             source_kind=o.get("sourceKind") or None,
             source_config=_json(o, "sourceConfig", None),
-            seal_inline=Thresholds(**seal) if seal is not None else None,
             gate=CommitGate.from_options(o),
             max_staged_age=float(o.get("maxStagedAge") or MAX_STAGED_AGE_SECONDS),
         )

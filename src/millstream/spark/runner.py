@@ -205,9 +205,8 @@ class DatastreamRunner:
         self.stats = RunStats()
         #: Makes a standby commit only when the active is gone (a worker's standby mode).
         self.commit_gate = commit_gate
-        #: Seal (with ``pauseless: true``; otherwise the sink seals inline) and maintain the
-        #: tables on a thread of this process while the query runs (``millstream run``; a
-        #: worker does both on its own threads instead).
+        #: Seal and maintain the tables on a thread of this process while the query runs
+        #: (``millstream run``; a worker does both on its own threads instead).
         self.background_sealing = background_sealing
         #: An ``available_now`` run seals everything it wrote before it exits, below the flush
         #: thresholds too, and compacts what is due (``millstream run --available-now``: no
@@ -290,7 +289,9 @@ class DatastreamRunner:
         register(self.spark)
         self.ensure_tables()
 
-    def start(self, *, available_now: bool) -> Any:
+    def start(self) -> Any:
+        """Start the running writer's streaming query (triggered every ``trigger_interval``)
+        from the shard uppers, reusing the checkpoint where it agrees with them."""
         self._open()
         boot = self.bootstrap()
         self.prepare_checkpoint(boot)
@@ -303,13 +304,8 @@ class DatastreamRunner:
             .options(**sink.to_options())
             .option("checkpointLocation", str(self.checkpoint))
             .queryName(f"millstream-{self.spec.name}-{self.writer_id}")
+            .trigger(processingTime=f"{int(self.spec.trigger_seconds * 1000)} milliseconds")
         )
-        if available_now:
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(
-                processingTime=f"{int(self.spec.trigger_seconds * 1000)} milliseconds"
-            )
         self.query = writer.start()
         return self.query
 
@@ -328,7 +324,6 @@ class DatastreamRunner:
             starting_offsets=self.spec.source.starting_offsets,
             start_offsets=boot.uppers,
             tasks=max(1, int(self.spark.sparkContext.defaultParallelism)),
-            ranges_only=True,
             gate=self.commit_gate,
             settings=settings if self.commit_gate is not None else None,
         )
@@ -342,7 +337,6 @@ class DatastreamRunner:
             stats_file=str(self.stats_file),
             source_kind=kind,
             source_config=config,
-            seal_inline=None if self.spec.segments.pauseless else Thresholds.of(self.spec.segments),
             gate=self.commit_gate,
             max_staged_age=self.max_staged_age,
         )
@@ -354,26 +348,22 @@ class DatastreamRunner:
         available_now: bool,
         on_tick: Callable[[DatastreamRunner], None] | None = None,
         tick_seconds: float = 1.0,
-        streaming: bool = False,
     ) -> RunStats:
         """Run until done (``available_now``) or :meth:`stop`; restart from the shard upper
         when a commit is fenced or finds a gap. Raises the query's error otherwise.
 
-        ``available_now`` runs its batches as Spark jobs (:mod:`millstream.spark.catch_up`:
-        no streaming query, no Spark checkpoint; ``on_tick`` is called after each batch and
-        at the end, ``tick_seconds`` does not apply);
-        with ``streaming`` it runs them as a streaming query with
-        ``trigger(availableNow=True)`` instead, which resumes from its checkpoint as a
-        running writer does.
+        A running writer is a streaming query, resuming from its checkpoint; ``on_tick`` is
+        called every ``tick_seconds`` while it runs. ``available_now`` runs the batches as
+        Spark jobs instead (:mod:`millstream.spark.catch_up`: no streaming query, no Spark
+        checkpoint; ``on_tick`` is called after each batch and at the end).
 
         Holds the state directory lock throughout (and releases it at the end, unless the
         caller locked it first, as a worker does)."""
         owns_lock = not self.state_dir.held
         sealing: SupervisedLoop | None = None
-        jobs = available_now and not streaming
         try:
             while not self._stopping:
-                if jobs:
+                if available_now:
                     self._open()
                     if self.background_sealing and sealing is None:
                         sealing = self._start_sealing()
@@ -382,7 +372,7 @@ class DatastreamRunner:
                     if self._stopping:
                         return self.stats
                 else:
-                    self.start(available_now=available_now)
+                    self.start()
                     if self._stopping:
                         # stop() came while start() was starting this query: it stopped the
                         # one before (or none), and this one would run on with nobody to
@@ -466,15 +456,12 @@ class DatastreamRunner:
         """The Spark job group of an available-now run's batch jobs."""
         return f"millstream-{self.spec.name}-{self.writer_id}"
 
-    def _seal_before_exit(self) -> dict[str, Any] | None:
+    def _seal_before_exit(self) -> dict[str, Any]:
         """An ``available_now`` run seals before it exits: no background sealer outlives it,
         so without this its segments stay unsealed until some later run, and every read until
         then merges each key's every version. With :attr:`seal_all_on_exit` (``millstream run
         --available-now``) everything it wrote, below the flush thresholds too, and it compacts
-        what is due; else what is due. (With ``pauseless: false`` the sink sealed inline
-        already.)"""
-        if not self.spec.segments.pauseless:
-            return None
+        what is due; else what is due."""
         seg = self.spec.segments
         sealer = Sealer(
             self.catalog,
@@ -556,8 +543,7 @@ class DatastreamRunner:
         }
 
         def background_pass() -> None:
-            if seg.pauseless:  # else the sink seals (and compacts) inline
-                sealer.seal_due()  # seals, then compacts
+            sealer.seal_due()  # seals, then compacts
             # Supervised per datastream inside: a failure backs off maintenance only.
             self.maintainer.run_due(tables)
 

@@ -1,9 +1,10 @@
 """The segment sink: a Spark streaming Arrow writer that commits through compare_and_append.
 
-* ``write()`` runs on executors: read the task's source ranges (with the source options, when
-  the source sends range markers only), decode + validate the records, stage one Parquet data
-  file (several partitions per file) and one dead-letter file, named with batch id, Spark
-  partition and attempt, and return the per-partition offset ranges.
+* ``write()`` runs on executors: read the task's source ranges (the source sends one range
+  marker per range, no records; the sink reads them with the source's options), decode +
+  validate the records, stage one Parquet data file (several partitions per file) and one
+  dead-letter file, named with batch id, Spark partition and attempt, and return the
+  per-partition offset ranges.
 * ``commit()`` runs in a separate process on the driver with a fresh writer object, so
   everything it needs travels in the commit messages and the options. It calls
   compare_and_append for every touched shard of the table AND its dead-letter table in ONE
@@ -46,8 +47,8 @@ from millstream.spark.options import GroupSinkOptions, SinkOptions
 from millstream.spark.sources import (
     ENTRY,
     GROUP_SCHEMA,
-    SELF_READ,
     each_member,
+    marked_ranges,
     member_errors,
 )
 from millstream.spec import TableSpec
@@ -181,8 +182,6 @@ class SegmentSink(DataSourceStreamArrowWriter):
         self.stats_file = options.stats_file
         # Set when a worker runs this writer as one replica of several (standby mode).
         self.gate = options.gate
-        # pauseless: false -> the micro-batch waits for due seals (the comparison mode).
-        self.seal_inline = options.seal_inline
 
     def _record_pieces(
         self,
@@ -190,27 +189,13 @@ class SegmentSink(DataSourceStreamArrowWriter):
         stamps: dict[int, int],
         lost: list[tuple[int, int, int]] | None = None,
     ) -> Iterator[pa.Table]:
-        """The task's records, in pieces of at most :data:`DECODE_ROWS`: those that came
-        through Spark, then those of the ranges the source left for the sink to read (markers
-        valued :data:`SELF_READ`), read one chunk at a time. ``stamps`` receives the source's
-        timestamp of each partition's last record read itself, where the source has one."""
-        names = RAW_SCHEMA.names[:4]
-        is_marker = raw.column("is_marker")
-        records = raw.filter(pc.invert(is_marker)).select(names)
-        if records.num_rows:
-            yield from _slices(records)
-        markers = raw.filter(is_marker)
-        self_read = markers.filter(pc.equal(markers.column("value"), pa.scalar(SELF_READ)))
-        if self_read.num_rows == 0:
+        """The records of the task's ranges (its markers, :func:`marked_ranges`), read from
+        the source in pieces of at most :data:`DECODE_ROWS`, one chunk at a time. ``stamps``
+        receives the source's timestamp of each partition's last record, where the source
+        has one."""
+        ranges = marked_ranges(raw)
+        if not ranges:
             return
-        ranges = sorted(
-            zip(
-                self_read.column("partition").to_pylist(),
-                self_read.column("range_lo").to_pylist(),
-                self_read.column("range_hi").to_pylist(),
-                strict=True,
-            )
-        )
         # with the reader's optional columns (timestamp, headers) for metadata columns
         reader = self.opts.source_reader()
         yield from _coalesced(reader.read_records(ranges, last_record_ms=stamps))
@@ -381,8 +366,6 @@ class SegmentSink(DataSourceStreamArrowWriter):
             commit_s=time.perf_counter() - started,
             lost=[m for m in messages if isinstance(m, SinkMessage) and m.lost],
         )
-        if self.seal_inline:
-            self._seal_inline()
         faults.hit("after_commit", batchId)
         result.raise_for_gaps()
 
@@ -412,22 +395,6 @@ class SegmentSink(DataSourceStreamArrowWriter):
     def _delete(deep: DeepStore, paths: set[str]) -> None:
         for p in paths:
             deep.delete(p)
-
-    def _seal_inline(self) -> None:
-        # lazy: only `pauseless: false` seals in the sink; the sealer imports pandas (~1.5 s),
-        # which every write task's and commit's Python worker would otherwise pay at start.
-        from millstream.catalog import Catalog
-        from millstream.sealing.sealer import Sealer
-
-        catalog = Catalog(self.settings, self._store(), self._deep())
-        # A fresh sealer per commit, possibly in a fresh process: checkpoint the key index
-        # after every seal so the next one loads it instead of rebuilding it.
-        Sealer(
-            catalog,
-            self.spec.name,
-            thresholds=self.seal_inline,
-            checkpoint_seconds=0.0,
-        ).seal_due()
 
     def _may_commit(self, store: MetadataStore) -> bool:
         if self.gate is None:

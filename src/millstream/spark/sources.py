@@ -5,16 +5,15 @@ Offsets are ``{partition: offset}`` (JSON keys are strings). Admission control c
 ``ReadMaxRows(max_records_per_batch)`` where the spec sets it and otherwise from the adaptive
 budget (:meth:`StreamReader.budget`: what the batch's write tasks hold in their memory);
 ``SupportsTriggerAvailableNow`` pins the target so ``trigger(availableNow=True)`` still runs
-in bounded batches. Every planned range
-``[lo, hi)`` of a partition yields one *marker* row besides its records, so the sink learns
-every range, even one with no records (offsets need not be contiguous), and the frontier
-always advances over the whole range.
+in bounded batches.
 
-With ``ranges_only`` the reader yields the markers alone, each flagged with :data:`SELF_READ`
-as its value, and the sink reads every range itself through the same reader. Record data then
-never passes through the JVM: a marker is one small row per range, while records would be
-turned from Arrow into JVM rows and back into Arrow, in a second Python worker per task.
-Ranges are fixed by the batch's offsets, so a replayed batch re-reads exactly the same records.
+A task's reader yields one *marker* row per planned range ``[lo, hi)`` of a partition, valued
+:data:`SELF_READ`, and no records: the sink reads every range itself through the same source
+kind and config (:func:`marked_ranges`). Record data never passes through the JVM (records
+would be turned from Arrow into JVM rows and back into Arrow, in a second Python worker per
+task), the sink learns every range, even one with no records (offsets need not be
+contiguous), and the frontier always advances over the whole range. Ranges are fixed by the
+batch's offsets, so a replayed batch re-reads exactly the same records.
 """
 
 from __future__ import annotations
@@ -26,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -45,7 +44,6 @@ from millstream.ingest.sources.base import (
     decode_offsets,
     encode_offsets,
     latest_offsets_of,
-    raw_columns,
     split_budget,
 )
 from millstream.spark.membership import Member, Membership
@@ -61,7 +59,7 @@ RAW_DDL = (
     "range_lo bigint, range_hi bigint, is_marker boolean"
 )
 
-#: The value of a marker whose range the sink must read itself (``ranges_only`` sources).
+#: The value of a marker: the sink reads the marker's range itself.
 SELF_READ = b"millstream:read-range"
 
 #: The value of the row that carries a joined member's entry to its task's sink.
@@ -250,23 +248,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangeTask)
-        if self.opts.ranges_only:
-            yield markers_batch(partition.ranges)
-            return
-        for p, lo, hi in partition.ranges:
-            for batch in self.source.read_range(p, lo, hi):
-                n = batch.num_rows
-                if n:
-                    yield pa.RecordBatch.from_arrays(
-                        [
-                            *raw_columns(batch),
-                            pa.array(np.full(n, lo, dtype=np.int64)),
-                            pa.array(np.full(n, hi, dtype=np.int64)),
-                            pa.array(np.zeros(n, dtype=bool)),
-                        ],
-                        schema=RAW_SCHEMA,
-                    )
-            yield marker_batch(p, lo, hi)
+        yield markers_batch(partition.ranges)
 
     def commit(self, end: dict[str, Any]) -> None:
         pass
@@ -589,23 +571,8 @@ def entry_batch(entry: Member) -> pa.RecordBatch:
     )
 
 
-def marker_batch(partition: int, lo: int, hi: int) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array([partition], pa.int32()),
-            pa.array([hi], pa.int64()),
-            pa.array([None], pa.binary()),
-            pa.array([None], pa.binary()),
-            pa.array([lo], pa.int64()),
-            pa.array([hi], pa.int64()),
-            pa.array([True], pa.bool_()),
-        ],
-        schema=RAW_SCHEMA,
-    )
-
-
 def markers_batch(ranges: list[tuple[int, int, int]]) -> pa.RecordBatch:
-    """Marker rows for ``ranges`` whose records the sink reads itself (:data:`SELF_READ`)."""
+    """Marker rows for ``ranges``, whose records the sink reads itself (:data:`SELF_READ`)."""
     n = len(ranges)
     return pa.RecordBatch.from_arrays(
         [
@@ -618,4 +585,18 @@ def markers_batch(ranges: list[tuple[int, int, int]]) -> pa.RecordBatch:
             pa.array([True] * n, pa.bool_()),
         ],
         schema=RAW_SCHEMA,
+    )
+
+
+def marked_ranges(raw: pa.Table) -> list[tuple[int, int, int]]:
+    """The ``(partition, lo, hi)`` ranges of a task's :data:`SELF_READ` markers, in offset
+    order: what its sink reads from the source."""
+    markers = raw.filter(pc.equal(raw.column("value"), pa.scalar(SELF_READ)))
+    return sorted(
+        zip(
+            markers.column("partition").to_pylist(),
+            markers.column("range_lo").to_pylist(),
+            markers.column("range_hi").to_pylist(),
+            strict=True,
+        )
     )

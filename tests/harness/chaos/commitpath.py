@@ -80,6 +80,7 @@ from typing import Any
 from pyiceberg.table import StaticTable
 
 from harness.chaos.log import CampaignLog
+from harness.fault_points import at_commit, at_sealer
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.config import Settings
@@ -89,7 +90,7 @@ from millstream.datastream import DatastreamSpec, dead_letter_spec
 from millstream.errors import (
     CommitConflictError,
     CommitStateUnknownError,
-    InjectedSealFault,
+    InjectedFault,
     InvalidTransitionError,
     NotFoundError,
     SegmentChangedError,
@@ -99,6 +100,7 @@ from millstream.errors import (
     VersionExpiredError,
     WriterFencedError,
 )
+from millstream.faults import COMPACTION_POINTS, SEAL_POINTS
 from millstream.ingest.sources import config_for
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
 from millstream.metastore.iceberg import IcebergPointer
@@ -108,7 +110,7 @@ from millstream.reference.oracle import RawRecord, expected_table
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.reingest import reingest_segment
-from millstream.sealing.sealer import FAULT_POINTS, Sealer, SealFaults
+from millstream.sealing.sealer import Sealer
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.options import SPLIT_MIN_RECORDS, SinkOptions, SourceOptions
 from millstream.spark.runner import bootstrap
@@ -132,6 +134,8 @@ CLAIM_TTL = 0.6
 #: The seal fault points at which the sealer holds its claim (a freeze there keeps the run
 #: claimed while writers commit behind it).
 CLAIMED_POINTS = ("before_build", "before_upload", "before_swap")
+#: Where a seal or a compaction may be made to fail.
+FAULT_POINTS = SEAL_POINTS + COMPACTION_POINTS
 #: The oldest staged file a commit accepts, and garbage collection's grace period (twice that,
 #: as in production: 1800 s and 3600 s).
 MAX_STAGED_AGE = 0.8
@@ -166,7 +170,7 @@ WRITER_RESTARTS = (
     CommitConflictError,  # lost every compare-and-set to peers
 )
 SEALER_EXPECTED = (
-    InjectedSealFault,
+    InjectedFault,
     SegmentChangedError,  # a peer, a rollback or a re-ingest changed the run
     CommitConflictError,
     CommitStateUnknownError,
@@ -351,7 +355,6 @@ def _writer(sch: Schedule, name: str, rng: random.Random, *, clean: bool = False
                 # Small pieces: a batch of fewer partitions than tasks splits a partition's
                 # range over both tasks, and the commit chains the pieces (guard 78).
                 split_min_records=rng.choice([1, 3, SPLIT_MIN_RECORDS]),
-                ranges_only=True,
             )
             sink = SinkOptions(
                 settings=sch.settings,
@@ -416,16 +419,18 @@ def _micro_batch(
         sch.fault("freeze", name, f"{seconds:.2f}s between staging and committing")
         sch.freeze(seconds)
     store = stores.get(sch.settings.metadata_url)
+    uninstall: Callable[[], None] | None = None
     if 0.16 <= roll < 0.24:
         after = rng.random() < 0.5
         sch.fault("commit-failure", name, f"COMMIT of batch {batch_id} fails {_when(after)}")
-        store.on_commit = _fail_once(after)
+        uninstall = at_commit(store, _fail_once(after))
     try:
         SegmentSink(sink, stores).commit(list(messages), batch_id)
     except WRITER_RESTARTS:
         return True
     finally:
-        store.on_commit = None
+        if uninstall is not None:
+            uninstall()
     if 0.24 <= roll < 0.32:
         sch.fault("crash", name, f"after committing batch {batch_id}; it is replayed")
         with contextlib.suppress(*WRITER_RESTARTS):
@@ -458,18 +463,18 @@ def _sealer(sch: Schedule, name: str, rng: random.Random) -> None:
         if seconds is not None:
             sch.freeze(seconds)
 
-    faults = SealFaults(hook=hook)
     sealer = Sealer(
         catalog,
         sch.table,
         thresholds=Thresholds(flush_rows=rng.choice([10, 40, 150]), flush_seconds=0.3),
         claim_ttl=CLAIM_TTL,
-        faults=faults,
         checkpoint_seconds=rng.choice([0.0, 60.0]),
         index_cache=IndexCache(),
         max_failures=2,
         compaction=CompactionPolicy(min_segments=rng.choice([2, 3, 4]), max_segments=6),
     )
+    at_sealer(sealer, hook=hook)
+    armed: list[Callable[[], None]] = []
     try:
         # Seal while the writers commit: a frozen sealer's run then grows behind its claim.
         while not sch.writers_done.is_set() and not sch.stop.is_set():
@@ -477,7 +482,7 @@ def _sealer(sch: Schedule, name: str, rng: random.Random) -> None:
             roll = rng.random()
             if roll < 0.06:
                 point = rng.choice(FAULT_POINTS)
-                faults.remaining[point] = 1
+                armed.append(at_sealer(sealer, fail={point: 1}))
                 sch.fault("seal-failure", name, f"at {point}, partition {partition}")
             elif roll < 0.16:
                 point = rng.choice(CLAIMED_POINTS)
@@ -494,7 +499,8 @@ def _sealer(sch: Schedule, name: str, rng: random.Random) -> None:
             if rng.random() < 0.4:
                 with contextlib.suppress(*SEALER_EXPECTED):
                     sealer.compact_partition(partition)
-            faults.remaining.clear()
+            while armed:
+                armed.pop()()
             frozen.clear()
             time.sleep(rng.uniform(0.01, 0.06))
     finally:

@@ -15,7 +15,7 @@ from ``random.Random(f"{seed}/{schedule}")``:
   ``kill_worker`` (the worker of another role), ``freeze_worker`` (SIGSTOP/SIGCONT, shorter
   or longer than the worker TTL), ``kill_controller`` (restart on the same port),
   ``freeze_controller`` (shorter or longer than the leader lease). Both workers start with
-  seal faults armed (``MILLSTREAM_SEAL_FAULTS``: seals fail at the sealer's named points, and
+  seal faults armed (``MILLSTREAM_FAULTS``: seals fail at the sealer's named points, and
   each one the workers log counts as a fault); a restarted worker may have more.
 * **rest** - ``pause_hold`` (pause; once no writer runs, nothing may commit although records
   keep arriving; resume), ``storm`` (3-6 pause/resume/stop commands in quick succession),
@@ -100,12 +100,12 @@ from millstream.control.registry import Registry
 from millstream.control.workers import WorkerInfo, list_workers
 from millstream.core.lifecycle import COMMAND_TARGETS, Command, State
 from millstream.datastream import DatastreamSpec
-from millstream.faults import SEAL_FAULTS_ENV
+from millstream.faults import COMPACTION_POINTS, SEAL_POINTS
+from millstream.faults import ENV as FAULTS_ENV
 from millstream.local.process import free_port
 from millstream.local.tansu import TansuBroker
 from millstream.metastore import schema as s
 from millstream.metastore.models import SegmentState
-from millstream.sealing.sealer import FAULT_POINTS
 
 __all__ = [
     "ALLOWED_TRACEBACKS",
@@ -257,10 +257,14 @@ def _deal(seed: int, lane: str, index: int) -> str:
     return deck[pos]
 
 
+#: Where a worker's seals and compactions may be made to fail.
+FAULT_POINTS = SEAL_POINTS + COMPACTION_POINTS
+
+
 def _seal_faults(rng: random.Random) -> str:
-    """1-2 seal fault points with 1-3 failures each, as ``MILLSTREAM_SEAL_FAULTS``."""
+    """1-2 seal fault points with 1-3 failures each, as ``MILLSTREAM_FAULTS``."""
     points = rng.sample(FAULT_POINTS, rng.randint(1, 2))
-    return ",".join(f"{p}:{rng.randint(1, 3)}" for p in sorted(points))
+    return ",".join(f"{p}=fail*{rng.randint(1, 3)}" for p in sorted(points))
 
 
 def _storm(rng: random.Random, streams: list[str], n: int) -> list[tuple[str, str, float]]:
@@ -581,7 +585,7 @@ _ZOMBIE_QUERY_RE = re.compile(
     r"Cannot start query with name (\S+) as a query with that name is already active"
 )
 _SEAL_FAULT_RE = re.compile(
-    r"(?:seal of|cleanup of) (\S+) partition (\d+).*fault injected at (\w+) \(partition"
+    r"(?:seal of|cleanup of) (\S+) partition (\d+).*fault injected at (\w+) \(\d+\)"
 )
 _STARTED_MARKERS = {
     "worker": "joined the controller",
@@ -693,7 +697,7 @@ class _Campaign:
         for w in WORKERS:
             armed = _seal_faults(rng)
             self._start_worker(w, armed)
-            self.log.out(f"  {w} starts with {SEAL_FAULTS_ENV}={armed}")
+            self.log.out(f"  {w} starts with {FAULTS_ENV}={armed}")
         self.cat = self.stack.enter_context(
             Catalog.open(
                 home=self.home,
@@ -856,7 +860,7 @@ class _Campaign:
         )
 
     def _start_worker(self, w: str, seal_faults: str = "") -> Service:
-        env = {SEAL_FAULTS_ENV: seal_faults} if seal_faults else {}
+        env = {FAULTS_ENV: seal_faults} if seal_faults else {}
         return self.cluster.worker(
             w, f"http://127.0.0.1:{self.ctl_port}", master=self.master, env=env
         )
@@ -1491,7 +1495,7 @@ def _segment_order(name: str) -> tuple[int, int]:
     return int(partition), int(seq)
 
 
-#: Faults the workers hit at the sealer's armed points (``MILLSTREAM_SEAL_FAULTS``), counted
+#: Faults the workers hit at the sealer's armed points (``MILLSTREAM_FAULTS``), counted
 #: apart from the ones the campaign strikes itself.
 SEAL_FAULT = "seal-fault"
 

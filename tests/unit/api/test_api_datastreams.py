@@ -170,6 +170,8 @@ INVALID_SPECS = {
     "replicas": _with(BASE, 0, "replicas"),
     "trigger_interval": _with(BASE, "soon", "trigger_interval"),
     "source.kind": _with(BASE, "ftp", "source", "kind"),
+    # sealing inside the micro-batch's commit was removed: sealing is always pauseless
+    "segments.pauseless": _with(BASE, False, "segments", "pauseless"),
     "unexpected": _with(BASE, 1, "unexpected"),
 }
 

@@ -18,7 +18,7 @@ from millstream.control.controller import Controller
 from millstream.control.workers import heartbeat
 from millstream.errors import SegmentUnavailableError
 from millstream.metastore.models import SegmentState, ShardAppend
-from millstream.sealing.sealer import Sealer, SealFaults
+from millstream.sealing.sealer import Sealer
 from millstream.table.writer import commit_staged, stage_rows
 
 
@@ -158,7 +158,7 @@ def test_pauseless_debug_info_has_pinots_fields_and_millstreams(
     assert (body["instanceToErrorSegmentsMap"], body["committingSegments"]) == ({}, [])
     assert body["millstream"]["table"] == "orders"
     # These entries' files do not exist: seals fail, and after two the segment is ERROR.
-    sealer = Sealer(catalog, "orders", faults=SealFaults(), max_failures=2)
+    sealer = Sealer(catalog, "orders", max_failures=2)
     for _ in range(2):
         with pytest.raises(SegmentUnavailableError):
             sealer.seal_partition(0, force=True)

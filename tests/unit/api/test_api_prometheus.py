@@ -25,7 +25,7 @@ from millstream.control.controller import Controller
 from millstream.control.workers import heartbeat
 from millstream.errors import SegmentUnavailableError
 from millstream.metastore.models import ShardAppend
-from millstream.sealing.sealer import Sealer, SealFaults
+from millstream.sealing.sealer import Sealer
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 RULES = DEPLOY / "prometheus" / "millstream-alerts.yml"
@@ -136,7 +136,7 @@ def test_prometheus_scrapes_every_series_the_rules_and_dashboard_use_and_alerts_
             "orders", [ShardAppend(0, lo, hi, 0, path, hi - lo, 10, last_record_ms=stamp)]
         )
     # Hand-made entries without files: two failed seals put a segment in ERROR.
-    sealer = Sealer(catalog, "orders", faults=SealFaults(), max_failures=2)
+    sealer = Sealer(catalog, "orders", max_failures=2)
     for _ in range(2):
         with pytest.raises(SegmentUnavailableError):
             sealer.seal_partition(0, force=True)

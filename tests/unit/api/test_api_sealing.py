@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from harness.api_support import TestClient, spec_body
+from harness.fault_points import at_sealer
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller
-from millstream.errors import InjectedSealFault, SegmentUnavailableError
+from millstream.errors import InjectedFault, SegmentUnavailableError
 from millstream.metastore.models import ShardAppend
-from millstream.sealing.sealer import Sealer, SealFaults
+from millstream.sealing.sealer import Sealer
 
 
 def test_debug_info_and_metrics_report_the_sealer_queue_and_segments_in_error(
@@ -37,7 +38,7 @@ def test_debug_info_and_metrics_report_the_sealer_queue_and_segments_in_error(
 
     # The data files of these hand-made entries do not exist, so every seal fails to build;
     # after max_failures the run's first segment is ERROR with the reason.
-    sealer = Sealer(catalog, "orders", faults=SealFaults(), max_failures=2)
+    sealer = Sealer(catalog, "orders", max_failures=2)
     for _ in range(2):
         with pytest.raises(SegmentUnavailableError):
             sealer.seal_partition(0, force=True)
@@ -58,8 +59,9 @@ def test_an_injected_fault_names_its_point_in_the_segment_error(
     assert api.post("/datastreams", json=spec_body("orders", source_dir)).status_code == 201
     controller.tick()
     catalog.store.compare_and_append("orders", [ShardAppend(0, 0, 5, 0, "data/x.parquet", 5, 10)])
-    sealer = Sealer(catalog, "orders", faults=SealFaults({"before_build": 1}), max_failures=1)
-    with pytest.raises(InjectedSealFault):
+    sealer = Sealer(catalog, "orders", max_failures=1)
+    at_sealer(sealer, fail={"before_build": 1})
+    with pytest.raises(InjectedFault):
         sealer.seal_partition(0, force=True)
     info = api.get("/tables/orders/debugInfo").json()
     assert "before_build" in info["segments_in_error"][0]["last_error"]
@@ -80,10 +82,12 @@ def test_debug_info_names_who_is_sealing_a_segment_and_when_the_claim_expires(
     def look(point: str, _partition: int) -> None:
         if point == "before_build":
             seen.extend(api.get("/tables/orders/debugInfo").json()["committing_segments"])
-            raise InjectedSealFault(point, _partition)  # stop here
+            raise InjectedFault(point, _partition)  # stop here
 
-    sealer = Sealer(catalog, "orders", faults=SealFaults(hook=look), clock=clock)
-    with pytest.raises(InjectedSealFault):
+    sealer = Sealer(catalog, "orders", clock=clock)
+
+    at_sealer(sealer, hook=look)
+    with pytest.raises(InjectedFault):
         sealer.seal_partition(0, force=True)
     assert [(s["segment"], s["claimed_by"]) for s in seen] == [("orders__0__0", sealer.claim_owner)]
     expires_in = seen[0]["claim_expires_in_s"]

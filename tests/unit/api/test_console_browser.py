@@ -48,7 +48,7 @@ from millstream.datastream import DatastreamSpec
 from millstream.errors import SegmentUnavailableError
 from millstream.ingest.sources.kafka import CONSUMERS
 from millstream.metastore.models import ShardAppend
-from millstream.sealing.sealer import Sealer, SealFaults
+from millstream.sealing.sealer import Sealer
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -113,7 +113,7 @@ def cluster(
         _commit(catalog, 0, lo, hi)
     _commit(catalog, 1, 0, 12)
     # The entries have no files: two failed seals put partition 0's first segment in ERROR.
-    sealer = Sealer(catalog, "orders", faults=SealFaults(), max_failures=2)
+    sealer = Sealer(catalog, "orders", max_failures=2)
     for _ in range(2):
         with pytest.raises(SegmentUnavailableError):
             sealer.seal_partition(0, force=True)

@@ -63,33 +63,9 @@ class WedgedQuery:
         return {"members": sorted(self.members)}
 
 
-class WedgedRunner:
-    """A writer of its own (``--query-per-datastream``) that never commits."""
-
-    made: list[WedgedRunner] = []
-
-    def __init__(self, real: Any) -> None:
-        self.spec = real.spec
-        self.stats_file = real.stats_file
-        self.real = real
-        self.stopped = threading.Event()
-        self.started = threading.Event()
-        WedgedRunner.made.append(self)
-
-    def run(self, *, available_now: bool) -> None:
-        self.real.ensure_tables()
-        self.real.bootstrap()
-        self.started.set()
-        self.stopped.wait(60)
-
-    def stop(self) -> None:
-        self.stopped.set()
-
-
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     WedgedQuery.starts = []
-    WedgedRunner.made = []
     monkeypatch.setattr(worker_module, "SharedQueryRunner", WedgedQuery)
     clock = ManualClock(start=1_800_000_000.0)
     catalog = Catalog.open(home=tmp_path / "home")
@@ -110,7 +86,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     api = TestClient(create_app(catalog, controller=controller, clock=clock))
     workers: list[Worker] = []
 
-    def worker(*, shared_query: bool = True) -> Worker:
+    def worker() -> Worker:
         w = Worker(
             catalog,
             None,
@@ -118,7 +94,6 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
             settings=ControlSettings(stall_seconds=STALL),
             clock=clock,
             state_root=tmp_path / "state",
-            shared_query=shared_query,
         )
         workers.append(w)
         return w
@@ -227,28 +202,6 @@ def test_a_wedged_writer_is_reported_and_restarted_with_backoff(
         "stall_restarts": 2,
     }
     assert _stalled_metric(api) == "0.0"
-
-
-def test_a_wedged_writer_of_its_own_is_stopped_and_started_again(cluster: Any) -> None:
-    _catalog, clock, source, api, make_worker = cluster
-    worker = make_worker(shared_query=False)
-    worker._runner = lambda spec, sd: WedgedRunner(Worker._runner(worker, spec, sd))  # type: ignore[method-assign]
-    worker.tick()
-    first = WedgedRunner.made[0]
-    assert first.started.wait(10)  # its shards exist
-    write_lines(source, 0, 5)
-    worker.watch()
-    clock.advance(STALL + 1)
-    worker.watch()
-    assert first.stopped.is_set(), "the stalled writer's query is stopped"
-    worker.writers["orders"].thread.join(10)  # type: ignore[union-attr]
-    worker.tick()
-    assert len(WedgedRunner.made) == 1, "not before its backoff"
-    clock.advance(6)
-    worker.tick()
-    assert len(WedgedRunner.made) == 2 and worker.writers["orders"].failures == 1
-    worker._heartbeat()
-    assert _health(api)["status"] == "stalled"
 
 
 def test_a_healthy_idle_datastream_raises_nothing(cluster: Any) -> None:

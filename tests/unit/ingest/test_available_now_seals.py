@@ -119,10 +119,3 @@ def test_a_runner_at_its_default_seals_what_is_due_and_says_why_the_rest_was_not
     assert "20 rows of flush_rows 100" in stats.sealing["not_due"]["1"]
     states = {e.partition: e.state for e in cat.manifest("orders").entries}
     assert states == {0: SegmentState.ONLINE, 1: SegmentState.CONSUMING}
-
-
-def test_with_pauseless_false_the_sink_sealed_inline_and_the_run_adds_no_pass(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _, runner = _runner(tmp_path, _spec(tmp_path, pauseless=False), monkeypatch)
-    assert runner.run(available_now=True).sealing is None

@@ -21,7 +21,6 @@ from millstream.ingest.formats import absorber
 from millstream.ingest.formats.envelope import debezium_table
 from millstream.ingest.formats.registry import RegistryClient
 from millstream.ingest.sources import config_for
-from millstream.metastore.evolve import absorb
 
 V1 = [
     {"name": "id", "type": "long"},
@@ -94,7 +93,7 @@ def test_a_topics_table_is_made_from_its_writer_schemas_and_grows_with_them(
     with Catalog.open(home=tmp_path / "home") as cat:
         Registry(cat.store).create(spec)
         cat.create_table(table)
-        info, changes = absorb(cat.store, "items", lambda current: grown)
+        info, changes = cat.store.absorb("items", lambda current: grown)
         assert list(info.spec.columns) == list(grown.columns) and changes
         assert Registry(cat.store).get("shop").spec == spec
 

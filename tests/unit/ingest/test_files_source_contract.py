@@ -9,8 +9,9 @@ JSON, and the frontier moved past it, so the completed line was never read; and 
 sorting before a read one shifted every later offset (records read twice or never).
 
 The stream source is driven as Spark's micro-batch loop drives it (``latestOffset`` from the
-previous end, ``partitions`` between the two), each planned task read through a second
-:class:`StreamReader` (an executor's), without a SparkSession."""
+previous end, ``partitions`` between the two), each planned task's markers made by a second
+:class:`StreamReader` (an executor's) and their ranges read as the sink reads them, without a
+SparkSession."""
 
 from __future__ import annotations
 
@@ -22,14 +23,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from millstream.errors import SourceReadError
+from millstream.ingest.sources import reader_for
 from millstream.ingest.sources.files import FilesConfig, FilesReader
 from millstream.spark.options import SourceOptions
-from millstream.spark.sources import RangeTask, StreamReader
+from millstream.spark.sources import RangeTask, StreamReader, marked_ranges
 
 
 class Query:
@@ -41,6 +44,8 @@ class Query:
         )
         self.planner = StreamReader(options)
         self.executor = StreamReader(options)
+        # the sink's reader: of the source's kind and config (SinkOptions.source_reader)
+        self.sink_reader = reader_for(options.kind, options.config)
         self.start: dict[str, Any] = self.planner.initialOffset()
         self.values: collections.Counter[bytes] = collections.Counter()
         self.offsets: dict[int, collections.Counter[int]] = collections.defaultdict(
@@ -53,14 +58,15 @@ class Query:
             return False
         for task in self.planner.partitions(self.start, end):
             assert isinstance(task, RangeTask)
-            for batch in self.executor.read(task):
+            # as the sink does: the task's markers name the ranges it reads from the source
+            markers = pa.Table.from_batches(list(self.executor.read(task)))
+            for batch in self.sink_reader.read_records(marked_ranges(markers)):
                 rows = batch.to_pydict()
-                for p, o, value, marker in zip(
-                    rows["partition"], rows["offset"], rows["value"], rows["is_marker"], strict=True
+                for p, o, value in zip(
+                    rows["partition"], rows["offset"], rows["value"], strict=True
                 ):
-                    if not marker:
-                        self.values[value] += 1
-                        self.offsets[p][o] += 1
+                    self.values[value] += 1
+                    self.offsets[p][o] += 1
         self.start = end
         return True
 

@@ -211,9 +211,7 @@ def test_a_shared_querys_source_asks_every_kafka_members_ends_at_once(
     broker = _Consumer({f"t{i}": {0: 10 + i, 1: 20 + i} for i in range(3)})
     monkeypatch.setattr("millstream.ingest.sources.kafka.CONSUMERS", OneConsumerPool(broker))
     members = {
-        f"ds{i}": SourceOptions(
-            "kafka", {"bootstrap_servers": "127.0.0.1:1", "topic": t}, ranges_only=True
-        )
+        f"ds{i}": SourceOptions("kafka", {"bootstrap_servers": "127.0.0.1:1", "topic": t})
         for i, t in enumerate([*broker.topics, "gone"])
     }
     reader = GroupStreamReader(GroupSourceOptions(members))

@@ -99,7 +99,7 @@ def test_run_starts_sealing_once_the_table_exists_and_keeps_sealing_after_a_fail
     runner.seal_backoff = Backoff(base=0.001, cap=0.01)
     kept_sealing: list[bool] = []
 
-    def start(*, available_now: bool) -> None:  # what Spark's start does first
+    def start() -> None:  # what Spark's start does first
         runner.ensure_tables()
         timeline.add("tables created")
 
@@ -122,14 +122,11 @@ def test_run_starts_sealing_once_the_table_exists_and_keeps_sealing_after_a_fail
     assert status["table"] == "orders"
 
 
-@pytest.mark.parametrize("pauseless", [True, False])
 def test_run_expires_history_and_collects_files_in_the_background(
-    catalog: Catalog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pauseless: bool
+    catalog: Catalog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A standalone ``millstream run`` maintains its tables as a worker does: versions its
-    retention no longer keeps expire while the query runs (the real sealer and maintainer),
-    with ``pauseless: false`` too (its sink seals inline; the maintenance thread ran only for
-    pauseless datastreams, so their history grew forever)."""
+    retention no longer keeps expire while the query runs (the real sealer and maintainer)."""
     base = spec(tmp_path).model_dump(by_alias=True, exclude_none=True)
     ds = DatastreamSpec.parse(
         {
@@ -139,7 +136,6 @@ def test_run_expires_history_and_collects_files_in_the_background(
                 "primary_key": ["id"],
                 "retention": {"time": "1s", "min_versions": 1},
             },
-            "segments": {**base.get("segments", {}), "pauseless": pauseless},
         }
     )
     runner = DatastreamRunner(
@@ -177,7 +173,7 @@ def test_run_expires_history_and_collects_files_in_the_background(
                 return
             deadline.wait(0.05)
 
-    monkeypatch.setattr(runner, "start", lambda *, available_now: None)
+    monkeypatch.setattr(runner, "start", lambda: None)
     monkeypatch.setattr(runner, "_await", await_query)
     runner.run(available_now=False)
 

@@ -1,6 +1,7 @@
 """``source.schema_evolution: auto`` through the production write path (no Spark): records
 produced by confluent-kafka's own AvroSerializer / ProtobufSerializer against the test schema
-registry go through ``SegmentSink.write`` and ``commit`` as a running writer's would.
+registry, to a topic of the session's broker, go through ``SegmentSink.write`` (which reads
+each task's ranges from the broker) and ``commit`` as a running writer's would.
 
 * a writer schema with an added field (and a widened type) grows the table at the batch that
   first carries it, through the same transaction as a manual update (schema version + 1, the
@@ -23,21 +24,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from harness.fault_points import at_commit
+from harness.ingest_support import produce_exact
 from harness.schema_registry import TestSchemaRegistry
 from millstream.catalog import Catalog
 from millstream.control.registry import Registry
 from millstream.datastream import DatastreamSpec, dead_letter_spec
 from millstream.errors import CommitStateUnknownError, IncompatibleChangeError
 from millstream.ingest.sources import config_for
-from millstream.ingest.sources.base import RAW_SCHEMA
+from millstream.local.tansu import TansuBroker
 from millstream.spark.options import SinkOptions
 from millstream.spark.sink import DECODE_ROWS, SegmentSink, StoreRegistry
-from millstream.spark.sources import marker_batch
+from millstream.spark.sources import markers_batch
 
 SCHEMA = {"id": "long", "customer": "string", "qty": "int"}
 
@@ -70,6 +72,15 @@ V2_AVRO = avro_with(
 def registry() -> Iterator[TestSchemaRegistry]:
     with TestSchemaRegistry() as reg:
         yield reg
+
+
+#: The broker the datastreams' topics are on (the session's, set by :func:`broker`).
+BROKER: dict[str, TansuBroker] = {}
+
+
+@pytest.fixture(autouse=True)
+def broker(kafka_broker: TansuBroker) -> None:
+    BROKER["broker"] = kafka_broker
 
 
 @pytest.fixture
@@ -125,23 +136,18 @@ class Proto:
         return bytes(self.ser(self.cls(**record), self.ctx))
 
 
-def records(partition: int, lo: int, values: list[bytes]) -> list[pa.RecordBatch]:
-    """What the stream source hands a write task: the records of ``[lo, hi)`` and its marker."""
-    n = len(values)
-    hi = lo + n
-    batch = pa.RecordBatch.from_arrays(
-        [
-            pa.array([partition] * n, pa.int32()),
-            pa.array(range(lo, hi), pa.int64()),
-            pa.nulls(n, pa.binary()),
-            pa.array(values, pa.binary()),
-            pa.array(np.full(n, lo, dtype=np.int64)),
-            pa.array(np.full(n, hi, dtype=np.int64)),
-            pa.array(np.zeros(n, dtype=bool)),
-        ],
-        schema=RAW_SCHEMA,
+def records(
+    options: SinkOptions, partition: int, lo: int, values: list[bytes]
+) -> list[pa.RecordBatch]:
+    """``values`` produced to the datastream's topic at offsets ``[lo, hi)`` of ``partition``,
+    and what the stream source hands the write task for them: the range's marker (the sink
+    reads the records from the broker)."""
+    config = options.source_config or {}
+    acked = produce_exact(
+        config["bootstrap_servers"], config["topic"], {partition: [(None, v) for v in values]}
     )
-    return [batch, marker_batch(partition, lo, hi)]
+    assert [o for _, o, _, _ in acked] == list(range(lo, lo + len(values))), "offsets as planned"
+    return [markers_batch([(partition, lo, lo + len(values))])]
 
 
 def datastream(
@@ -158,8 +164,8 @@ def datastream(
             "name": "orders",
             "source": {
                 "kind": "kafka",
-                "bootstrap_servers": "localhost:1",
-                "topic": topic,
+                "bootstrap_servers": BROKER["broker"].bootstrap,
+                "topic": f"evo-{topic}",
                 "format": fmt,
                 "schema_registry": {"url": registry.url},
                 **({"schema_evolution": "auto"} if auto else {}),
@@ -171,7 +177,9 @@ def datastream(
 
 
 def start(cat: Catalog, spec: DatastreamSpec, stores: StoreRegistry | None = None) -> SinkOptions:
-    """The datastream's row and tables as the leader makes them, and its sink's options."""
+    """The datastream's topic (4 partitions), its row and tables as the leader makes them,
+    and its sink's options."""
+    BROKER["broker"].create_topic(config_for(spec.source)[1]["topic"], 4)
     Registry(cat.store).create(spec)
     table = spec.table_spec()
     cat.create_table(table)
@@ -206,14 +214,14 @@ def test_auto_grows_the_table_at_the_batch_that_first_carries_a_new_writer_schem
     sink = SegmentSink(options)  # Spark reuses one writer object for every batch
 
     staged0 = sink.write(
-        iter(records(0, 0, [v1({"id": i, "customer": "a", "qty": i}) for i in range(3)]))
+        iter(records(options, 0, 0, [v1({"id": i, "customer": "a", "qty": i}) for i in range(3)]))
     )
     assert cat.store.get_table("orders").schema_version == 1, "v1 needs nothing"
     batch1 = [v1({"id": 3, "customer": "b", "qty": 3})] + [
         v2({"id": i, "customer": "c", "qty": 2**31 + i, "note": f"n{i}", "tags": ["x", str(i)]})
         for i in range(4, 7)
     ]
-    staged1 = sink.write(iter(records(0, 3, batch1)))
+    staged1 = sink.write(iter(records(options, 0, 3, batch1)))
     SegmentSink(options).commit([staged0], 0)
     SegmentSink(options).commit([staged1], 1)
 
@@ -245,6 +253,7 @@ def test_auto_grows_the_table_at_the_batch_that_first_carries_a_new_writer_schem
             sink.write(
                 iter(
                     records(
+                        options,
                         0,
                         7,
                         [
@@ -271,7 +280,7 @@ def test_rows_decoded_earlier_in_the_task_are_conformed_to_the_grown_spec(
     v1, v2 = Avro(registry, "pieces", V1_AVRO), Avro(registry, "pieces", V2_AVRO)
     first = [v1({"id": 0, "customer": "a", "qty": 7})] * DECODE_ROWS  # one whole piece
     later = [v2({"id": 1, "customer": "b", "qty": 2**35, "note": "n", "tags": None})] * 2
-    staged = SegmentSink(options).write(iter(records(0, 0, first + later)))
+    staged = SegmentSink(options).write(iter(records(options, 0, 0, first + later)))
     SegmentSink(options).commit([staged], 0)
     got = cat.read_table("orders")
     assert got.num_rows == DECODE_ROWS + 2
@@ -297,7 +306,7 @@ def test_auto_with_protobuf_adds_the_new_field(cat: Catalog, registry: TestSchem
         v1({"id": 1, "customer": "a", "qty": 1}),
         v2({"id": 2, "customer": "b", "qty": 2, "note": "hi"}),
     ]
-    SegmentSink(options).commit([sink.write(iter(records(0, 0, batch)))], 0)
+    SegmentSink(options).commit([sink.write(iter(records(options, 0, 0, batch)))], 0)
     assert cat.store.get_table("orders").spec.columns == {**SCHEMA, "note": "string"}
     assert rows(cat) == [
         {"id": 1, "customer": "a", "qty": 1, "note": None},
@@ -322,7 +331,7 @@ def test_two_tasks_racing_to_absorb_the_same_writer_schema_evolve_the_table_once
         ]
         barrier.wait()
         try:
-            staged[p] = SegmentSink(options).write(iter(records(p, 0, values)))
+            staged[p] = SegmentSink(options).write(iter(records(options, p, 0, values)))
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -384,7 +393,9 @@ def test_auto_does_not_evolve_on_a_writer_schema_the_rules_refuse(
         v1({"id": 3, "customer": "d", "qty": 3}),
     ]
     with caplog.at_level(logging.WARNING, logger="millstream.ingest.formats"):
-        SegmentSink(options).commit([SegmentSink(options).write(iter(records(0, 0, values)))], 0)
+        SegmentSink(options).commit(
+            [SegmentSink(options).write(iter(records(options, 0, 0, values)))], 0
+        )
 
     table = cat.store.get_table("orders")
     assert (table.schema_version, table.spec.columns) == (1, SCHEMA), "nothing evolved"
@@ -408,7 +419,9 @@ def test_auto_keeps_the_column_when_the_writer_narrows_a_type(
     options = start(cat, datastream(registry, "narrower"))
     v2 = Avro(registry, "narrower", avro_with(NOTE, replace={"id": "int"}))
     batch = [v2({"id": 5, "customer": "a", "qty": 1, "note": "n"})]
-    SegmentSink(options).commit([SegmentSink(options).write(iter(records(0, 0, batch)))], 0)
+    SegmentSink(options).commit(
+        [SegmentSink(options).write(iter(records(options, 0, 0, batch)))], 0
+    )
     assert cat.store.get_table("orders").spec.columns == {**SCHEMA, "note": "string"}
     assert rows(cat) == [{"id": 5, "customer": "a", "qty": 1, "note": "n"}]
 
@@ -423,7 +436,9 @@ def test_without_auto_nothing_evolves_and_the_new_field_is_dropped(
         v2({"id": 1, "customer": "b", "qty": 1, "note": "dropped", "tags": ["t"]}),
         v2({"id": 2, "customer": "c", "qty": 2**31, "note": "dropped", "tags": None}),
     ]
-    SegmentSink(options).commit([SegmentSink(options).write(iter(records(0, 0, values)))], 0)
+    SegmentSink(options).commit(
+        [SegmentSink(options).write(iter(records(options, 0, 0, values)))], 0
+    )
     table = cat.store.get_table("orders")
     assert (table.schema_version, table.spec.columns) == (1, SCHEMA)
     assert rows(cat) == [
@@ -442,7 +457,9 @@ def test_an_unknown_outcome_of_the_evolution_is_reconciled_by_re_reading_the_tab
     stores = StoreRegistry()
     options = start(cat, datastream(registry, f"unknown-{landed}"))
     v2 = Avro(registry, f"unknown-{landed}", V2_AVRO)
-    batch = records(0, 0, [v2({"id": 1, "customer": "a", "qty": 2**33, "note": "n", "tags": []})])
+    batch = records(
+        options, 0, 0, [v2({"id": 1, "customer": "a", "qty": 2**33, "note": "n", "tags": []})]
+    )
     store = stores.get(cat.settings.metadata_url)
     fired: list[bool] = []
 
@@ -453,7 +470,7 @@ def test_an_unknown_outcome_of_the_evolution_is_reconciled_by_re_reading_the_tab
             fired.append(after)
             raise OSError("connection lost during COMMIT")
 
-    store.on_commit = fail_once
+    uninstall = at_commit(store, fail_once)
     sink = SegmentSink(options, stores)
     try:
         if landed:
@@ -464,7 +481,7 @@ def test_an_unknown_outcome_of_the_evolution_is_reconciled_by_re_reading_the_tab
             assert cat.store.get_table("orders").schema_version == 1
             staged = sink.write(iter(batch))  # Spark's retry of the task
     finally:
-        store.on_commit = None
+        uninstall()
         stores.close()
     assert fired == [landed]
     SegmentSink(options).commit([staged], 0)
@@ -495,7 +512,9 @@ def test_without_auto_a_protobuf_value_that_does_not_fit_names_the_column(
         v2({"id": 1, "customer": "a", "qty": 5}),
         v2({"id": 2, "customer": "b", "qty": 2**40}),
     ]
-    SegmentSink(options).commit([SegmentSink(options).write(iter(records(0, 0, batch)))], 0)
+    SegmentSink(options).commit(
+        [SegmentSink(options).write(iter(records(options, 0, 0, batch)))], 0
+    )
     assert cat.store.get_table("orders").schema_version == 1
     assert rows(cat) == [{"id": 1, "customer": "a", "qty": 5}]
     [(offset, error)] = dead(cat)
@@ -510,7 +529,9 @@ def test_a_writer_field_named_like_a_metadata_column_is_not_absorbed(
     options = start(cat, datastream(registry, "meta", metadata={"offset": "src_offset"}))
     v2 = Avro(registry, "meta", avro_with(NOTE, {"name": "src_offset", "type": "string"}))
     batch = [v2({"id": 1, "customer": "a", "qty": 1, "note": "n", "src_offset": "x"})]
-    SegmentSink(options).commit([SegmentSink(options).write(iter(records(0, 0, batch)))], 0)
+    SegmentSink(options).commit(
+        [SegmentSink(options).write(iter(records(options, 0, 0, batch)))], 0
+    )
     assert cat.store.get_table("orders").spec.columns == {
         **SCHEMA,
         "src_offset": "long",

@@ -7,8 +7,9 @@ offset after them, so nothing showed a gap.
 
 The group source is driven as Spark's micro-batch loop drives it (``latestOffset`` from the
 previous end, ``partitions`` of the range between the two), its options handed over as Spark
-hands them (``to_options``/``from_options``), and every planned task is read through a second
-instance, as an executor's Python worker does, without a SparkSession."""
+hands them (``to_options``/``from_options``), every planned task's markers made by a second
+instance, as an executor's Python worker does, and their ranges read as each member's sink
+reads them, without a SparkSession."""
 
 from __future__ import annotations
 
@@ -18,11 +19,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from millstream.ingest.sources import reader_for
 from millstream.spark.options import GroupSourceOptions, SourceOptions
-from millstream.spark.sources import GroupStreamReader, GroupTask
+from millstream.spark.sources import GroupStreamReader, GroupTask, marked_ranges
 
 
 class Member:
@@ -72,6 +76,10 @@ class Query:
         ).to_options()
         self.planner = GroupStreamReader(GroupSourceOptions.from_options(options))
         self.executor = GroupStreamReader(GroupSourceOptions.from_options(options))
+        # each member's sink reader: of its source's kind and config (SinkOptions.source_reader)
+        self.sink_readers = {
+            n: reader_for(r.opts.kind, r.opts.config) for n, r in self.executor.members.items()
+        }
         self.start: dict[str, Any] = self.planner.initialOffset()
         self.read: dict[str, collections.Counter[bytes]] = collections.defaultdict(
             collections.Counter
@@ -87,17 +95,15 @@ class Query:
             return False
         for task in self.planner.partitions(self.start, end):
             assert isinstance(task, GroupTask)
-            for batch in self.executor.read(task):
-                rows = batch.to_pydict()
-                for member, p, o, value, marker in zip(
-                    rows["member"],
-                    rows["partition"],
-                    rows["offset"],
-                    rows["value"],
-                    rows["is_marker"],
-                    strict=True,
-                ):
-                    if not marker:
+            # as the shared sink does: each member's markers name the ranges its sink reads
+            markers = pa.Table.from_batches(list(self.executor.read(task)))
+            for member in set(markers.column("member").to_pylist()):
+                mine = markers.filter(pc.equal(markers.column("member"), member))
+                for batch in self.sink_readers[member].read_records(marked_ranges(mine)):
+                    rows = batch.to_pydict()
+                    for p, o, value in zip(
+                        rows["partition"], rows["offset"], rows["value"], strict=True
+                    ):
                         self.read[member][value] += 1
                         self.offsets[member, p][o] += 1
         self.start = end

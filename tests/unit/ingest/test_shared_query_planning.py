@@ -106,7 +106,6 @@ def _generator(rate: float, trigger: float = 0.0) -> SourceOptions:
         "generator",
         {"seed": 1, "partitions": 2, "rate": rate},
         tasks=2,
-        ranges_only=True,
         trigger_seconds=trigger,
     )
 
@@ -139,7 +138,7 @@ def test_each_member_plans_with_its_share_of_a_tasks_memory() -> None:
 
 
 def test_a_members_small_batch_is_written_by_one_task_and_a_large_one_is_spread() -> None:
-    source = SourceOptions("generator", {"seed": 1, "partitions": 4}, tasks=2, ranges_only=True)
+    source = SourceOptions("generator", {"seed": 1, "partitions": 4}, tasks=2)
     reader = GroupStreamReader(GroupSourceOptions({"a": source, "b": source, "c": source}))
     zero = {"0": 0, "1": 0, "2": 0, "3": 0}
     small = {"0": 250, "1": 260, "2": 240, "3": 250}  # a trigger's worth at 1,000 rows/s

@@ -15,12 +15,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from harness.fault_points import at_sealer
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.errors import SegmentChangedError
 from millstream.metastore.claims import store_now
 from millstream.metastore.models import SegmentState
-from millstream.sealing.sealer import Sealer, SealFaults
+from millstream.sealing.sealer import Sealer
 from millstream.spec import TableSpec
 from millstream.table.writer import commit_staged, stage_rows
 
@@ -72,9 +73,8 @@ def _sealer(
         if point == at and then is not None:
             then()
 
-    sealer = Sealer(
-        cat, "t", clock=ManualClock(time.time() + skew), claim_ttl=ttl, faults=SealFaults(hook=hook)
-    )
+    sealer = Sealer(cat, "t", clock=ManualClock(time.time() + skew), claim_ttl=ttl)
+    at_sealer(sealer, hook=hook)
     sealer.claim_renew_seconds = 3600.0
     return sealer
 

@@ -13,13 +13,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from harness.fault_points import at_sealer
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.config import Settings
 from millstream.errors import SegmentChangedError
 from millstream.metastore.models import SegmentState
 from millstream.metastore.store import MetadataStore
-from millstream.sealing.sealer import Sealer, SealFaults
+from millstream.sealing.sealer import Sealer
 from millstream.spec import TableSpec
 from millstream.storage.deepstore import DeepStore
 from millstream.table.writer import commit_staged, stage_rows
@@ -67,7 +68,8 @@ def _until(done: Callable[[], bool], what: str) -> None:
 
 
 def _sealer(cat: Catalog, clock: ManualClock, hook: Callable[[str, int], None] | None) -> Sealer:
-    sealer = Sealer(cat, "t", clock=clock, claim_ttl=TTL, faults=SealFaults(hook=hook))
+    sealer = Sealer(cat, "t", clock=clock, claim_ttl=TTL)
+    at_sealer(sealer, hook=hook)
     sealer.claim_renew_seconds = 0.01  # real seconds: the test moves the store's clock itself
     return sealer
 

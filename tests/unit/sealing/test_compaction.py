@@ -16,17 +16,19 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from harness.fault_points import at_sealer
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.datastream import DatastreamSpec
-from millstream.errors import InjectedSealFault, SegmentChangedError
+from millstream.errors import InjectedFault, SegmentChangedError
+from millstream.faults import COMPACTION_POINTS
 from millstream.metastore.models import SegmentState
 from millstream.metastore.rollback import RollbackPlan
 from millstream.reference.model import canonical, model_rows
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.reingest import reingest_segment
-from millstream.sealing.sealer import COMPACTION_POINTS, Sealer, SealFaults
+from millstream.sealing.sealer import Sealer
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
 from millstream.table.writer import commit_staged, stage_rows
 
@@ -199,7 +201,8 @@ def test_a_fault_at_any_compaction_point_loses_nothing_and_the_retry_compacts(
     tmp_path: Path, point: str
 ) -> None:
     feed = _setup(tmp_path, "upsert", seed=3)
-    sealer = _sealer(feed, faults=SealFaults({point: 1}))
+    sealer = _sealer(feed)
+    at_sealer(sealer, fail={point: 1})
     for _ in range(4):
         feed.batch(0, 10)
         assert sealer.seal_partition(0, force=True) is not None
@@ -208,7 +211,7 @@ def test_a_fault_at_any_compaction_point_loses_nothing_and_the_retry_compacts(
     if point == "after_compact_swap":
         assert sealer.compact_partition(0) is not None  # only cleanup was interrupted
     else:
-        with pytest.raises(InjectedSealFault):
+        with pytest.raises(InjectedFault):
             sealer.compact_partition(0)
         assert _sealed(feed.cat, 0) == sealed, "a failed compaction changes nothing"
         assert _data_files(feed.cat) == files, "and leaves no file behind"
@@ -228,7 +231,9 @@ def test_a_seal_landing_during_a_compaction_discards_the_compaction(tmp_path: Pa
             feed.batch(0, 10)
             raced.append(other.seal_partition(0, force=True))
 
-    sealer = _sealer(feed, faults=SealFaults(hook=seal_meanwhile))
+    sealer = _sealer(feed)
+
+    at_sealer(sealer, hook=seal_meanwhile)
     for _ in range(3):
         feed.batch(0, 10)
         assert sealer.seal_partition(0, force=True) is not None
@@ -254,7 +259,9 @@ def test_a_compaction_that_stalls_past_its_deadline_is_refused(tmp_path: Path) -
         if point == "before_compact_swap":
             clock.advance(ttl + 1)
 
-    sealer = _sealer(feed, clock=clock, claim_ttl=ttl, faults=SealFaults(hook=stall))
+    sealer = _sealer(feed, clock=clock, claim_ttl=ttl)
+
+    at_sealer(sealer, hook=stall)
     for _ in range(3):
         feed.batch(0, 10)
         assert sealer.seal_partition(0, force=True) is not None

@@ -30,16 +30,17 @@ DIE_IN_BUILD = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from millstream.catalog import Catalog
-    from millstream.sealing.sealer import Sealer, SealFaults
+    from millstream import faults
+    from millstream.sealing.sealer import Sealer
 
     home, marker = sys.argv[1], Path(sys.argv[2])
 
     def hook(point, partition):
-        if point == "before_build":
-            marker.write_text("claimed")
-            time.sleep(3600)  # killed here, holding the claim
+        marker.write_text("claimed")
+        time.sleep(3600)  # killed here, holding the claim
 
-    Sealer(Catalog.open(home=home), "t", faults=SealFaults(hook=hook)).seal_partition(0, force=True)
+    faults.install(faults.call("before_build", hook))
+    Sealer(Catalog.open(home=home), "t").seal_partition(0, force=True)
     """
 )
 

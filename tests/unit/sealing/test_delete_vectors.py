@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from harness.fault_points import at_sealer
 from millstream.catalog import Catalog
 from millstream.metastore.models import Manifest, SegmentState
 from millstream.reference.model import canonical, model_rows
@@ -349,10 +350,10 @@ def test_a_seal_built_on_an_index_that_went_stale_is_discarded_not_swapped(
         if point == "before_swap":
             feed.cat.store.rollback_partition("t", 0, 1, dry_run=False)
 
-    sealer.faults.hook = rollback_during_build
+    uninstall = at_sealer(sealer, hook=rollback_during_build)
     with pytest.raises(Exception, match="changed"):
         sealer.seal_partition(0, force=True)
-    sealer.faults.hook = None
+    uninstall()
     states = [(e.seq, e.state) for e in feed.cat.manifest("t").entries]
     assert states == [(0, SegmentState.ONLINE)]
     assert feed.cat.manifest("t").delete_vectors == ()
@@ -362,15 +363,15 @@ def test_a_seal_built_on_an_index_that_went_stale_is_discarded_not_swapped(
 def test_a_failed_swap_leaves_no_delete_vector_file_and_the_retry_writes_it(
     tmp_path: Path,
 ) -> None:
-    from millstream.errors import InjectedSealFault
-    from millstream.sealing.sealer import SealFaults
+    from millstream.errors import InjectedFault
 
     feed = _setup(tmp_path, "upsert", 7)
     feed.batch(0, 10, keys=list(range(10)))
     assert Sealer(feed.cat, "t").seal_partition(0, force=True) is not None
     feed.batch(0, 10, keys=list(range(10)))
-    failing = Sealer(feed.cat, "t", faults=SealFaults({"before_swap": 1}))
-    with pytest.raises(InjectedSealFault):
+    failing = Sealer(feed.cat, "t")
+    at_sealer(failing, fail={"before_swap": 1})
+    with pytest.raises(InjectedFault):
         failing.seal_partition(0, force=True)
     files = [f.path for f in feed.cat.deep.list_files("tables/t/data")]
     assert not [f for f in files if "/dv-" in f], "an unswapped delete vector is deleted"

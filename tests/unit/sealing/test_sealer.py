@@ -11,11 +11,13 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from harness.fault_points import at_sealer
 from millstream.catalog import Catalog
-from millstream.errors import InjectedSealFault
+from millstream.errors import InjectedFault
+from millstream.faults import SEAL_POINTS
 from millstream.metastore.models import SegmentState
 from millstream.reference.model import canonical, model_rows
-from millstream.sealing.sealer import SEAL_POINTS, Sealer, SealFaults
+from millstream.sealing.sealer import Sealer
 from millstream.spec import TableSpec
 from millstream.table.writer import commit_staged, stage_rows
 
@@ -93,13 +95,13 @@ def test_a_fault_at_any_seal_point_keeps_reads_exact_and_the_retry_brings_the_ru
     for _ in range(3):
         feed.batch(0, 20)
         feed.batch(1, 15)
-    faults = SealFaults({point: 1})
-    sealer = Sealer(feed.cat, "t", faults=faults)
+    sealer = Sealer(feed.cat, "t")
+    at_sealer(sealer, fail={point: 1})
     if point == "after_swap":
         # Only cleanup is interrupted: the seal itself is done.
         assert sealer.seal_partition(0, force=True) is not None
     else:
-        with pytest.raises(InjectedSealFault):
+        with pytest.raises(InjectedFault):
             sealer.seal_partition(0, force=True)
         assert all(state is SegmentState.CONSUMING for _, state in _states(feed.cat, 0))
         feed.assert_table_equals_model()
@@ -127,9 +129,10 @@ def test_a_seal_that_keeps_failing_marks_its_segment_error_and_the_table_stays_c
     feed = _setup(tmp_path, engine, seed=3)
     for _ in range(3):
         feed.batch(0, 10)
-    sealer = Sealer(feed.cat, "t", faults=SealFaults({"before_swap": 3}), max_failures=3)
+    sealer = Sealer(feed.cat, "t", max_failures=3)
+    at_sealer(sealer, fail={"before_swap": 3})
     for _ in range(3):
-        with pytest.raises(InjectedSealFault):
+        with pytest.raises(InjectedFault):
             sealer.seal_partition(0, force=True)
     entries = [e for e in feed.cat.manifest("t").entries if e.partition == 0]
     assert entries[0].state is SegmentState.ERROR
@@ -155,7 +158,9 @@ def test_segments_of_a_partition_never_swap_out_of_order_when_a_build_is_delayed
             in_build.set()
             assert release.wait(30)
 
-    slow = Sealer(feed.cat, "t", faults=SealFaults(hook=delay_first_build))
+    slow = Sealer(feed.cat, "t")
+
+    at_sealer(slow, hook=delay_first_build)
     results: list[Any] = []
     t = threading.Thread(target=lambda: results.append(slow.seal_partition(0, force=True)))
     t.start()

@@ -468,7 +468,7 @@ const tablePage = {
           info.state ? badge(info.state) : "",
           health ? el("span", { id: "writer-health", class: ds.health.status === "running" ? "" : "error-text" }, ` writer ${health}`) : "",
           seg
-            ? ` · sealing ${seg.pauseless === false ? "inline" : "pauseless"}, compaction ${
+            ? ` · sealing pauseless, compaction ${
                 seg.compaction === false ? "off" : `on (${seg.compaction_min_segments || 4} segments at a time)`
               }`
             : "",
