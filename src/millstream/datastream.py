@@ -32,6 +32,7 @@ from millstream.spec import (
     Retention,
     TableSpec,
     _first_error,
+    dead_letter_name,
     normalize_columns,
     parse_duration,
 )
@@ -883,7 +884,7 @@ def dead_letter_spec(table: str | TableSpec) -> TableSpec:
     retention = {} if isinstance(table, str) else {"retention": table.retention.model_dump()}
     return TableSpec.parse(
         {
-            "name": f"{name}__dead_letter",
+            "name": dead_letter_name(name),
             **retention,
             "mode": "append",
             "schema": {

@@ -532,6 +532,16 @@ class InjectedFault(MillstreamError):
         super().__init__(f"fault injected at {point}{where}", point=point, key=key)
 
 
+class PublisherProcessError(MillstreamError):
+    """The Iceberg publisher process (a child of a worker or of ``millstream run``) exited,
+    crashed or did not answer in time.
+
+    Ingestion goes on: the tables' Iceberg views lag until the next step, after a backoff,
+    starts a new publisher process. The error names the owner, the child's pid and its exit
+    code; a repeated one shows in ``GET /workers`` and the publishing loop's error count.
+    """
+
+
 class ServiceStartError(MillstreamError):
     """A control-plane service could not start (its REST API could not listen).
 
@@ -597,6 +607,7 @@ HTTP_STATUS: dict[type[MillstreamError], int] = {
     SourceOffsetsRewoundError: 409,
     InjectedFault: 500,
     ServiceStartError: 500,
+    PublisherProcessError: 500,
     SparkQueryError: 500,
     ControllerUnreachableError: 503,
     RemoteError: 502,
@@ -633,6 +644,7 @@ EXIT_CODES: dict[type[MillstreamError], int] = {
     SourceOffsetsRewoundError: 11,
     InjectedFault: 1,
     ServiceStartError: 1,
+    PublisherProcessError: 1,
     SparkQueryError: 9,
     ControllerUnreachableError: 1,
     # Only for a name this version does not know: :func:`exit_code` exits a RemoteError as the

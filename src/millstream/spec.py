@@ -375,3 +375,12 @@ def _first_error(
         if all(one.message != e.message for e in errors):
             errors.append(one)
     return combined(errors)
+
+
+#: The suffix of a table's dead-letter table (see ``millstream.datastream.dead_letter_spec``).
+DEAD_LETTER_SUFFIX = "__dead_letter"
+
+
+def dead_letter_name(table: str) -> str:
+    """The name of ``table``'s dead-letter table."""
+    return f"{table}{DEAD_LETTER_SUFFIX}"

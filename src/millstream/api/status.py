@@ -32,7 +32,7 @@ from millstream.api.models import (
     ServingWorkerOut,
     WriterHealthOut,
 )
-from millstream.control.registry import DEAD_LETTER_SUFFIX, DatastreamRecord
+from millstream.control.registry import DatastreamRecord
 from millstream.control.topics import current_tables
 from millstream.control.workers import list_workers
 from millstream.core.lifecycle import State
@@ -42,7 +42,7 @@ from millstream.ingest.sources import spec_reader
 from millstream.metastore import reads
 from millstream.metastore.models import SegmentState
 from millstream.metastore.store import MetadataStore
-from millstream.spec import TableSpec
+from millstream.spec import DEAD_LETTER_SUFFIX, TableSpec
 
 log = logging.getLogger(__name__)
 

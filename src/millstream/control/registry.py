@@ -26,6 +26,7 @@ from millstream.metastore.datastreams import DatastreamRecord
 from millstream.metastore.engine import Txn
 from millstream.metastore.evolve import evolve_with_dead_letter
 from millstream.metastore.store import MetadataStore
+from millstream.spec import DEAD_LETTER_SUFFIX
 
 
 def _differences(old: Any, new: Any, path: str) -> str | None:
@@ -55,10 +56,6 @@ def _fixed(spec: DatastreamSpec) -> dict[str, Any]:
     for f in UPDATABLE_SOURCE_FIELDS:
         out["source"].pop(f, None)
     return out
-
-
-#: A dead-letter table's name is its table's with this suffix (:func:`dead_letter_spec`).
-DEAD_LETTER_SUFFIX = "__dead_letter"
 
 
 def _single_table(name: str, spec: DatastreamSpec) -> None:

@@ -12,7 +12,6 @@ from sqlalchemy import Connection, select
 
 from millstream.clock import Clock
 from millstream.core.evolution import Change
-from millstream.datastream import DatastreamSpec, dead_letter_spec
 from millstream.metastore import schema as s
 from millstream.metastore import tables
 from millstream.metastore.cas import cas_update
@@ -26,6 +25,10 @@ def evolve_with_dead_letter(
     """:func:`~millstream.metastore.tables.evolve_table` of the table and, if it exists, of
     its dead-letter table (which follows the table's retention), inside ``conn``'s
     transaction."""
+    # lazy: the datastream spec (YAML, pydantic models) loads only where a schema changes,
+    # not in every process that opens the store (`millstream query`)
+    from millstream.datastream import dead_letter_spec
+
     info, changes = tables.evolve_table(conn, clock, new_table)
     dl = dead_letter_spec(new_table)
     if tables.find_table(conn, dl.name, missing_ok=True) is not None:
@@ -37,6 +40,9 @@ def _datastreams_follow(conn: Connection, table: TableSpec, now: float) -> None:
     """The spec of every datastream writing ``table`` takes the table's columns (a
     compare-and-set on its row, in the caller's transaction). A datastream of many topics
     keeps its spec: each of its tables has its own columns, stored with the table."""
+    # lazy: as in evolve_with_dead_letter
+    from millstream.datastream import DatastreamSpec
+
     rows = conn.execute(
         select(s.datastreams.c.name, s.datastreams.c.spec, s.datastreams.c.version)
     ).all()

@@ -12,13 +12,13 @@ from typing import Any
 from sqlalchemy import Connection
 
 from millstream.clock import Clock
-from millstream.datastream import dead_letter_spec
 from millstream.errors import InvalidSpecError, NotFoundError
 from millstream.metastore.manifest import Reconcilable, remove_segments
 from millstream.metastore.models import Entry
 from millstream.metastore.reads import get_entry, live_entries
 from millstream.metastore.shards import shards_of
 from millstream.metastore.tables import find_table
+from millstream.spec import dead_letter_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +151,7 @@ def _rollback_dead_letters(
     conn: Connection, table: str, partition: int, new_upper: int, now: float
 ) -> int:
     """Dead-letter entries mirror the table's batch ranges: drop those at or above the new upper."""
-    dl = dead_letter_spec(table).name
+    dl = dead_letter_name(table)
     info = find_table(conn, dl, missing_ok=True)
     if info is None:
         return 0

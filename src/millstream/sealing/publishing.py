@@ -44,7 +44,7 @@ import pyarrow as pa
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.config import Settings
-from millstream.errors import MillstreamError
+from millstream.errors import PublisherProcessError
 from millstream.sealing.maintenance import DEFAULT_PUBLISH_INTERVAL, Publisher
 from millstream.supervise import LoopStatus
 
@@ -57,10 +57,6 @@ DEFAULT_REPLY_TIMEOUT = 900.0
 PARENT_CHECK_SECONDS = 1.0
 #: The publisher process's niceness increment (``os.nice``): it yields the CPU to the writer.
 CHILD_NICENESS = 10
-
-
-class PublisherProcessError(MillstreamError):
-    """The publisher process exited, crashed or did not answer in time."""
 
 
 class PublisherProcess:
