@@ -776,6 +776,17 @@ class DatastreamSpec(_Frozen):
             raise _first_error(exc, prefix="", model=cls) from None
 
     @classmethod
+    def parse_stored(cls, data: Any) -> DatastreamSpec:
+        """A spec read back from the metadata store. One stored before ``segments.pauseless:
+        false`` was removed loads with the field dropped (its segments are now sealed in the
+        background, as every table's are) instead of failing every read of the store's
+        datastreams; a spec sent by a user is still refused naming the field (:meth:`parse`)."""
+        segments = data.get("segments") if isinstance(data, dict) else None
+        if isinstance(segments, dict) and segments.get("pauseless") is False:
+            data = {**data, "segments": {k: v for k, v in segments.items() if k != "pauseless"}}
+        return cls.parse(data)
+
+    @classmethod
     def from_yaml(cls, text: str) -> DatastreamSpec:
         try:
             data = yaml.safe_load(text)

@@ -44,7 +44,7 @@ class DatastreamRecord:
 def _record(r: Any) -> DatastreamRecord:
     return DatastreamRecord(
         name=r["name"],
-        spec=DatastreamSpec.parse(r["spec"]),
+        spec=DatastreamSpec.parse_stored(r["spec"]),
         state=State(r["state"]),
         version=r["version"],
         last_error=r["last_error"],

@@ -47,7 +47,7 @@ def _datastreams_follow(conn: Connection, table: TableSpec, now: float) -> None:
         select(s.datastreams.c.name, s.datastreams.c.spec, s.datastreams.c.version)
     ).all()
     for name, spec, version in rows:
-        parsed = DatastreamSpec.parse(spec)
+        parsed = DatastreamSpec.parse_stored(spec)
         if (
             parsed.multi_table
             or parsed.table_name != table.name

@@ -375,7 +375,7 @@ def _v10(conn: Connection) -> None:
             datastreams.c.name
         )
     ):
-        ds = DatastreamSpec.parse(spec)
+        ds = DatastreamSpec.parse_stored(spec)
         for t in (ds.table_name, ds.dead_letter_table):
             if t not in owned:
                 conn.execute(
