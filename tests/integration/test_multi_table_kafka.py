@@ -211,7 +211,7 @@ def test_tables_with_nothing_new_get_no_task_and_no_commit(
         b = bootstrap(member, catalog.store)
         kind, config = config_for(member.source, member.name)
         key = f"shop.{table}"
-        source[key] = SourceOptions(kind, config, start_offsets=b.uppers, tasks=2, ranges_only=True)
+        source[key] = SourceOptions(kind, config, start_offsets=b.uppers, tasks=2)
         sink[key] = SinkOptions(
             settings=catalog.settings,
             table_spec=t,

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -165,6 +166,10 @@ class PublisherProcess:
             stdout=subprocess.PIPE,
             stderr=None,  # the child logs to the parent's stderr
             close_fds=True,
+            # Its own session: a Ctrl-C at the terminal (SIGINT to the foreground process
+            # group) is the parent's to handle; the child ends when the parent closes its stdin
+            # or dies, not with a KeyboardInterrupt traceback mid-publish.
+            start_new_session=True,
         )
         self.starts += 1
         self.pid = proc.pid
@@ -302,6 +307,9 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
 
 
 def main() -> None:
+    # Stopped by its parent only (stdin closed, or the parent gone): never by a terminal's
+    # Ctrl-C, should one reach it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The protocol owns the original stdout; anything else printed goes to stderr.
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
