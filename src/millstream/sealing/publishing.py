@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import IO, Any, NoReturn
 
 import pyarrow as pa
@@ -264,6 +265,23 @@ def _watch_parent(parent: int) -> None:
         time.sleep(PARENT_CHECK_SECONDS)
 
 
+#: Linux's scheduler autogroup of this process (``kernel.sched_autogroup_enabled``).
+AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def lower_priority(niceness: int) -> None:
+    """Run below the writer: ``os.nice`` and, where the kernel groups the CPU by session
+    (autogroup, on by default in most Linux distributions), the session's niceness too. The
+    child runs in a session of its own (``start_new_session``), so the kernel first shares the
+    CPU equally between its session and the writer's, and ``os.nice`` alone only orders the
+    threads inside each: a publish then took half the cores from the writer's commits."""
+    os.nice(niceness)
+    try:
+        AUTOGROUP.write_text(str(niceness))
+    except OSError as exc:  # no autogroups here (or not ours to change): os.nice is it
+        log.debug("could not lower the publisher's autogroup priority: %s", exc)
+
+
 def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
     """The child's loop: the first line configures it, each next one is a step."""
     first = requests.readline()
@@ -276,7 +294,7 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
     )
     # Below the writer: on a busy machine the CPU goes to its commits first (a publish only
     # waits), and Arrow computes on one thread here, so a publish takes at most about a core.
-    os.nice(int(hello.get("niceness", CHILD_NICENESS)))
+    lower_priority(int(hello.get("niceness", CHILD_NICENESS)))
     pa.set_cpu_count(1)
     threading.Thread(
         target=_watch_parent, args=(int(hello["parent"]),), daemon=True, name="parent-watch"

@@ -49,3 +49,28 @@ def test_the_publisher_process_exits_when_its_parent_is_killed(tmp_path: Path) -
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+
+
+def test_the_publisher_process_runs_below_the_writer_in_its_own_session_too(
+    tmp_path: Path,
+) -> None:
+    """The child runs in a session of its own; where the kernel shares the CPU by session
+    (autogroup), ``os.nice`` alone would leave a publish half the cores against the writer's
+    commits, so the session's priority is lowered as well."""
+    from millstream.catalog import Catalog
+    from millstream.sealing.publishing import CHILD_NICENESS, PublisherProcess
+
+    cat = Catalog.open(home=tmp_path / "home")
+    cat.create_table({"name": "kv", "schema": {"k": "long"}, "mode": "append"})
+    publisher = PublisherProcess(cat, owner="a test parent")
+    try:
+        publisher.run_due({"kv": ["kv"]})
+        assert publisher.pid is not None
+        stat = Path(f"/proc/{publisher.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        mine = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        assert int(stat[16]) == int(mine[16]) + CHILD_NICENESS  # field 19: nice
+        group = Path(f"/proc/{publisher.pid}/autogroup")
+        if group.exists():  # a kernel with autogroups (this project's CI machine has them)
+            assert group.read_text().split()[-1] == str(CHILD_NICENESS), group.read_text()
+    finally:
+        publisher.close()
