@@ -179,12 +179,21 @@ def child_read(kind: str, where: Path, model: Path) -> None:
     ok = fingerprint(table) == fingerprint(expected)
     extra: dict[str, Any] = {}
     if kind == "millstream":
-        entries = cat.manifest("orders").entries
+        manifest = cat.manifest("orders")
+        entries = manifest.entries
         extra = {
             "files": len({e.file_path for e in entries if e.file_path}),
             "states": sorted({str(e.state.value) for e in entries}),
+            "sealed_rows": sum(e.row_count for e in entries),
             "dead_letter_rows": cat.read_table("orders__dead_letter").num_rows,
         }
+        try:  # a tree from before the merged copy has none
+            from millstream.table.merged import copy_path
+
+            path = copy_path(manifest)
+            extra["merged_copy"] = path is not None and cat.deep.exists(path)
+        except ImportError:
+            extra["merged_copy"] = None
     print(
         json.dumps(
             {
@@ -635,7 +644,8 @@ def main() -> None:
                     f"read {read['read_s'] * 1000:.0f} ms (first {read['first_read_s'] * 1000:.0f}),"
                     f" {read['rows']} rows, matches model {read['matches_model']}"
                     + (
-                        f", files {read.get('files')} {read.get('states')}"
+                        f", files {read.get('files')} {read.get('states')} of "
+                        f"{read.get('sealed_rows')} rows, merged copy {read.get('merged_copy')}"
                         if kind != "ceiling"
                         else f", {child['in_process_s']:.2f} s in process "
                         f"({args.rows / child['in_process_s']:,.0f} rows/s)"

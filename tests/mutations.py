@@ -2399,6 +2399,91 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_a_worker_runs_every_table_of_a_topic_pattern_and_isolates_them",
         ),
     ),
+    Guard(
+        name="merged-copy-named-by-its-entries",
+        file="src/millstream/table/merged.py",
+        what="copy_path: a merged copy is named by a digest of the manifest's entries (file, "
+        "partition, offset range), so a read of a table that changed since (a commit, seal, "
+        "compaction, rollback) never finds the copy of an older version",
+        old="""\
+        "entries": sorted([e.file_path or "", e.partition, e.start, e.end] for e in entries),
+""",
+        new="""\
+        "entries": [],  # MUTATION: any all-sealed manifest finds the table's last copy
+""",
+        tests=(
+            "tests/unit/sealing/test_merged_copy.py::"
+            "test_a_read_after_the_table_changed_merges_and_never_reads_the_older_copy",
+        ),
+    ),
+    Guard(
+        name="merged-copy-only-for-the-whole-table",
+        file="src/millstream/table/read.py",
+        what="read_manifest answers from a merged copy only a read of every partition (a read "
+        "of some partitions of a table partitioned by key is merged from their segments)",
+        old="""\
+    if partitions is None and not include_system_columns and use_delete_vectors:
+""",
+        new="""\
+    if not include_system_columns and use_delete_vectors:  # MUTATION: any partitions
+""",
+        tests=(
+            "tests/unit/sealing/test_merged_copy.py::"
+            "test_random_batches_seals_final_passes_and_rollbacks_read_equal_to_the_model",
+        ),
+        select="upsert-by-key",
+    ),
+    Guard(
+        name="merged-copy-never-with-system-columns",
+        file="src/millstream/table/read.py",
+        what="read_manifest answers from a merged copy (which has the table's columns only) "
+        "no read that asks for the system columns",
+        old="""\
+    if partitions is None and not include_system_columns and use_delete_vectors:
+""",
+        new="""\
+    if partitions is None and use_delete_vectors:  # MUTATION: system columns too
+""",
+        tests=(
+            "tests/unit/sealing/test_merged_copy.py::"
+            "test_random_batches_seals_final_passes_and_rollbacks_read_equal_to_the_model",
+        ),
+        select="upsert-cmp",
+    ),
+    Guard(
+        name="merged-copy-filtered-by-the-conditions",
+        file="src/millstream/table/read.py",
+        what="a read with key conditions answered from a merged copy returns only the copy's "
+        "rows that meet them",
+        old="""\
+            return copy.filter(_expression(conditions)) if conditions else copy
+""",
+        new="""\
+            return copy  # MUTATION: the conditions are ignored
+""",
+        tests=(
+            "tests/unit/sealing/test_merged_copy.py::"
+            "test_random_batches_seals_final_passes_and_rollbacks_read_equal_to_the_model",
+        ),
+        select="upsert-cmp",
+    ),
+    Guard(
+        name="staged-pieces-in-position-order",
+        file="src/millstream/table/writer.py",
+        what="RowStager: a write task's rows staged a piece at a time come in (partition, "
+        "offset) order, or the task fails naming both positions (its file would not hold its "
+        "rows in the order every staged file does)",
+        old="""\
+        if self._last is not None and first <= self._last:
+""",
+        new="""\
+        if False:  # MUTATION: pieces in any order
+""",
+        tests=(
+            "tests/unit/ingest/test_sink_stages_as_it_decodes.py::"
+            "test_pieces_out_of_position_order_are_refused_naming_both_positions",
+        ),
+    ),
 )
 
 

@@ -255,6 +255,12 @@ def _seal_report(report: dict[str, Any]) -> str:
         parts.append(f"partition {p} not sealed: {why}")
     for p, err in sorted(report["failed"].items()):
         parts.append(f"partition {p} seal failed (the next run retries it): {err}")
+    copy = report.get("merged_copy")
+    if copy is not None and ("failed" in copy or "skipped" in copy):
+        why = copy.get("failed") or copy["skipped"]
+        parts.append(f"merged copy not written (reads merge instead): {why}")
+    elif copy is not None:
+        parts.append(f"merged copy of version {copy['version']} written ({copy['rows']} rows)")
     return "\n".join(parts) if parts else "nothing to seal"
 
 

@@ -72,7 +72,8 @@ from millstream.sealing.planning import due, pending_run, shortfall
 from millstream.sealing.thresholds import Thresholds
 from millstream.spec import OFFSET_COL
 from millstream.storage.deepstore import dictionary_columns, table_data_prefix
-from millstream.table.read import read_entries
+from millstream.table import merged
+from millstream.table.read import read_entries, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -302,7 +303,38 @@ class Sealer:
             }
             failed.update({str(p): e for p, e in self.compaction_errors.items()})
         self.checkpoint(force=True)
+        if everything:
+            report["merged_copy"] = self._write_merged_copy()
         return report
+
+    def _write_merged_copy(self) -> dict[str, Any] | None:
+        """Store the read of the table as it now is as its merged copy
+        (:mod:`millstream.table.merged`), so that reads until the next change read the live
+        rows alone instead of merging every partition's sealed rows. None if the table has
+        none (not keyed, or a partition is not all sealed: a seal failed, or a writer is at
+        work); skipped for a table of more than :data:`~millstream.table.merged.MAX_ROWS`
+        rows. A failure is logged and reported, never raised: reads merge instead."""
+        version: int | None = None
+        try:
+            manifest = self.catalog.manifest(self.table)
+            version = manifest.version
+            if merged.copy_path(manifest) is None:
+                return None
+            if manifest.row_count > merged.MAX_ROWS:
+                return {"skipped": f"{manifest.row_count} rows, over {merged.MAX_ROWS}"}
+            rows = read_manifest(self.catalog.deep, manifest)
+            written = merged.write_copy(self.catalog.deep, manifest, rows)
+        except Exception as exc:
+            log.warning(
+                "table %s: the merged copy of version %s was not written (reads merge instead): %s",
+                self.table,
+                version,
+                exc,
+            )
+            return {"failed": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
+        if written is None:
+            return None
+        return {"version": manifest.version, "rows": written.rows, "bytes": written.size_bytes}
 
     def partitions(self) -> list[int]:
         return [sh.partition for sh in self.store.list_shards(self.table)]

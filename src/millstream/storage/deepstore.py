@@ -126,6 +126,16 @@ class DeepStore:
         )
         return int(self.fs.get_file_info(full).size or 0)
 
+    def parquet_writer(self, path: str, schema: pa.Schema) -> pq.ParquetWriter:
+        """A Parquet writer of ``path`` (zstd, pyarrow's default dictionaries), for a file
+        written a piece at a time; the caller closes it (then :meth:`size`)."""
+        full = self._abs(path)
+        self.fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
+        return pq.ParquetWriter(full, schema, filesystem=self.fs, compression="zstd")
+
+    def size(self, path: str) -> int:
+        return int(self.fs.get_file_info(self._abs(path)).size or 0)
+
     def read_parquet(
         self, path: str, *, columns: list[str] | None = None, missing_ok: bool = False
     ) -> pa.Table:

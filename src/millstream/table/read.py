@@ -28,6 +28,7 @@ from millstream.errors import SegmentUnavailableError
 from millstream.metastore.models import DeleteVector, Entry, Manifest, SegmentState
 from millstream.spec import OFFSET_COL, PARTITION_COL, SYSTEM_COLUMNS, TableSpec
 from millstream.storage.deepstore import DeepStore
+from millstream.table import merged
 from millstream.table.cache import ReadCache
 from millstream.table.footer import rows_proven_valid
 
@@ -370,9 +371,15 @@ def read_manifest(
     come partition by partition. ``conditions`` (see :data:`Condition`) drop rows
     before the merge; on a keyed table only conditions on key columns are allowed
     (:func:`check_conditions`): the merge then does the work of the matching keys only.
-    Files in ``cache`` are not read again (:mod:`millstream.table.cache`)."""
+    Files in ``cache`` are not read again (:mod:`millstream.table.cache`). A sealed table's
+    merged copy (:mod:`millstream.table.merged`), if its manifest has one, is the answer of a
+    read of the whole table without system columns (filtered by ``conditions``)."""
     spec = manifest.table.spec
     check_conditions(spec, conditions)
+    if partitions is None and not include_system_columns and use_delete_vectors:
+        copy = merged.read_copy(deep, manifest, cache)
+        if copy is not None:
+            return copy.filter(_expression(conditions)) if conditions else copy
     entries, vectors = manifest.entries, manifest.delete_vectors
     if partitions is not None:
         if spec.keyed and not spec.partitioned_by_key:

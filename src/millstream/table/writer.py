@@ -3,8 +3,10 @@ the sealer) shares."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +20,7 @@ from millstream.storage.deepstore import DeepStore, table_data_prefix
 from millstream.table.commit import StagedFile, StagedWrite, commit_writes
 from millstream.types import decimal_overflow, has_decimal, overflowing_decimal_text
 
-__all__ = ["StagedFile", "commit_staged", "stage_rows"]
+__all__ = ["RowStager", "StagedFile", "commit_staged", "stage_rows"]
 
 
 def _refuse_decimal_overflow(spec: TableSpec, rows: pa.Table) -> None:
@@ -43,14 +45,10 @@ def _shown(value: pa.Scalar) -> str:
     return repr(value.as_py())
 
 
-def stage_rows(
-    deep: DeepStore, spec: TableSpec, rows: pa.Table, *, name_hint: str = "batch"
-) -> StagedFile:
-    """Write ``rows`` (table columns + system columns) as one Parquet file sorted by
-    (partition, offset). No file is written for zero rows. Refuses rows that are not deletes
-    and lack the comparison value (decode dead-letters such records)."""
-    if rows.num_rows == 0:
-        return StagedFile(None, 0, {})
+def _checked(spec: TableSpec, rows: pa.Table) -> pa.Table:
+    """``rows`` in the table's schema (table columns + system columns), sorted by
+    (partition, offset); refuses a decimal that overflows its column and a row that is not a
+    delete and lacks the comparison value (decode dead-letters such records)."""
     schema = spec.arrow_schema(system_columns=True)
     try:
         rows = rows.select(schema.names).cast(schema)
@@ -66,18 +64,109 @@ def stage_rows(
             f"{int(bad.sum())} row(s) of table {spec.name!r}, the first at partition "
             f"{partition} offset {offset}: {missing_comparison_error(spec)}",
         )
-    rows = rows.sort_by([(PARTITION_COL, "ascending"), (OFFSET_COL, "ascending")])
+    return rows.sort_by([(PARTITION_COL, "ascending"), (OFFSET_COL, "ascending")])
+
+
+def _counts(rows: pa.Table) -> dict[int, int]:
     counts = rows.group_by([PARTITION_COL]).aggregate([(OFFSET_COL, "count")])
-    row_counts = dict(
+    return dict(
         zip(
             counts.column(PARTITION_COL).to_pylist(),
             counts.column(f"{OFFSET_COL}_count").to_pylist(),
             strict=True,
         )
     )
-    path = f"{table_data_prefix(spec.name)}/{name_hint}-{uuid.uuid4().hex}.parquet"
+
+
+def _staged_path(spec: TableSpec, name_hint: str) -> str:
+    return f"{table_data_prefix(spec.name)}/{name_hint}-{uuid.uuid4().hex}.parquet"
+
+
+def stage_rows(
+    deep: DeepStore, spec: TableSpec, rows: pa.Table, *, name_hint: str = "batch"
+) -> StagedFile:
+    """Write ``rows`` (table columns + system columns) as one Parquet file sorted by
+    (partition, offset). No file is written for zero rows. Refuses rows that are not deletes
+    and lack the comparison value (decode dead-letters such records)."""
+    if rows.num_rows == 0:
+        return StagedFile(None, 0, {})
+    rows = _checked(spec, rows)
+    path = _staged_path(spec, name_hint)
     size = deep.write_parquet(path, rows)
-    return StagedFile(path, size, row_counts)
+    return StagedFile(path, size, _counts(rows))
+
+
+#: Rows a :class:`RowStager` writes as one row group (a sealed file's row groups are as large).
+STAGE_GROUP_ROWS = 131_072
+
+
+class RowStager:
+    """Stages rows that come in pieces as one Parquet file, holding at most a row group's
+    worth (:data:`STAGE_GROUP_ROWS`) at a time: a write task's memory no longer grows with
+    the records it wrote. Each piece is checked as :func:`stage_rows` checks its rows; pieces
+    must come in (partition, offset) order, as a task reads its ranges (one out of order is
+    an error naming both positions: the file must hold its rows in that order, as
+    :func:`stage_rows` writes them). No file for zero rows. :meth:`abort` deletes what was
+    written."""
+
+    def __init__(self, deep: DeepStore, spec: TableSpec, *, name_hint: str = "batch") -> None:
+        self.deep, self.spec, self.name_hint = deep, spec, name_hint
+        self.path: str | None = None
+        self._writer: Any = None
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+        self._counts: dict[int, int] = {}
+        self._last: tuple[int, int] | None = None
+
+    def add(self, rows: pa.Table) -> None:
+        if rows.num_rows == 0:
+            return
+        rows = _checked(self.spec, rows)
+        first = (rows.column(PARTITION_COL)[0].as_py(), rows.column(OFFSET_COL)[0].as_py())
+        if self._last is not None and first <= self._last:
+            raise ValueError(
+                f"rows of table {self.spec.name!r} staged out of order: partition {first[0]} "
+                f"offset {first[1]} after partition {self._last[0]} offset {self._last[1]}"
+            )
+        n = rows.num_rows
+        self._last = (
+            rows.column(PARTITION_COL)[n - 1].as_py(),
+            rows.column(OFFSET_COL)[n - 1].as_py(),
+        )
+        for p, c in _counts(rows).items():
+            self._counts[p] = self._counts.get(p, 0) + c
+        self._pending.append(rows)
+        self._pending_rows += n
+        if self._pending_rows >= STAGE_GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        rows = pa.concat_tables(self._pending)
+        self._pending, self._pending_rows = [], 0
+        if self._writer is None:
+            self.path = _staged_path(self.spec, self.name_hint)
+            self._writer = self.deep.parquet_writer(self.path, rows.schema)
+        self._writer.write_table(rows)
+
+    def finish(self) -> StagedFile:
+        self._flush()
+        if self._writer is None:
+            return StagedFile(None, 0, {})
+        self._writer.close()
+        self._writer = None
+        assert self.path is not None
+        return StagedFile(self.path, self.deep.size(self.path), dict(self._counts))
+
+    def abort(self) -> None:
+        self._pending = []
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
+            self._writer = None
+        if self.path is not None:
+            self.deep.delete(self.path)
 
 
 def commit_staged(

@@ -119,3 +119,28 @@ def test_a_runner_at_its_default_seals_what_is_due_and_says_why_the_rest_was_not
     assert "20 rows of flush_rows 100" in stats.sealing["not_due"]["1"]
     states = {e.partition: e.state for e in cat.manifest("orders").entries}
     assert states == {0: SegmentState.ONLINE, 1: SegmentState.CONSUMING}
+
+
+def test_an_available_now_run_stores_its_read_and_a_read_right_after_reads_that_file_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys 0..19 have a sealed row in both partitions, so a read of the sealed table merges
+    170 rows into 150; the run's final pass stores that read once (the merged copy), and a
+    read right after opens that one file instead of every sealed segment."""
+    from millstream.storage.deepstore import DeepStore
+
+    cat, runner = _runner(tmp_path, _spec(tmp_path), monkeypatch)
+    stats = runner.run(available_now=True)
+    assert stats.sealing is not None
+    copy = stats.sealing["merged_copy"]
+    assert copy["rows"] == 150 and copy["version"] == cat.manifest("orders").version
+    opened: list[str] = []
+    read = DeepStore.read_parquet
+
+    def counted(self: DeepStore, path: str, **kw: Any) -> pa.Table:
+        opened.append(path)
+        return read(self, path, **kw)
+
+    monkeypatch.setattr(DeepStore, "read_parquet", counted)
+    assert sorted(cat.read_table("orders").column("id").to_pylist()) == list(range(150))
+    assert len(opened) == 1 and opened[0].startswith("tables/orders/merged/")
