@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
+from millstream.ingest.sources.files import FilesReader
 from millstream.metastore.store import MetadataStore
 from millstream.spark.membership import Membership
 from millstream.spark.options import GroupSinkOptions, GroupSourceOptions
@@ -365,4 +366,41 @@ def test_a_batch_where_one_of_fifty_tables_has_records_plans_and_commits_only_it
     after = {n: catalog.table(specs[n].table_name).manifest_version for n in names}
     assert {n for n in names if after[n] != versions[n]} == {"t17"}
     assert _uppers(catalog, specs["t17"]) == {0: LINES, 1: LINES + 3}
+    catalog.close()
+
+
+def test_a_query_of_many_tables_asks_their_sources_together_at_its_start_and_joins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The query's start asks every member's source for its latest offsets in ONE call (a
+    Kafka source answers all its topics in one request and probes past their watermarks
+    with one fetch; asked one member after another, a fresh reader's probe made 100 tables
+    wait ~0.75 s each before the first batch), and so does the batch that brings in the
+    members that joined together."""
+    first = [f"s{i:02d}" for i in range(20)]
+    later = [f"l{i:02d}" for i in range(10)]
+    specs = {n: _spec(tmp_path / "sources", n) for n in [*first, *later]}
+    catalog = Catalog.open(home=tmp_path / "home")
+
+    def member(name: str) -> DatastreamRunner:
+        return DatastreamRunner(
+            specs[name], catalog, SPARK, writer_id="w1", state_dir=StateDirectory(tmp_path, name)
+        )
+
+    asked: list[set[str]] = []
+    together = FilesReader.latest_offsets_of.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[FilesReader], readers: Any) -> Any:
+        asked.append({Path(r.config.path).name for r in readers})
+        return together(cls, readers)
+
+    monkeypatch.setattr(FilesReader, "latest_offsets_of", classmethod(counted))
+    runner = SharedQueryRunner([member(n) for n in first], SPARK, StateDirectory(tmp_path, "_q"))
+    query = Query(runner)  # the runner's entries, then the source's initial offsets
+    assert asked == [set(first), set(first)], "each asks every member's source at once"
+    query.plan()
+    assert runner.add_many([member(n) for n in later]) == dict.fromkeys(later, True)
+    asked.clear()
+    query.plan()
+    assert any(set(later) <= a for a in asked) and len(asked) == 1, asked
     catalog.close()
