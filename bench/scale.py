@@ -43,12 +43,14 @@ time), plus the batches committed and the median commit time.
 
 **(c) Many topics, one worker: a datastream of many topics vs a datastream per topic.** The
 same real processes as (b). ``--topics`` (100) topics of one partition each get
-``--topic-rate`` (10) records/s each. First ONE datastream names them all
-(``source.topics``, a table each, ``orders_spec``'s table section, starting at the latest
-offsets); once caught up it is measured for ``--seconds``: per table the produce-ack ->
-visible freshness (p99 per table, worst and median), the worker's RSS every 5 s and its CPU.
+``--topic-rate`` (10) records/s each. First ONE datastream's pattern matches them all
+(``source.topic_pattern``, a table each, ``orders_spec``'s table section, starting at the
+latest offsets): the time from its create to each table's first rows, then, once caught up,
+``--seconds`` measured: per table the produce-ack -> visible freshness (p99 per table, worst
+and median), the worker's RSS every 5 s, its CPU and the CPU-s per batch of its shared query.
 It is then deleted, and the same topics get a datastream each on the same worker, measured
-the same way.
+the same way (``--c-variants one`` stops after the first; ``--topics 200 --topic-rate 5`` is
+the issue's second case).
 
 Prints both tables and the verdicts against issue 15's targets (64 partitions catch up at
 >= 0.8x the rows/s of 4 partitions; 8 datastreams on one worker each keep p99 freshness <=

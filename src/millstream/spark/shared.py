@@ -174,9 +174,10 @@ class SharedQueryRunner:
         one client config in one request), then each member's tables and shards on a thread
         of its own (at most :data:`MEMBER_THREADS` at once). One after the other, each
         member's entry asked its broker and made its metadata transactions alone: the 100
-        tables of one datastream joined about 1 s apart (docs/performance.md, "Scale (c)").
-        A member whose tables or source did not answer gets its
-        :class:`SharedQueryMemberError` in its place."""
+        tables of one datastream joined about 1 s apart (docs/performance.md, "(c) 100
+        topics: the tables join together, a batch's commits share one transaction"). A member
+        whose tables or source did not answer gets its :class:`SharedQueryMemberError` in its
+        place."""
         readers: dict[str, PartitionReader] = {}
         asked: dict[str, dict[int, int] | Exception] = {}
         for name, m in new.items():
