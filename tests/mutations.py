@@ -1576,14 +1576,10 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         what="a shared query's member whose start is empty ({}: its source had no partition) "
         "plans from that start, so a partition its source gains is read from its first record",
         old="""\
-                if n not in start or n in entering:
-                    return r.initialOffset()
                 begin = start[n]
 """,
         new="""\
-                if n in entering:
-                    return r.initialOffset()
-                begin = start.get(n) or r.initialOffset()  # MUTATION: {} taken as no start
+                begin = start[n] or r.initialOffset()  # MUTATION: {} taken as no start
 """,
         tests=("tests/unit/ingest/test_shared_query_new_partitions.py",),
     ),
