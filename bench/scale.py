@@ -43,12 +43,14 @@ time), plus the batches committed and the median commit time.
 
 **(c) Many topics, one worker: a datastream of many topics vs a datastream per topic.** The
 same real processes as (b). ``--topics`` (100) topics of one partition each get
-``--topic-rate`` (10) records/s each. First ONE datastream names them all
-(``source.topics``, a table each, ``orders_spec``'s table section, starting at the latest
-offsets); once caught up it is measured for ``--seconds``: per table the produce-ack ->
-visible freshness (p99 per table, worst and median), the worker's RSS every 5 s and its CPU.
+``--topic-rate`` (10) records/s each. First ONE datastream's pattern matches them all
+(``source.topic_pattern``, a table each, ``orders_spec``'s table section, starting at the
+latest offsets): the time from its create to each table's first rows, then, once caught up,
+``--seconds`` measured: per table the produce-ack -> visible freshness (p99 per table, worst
+and median), the worker's RSS every 5 s, its CPU and the CPU-s per batch of its shared query.
 It is then deleted, and the same topics get a datastream each on the same worker, measured
-the same way.
+the same way (``--c-variants one`` stops after the first; ``--topics 200 --topic-rate 5`` is
+the issue's second case).
 
 Prints both tables and the verdicts against issue 15's targets (64 partitions catch up at
 >= 0.8x the rows/s of 4 partitions; 8 datastreams on one worker each keep p99 freshness <=
@@ -350,6 +352,30 @@ def all_uppers(store: Any) -> dict[tuple[str, int], int]:
     with store.read() as conn:
         rows = conn.execute(select(sh.c.table_name, sh.c.partition, sh.c.upper)).all()
     return {(str(t), int(p)): int(u) for t, p, u in rows}
+
+
+def tables_with_rows(store: Any) -> set[str]:
+    """The tables with at least one committed row, in one read."""
+    from sqlalchemy import select
+
+    from millstream.metastore import schema as s
+
+    e = s.entries
+    with store.read() as conn:
+        rows = conn.execute(select(e.c.table_name).where(e.c.row_count > 0).distinct()).all()
+    return {str(t) for (t,) in rows}
+
+
+def last_batch(home: Path) -> int:
+    """The last batch the worker's shared query committed (its checkpoint's commit log; -1
+    before any): batches in a window are the difference of two readings."""
+    found = [
+        int(f.name)
+        for d in home.glob("workers/*/_shared-query/checkpoint/commits")
+        for f in d.iterdir()
+        if f.name.isdigit()
+    ]
+    return max(found, default=-1)
 
 
 # -- the worker's process tree ------------------------------------------------------------------
@@ -737,11 +763,13 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
         since = time.time()
         rss: list[tuple[float, float]] = []
         cpu0 = sum(p["cpu_s"] for p in tree(worker.pid))
+        batch0 = last_batch(home)
         while time.time() - since < args.seconds:
             time.sleep(5.0)
             rss.append((time.time() - since, tree_summary(tree(worker.pid))["rss_mb"]))
         until = time.time()
         cpu1 = sum(p["cpu_s"] for p in tree(worker.pid))
+        batches = last_batch(home) - batch0
         time.sleep(args.tail)
         sampling.clear()
         p99s, p50s, unresolved = [], [], 0
@@ -757,6 +785,8 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
             "window_s": until - since,
             "load": common.load(),
             "worker_cpu_cores": (cpu1 - cpu0) / (until - since),
+            "batches": batches,
+            "cpu_s_per_batch": (cpu1 - cpu0) / batches if batches > 0 else float("nan"),
             "p99_s_worst": max(p99s) if p99s else float("nan"),
             "p99_s_median": statistics.median(p99s) if p99s else float("nan"),
             "p50_s_median": statistics.median(p50s) if p50s else float("nan"),
@@ -770,7 +800,8 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
         log(
             f"(c) {variant}: {len(tables)} tables, p99 worst {out['p99_s_worst']:.2f}s median "
             f"{out['p99_s_median']:.2f}s, p50 median {out['p50_s_median']:.2f}s, worker CPU "
-            f"{out['worker_cpu_cores']:.2f} cores, RSS {out['rss_mb_first']:,.0f} -> "
+            f"{out['worker_cpu_cores']:.2f} cores, {batches} batches "
+            f"({out['cpu_s_per_batch']:.2f} CPU-s each), RSS {out['rss_mb_first']:,.0f} -> "
             f"{out['rss_mb_last']:,.0f} MB (peak {out['rss_mb_peak']:,.0f}) over "
             f"{out['window_s']:.0f}s, load {out['load'][0]}"
         )
@@ -798,13 +829,34 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
         base_spec["source"]["starting_offsets"] = "latest"
         base_spec.pop("max_records_per_batch")
 
-        # one datastream naming every topic: a table each, named after its topic
+        # one datastream whose pattern matches every topic: a table each, named after its topic
         one = {**base_spec, "name": "multi", "table": {**base_spec["table"], "name": "m{topic}"}}
-        one["source"] = {**base_spec["source"], "topics": topics}
+        one["source"] = {**base_spec["source"], "topic_pattern": r"c\d{3}"}
         del one["source"]["topic"]
-        assert api.post("/datastreams", one).status_code == 201
         tables = {f"m{t}": t for t in topics}
         t0 = time.time()
+        assert api.post("/datastreams", one).status_code == 201
+        first: dict[str, float] = {}
+        while len(first) < n and time.time() - t0 < args.catch_up_timeout:
+            now = time.time()
+            with contextlib.suppress(Exception):
+                for t in tables_with_rows(store) - set(first):
+                    first[t] = now - t0
+            time.sleep(0.5)
+        rows_at = sorted(first.values())
+        variants["first_rows"] = {
+            "tables": len(first),
+            "first_s": rows_at[0] if rows_at else float("nan"),
+            "median_s": statistics.median(rows_at) if rows_at else float("nan"),
+            "last_s": rows_at[-1] if len(rows_at) == n else float("nan"),
+            "load": common.load(),
+        }
+        log(
+            f"(c) from create to a table's first rows, {len(first)} of {n} tables: first "
+            f"{variants['first_rows']['first_s']:.1f}s, median "
+            f"{variants['first_rows']['median_s']:.1f}s, every table "
+            f"{variants['first_rows']['last_s']:.1f}s (load {common.load()[0]})"
+        )
         wait_until(
             f"one datastream of {n} topics runs and is caught up",
             functools.partial(caught_up, api, ["multi"], tables),
@@ -814,6 +866,9 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
         )
         log(f"(c) one datastream of {n} topics caught up after {time.time() - t0:.0f}s")
         variants["one_datastream"] = measure("one datastream", api, worker, tables)
+        if "each" not in args.c_variants.split(","):
+            api.close()
+            return {"topics": n, "rate_per_topic": args.topic_rate, **variants}
         assert api.delete("/datastreams/multi").status_code == 202
         wait_until(
             "the multi-table datastream is removed",
@@ -947,6 +1002,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--catch-up-timeout", type=float, default=240.0)
     ap.add_argument("--topics", type=int, default=100, help="(c) topics, one partition each")
     ap.add_argument("--topic-rate", type=float, default=10.0, help="(c) records/s per topic")
+    ap.add_argument(
+        "--c-variants",
+        default="one,each",
+        help="(c) one: one datastream of every topic; each: then a datastream per topic",
+    )
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: a,b,c")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")

@@ -1499,13 +1499,13 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         name="a-shared-querys-members-commit-on-their-own",
         file="src/millstream/spark/sink.py",
         what="in a shared query, a member whose commit fails (fenced, gapped) does not keep "
-        "the members after it from committing the batch",
+        "the members after it from finishing their commit (their commit log, their gaps)",
         old="""\
-                log.warning("batch %s of datastream %s did not commit: %s", batchId, name, exc)
-                errors.append(exc)
+                    log.warning("batch %s of datastream %s did not commit: %s", batchId, name, exc)
+                    errors.append(exc)
 """,
         new="""\
-                raise  # MUTATION: the first failure ends the batch's commit
+                    raise  # MUTATION: the first failure ends the batch's commit
 """,
         tests=("tests/contract/test_contract_shared_query.py",),
         select="sqlite-local",
@@ -1576,14 +1576,10 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         what="a shared query's member whose start is empty ({}: its source had no partition) "
         "plans from that start, so a partition its source gains is read from its first record",
         old="""\
-                if n not in start or n in entering:
-                    return r.initialOffset()
                 begin = start[n]
 """,
         new="""\
-                if n in entering:
-                    return r.initialOffset()
-                begin = start.get(n) or r.initialOffset()  # MUTATION: {} taken as no start
+                begin = start[n] or r.initialOffset()  # MUTATION: {} taken as no start
 """,
         tests=("tests/unit/ingest/test_shared_query_new_partitions.py",),
     ),
@@ -2483,6 +2479,64 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "tests/unit/ingest/test_sink_stages_as_it_decodes.py::"
             "test_pieces_out_of_position_order_are_refused_naming_both_positions",
         ),
+    ),
+    Guard(
+        name="a-commit-together-rolls-back-a-failed-member-alone",
+        file=MANIFEST,
+        what="each_isolated: in the one transaction a shared query's members commit in, a "
+        "member that is fenced or loses a compare-and-set is rolled back to its savepoint "
+        "alone; the others commit",
+        old="""\
+        except MillstreamError as exc:
+            savepoint.rollback()
+            out[key] = exc
+            continue
+""",
+        new="""\
+        except MillstreamError:
+            raise  # MUTATION: one member's failure rolls back every member's commit
+""",
+        tests=(
+            "tests/contract/test_contract_shared_query.py::"
+            "test_a_member_a_concurrent_transaction_fences_holds_back_no_other",
+        ),
+        select="sqlite-local",
+    ),
+    Guard(
+        name="a-commit-together-undoes-a-failed-members-writes",
+        file=MANIFEST,
+        what="each_isolated: a member whose compare-and-set fails after it wrote rows (its "
+        "entries) is rolled back to its savepoint, so none of them commits with the others",
+        old="""\
+        except MillstreamError as exc:
+            savepoint.rollback()
+""",
+        new="""\
+        except MillstreamError as exc:
+            savepoint.commit()  # MUTATION: a failed member's writes commit with the others
+""",
+        tests=(
+            "tests/contract/test_contract_shared_query.py::"
+            "test_a_member_that_loses_a_race_in_the_shared_commit_commits_alone_after_it",
+        ),
+    ),
+    Guard(
+        name="a-commit-together-checks-each-members-files-before-commit",
+        file="src/millstream/metastore/append.py",
+        what="append_batches_txn: each member's precondition (its staged files young enough "
+        "for GC's grace) is checked right before the shared COMMIT; a member that fails it "
+        "commits nothing",
+        old="""\
+            check()  # last, with every lock held: right before COMMIT
+""",
+        new="""\
+            pass  # MUTATION: a member's precondition is not checked
+""",
+        tests=(
+            "tests/contract/test_contract_shared_query.py::"
+            "test_a_member_whose_staged_files_are_too_old_commits_nothing_and_the_others_commit",
+        ),
+        select="sqlite-local",
     ),
 )
 

@@ -6,7 +6,7 @@ table, and a table that cannot be written (its name belongs to another datastrea
 its own backoff while the others commit, the datastream staying READY. A topic created while
 the datastream runs gets its table at the next listing of the broker's topics, without a
 restart of the query. Tables with nothing new cost nothing: no task of the batch carries them
-(the planner skips them) and no commit transaction is made for them.
+(the planner skips them) and the commit's one metadata transaction does not touch them.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from millstream.core.lifecycle import State
 from millstream.datastream import DatastreamSpec, dead_letter_spec
 from millstream.ingest.sources import config_for
 from millstream.local.tansu import TansuBroker
+from millstream.metastore.store import MetadataStore
 from millstream.reference.oracle import RawRecord
 from millstream.spark.options import (
     GroupSinkOptions,
@@ -39,7 +40,7 @@ from millstream.spark.options import (
     SourceOptions,
 )
 from millstream.spark.runner import bootstrap
-from millstream.spark.sink import GroupSink, SegmentSink
+from millstream.spark.sink import GroupSink
 from millstream.spark.sources import GroupStreamReader
 
 pytestmark = [pytest.mark.kafka]
@@ -191,7 +192,7 @@ def test_tables_with_nothing_new_get_no_task_and_no_commit(
 ) -> None:
     """The shared query's planner and sink (as a worker's query runs them, without Spark)
     over 6 tables of one datastream, 2 of which have new records: the batch's tasks carry
-    only those 2, and only those 2 commit (a transaction each)."""
+    only those 2, and only those 2 commit (in one metadata transaction)."""
     prefix = f"mi{uuid.uuid4().hex[:8]}"
     boot = kafka_broker.bootstrap
     names = [f"t{i}" for i in range(6)]
@@ -231,17 +232,17 @@ def test_tables_with_nothing_new_get_no_task_and_no_commit(
     assert planned == ["shop.t1", "shop.t4"]
     assert len(tasks) <= 2
 
-    commits: list[str] = []
-    real = SegmentSink.commit
+    commits: list[list[str]] = []
+    real = MetadataStore.commit_batches
 
-    def counted(self: SegmentSink, messages: Any, batch_id: int) -> None:
-        commits.append(self.opts.table_spec.name)
-        real(self, messages, batch_id)
+    def counted(self: MetadataStore, batches: Any) -> Any:
+        commits.append(sorted(batches))
+        return real(self, batches)
 
-    monkeypatch.setattr(SegmentSink, "commit", counted)
+    monkeypatch.setattr(MetadataStore, "commit_batches", counted)
     writer = GroupSink(GroupSinkOptions.from_options(GroupSinkOptions(sink).to_options()))
     writer.commit([writer.write(reader.read(t)) for t in tasks], 0)
-    assert sorted(commits) == ["t1", "t4"]
+    assert commits == [["shop.t1", "shop.t4"]], "one transaction, for the tables with records"
     versions = {n: catalog.table(n).manifest_version for n in names}
     assert versions["t1"] > versions["t0"] and versions["t4"] > versions["t0"]
     assert len({versions[n] for n in names if n not in ("t1", "t4")}) == 1

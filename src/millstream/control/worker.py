@@ -383,26 +383,28 @@ class Worker:
             w = self.writers.pop(ds)
             if w.locked:
                 w.state_dir.unlock()
-        for ds in sorted(wanted - members):
-            new = self._new_member(ds, ready[ds])
-            if new is None:
+        # Every new member joins in ONE membership change (the tables of a datastream, the
+        # topics a pattern's listing found): their entries are made together.
+        made = [self._new_member(ds, ready[ds]) for ds in sorted(wanted - members)]
+        fresh = [w for w in made if w is not None]
+        runners = [w.runner for w in fresh if w.runner is not None]
+        joined = shared.add_many(runners) if runners else {}
+        restart = False
+        for new in fresh:
+            ds = new.datastream
+            outcome = joined.get(ds, False)
+            if outcome is True:
+                new.thread = thread
+                self._shared_writers.append(new)
                 continue
-            assert new.runner is not None
-            try:
-                joined = shared.add(new.runner)
-            except SharedQueryMemberError as exc:
-                new.state_dir.unlock()
-                new.locked = False
-                self._count_source_error(ds, exc.error, str(exc))
-                self._member_failed(ds, str(exc), fail=_hopeless(exc))
-                continue
-            if not joined:
-                new.state_dir.unlock()
-                new.locked = False
-                return False
-            new.thread = thread
-            self._shared_writers.append(new)
-        return True
+            new.state_dir.unlock()
+            new.locked = False
+            if isinstance(outcome, SharedQueryMemberError):
+                self._count_source_error(ds, outcome.error, str(outcome))
+                self._member_failed(ds, str(outcome), fail=_hopeless(outcome))
+            else:
+                restart = True
+        return not restart
 
     def _new_member(self, ds: str, role: str) -> _Writer | None:
         """A fresh writer of ``ds`` holding its state directory, for the shared query (None,

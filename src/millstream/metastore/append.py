@@ -1,10 +1,13 @@
 """Applying compare-and-append: a writer's batch decided per shard by
 :func:`millstream.core.frontier.decide` and recorded (entries, shard uppers, a new manifest
-version) in one transaction, for one table or for a table and its dead-letter table."""
+version) in one transaction, for one table or for a table and its dead-letter table; and the
+batches of several writers (a shared query's members) in one transaction, each in a savepoint
+of its own (:func:`append_batches_txn`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
@@ -12,10 +15,10 @@ from sqlalchemy import Connection, insert
 
 from millstream.clock import Clock
 from millstream.core.frontier import Decision, Outcome, decide
-from millstream.errors import InvalidSpecError, WriterFencedError
+from millstream.errors import InvalidSpecError, MillstreamError, WriterFencedError
 from millstream.metastore import schema as s
 from millstream.metastore.cas import CasRow, cas_update_many
-from millstream.metastore.manifest import insert_entries, publish_version
+from millstream.metastore.manifest import each_isolated, insert_entries, publish_version
 from millstream.metastore.models import AppendResult, SegmentState, Shard, ShardAppend, ShardResult
 from millstream.metastore.shards import shards_of
 from millstream.metastore.tables import find_table
@@ -154,3 +157,69 @@ def append_txn(
     if new_version is not None:
         publish_version(conn, info, "append", now, writer_id=writer_id, batch_id=batch_id)
     return AppendResult(table, new_version, tuple(results), 0, frozenset(files))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchAppends:
+    """One writer's batch among several committed together (``MetadataStore.commit_batches``):
+    its appends per table (a table and its dead-letter table, sorted by
+    :func:`checked_appends`), who wrote it, and its precondition (run inside the transaction
+    right before COMMIT; an exception fails the batch alone)."""
+
+    changes: Mapping[str, Sequence[ShardAppend]]
+    writer_id: str | None = None
+    batch_id: int | None = None
+    precondition: Callable[[], None] | None = None
+
+
+class LatePreconditionError(Exception):
+    """Batches whose precondition failed right before COMMIT (``errors``, by batch): the
+    transaction is rolled back and run again without them. Not a :class:`MillstreamError`:
+    no retry of a lost race may swallow it."""
+
+    def __init__(self, errors: dict[str, MillstreamError]) -> None:
+        super().__init__(f"preconditions failed right before COMMIT: {sorted(errors)}")
+        self.errors = errors
+
+
+def append_batches_txn(
+    conn: Connection,
+    clock: Clock,
+    lock: bool,
+    batches: Mapping[str, BatchAppends],
+) -> dict[str, dict[str, AppendResult] | MillstreamError]:
+    """Decide and record several writers' ``batches`` inside ``conn``'s ONE transaction, each
+    batch in a savepoint of its own (:func:`~millstream.metastore.manifest.each_isolated`):
+    per table :func:`append_txn` (every shard's epoch and decision, the shard
+    compare-and-sets with their row count checked, the table row's compare-and-set). A batch
+    that is fenced or loses a compare-and-set is rolled back alone, its error in its place;
+    the others commit. Tables are taken in name order within a batch and batches in key
+    order, so two such transactions lock rows in one order.
+
+    Then, right before COMMIT with every lock held, each recorded batch's precondition (a
+    staged file is judged by when its commit lands, as in ``commit_batch``); if any fails,
+    :class:`LatePreconditionError` rolls the whole transaction back and the caller runs it
+    again without those batches."""
+
+    def one(batch: BatchAppends) -> Callable[[Connection], dict[str, AppendResult]]:
+        def run(c: Connection) -> dict[str, AppendResult]:
+            return {
+                t: append_txn(c, clock, lock, t, list(a), batch.writer_id, batch.batch_id)
+                for t, a in sorted(batch.changes.items())
+            }
+
+        return run
+
+    done = each_isolated(conn, {k: one(b) for k, b in sorted(batches.items())})
+    late: dict[str, MillstreamError] = {}
+    for key, result in done.items():
+        check = batches[key].precondition
+        if isinstance(result, MillstreamError) or check is None:
+            continue
+        try:
+            check()  # last, with every lock held: right before COMMIT
+        except MillstreamError as exc:
+            late[key] = exc
+    if late:
+        raise LatePreconditionError(late)
+    return done

@@ -53,8 +53,14 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection, insert, select
+from sqlalchemy.exc import IntegrityError
 
-from millstream.errors import CommitStateUnknownError, SegmentChangedError
+from millstream.errors import (
+    CommitConflictError,
+    CommitStateUnknownError,
+    MillstreamError,
+    SegmentChangedError,
+)
 from millstream.metastore import schema as s
 from millstream.metastore.cas import cas_update
 from millstream.metastore.engine import Transactions
@@ -222,6 +228,38 @@ def publish_version(
         )
     )
     return version
+
+
+# -- several writers' changes in one transaction ---------------------------------------------
+
+K = TypeVar("K")
+
+
+def each_isolated(
+    conn: Connection, work: Mapping[K, Callable[[Connection], T]]
+) -> dict[K, T | MillstreamError]:
+    """Run each of ``work`` (its compare-and-sets and preconditions, as its own transaction
+    would) in a savepoint of ``conn``'s transaction, one after the other: one whose
+    precondition fails (a stale epoch, a lost compare-and-set, a staged file too old, a
+    duplicate row) is rolled back to its savepoint alone and its error is returned in its
+    place, while the others' writes stay in the transaction and commit with it. An error of
+    the transaction itself (the store unreachable, a deadlock) propagates: the whole
+    transaction is rolled back (and retried by its caller)."""
+    out: dict[K, T | MillstreamError] = {}
+    for key, fn in work.items():
+        savepoint = conn.begin_nested()
+        try:
+            out[key] = fn(conn)
+        except MillstreamError as exc:
+            savepoint.rollback()
+            out[key] = exc
+            continue
+        except IntegrityError as exc:  # a row another writer inserted first: a lost race
+            savepoint.rollback()
+            out[key] = CommitConflictError(f"a row was inserted concurrently: {exc.orig}")
+            continue
+        savepoint.commit()
+    return out
 
 
 # -- unknown outcomes ------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from millstream import faults
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.core.assignment import Placement
 from millstream.core.evolution import Change
-from millstream.errors import CommitConflictError
+from millstream.errors import CommitConflictError, MillstreamError
 from millstream.metastore import (
     append,
     assignments,
@@ -279,6 +279,59 @@ class MetadataStore:
             t: AppendResult(r.table, r.version, r.shards, retries, r.files_referenced)
             for t, r in results.items()
         }
+
+    def commit_batches(
+        self, batches: Mapping[str, append.BatchAppends]
+    ) -> dict[str, dict[str, AppendResult] | MillstreamError]:
+        """:meth:`commit_batch` of several writers' batches (the members of a shared query)
+        in ONE transaction: one round trip and one COMMIT for the lot instead of one per
+        writer, where each batch keeps every precondition its own transaction checks. Each
+        batch runs in a savepoint (:func:`~millstream.metastore.append.append_batches_txn`):
+        one that is fenced, refused or that lost a compare-and-set is rolled back alone and
+        never holds the others back. Per batch: its results by table, or its error. A batch
+        that lost a compare-and-set (a concurrent writer moved its row) is then committed
+        on its own (:meth:`commit_batch`, retried from a fresh read). An unknown outcome of
+        the shared COMMIT raises :class:`CommitStateUnknownError` for the caller to reconcile
+        per batch."""
+        out: dict[str, dict[str, AppendResult] | MillstreamError] = {}
+        todo: dict[str, append.BatchAppends] = {}
+        for key, b in sorted(batches.items()):
+            try:
+                changes = {t: append.checked_appends(a) for t, a in sorted(b.changes.items())}
+            except MillstreamError as exc:
+                out[key] = exc
+                continue
+            todo[key] = append.BatchAppends(changes, b.writer_id, b.batch_id, b.precondition)
+        lock = not self.is_sqlite
+        done: dict[str, dict[str, AppendResult] | MillstreamError] = {}
+        retries = 0
+        while todo:
+            try:
+                done, retries = self.retrying(append.append_batches_txn, self.clock, lock, todo)
+                break
+            except append.LatePreconditionError as late:
+                out.update(late.errors)
+                todo = {k: b for k, b in todo.items() if k not in late.errors}
+        for key, result in done.items():
+            if isinstance(result, CommitConflictError):  # a lost race: alone, from a fresh read
+                b = batches[key]
+                try:
+                    out[key] = self.commit_batch(
+                        dict(b.changes),
+                        writer_id=b.writer_id,
+                        batch_id=b.batch_id,
+                        precondition=b.precondition,
+                    )
+                except MillstreamError as exc:
+                    out[key] = exc
+            elif isinstance(result, MillstreamError):
+                out[key] = result
+            else:
+                out[key] = {
+                    t: AppendResult(r.table, r.version, r.shards, retries, r.files_referenced)
+                    for t, r in result.items()
+                }
+        return dict(sorted(out.items()))
 
     # -- manifests -------------------------------------------------------------------------
 

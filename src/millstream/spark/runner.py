@@ -63,11 +63,14 @@ class Bootstrap:
     dead_letter_epochs: dict[int, int]
 
 
-def bootstrap(spec: DatastreamSpec, store: MetadataStore) -> Bootstrap:
+def bootstrap(
+    spec: DatastreamSpec, store: MetadataStore, latest: dict[int, int] | None = None
+) -> Bootstrap:
     """The shards' uppers and epochs, where a writer of ``spec`` starts. Every source partition
     gets a shard first (at the position a fresh start would use), so a local checkpoint is
     always compared with an authoritative upper, never trusted for a partition the store knows
-    nothing about.
+    nothing about. ``latest`` is the source's latest offsets if the caller asked for them
+    already (a shared query asks for every joining member's at once), else they are asked here.
 
     The table's and the dead-letter table's shards are created in one transaction, and the
     writer starts each partition at the LOWER of the two uppers: where the dead-letter shard is
@@ -76,7 +79,8 @@ def bootstrap(spec: DatastreamSpec, store: MetadataStore) -> Bootstrap:
     table_spec = spec.table_spec()
     table, dl_table = table_spec.name, dead_letter_spec(table_spec.name).name
     reader = spec_reader(spec.source)
-    latest = reader.latest_offsets()
+    if latest is None:
+        latest = reader.latest_offsets()
     fresh = reader.earliest_offsets() if spec.source.starting_offsets == "earliest" else latest
     starts = {p: fresh.get(p, 0) for p in latest}
     store.ensure_shards(table, starts, together_with=[dl_table])
@@ -251,8 +255,8 @@ class DatastreamRunner:
         self.table_spec = self.catalog.create_table(self.table_spec).spec
         self.catalog.create_table(dead_letter_spec(self.table_spec))
 
-    def bootstrap(self) -> Bootstrap:
-        return bootstrap(self.spec, self.catalog.store)
+    def bootstrap(self, latest: dict[int, int] | None = None) -> Bootstrap:
+        return bootstrap(self.spec, self.catalog.store, latest)
 
     @property
     def checkpoint(self) -> Path:

@@ -7,19 +7,21 @@ datastream and trigger, so ten quiet datastreams cost ten times one. A shared qu
 once per trigger for all of them: its source (:class:`~millstream.spark.sources.GroupStreamReader`)
 plans every member's ranges as the member would alone, its tasks read and stage each member's
 ranges as that member's sink would (:class:`~millstream.spark.sink.GroupSink`), and its commit
-commits each member through its own compare-and-append transaction, with its own epochs and
-standby gate. Nothing about a member's correctness depends on the others:
+commits every member in ONE metadata transaction, each in a savepoint of its own with its own
+compare-and-append checks, epochs and standby gate. Nothing about a member's correctness
+depends on the others:
 
-* a member's commit is its own transaction; a member fenced or gapped does not keep the others
-  from committing, and the query then restarts every member from its shard uppers (the others'
-  replay is a DROP);
+* a member's commit is rolled back alone when it fails; a member fenced or gapped does not
+  keep the others from committing, and the query then restarts every member from its shard
+  uppers (the others' replay is a DROP);
 * the query's checkpoint is a cache like a writer's: it is discarded at every start, and every
   member starts at its shard uppers (the truth);
 * a member's error carries its name (:data:`~millstream.spark.sources.MEMBER_NOTE`), so the
   worker puts that member alone in ERROR or backoff and restarts the others without it.
 
 Members join and leave the running query (:meth:`SharedQueryRunner.add`,
-:meth:`SharedQueryRunner.remove`) without a restart: the runner keeps the membership in a file
+:meth:`SharedQueryRunner.add_many` for many at once, :meth:`SharedQueryRunner.remove`) without a
+restart: the runner keeps the membership in a file
 (:mod:`millstream.spark.membership`) that the source reads at each batch it plans and the
 sink's commit reads under a shared lock. A member that joins enters at its shard uppers (as at
 a start); one that leaves is planned no more, and once :meth:`~SharedQueryRunner.remove` has
@@ -35,6 +37,7 @@ import logging
 import re
 import shutil
 import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,8 @@ from typing import Any
 from pyspark.errors import StreamingQueryException
 
 from millstream.errors import InvalidSpecError, from_spark_failure
+from millstream.ingest.sources import spec_reader
+from millstream.ingest.sources.base import PartitionReader, latest_offsets_of
 from millstream.spark.membership import (
     MEMBERSHIP_FILE,
     Member,
@@ -55,7 +60,7 @@ from millstream.spark.options import (
     SourceOptions,
 )
 from millstream.spark.runner import MAX_RESTARTS, DatastreamRunner, _restartable
-from millstream.spark.sources import GROUP_FORMAT
+from millstream.spark.sources import GROUP_FORMAT, each_member
 from millstream.spark.table_source import GROUP_SINK_FORMAT, register
 from millstream.storage.statedir import StateDirectory
 
@@ -138,11 +143,22 @@ class SharedQueryRunner:
     def checkpoint(self) -> Path:
         return self.state_dir.checkpoint_dir  # raises unless the lock is held
 
-    def _entry(self, name: str, m: DatastreamRunner, *, members: int) -> Member:
-        """A member's entry at the next generation: its options from its shard uppers."""
+    def _entry(
+        self,
+        name: str,
+        m: DatastreamRunner,
+        *,
+        members: int,
+        latest: dict[int, int] | Exception | None = None,
+    ) -> Member:
+        """A member's entry at the next generation: its options from its shard uppers.
+        ``latest``: its source's latest offsets (or the error asking them raised) if they
+        were asked already."""
         try:
+            if isinstance(latest, Exception):
+                raise latest
             m.ensure_tables()
-            source, sink = m.query_options(m.bootstrap())
+            source, sink = m.query_options(m.bootstrap(latest))
         except Exception as exc:
             raise SharedQueryMemberError(name, exc) from exc
         source = member_source(
@@ -150,15 +166,46 @@ class SharedQueryRunner:
         )
         return Member(self.generation + 1, source.to_options(), sink.to_options())
 
+    def _entries(
+        self, new: dict[str, DatastreamRunner], *, members: int
+    ) -> dict[str, Member | SharedQueryMemberError]:
+        """The entries of the members ``new`` at the next generation, made together: their
+        sources' latest offsets asked at once (:func:`latest_offsets_of`: Kafka members of
+        one client config in one request), then each member's tables and shards on a thread
+        of its own (at most :data:`MEMBER_THREADS` at once). One after the other, each
+        member's entry asked its broker and made its metadata transactions alone: the 100
+        tables of one datastream joined about 1 s apart (docs/performance.md, "(c) 100
+        topics: the tables join together, a batch's commits share one transaction"). A member
+        whose tables or source did not answer gets its :class:`SharedQueryMemberError` in its
+        place."""
+        readers: dict[str, PartitionReader] = {}
+        asked: dict[str, dict[int, int] | Exception] = {}
+        for name, m in new.items():
+            try:
+                readers[name] = spec_reader(m.spec.source)
+            except Exception as exc:  # its source's config: its error alone
+                asked[name] = exc
+        asked.update(latest_offsets_of(readers))
+
+        def entry(name: str) -> Member | SharedQueryMemberError:
+            try:
+                return self._entry(name, new[name], members=members, latest=asked.get(name))
+            except SharedQueryMemberError as exc:
+                return exc
+
+        return each_member(sorted(new), entry, "member-join")
+
     def begin(self) -> tuple[GroupSourceOptions, GroupSinkOptions]:
         """The options a query starts with: every member's entry from its shard uppers, at a
-        new generation, also written to the membership file (which the query then follows)."""
+        new generation, also written to the membership file (which the query then follows).
+        A member whose entry cannot be made raises its :class:`SharedQueryMemberError`."""
         with self._lock:
             self.shortest = min(m.spec.trigger_seconds for m in self.members.values())
-            entries = {
-                name: self._entry(name, m, members=len(self.members))
-                for name, m in self.members.items()
-            }
+            built = self._entries(self.members, members=len(self.members))
+            for failed in built.values():
+                if isinstance(failed, SharedQueryMemberError):
+                    raise failed
+            entries = {n: e for n, e in built.items() if isinstance(e, Member)}
             self.generation += 1
             self.entries = entries
             self.membership.write(self.generation, entries)
@@ -202,32 +249,63 @@ class SharedQueryRunner:
 
     def add(self, member: DatastreamRunner) -> bool:
         """Let ``member`` (whose state directory the caller holds) join the running query at
-        its shard uppers, without a restart. False when it cannot join a running query: none
-        runs, or its trigger is shorter than the query's (the caller then restarts the query
-        with it). A member whose tables or source do not answer raises
+        its shard uppers, without a restart: :meth:`add_many` of one. False when it cannot
+        join a running query; a member whose tables or source do not answer raises
         :class:`SharedQueryMemberError`, and the query runs on without it."""
-        name = member.member
+        joined = self.add_many([member])[member.member]
+        if isinstance(joined, SharedQueryMemberError):
+            raise joined
+        return joined
+
+    def add_many(
+        self, members: Sequence[DatastreamRunner]
+    ) -> dict[str, bool | SharedQueryMemberError]:
+        """Let ``members`` (whose state directories the caller holds) join the running query
+        together, each at its shard uppers, without a restart: their entries are made at once
+        (:meth:`_entries`) and written in ONE membership change (one generation), which the
+        query's source takes at the next batch it plans. The 100 tables of a datastream, or
+        the topics a pattern's listing found, join as one change, not one after another.
+
+        Per member: True (it runs in the query, now or already), False when it cannot join a
+        running query (none runs, or its trigger is shorter than the query's: the caller then
+        restarts the query with it), or the :class:`SharedQueryMemberError` of a member whose
+        tables or source do not answer (the query runs on without it)."""
         with self._lock:
             if self._stopping or self.query is None or not self.query.isActive:
-                return False
-            if name in self.members:
-                return True
-            if member.spec.trigger_seconds < self.shortest:
-                return False
-            entry = self._entry(name, member, members=len(self.members) + 1)
-            self.generation = entry.since
-            self.entries[name] = entry
-            self.members = dict(sorted({**self.members, name: member}.items()))
+                return {m.member: False for m in members}
+            out: dict[str, bool | SharedQueryMemberError] = {}
+            new: dict[str, DatastreamRunner] = {}
+            for m in members:
+                if m.member in self.members:
+                    out[m.member] = True
+                elif m.spec.trigger_seconds < self.shortest:
+                    out[m.member] = False
+                else:
+                    new[m.member] = m
+            if not new:
+                return out
+            built = self._entries(new, members=len(self.members) + len(new))
+            joined = {n: e for n, e in built.items() if isinstance(e, Member)}
+            out.update({n: e for n, e in built.items() if not isinstance(e, Member)})
+            if not joined:
+                return out
+            self.generation += 1
+            self.entries = {**self.entries, **joined}
+            self.members = dict(sorted({**self.members, **{n: new[n] for n in joined}}.items()))
             self.membership.write(self.generation, self.entries)
-            member.query = self.query
-            self.joins += 1
+            for name in joined:
+                new[name].query = self.query
+                out[name] = True
+            self.joins += len(joined)
             log.info(
-                "datastream %s joined shared query %s (generation %d)",
-                name,
+                "%s joined shared query %s (generation %d)",
+                ", ".join(f"datastream {n}" for n in sorted(joined))
+                if len(joined) <= 5
+                else f"{len(joined)} datastreams ({', '.join(sorted(joined)[:3])}, ...)",
                 self.state_dir.path.name,
                 self.generation,
             )
-            return True
+            return out
 
     def remove(self, name: str, timeout: float = 60.0) -> bool:
         """Take ``name`` out of the running query without a restart: once this returns True,

@@ -57,6 +57,8 @@ from millstream.table.commit import (
     BatchCommit,
     StagedFile,
     StagedWrite,
+    TableBatch,
+    commit_many,
     commit_writes,
 )
 from millstream.table.read import conform
@@ -364,26 +366,46 @@ class SegmentSink(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Commit the batch through :func:`millstream.table.commit.commit_writes` (the one
         commit path): the table and its dead-letter table in one transaction."""
-        faults.hit("before_commit", batchId)
-        writes = [m.staged_write() for m in messages if isinstance(m, SinkMessage)]
-        if not any(w.ranges for w in writes):
-            return
-        store = self._store()
-        deep = self._deep()
-        if not self._may_commit(store):
-            # A warm standby: it reads and stages like the active but does not commit while
-            # the active is alive. When it takes over, its first commit finds a gap and the
-            # runner restarts it from the shard upper.
-            self._delete(deep, set().union(*(w.paths for w in writes)))
-            self._record(batchId, None)
+        batch = self.prepare(messages, batchId)
+        if batch is None:
             return
         # CommitStateUnknownError propagates only when a re-read did not show the batch
         # persisted; the staged files are then kept (only GC, which checks references, may
         # delete them) and the query fails and restarts from the shard uppers.
         started = time.perf_counter()
         result = commit_writes(
-            store,
-            deep,
+            self._store(),
+            self._deep(),
+            batch.table,
+            batch.writes,
+            dead_letter_table=batch.dead_letter_table,
+            epochs=batch.epochs,
+            dead_letter_epochs=batch.dead_letter_epochs,
+            writer_id=batch.writer_id,
+            batch_id=batchId,
+            max_staged_age=batch.max_staged_age,
+            raise_for_gaps=False,
+        )
+        self.finish(messages, batchId, result, time.perf_counter() - started)
+
+    def prepare(
+        self, messages: list[WriterCommitMessage | None], batchId: int
+    ) -> TableBatch | None:
+        """What this table commits of the batch (:class:`TableBatch`), or None: no range, or
+        a warm standby that may not commit (its staged files are deleted and the batch is
+        logged as skipped)."""
+        faults.hit("before_commit", batchId)
+        writes = [m.staged_write() for m in messages if isinstance(m, SinkMessage)]
+        if not any(w.ranges for w in writes):
+            return None
+        if not self._may_commit(self._store()):
+            # A warm standby: it reads and stages like the active but does not commit while
+            # the active is alive. When it takes over, its first commit finds a gap and the
+            # runner restarts it from the shard upper.
+            self._delete(self._deep(), set().union(*(w.paths for w in writes)))
+            self._record(batchId, None)
+            return None
+        return TableBatch(
             self.spec.name,
             writes,
             dead_letter_table=self.dl_spec.name,
@@ -392,12 +414,20 @@ class SegmentSink(DataSourceStreamArrowWriter):
             writer_id=self.writer_id,
             batch_id=batchId,
             max_staged_age=self.opts.max_staged_age,
-            raise_for_gaps=False,
         )
+
+    def finish(
+        self,
+        messages: list[WriterCommitMessage | None],
+        batchId: int,
+        result: BatchCommit,
+        commit_s: float,
+    ) -> None:
+        """After the batch's commit: its line in the commit log, then its gaps raised."""
         self._record(
             batchId,
             result,
-            commit_s=time.perf_counter() - started,
+            commit_s=commit_s,
             lost=[m for m in messages if isinstance(m, SinkMessage) and m.lost],
         )
         faults.hit("after_commit", batchId)
@@ -507,7 +537,8 @@ def _member_failure(exc: BaseException) -> str:
 class GroupSink(DataSourceStreamArrowWriter):
     """The sink of a shared query (several datastreams in one query): a :class:`SegmentSink`
     per member datastream, each writing and committing exactly as it would alone (its table,
-    its epochs, its standby gate, its commit log). A member's commit is its own transaction:
+    its epochs, its standby gate, its commit log). The members' commits share ONE metadata
+    transaction, each in a savepoint of its own (:func:`~millstream.table.commit.commit_many`):
     one member fenced, gapped or failing does not keep the others from committing the batch;
     its error is raised after they have committed, carrying :data:`MEMBER_NOTE`. A member
     whose part of a write task fails does not fail the task either (the task holds the
@@ -599,7 +630,8 @@ class GroupSink(DataSourceStreamArrowWriter):
         return out
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """Commit each member's part of the batch in its own transaction. A member whose part
+        """Commit each member's part of the batch (together: :meth:`_commit_together`), each
+        rolled back alone if it fails. A member whose part
         of some write task failed commits nothing of the batch (its staged files are
         deleted): the others commit, then its error is raised naming it.
 
@@ -626,6 +658,7 @@ class GroupSink(DataSourceStreamArrowWriter):
                 for name, error in m.failed.items():
                     failed.setdefault(name, error)
         incarnations = self._incarnations(messages)
+        ready: dict[str, tuple[SegmentSink, list[WriterCommitMessage | None], TableBatch]] = {}
         for name, sink in self._sinks(messages).items():
             mine: list[WriterCommitMessage | None] = [
                 m for m in self._of(name, messages) if m is not None
@@ -657,12 +690,47 @@ class GroupSink(DataSourceStreamArrowWriter):
                 continue
             try:
                 with member_errors(name):
-                    sink.commit(mine, batchId)
+                    batch = sink.prepare(mine, batchId)
             except Exception as exc:
-                log.warning("batch %s of datastream %s did not commit: %s", batchId, name, exc)
+                log.warning("batch %s of datastream %s was not committed: %s", batchId, name, exc)
                 errors.append(exc)
+                continue
+            if batch is not None:
+                ready[name] = (sink, mine, batch)
+        errors.extend(self._commit_together(ready, batchId))
         if errors:
             raise errors[0]
+
+    def _commit_together(
+        self,
+        ready: dict[str, tuple[SegmentSink, list[WriterCommitMessage | None], TableBatch]],
+        batchId: int,
+    ) -> list[Exception]:
+        """Commit the members' parts of the batch in ONE metadata transaction per store
+        (:func:`~millstream.table.commit.commit_many`): a member that is fenced, refused or
+        loses a race is rolled back alone and its error returned (carrying
+        :data:`MEMBER_NOTE`); the others commit and log their batch."""
+        errors: list[Exception] = []
+        stores: dict[tuple[str, str], list[str]] = {}
+        for name, (sink, _, _) in ready.items():
+            where = (sink.settings.metadata_url, sink.settings.deep_store)
+            stores.setdefault(where, []).append(name)
+        for names in stores.values():
+            first = ready[names[0]][0]
+            started = time.perf_counter()
+            results = commit_many(first._store(), first._deep(), {n: ready[n][2] for n in names})
+            took = time.perf_counter() - started
+            for name, result in results.items():
+                sink, mine, _ = ready[name]
+                try:
+                    with member_errors(name):
+                        if isinstance(result, Exception):
+                            raise result
+                        sink.finish(mine, batchId, result, took)
+                except Exception as exc:
+                    log.warning("batch %s of datastream %s did not commit: %s", batchId, name, exc)
+                    errors.append(exc)
+        return errors
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         if all(isinstance(m, GroupMessage) for m in messages):

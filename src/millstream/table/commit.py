@@ -5,7 +5,10 @@ A batch is a set of :class:`StagedWrite` (one per write task: its source ranges,
 file and dead-letter file). :func:`commit_writes` plans one ``ShardAppend`` per task and
 partition for the table and its dead-letter table, commits them with ``compare_and_append`` in
 ONE metadata transaction (``MetadataStore.commit_batch``), deletes the staged files nothing
-references, and raises for gaps in either table.
+references, and raises for gaps in either table. :func:`commit_many` does the same for several
+tables at once (a shared query's members): one metadata transaction
+(``MetadataStore.commit_batches``), each table in a savepoint of its own with every guard
+below, a table that fails rolled back alone.
 
 Guards, each with a test that fails without it (docs/design.md, "Guards and the tests that
 catch them"):
@@ -32,7 +35,7 @@ catch them"):
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from millstream.clock import SYSTEM_CLOCK, Clock
@@ -43,6 +46,7 @@ from millstream.errors import (
     MillstreamError,
     StagedFileExpiredError,
 )
+from millstream.metastore.append import BatchAppends
 from millstream.metastore.models import AppendResult, ShardAppend, ShardResult
 from millstream.metastore.store import MetadataStore
 from millstream.storage.deepstore import DeepStore
@@ -174,16 +178,7 @@ def commit_writes(
     ``raise_for_gaps`` is false: the caller reads the GAP outcomes from the result)."""
     main, dl, rows = plan_appends(writes, epochs or {}, dead_letter_epochs or {})
     staged = set().union(*(w.paths for w in writes)) if writes else set()
-
-    def young_enough() -> None:
-        # Checked inside the transaction with every lock held, right before COMMIT: a commit
-        # that waited on locks is judged by when it lands, not when it started.
-        now = clock.now()
-        for w in writes:
-            if w.staged_at is not None and w.paths and now - w.staged_at > max_staged_age:
-                # Nothing committed; the files are deleted below (nothing references them).
-                raise StagedFileExpiredError(sorted(w.paths)[0], now - w.staged_at, max_staged_age)
-
+    young_enough = _young_enough(writes, max_staged_age, clock)
     changes: dict[str, Sequence[ShardAppend]] = {table: main}
     if dead_letter_table is not None:
         changes[dead_letter_table] = dl
@@ -207,6 +202,110 @@ def commit_writes(
     if raise_for_gaps:
         commit.raise_for_gaps()
     return commit
+
+
+def _young_enough(
+    writes: Sequence[StagedWrite], max_staged_age: float, clock: Clock
+) -> Callable[[], None]:
+    """The precondition that every staged file of ``writes`` is younger than
+    ``max_staged_age`` (:class:`StagedFileExpiredError`)."""
+
+    def young_enough() -> None:
+        # Checked inside the transaction with every lock held, right before COMMIT: a commit
+        # that waited on locks is judged by when it lands, not when it started.
+        now = clock.now()
+        for w in writes:
+            if w.staged_at is not None and w.paths and now - w.staged_at > max_staged_age:
+                # Nothing committed; the files are deleted below (nothing references them).
+                raise StagedFileExpiredError(sorted(w.paths)[0], now - w.staged_at, max_staged_age)
+
+    return young_enough
+
+
+@dataclass(frozen=True, slots=True)
+class TableBatch:
+    """One table's part of a batch committed with others' (:func:`commit_many`): what
+    :func:`commit_writes` takes for it."""
+
+    table: str
+    writes: Sequence[StagedWrite]
+    dead_letter_table: str | None = None
+    epochs: Mapping[int, int] = field(default_factory=dict)
+    dead_letter_epochs: Mapping[int, int] = field(default_factory=dict)
+    writer_id: str | None = None
+    batch_id: int | None = None
+    max_staged_age: float = MAX_STAGED_AGE_SECONDS
+
+
+def commit_many(
+    store: MetadataStore,
+    deep: DeepStore,
+    batches: Mapping[str, TableBatch],
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+) -> dict[str, BatchCommit | MillstreamError]:
+    """:func:`commit_writes` of several tables' batches (a shared query's members, each a
+    table and its dead-letter table) in ONE metadata transaction
+    (``MetadataStore.commit_batches``): each keeps its own guards (its shards' epochs and
+    decisions, its compare-and-sets, its staged files' age, its unreferenced files deleted,
+    an unknown outcome reconciled by re-reading its shards), and one that fails is rolled back
+    alone, its error in its place, while the others commit. Gaps are not raised: the caller
+    raises each table's (``BatchCommit.raise_for_gaps``)."""
+    out: dict[str, BatchCommit | MillstreamError] = {}
+    planned: dict[str, tuple[list[ShardAppend], list[ShardAppend], int, set[str]]] = {}
+    appends: dict[str, BatchAppends] = {}
+    for key, b in sorted(batches.items()):
+        try:
+            main, dl, rows = plan_appends(b.writes, b.epochs, b.dead_letter_epochs)
+        except MillstreamError as exc:
+            out[key] = exc
+            continue
+        staged = set().union(*(w.paths for w in b.writes)) if b.writes else set()
+        planned[key] = (main, dl, rows, staged)
+        changes: dict[str, Sequence[ShardAppend]] = {b.table: main}
+        if b.dead_letter_table is not None:
+            changes[b.dead_letter_table] = dl
+        appends[key] = BatchAppends(
+            changes, b.writer_id, b.batch_id, _young_enough(b.writes, b.max_staged_age, clock)
+        )
+    results: Mapping[str, dict[str, AppendResult] | MillstreamError]
+    try:
+        results = store.commit_batches(appends) if appends else {}
+    except CommitStateUnknownError as exc:  # the shared COMMIT: each batch reconciles its own
+        results = {k: _unknown_for(k, exc) for k in appends}
+    for key, result in results.items():
+        b = batches[key]
+        main, dl, rows, staged = planned[key]
+        tables = (b.table, b.dead_letter_table)
+        if isinstance(result, CommitStateUnknownError):
+            if _persisted(store, appends[key].changes):
+                # A peer's or this commit's: the ranges are in the manifest. Files stay for GC.
+                out[key] = _reconciled(b.table, b.dead_letter_table, main, dl, rows)
+            else:
+                out[key] = result  # nothing proves the manifest does not use its files
+        elif isinstance(result, MillstreamError):
+            # its savepoint rolled back: this commit references none of its files
+            _delete_unreferenced(store, deep, staged, tables)
+            out[key] = result
+        else:
+            commit = BatchCommit(
+                result[b.table],
+                result.get(b.dead_letter_table or ""),
+                rows,
+                tuple(main),
+                tuple(dl),
+            )
+            _delete_unreferenced(store, deep, staged - commit.files_referenced, tables)
+            out[key] = commit
+    return dict(sorted(out.items()))
+
+
+def _unknown_for(key: str, exc: CommitStateUnknownError) -> CommitStateUnknownError:
+    """A batch's own copy of the shared COMMIT's unknown outcome (an error carries notes
+    naming its member; one object for every member would name them all)."""
+    own = CommitStateUnknownError(f"{exc.message} (the commit of {key} among others)")
+    own.__cause__ = exc
+    return own
 
 
 def _persisted(store: MetadataStore, changes: Mapping[str, Sequence[ShardAppend]]) -> bool:

@@ -19,14 +19,18 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
+from millstream.ingest.sources.files import FilesReader
+from millstream.metastore.store import MetadataStore
+from millstream.spark.membership import Membership
 from millstream.spark.options import GroupSinkOptions, GroupSourceOptions
 from millstream.spark.runner import DatastreamRunner
-from millstream.spark.shared import SharedQueryRunner
+from millstream.spark.shared import SharedQueryMemberError, SharedQueryRunner
 from millstream.spark.sink import GroupSink
 from millstream.spark.sources import GroupStreamReader
 from millstream.storage.statedir import StateDirectory
@@ -251,4 +255,152 @@ def test_a_member_leaves_only_once_no_commit_holds_the_membership(tmp_path: Path
         assert set(runner.membership.read()[1]) == {"ma", "mb"}
     assert runner.remove("mb", timeout=0.3) is True
     assert set(runner.membership.read()[1]) == {"ma"}
+    catalog.close()
+
+
+def test_many_members_join_a_running_query_in_one_membership_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tables of one datastream (or the topics a pattern's listing found) join the running
+    query together: ONE membership change, so the query's source re-plans once for the lot,
+    not once per table. A member whose table another datastream owns gets its own error and
+    the others join; every joined member then ingests its source whole and exactly once,
+    without a query start."""
+    names = [f"j{i:02d}" for i in range(12)]
+    specs = {n: _spec(tmp_path / "sources", n) for n in ["ma", *names]}
+    catalog = Catalog.open(home=tmp_path / "home")
+    owned = specs["j03"]
+    catalog.store.claim_owners([owned.table_name, owned.dead_letter_table], "another")
+
+    def member(name: str) -> DatastreamRunner:
+        return DatastreamRunner(
+            specs[name], catalog, SPARK, writer_id="w1", state_dir=StateDirectory(tmp_path, name)
+        )
+
+    runner = SharedQueryRunner([member("ma")], SPARK, StateDirectory(tmp_path, "_q"))
+    query = Query(runner)
+    query.plan()
+    changes: list[int] = []
+    write = Membership.write
+
+    def counted(self: Membership, generation: int, members: dict[str, Any]) -> None:
+        changes.append(generation)
+        write(self, generation, members)
+
+    monkeypatch.setattr(Membership, "write", counted)
+    before = runner.generation
+    joined = runner.add_many([member(n) for n in names])
+    assert changes == [before + 1], "one membership change for every member that joined"
+    failed = joined.pop("j03")
+    assert isinstance(failed, SharedQueryMemberError) and failed.member == "j03"
+    assert "another" in str(failed), "the error names the table's owner"
+    assert joined == dict.fromkeys(sorted(set(names) - {"j03"}), True)
+    assert set(runner.members) == {"ma", *names} - {"j03"}
+    assert runner.status()["joins"] == len(names) - 1
+
+    idle = 0
+    for _ in range(100):
+        idle = 0 if query.plan() else idle + 1
+        if idle == 2:
+            break
+    query.commit()
+    assert runner.status()["starts"] == 0, "members joined without a query start"
+    for name in sorted(set(specs) - {"j03"}):
+        spec = specs[name]
+        assert _uppers(catalog, spec) == dict.fromkeys(range(PARTITIONS), LINES), name
+        rows = catalog.read_table(spec.table_name).to_pylist()
+        assert sorted(r["id"] for r in rows) == sorted(
+            p * 1000 + i for p in range(PARTITIONS) for i in range(LINES)
+        ), f"{name}: rows lost or duplicated"
+    catalog.close()
+
+
+def test_a_batch_where_one_of_fifty_tables_has_records_plans_and_commits_only_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A query of 50 tables, caught up; then 3 records arrive for one of them. The next batch
+    plans write tasks for that table alone and commits in ONE metadata transaction that
+    touches only its table: the 49 idle tables cost no task and no transaction."""
+    names = [f"t{i:02d}" for i in range(50)]
+    specs = {n: _spec(tmp_path / "sources", n) for n in names}
+    catalog = Catalog.open(home=tmp_path / "home")
+    runner = SharedQueryRunner(
+        [
+            DatastreamRunner(
+                specs[n], catalog, SPARK, writer_id="w1", state_dir=StateDirectory(tmp_path, n)
+            )
+            for n in names
+        ],
+        SPARK,
+        StateDirectory(tmp_path, "_q"),
+    )
+    query = Query(runner)
+    while query.plan():
+        pass
+    query.commit()
+    versions = {n: catalog.table(specs[n].table_name).manifest_version for n in names}
+    (tmp_path / "sources" / "t17" / "1" / "00001.jsonl").write_text(
+        "".join(f'{{"id": {5000 + i}, "v": "new{i}"}}\n' for i in range(3))
+    )
+    planned: list[set[str]] = []
+    partitions = GroupStreamReader.partitions
+
+    def planning(self: GroupStreamReader, start: Any, end: Any) -> Any:
+        tasks = partitions(self, start, end)
+        planned.append({n for t in tasks for n, _ in t.parts})  # type: ignore[attr-defined]
+        return tasks
+
+    transactions: list[str] = []
+    write = MetadataStore.write
+
+    def counted(self: MetadataStore) -> Any:
+        transactions.append(self.url)
+        return write(self)
+
+    monkeypatch.setattr(GroupStreamReader, "partitions", planning)
+    monkeypatch.setattr(MetadataStore, "write", counted)
+    assert query.plan()
+    query.commit()
+    assert planned == [{"t17"}], "tasks were planned for tables with nothing new"
+    assert len(transactions) == 1, f"{len(transactions)} metadata transactions for one table"
+    after = {n: catalog.table(specs[n].table_name).manifest_version for n in names}
+    assert {n for n in names if after[n] != versions[n]} == {"t17"}
+    assert _uppers(catalog, specs["t17"]) == {0: LINES, 1: LINES + 3}
+    catalog.close()
+
+
+def test_a_query_of_many_tables_asks_their_sources_together_at_its_start_and_joins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The query's start asks every member's source for its latest offsets in ONE call (a
+    Kafka source answers all its topics in one request and probes past their watermarks
+    with one fetch; asked one member after another, a fresh reader's probe made 100 tables
+    wait ~0.75 s each before the first batch), and so does the batch that brings in the
+    members that joined together."""
+    first = [f"s{i:02d}" for i in range(20)]
+    later = [f"l{i:02d}" for i in range(10)]
+    specs = {n: _spec(tmp_path / "sources", n) for n in [*first, *later]}
+    catalog = Catalog.open(home=tmp_path / "home")
+
+    def member(name: str) -> DatastreamRunner:
+        return DatastreamRunner(
+            specs[name], catalog, SPARK, writer_id="w1", state_dir=StateDirectory(tmp_path, name)
+        )
+
+    asked: list[set[str]] = []
+    together = FilesReader.latest_offsets_of.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[FilesReader], readers: Any) -> Any:
+        asked.append({Path(r.config.path).name for r in readers})
+        return together(cls, readers)
+
+    monkeypatch.setattr(FilesReader, "latest_offsets_of", classmethod(counted))
+    runner = SharedQueryRunner([member(n) for n in first], SPARK, StateDirectory(tmp_path, "_q"))
+    query = Query(runner)  # the runner's entries, then the source's initial offsets
+    assert asked == [set(first), set(first)], "each asks every member's source at once"
+    query.plan()
+    assert runner.add_many([member(n) for n in later]) == dict.fromkeys(later, True)
+    asked.clear()
+    query.plan()
+    assert any(set(later) <= a for a in asked) and len(asked) == 1, asked
     catalog.close()
