@@ -7,6 +7,8 @@ Each :meth:`Worker.tick` reads the stored assignments and datastream states and 
   when the active's worker stops heartbeating, or always in ``active-active`` mode);
 * assigned and PAUSED -> the writer is stopped; its position is the shard upper, so resume
   continues exactly there;
+* a table of a multi-table datastream paused on its own (``paused_tables``) -> that table's
+  writer is stopped likewise while the datastream's other tables run on;
 * not assigned (stop, delete, rebalance) -> the writer is stopped and released.
 
 The writers of all its READY datastreams run in ONE streaming query
@@ -312,14 +314,18 @@ class Worker:
     def _tables_of(self, ready: dict[str, str], states: dict[str, Any]) -> dict[str, str]:
         """The shared query's members for the READY datastreams ``ready``: a datastream, or
         each table of a multi-table one (``<datastream>.<table>``, its own writer: its own
-        commits, epochs, dead-letter table, failures and backoff)."""
+        commits, epochs, dead-letter table, failures and backoff) that is not paused on its
+        own (``paused_tables``: its writer leaves the query, its uppers stay as they are)."""
         out: dict[str, str] = {}
         for ds, role in ready.items():
             spec: DatastreamSpec = states[ds].spec
             if not spec.multi_table:
                 out[ds] = role
                 continue
+            paused = set(states[ds].paused_tables)
             for table, member in self.topics.tables(ds, spec).members.items():
+                if table in paused:
+                    continue
                 key = member_key(ds, table)
                 self.member_specs[key] = member
                 out[key] = role
