@@ -183,6 +183,8 @@ class Worker:
         #: and the spec each such table's writer runs, by member key.
         self.topics = Topics(clock=clock, stored=self._stored_spec)
         self.member_specs: dict[str, DatastreamSpec] = {}
+        #: Tables seen to exist (see :meth:`_made`).
+        self._tables_made: set[str] = set()
         self.shared_thread: threading.Thread | None = None
         self._shared_writers: list[_Writer] = []
         #: A datastream whose state directory was held elsewhere: when to try it again, and
@@ -571,7 +573,7 @@ class Worker:
         running = {
             ds: w
             for ds, w in list(self.writers.items())
-            if w.running and w.runner is not None and w.error is None
+            if w.running and w.runner is not None and w.error is None and self._made(w)
         }
         for ds in self.stall_watch.watching() - set(running):
             self.stall_watch.forget(ds)
@@ -767,7 +769,7 @@ class Worker:
         thread: consumption never waits for a seal (pauseless). Each table's pass is
         supervised on its own: a failure backs off that table only."""
         for ds, w in list(self.writers.items()):
-            if w.role != "active" or not w.running or w.runner is None:
+            if w.role != "active" or not w.running or w.runner is None or not self._made(w):
                 continue
             spec = w.runner.spec
             supervisor = self.seal_supervisors.get(ds)
@@ -785,8 +787,23 @@ class Worker:
         return {
             ds: [w.runner.spec.table_name, dead_letter_spec(w.runner.spec.table_name).name]
             for ds, w in list(self.writers.items())
-            if w.role == "active" and w.running and w.runner is not None
+            if w.role == "active" and w.running and w.runner is not None and self._made(w)
         }
+
+    def _made(self, w: _Writer) -> bool:
+        """Whether ``w``'s table exists: a table of a multi-table datastream (a
+        ``topic_pattern``'s) is made by its writer as the shared query takes it in, so until
+        then there is nothing to seal, publish or watch (asked of the store until it exists,
+        then remembered). A datastream's one table is the leader's to make: its absence is an
+        error the sealing pass reports."""
+        assert w.runner is not None
+        table = w.runner.spec.table_name
+        if w.datastream not in self.member_specs or table in self._tables_made:
+            return True
+        if self._stored_spec(table) is None:
+            return False
+        self._tables_made.add(table)
+        return True
 
     def publish(self) -> None:
         """Publish the Iceberg views of the tables this worker writes actively, each when due

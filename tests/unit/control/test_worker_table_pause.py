@@ -118,3 +118,56 @@ def test_a_paused_table_leaves_the_shared_query_and_rejoins_on_resume(
     finally:
         worker._stop_shared()
         catalog.close()
+
+
+def test_a_patterns_table_is_not_sealed_or_maintained_before_its_writer_made_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``topic_pattern``'s tables are made by their writers as the shared query takes them
+    in; until then the worker's sealing and maintenance leave them alone (no error, no
+    traceback in the worker's log), and take them up once they exist."""
+    FakeShared.starts, FakeShared.changes = [], []
+    monkeypatch.setattr(worker_module, "SharedQueryRunner", FakeShared)
+    clock = ManualClock(start=1_800_000_000.0)
+    catalog = Catalog.open(home=tmp_path / "home")
+    Registry(catalog.store, clock=clock).create(
+        DatastreamSpec.parse(
+            {
+                "name": "shop",
+                "source": {
+                    "kind": "kafka",
+                    "bootstrap_servers": "127.0.0.1:1",
+                    "topic_pattern": r"shop\..*",
+                },
+                "table": {"mode": "upsert", "primary_key": ["id"]},
+                "schema": {"id": "long", "v": "string"},
+            }
+        )
+    )
+    heartbeat(catalog.store, "w", status="RUNNING", info={}, clock=clock)
+    Controller(catalog, controller_id="c", clock=clock).tick()
+    worker = Worker(
+        catalog,
+        None,
+        worker_id="w",
+        settings=ControlSettings(),
+        clock=clock,
+        state_root=tmp_path / "state",
+    )
+    worker.topics.lister = lambda source: ["shop.alpha", "shop.beta"]
+    try:
+        worker.tick()
+        assert FakeShared.starts == [["shop.alpha", "shop.beta"]]  # the fake makes no table
+        worker.seal()
+        assert worker.active_tables() == {}
+        assert all(s.status(alive=True).errors == 0 for s in worker.seal_supervisors.values())
+        for w in worker.writers.values():  # what the shared query does first with a member
+            assert w.runner is not None
+            w.runner.ensure_tables()
+        worker.seal()
+        assert sorted(worker.active_tables()) == ["shop.alpha", "shop.beta"]
+        assert sorted(worker.seal_supervisors) == ["shop.alpha", "shop.beta"]
+        assert all(s.status(alive=True).errors == 0 for s in worker.seal_supervisors.values())
+    finally:
+        worker._stop_shared()
+        catalog.close()
