@@ -2538,6 +2538,37 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         ),
         select="sqlite-local",
     ),
+    Guard(
+        name="multi-table-a-paused-table-commits-nothing",
+        file="src/millstream/control/worker.py",
+        what="Worker._tables_of: a table of a multi-table datastream paused on its own is no "
+        "member of the shared query (its writer stops at its uppers; the others run on)",
+        old="""\
+                if table in paused:
+                    continue
+""",
+        new="""\
+                if False:  # MUTATION: a table paused on its own keeps its writer
+                    continue
+""",
+        tests=(
+            "tests/unit/control/test_worker_table_pause.py::"
+            "test_a_paused_table_leaves_the_shared_query_and_rejoins_on_resume",
+        ),
+    ),
+    Guard(
+        name="multi-table-rollback-needs-its-own-table-paused",
+        file="src/millstream/api/status.py",
+        what="require_writer_stopped: a rollback of a table of a running multi-table "
+        "datastream needs that table paused, not any of its tables",
+        old="""\
+    if rec.spec.multi_table and base in rec.paused_tables:
+""",
+        new="""\
+    if rec.spec.multi_table and rec.paused_tables:  # MUTATION: any table's pause will do
+""",
+        tests=("tests/unit/api/test_api_table_pause.py::test_one_table_pauses_and_resumes_alone",),
+    ),
 )
 
 

@@ -13,9 +13,15 @@ datastream (once no writer runs, nothing may commit while records keep arriving)
 resumes it; the end checks every table against the model, then stops each datastream
 (STOPPED, no live worker running its writer) and deletes it (404).
 
+The SQLite run adds a datastream of many topics (``orders_mt``: a ``topic_pattern``, a table
+per topic, a topic created during schedule 0): one of its tables is paused, rolled back and
+re-ingested on its own while the others commit, and every table must equal the model of its
+own topic at the end.
+
 Seeded: the seed is printed first and in the failure message; re-run a failure with
 ``MILLSTREAM_FAULT_SEED=<seed>`` (the same schedules drawn again), or longer with
-``make chaos LAYER=process SEED=<seed> MINUTES=20``.
+``make chaos LAYER=process SEED=<seed> MINUTES=20``. ``MILLSTREAM_PROCESS_SCHEDULES=<n>``
+plays n schedules in each run instead of CI's few.
 """
 
 from __future__ import annotations
@@ -43,13 +49,16 @@ from millstream.local.tansu import TansuBroker
 pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
 
 SEED = int(os.environ.get("MILLSTREAM_FAULT_SEED") or secrets.randbits(32))
+#: Schedules per run instead of each run's own (below): a longer campaign from this test.
+SCHEDULES = int(os.environ.get("MILLSTREAM_PROCESS_SCHEDULES") or 0)
 
 
 #: Each run plays a fixed number of schedules. ``struck_at_least`` is the least number of
 #: faults the campaign itself strikes in them, whatever the seed draws (a schedule on
 #: PostgreSQL strikes at least 5: a process fault, a REST action, a side storm of 2 or more
-#: commands and a network fault; one on SQLite with one datastream at least 2); the seal faults
-#: the workers hit at their armed points come on top. Both runs: at least 12 struck faults.
+#: commands and a network fault; one on SQLite with two datastreams at least 4); the seal
+#: faults the workers hit at their armed points come on top. Both runs: at least 14 struck
+#: faults.
 #: Schedule 0 of every seed opens each lane with its core kind (a kill of orders_sb's active, a
 #: pause held), so the failover and pause checks always run; the other kinds come in a seeded
 #: order, so successive CI runs cover them all (longer runs: ``make chaos``). A schedule adds
@@ -67,9 +76,12 @@ SEED = int(os.environ.get("MILLSTREAM_FAULT_SEED") or secrets.randbits(32))
             marks=[pytest.mark.postgres, pytest.mark.s3],
             id="postgresql-s3",
         ),
-        # The standby datastream alone: two JVMs on two cores run half the queries, so the
-        # SQLite half of the old scripted test fits in the budget.
-        pytest.param("sqlite", ("standby",), 1, 2, id="sqlite-local-standby"),
+        # The standby datastream and a datastream of many topics (a table per topic, one
+        # topic created mid-schedule): its tables are members of the workers' one query each,
+        # so they cost tasks, not JVMs.
+        pytest.param(
+            "sqlite", ("standby", "multi-table"), 1, 4, id="sqlite-local-standby-multi-table"
+        ),
     ],
 )
 def test_process_campaign_finds_no_anomaly(
@@ -93,6 +105,7 @@ def test_process_campaign_finds_no_anomaly(
         lines.append(line)
         print(f"{time.monotonic() - t0:6.1f}s {line}", flush=True)
 
+    schedules = SCHEDULES or schedules
     print(f"process campaign seed {SEED} (re-run with MILLSTREAM_FAULT_SEED={SEED})")
     log = run_process_campaign(
         seed=SEED,
@@ -120,3 +133,5 @@ def test_process_campaign_finds_no_anomaly(
     assert "PAUSED, nothing committed" in text, failure
     assert text.count("STOPPED, then deleted (404)") == len(modes), failure
     assert text.count("equals the model of") == len(modes), failure
+    if "multi-table" in modes:
+        assert "orders_mt equals the model of its 4 topics" in text, failure

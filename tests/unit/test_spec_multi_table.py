@@ -206,8 +206,8 @@ def test_the_datastream_owns_every_listed_topics_table(tmp_path: Path) -> None:
     other["source"]["topics"] = ["x.orders"]
     with pytest.raises(TableOwnedError, match="table 'orders' belongs to datastream 'inventory'"):
         registry.create(DatastreamSpec.parse(other))
-    with pytest.raises(InvalidSpecError, match="writes a table per topic"):
-        registry.update("inventory", DatastreamSpec.parse(BASE))
+    # an update of the same spec changes nothing (what may change: test_api_datastream_update_multi)
+    assert registry.update("inventory", DatastreamSpec.parse(BASE))[1] == []
 
 
 DEBEZIUM: dict[str, Any] = {

@@ -63,6 +63,12 @@ class DatastreamOut(_Out):
         description="Every table it writes (a table per topic with source.topics or "
         "topic_pattern, those made so far), dead-letter tables left out.",
     )
+    paused_tables: list[str] = Field(
+        default_factory=list,
+        description="Tables of a multi-table datastream paused on their own (POST "
+        "/datastreams/{name}/tables/{table}/pause): their writers stop at their shard uppers "
+        "while the other tables run on.",
+    )
     last_error: str | None
     created_at: float
     updated_at: float
@@ -101,10 +107,15 @@ class DatastreamOut(_Out):
 class ChangeOut(_Out):
     """One compatible change an update makes (or would make, with ``dry_run``)."""
 
-    kind: Literal["add", "widen", "retention"]
-    column: str | None
+    kind: Literal["add", "widen", "retention", "topic", "setting"]
+    column: str | None = Field(
+        description="The column (add, widen), the topic added (topic) or the field (setting)."
+    )
     old: str | None
     new: str | None
+    table: str | None = Field(
+        default=None, description="The table changed, of a datastream that writes several."
+    )
     description: str = Field(examples=["+ column discount double", "~ column qty int -> long"])
 
     @classmethod

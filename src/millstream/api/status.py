@@ -158,15 +158,24 @@ def _stored(ctx: ApiContext, table: str) -> TableSpec | None:
 
 
 def require_writer_stopped(ctx: ApiContext, table: str) -> None:
-    """A rollback needs the datastream writing ``table`` PAUSED or STOPPED (409 naming it)."""
-    rec = datastream_for_table(ctx, table)
-    if rec is not None and rec.state not in (State.PAUSED, State.STOPPED):
-        raise PreconditionFailedError(
-            f"datastream {rec.name!r} writing table {table!r} is {rec.state.value}; pause it "
-            "first (or pass force=true)",
-            datastream=rec.name,
-            state=rec.state.value,
-        )
+    """A rollback needs the datastream writing ``table`` PAUSED or STOPPED, or (a table of a
+    multi-table datastream) that table paused on its own (409 naming it). The owner is looked
+    up by the table's name: no broker is asked."""
+    owner = ctx.registry.owner_of(table)
+    rec = ctx.registry.find(owner) if owner is not None else None
+    if rec is None or rec.state in (State.PAUSED, State.STOPPED):
+        return
+    base = table.removesuffix(DEAD_LETTER_SUFFIX)
+    if rec.spec.multi_table and base in rec.paused_tables:
+        return
+    what = f"table {base!r} of datastream {rec.name!r}" if rec.spec.multi_table else None
+    raise PreconditionFailedError(
+        f"datastream {rec.name!r} writing table {table!r} is {rec.state.value}; pause "
+        + (f"the {what} first" if what else "it first")
+        + " (or pass force=true)",
+        datastream=rec.name,
+        state=rec.state.value,
+    )
 
 
 def last_commit_times(store: MetadataStore, table: str) -> dict[int, float]:
@@ -182,14 +191,21 @@ def rows_per_table(store: MetadataStore) -> dict[str, int]:
         return reads.rows_per_table(conn)
 
 
-def serving_workers(ctx: ApiContext, datastream: str) -> list[ServingWorkerOut]:
+def serving_workers(
+    ctx: ApiContext, datastream: str, table: str | None = None
+) -> list[ServingWorkerOut]:
+    """The workers assigned ``datastream``, and whether each runs its writer (of ``table``,
+    for a table of a multi-table datastream: a table paused on its own has none running)."""
     now = ctx.clock.now()
     workers = {w.id: w for w in list_workers(ctx.catalog.store)}
+    base = table.removesuffix(DEAD_LETTER_SUFFIX) if table is not None else None
     out = []
     for worker_id, role in ctx.catalog.store.read_assignments().get(datastream, []):
         w = workers.get(worker_id)
         running = w is not None and any(
-            wr.get("datastream") == datastream and wr.get("running")
+            wr.get("datastream") == datastream
+            and wr.get("running")
+            and (base is None or wr.get("table") in (None, base))
             for wr in w.info.get("writers", [])
         )
         alive = w is not None and w.alive(now, ctx.worker_ttl)
@@ -246,7 +262,7 @@ def consuming_info(
         error: str | None = f"no datastream writes table {table!r}"
     else:
         error = upstream.error if upstream is not None else None
-    workers = serving_workers(ctx, rec.name) if rec is not None else []
+    workers = serving_workers(ctx, rec.name, table) if rec is not None else []
     consuming: dict[int, int] = {}
     for entry in manifest.entries:
         if entry.state is SegmentState.CONSUMING:

@@ -50,6 +50,14 @@ TokenOpt = Annotated[
     ),
 ]
 NameArg = Annotated[str, typer.Argument(help="Datastream name.", show_default=False)]
+TableOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--table",
+        help="Only this table of a datastream that writes a table per topic (the others run on).",
+        show_default=False,
+    ),
+]
 
 
 def _when(ts: float | None) -> str:
@@ -117,6 +125,8 @@ def _show_record(rec: dict[str, Any], verb: str | None = None) -> None:
         ("created", _when(rec.get("created_at"))),
         ("updated", _when(rec.get("updated_at"))),
     ]
+    if rec.get("paused_tables"):
+        lines.append(("paused", ", ".join(rec["paused_tables"])))
     if rec.get("health"):
         lines.append(("writer", health_text(rec["health"])))
     if rec.get("last_error"):
@@ -126,14 +136,22 @@ def _show_record(rec: dict[str, Any], verb: str | None = None) -> None:
 
 
 def _command(
-    name: str, action: str, controller: str, token: str | None, output: OutputFormat
+    name: str,
+    action: str,
+    controller: str,
+    token: str | None,
+    output: OutputFormat,
+    table: str | None = None,
 ) -> None:
+    path = f"/datastreams/{segment(name)}"
+    if table is not None:
+        path += f"/tables/{segment(table)}"
     with handle_errors(output), ControllerClient(controller, token=token) as client:
-        rec = client.post(f"/datastreams/{segment(name)}/{action}")
+        rec = client.post(f"{path}/{action}")
         if output is OutputFormat.json:
             emit_json(rec)
         else:
-            _show_record(rec)
+            _show_record(rec, f"table {table} {action}d" if table is not None else None)
 
 
 @app.command("create")
@@ -264,23 +282,32 @@ def show(
 @app.command("pause", short_help="READY -> PAUSED: writers stop at the shard upper.")
 def pause(
     name: NameArg,
+    table: TableOpt = None,
     controller: ControllerOpt = DEFAULT_CONTROLLER,
     token: TokenOpt = None,
     output: OutputOpt = OutputFormat.text,
 ) -> None:
-    """READY -> PAUSED: writers stop at the shard upper; resume continues exactly there."""
-    _command(name, "pause", controller, token, output)
+    """READY -> PAUSED: writers stop at the shard upper; resume continues exactly there.
+
+    With --table, only that table of a datastream that writes a table per topic: its writer
+    stops at its shard uppers while the other tables keep committing (the datastream stays
+    in its state; 'paused tables' lists it)."""
+    _command(name, "pause", controller, token, output, table)
 
 
 @app.command("resume")
 def resume(
     name: NameArg,
+    table: TableOpt = None,
     controller: ControllerOpt = DEFAULT_CONTROLLER,
     token: TokenOpt = None,
     output: OutputOpt = OutputFormat.text,
 ) -> None:
-    """PAUSED, STOPPED or ERROR -> READY."""
-    _command(name, "resume", controller, token, output)
+    """PAUSED, STOPPED or ERROR -> READY.
+
+    With --table, only that table, paused on its own: its writer rejoins at its shard
+    uppers."""
+    _command(name, "resume", controller, token, output, table)
 
 
 @app.command("stop")

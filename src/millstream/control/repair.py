@@ -1,7 +1,9 @@
 """Automatic repair (Pinot's ``controller.segment.error.autoReset``), run by the leader.
 
 Every ``repair_interval`` seconds the leading controller scans the table of each datastream
-(not its dead-letter table: its rows are not re-read from the source) for segments
+(each table of one that writes a table per topic: a ``topics`` list's, and the tables a
+``topic_pattern`` made whose topics the broker lists; not a dead-letter table: its rows are not
+re-read from the source) for segments
 re-ingestion can fix (:func:`millstream.sealing.repair.find_broken`: a missing data file, or an
 unreadable one in a partition whose seal keeps failing) and starts a durable re-ingest job for
 each (``trigger: auto``, visible in ``GET /reingestJobs``), at most ``repair_max_running`` at
@@ -20,7 +22,10 @@ moment, or an operator's POST racing the scan).
 
 Each table's scan is supervised (:class:`millstream.supervise.Supervisor`, ``loop="repairer"``):
 an error is logged with the table, counted, shown in ``/tables/{t}/debugInfo`` and retried
-after a capped exponential backoff; it never ends the controller's tick.
+after a capped exponential backoff; it never ends the controller's tick. So is the listing of a
+``topic_pattern`` datastream's topics (which topic each of its tables re-reads, ``loop=
+"repair-topics"``, per datastream): a broker that does not answer backs the listing off, and
+the tables of the last listing are scanned meanwhile.
 """
 
 from __future__ import annotations
@@ -32,14 +37,16 @@ from typing import Any
 from millstream.catalog import Catalog
 from millstream.clock import Clock
 from millstream.control.registry import Registry
+from millstream.control.topics import Lister, broker_topics, current_tables
 from millstream.core.lifecycle import State
-from millstream.datastream import DatastreamSpec
-from millstream.errors import AlreadyExistsError
+from millstream.datastream import DatastreamSpec, KafkaSource
+from millstream.errors import AlreadyExistsError, TableNotFoundError
 from millstream.metastore.jobs import (
     ABANDONED,
     newest_per_segment,
 )
 from millstream.sealing.repair import ReingestRunner, find_broken
+from millstream.spec import TableSpec
 from millstream.supervise import Backoff, Supervisor
 
 log = logging.getLogger(__name__)
@@ -65,13 +72,19 @@ class AutoRepair:
         runner: ReingestRunner,
         settings: RepairSettings,
         clock: Clock,
+        lister: Lister = broker_topics,
     ) -> None:
         self.catalog = catalog
         self.registry = registry
         self.runner = runner
         self.settings = settings
         self.clock = clock
+        self.lister = lister
         self.supervisors: dict[str, Supervisor] = {}
+        #: Per topic_pattern datastream: the supervision of its topics' listing, and the
+        #: tables (with their single-topic specs) the last listing that answered found.
+        self.listings: dict[str, Supervisor] = {}
+        self.found: dict[str, dict[str, DatastreamSpec]] = {}
         #: Per table, what the last scan found (``debugInfo``'s ``repair.last_scan``).
         self.last_scan: dict[str, dict[str, Any]] = {}
         self._last_scan_at: float | None = None
@@ -87,13 +100,48 @@ class AutoRepair:
         self.scan()
 
     def scan(self) -> None:
-        for rec in self.registry.list():
+        records = self.registry.list()
+        for rec in records:
             if rec.state in _NO_TABLE:
                 continue
-            # every table of a multi-table datastream's listed topics (a topic_pattern's are
-            # not scanned yet: which topic a found table reads is the worker's to know)
-            for table, spec in rec.spec.declared_tables().items():
+            for table, spec in self._tables(rec.name, rec.spec).items():
                 self._scan(table, spec)
+        for gone in set(self.found) - {r.name for r in records if r.state not in _NO_TABLE}:
+            self.found.pop(gone, None)
+            self.listings.pop(gone, None)
+
+    def _tables(self, name: str, spec: DatastreamSpec) -> dict[str, DatastreamSpec]:
+        """The tables of datastream ``name`` to scan, each with the single-topic spec that
+        re-reads it: its one table, or a ``topics`` list's; for a ``topic_pattern`` (or tables
+        made from the registry's writer schemas) those it made so far whose topics the broker
+        lists now (the listing supervised per datastream; while it fails, the last one's)."""
+        source = spec.source
+        if not spec.multi_table or (
+            isinstance(source, KafkaSource)
+            and source.topics is not None
+            and not spec.schema_from_registry
+        ):
+            return spec.declared_tables()
+        sup = self.listings.get(name)
+        if sup is None:
+            sup = self.listings[name] = Supervisor(
+                "repair-topics",
+                table=name,
+                clock=self.clock,
+                backoff=Backoff(base=min(max(1.0, self.settings.interval), 3600.0), cap=3600.0),
+            )
+        if sup.due():
+            sup.attempt(self._list, name, spec)
+        return self.found.get(name, {})
+
+    def _list(self, name: str, spec: DatastreamSpec) -> None:
+        self.found[name] = current_tables(spec, stored=self._stored, lister=self.lister)
+
+    def _stored(self, table: str) -> TableSpec | None:
+        try:
+            return self.catalog.table(table).spec
+        except TableNotFoundError:
+            return None
 
     def _scan(self, table: str, spec: DatastreamSpec) -> None:
         sup = self.supervisors.get(table)
@@ -160,9 +208,15 @@ class AutoRepair:
 
     def status(self, table: str) -> dict[str, Any]:
         sup = self.supervisors.get(table)
+        # a topic_pattern's table: the listing of its datastream's topics too
+        listing = next(
+            (self.listings.get(ds) for ds, found in list(self.found.items()) if table in found),
+            None,
+        )
         return {
             "enabled": self.settings.enabled,
             "controller": self.runner.owner,
             "loop": None if sup is None else sup.status(alive=True).to_dict(),
             "last_scan": self.last_scan.get(table),
+            **({"topics_loop": listing.status(alive=True).to_dict()} if listing else {}),
         }

@@ -7,6 +7,8 @@ Each :meth:`Worker.tick` reads the stored assignments and datastream states and 
   when the active's worker stops heartbeating, or always in ``active-active`` mode);
 * assigned and PAUSED -> the writer is stopped; its position is the shard upper, so resume
   continues exactly there;
+* a table of a multi-table datastream paused on its own (``paused_tables``) -> that table's
+  writer is stopped likewise while the datastream's other tables run on;
 * not assigned (stop, delete, rebalance) -> the writer is stopped and released.
 
 The writers of all its READY datastreams run in ONE streaming query
@@ -181,6 +183,8 @@ class Worker:
         #: and the spec each such table's writer runs, by member key.
         self.topics = Topics(clock=clock, stored=self._stored_spec)
         self.member_specs: dict[str, DatastreamSpec] = {}
+        #: Tables seen to exist (see :meth:`_made`).
+        self._tables_made: set[str] = set()
         self.shared_thread: threading.Thread | None = None
         self._shared_writers: list[_Writer] = []
         #: A datastream whose state directory was held elsewhere: when to try it again, and
@@ -312,14 +316,18 @@ class Worker:
     def _tables_of(self, ready: dict[str, str], states: dict[str, Any]) -> dict[str, str]:
         """The shared query's members for the READY datastreams ``ready``: a datastream, or
         each table of a multi-table one (``<datastream>.<table>``, its own writer: its own
-        commits, epochs, dead-letter table, failures and backoff)."""
+        commits, epochs, dead-letter table, failures and backoff) that is not paused on its
+        own (``paused_tables``: its writer leaves the query, its uppers stay as they are)."""
         out: dict[str, str] = {}
         for ds, role in ready.items():
             spec: DatastreamSpec = states[ds].spec
             if not spec.multi_table:
                 out[ds] = role
                 continue
+            paused = set(states[ds].paused_tables)
             for table, member in self.topics.tables(ds, spec).members.items():
+                if table in paused:
+                    continue
                 key = member_key(ds, table)
                 self.member_specs[key] = member
                 out[key] = role
@@ -567,7 +575,7 @@ class Worker:
         running = {
             ds: w
             for ds, w in list(self.writers.items())
-            if w.running and w.runner is not None and w.error is None
+            if w.running and w.runner is not None and w.error is None and self._made(w)
         }
         for ds in self.stall_watch.watching() - set(running):
             self.stall_watch.forget(ds)
@@ -763,7 +771,7 @@ class Worker:
         thread: consumption never waits for a seal (pauseless). Each table's pass is
         supervised on its own: a failure backs off that table only."""
         for ds, w in list(self.writers.items()):
-            if w.role != "active" or not w.running or w.runner is None:
+            if w.role != "active" or not w.running or w.runner is None or not self._made(w):
                 continue
             spec = w.runner.spec
             supervisor = self.seal_supervisors.get(ds)
@@ -781,8 +789,23 @@ class Worker:
         return {
             ds: [w.runner.spec.table_name, dead_letter_spec(w.runner.spec.table_name).name]
             for ds, w in list(self.writers.items())
-            if w.role == "active" and w.running and w.runner is not None
+            if w.role == "active" and w.running and w.runner is not None and self._made(w)
         }
+
+    def _made(self, w: _Writer) -> bool:
+        """Whether ``w``'s table exists: a table of a multi-table datastream (a
+        ``topic_pattern``'s) is made by its writer as the shared query takes it in, so until
+        then there is nothing to seal, publish or watch (asked of the store until it exists,
+        then remembered). A datastream's one table is the leader's to make: its absence is an
+        error the sealing pass reports."""
+        assert w.runner is not None
+        table = w.runner.spec.table_name
+        if w.datastream not in self.member_specs or table in self._tables_made:
+            return True
+        if self._stored_spec(table) is None:
+            return False
+        self._tables_made.add(table)
+        return True
 
     def publish(self) -> None:
         """Publish the Iceberg views of the tables this worker writes actively, each when due

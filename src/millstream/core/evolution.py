@@ -36,7 +36,7 @@ from millstream.errors import IncompatibleChangeError, InvalidSpecError
 from millstream.spec import TableSpec
 from millstream.types import DecimalType, parse_type
 
-ChangeKind = Literal["add", "widen", "retention"]
+ChangeKind = Literal["add", "widen", "retention", "topic", "setting"]
 
 
 #: Lossless widenings between the plain types: old -> the types it may become.
@@ -61,17 +61,26 @@ class Change:
     """One compatible change: a column added, a type widened, or retention changed."""
 
     kind: ChangeKind
+    #: the column (add, widen); the topic (topic: a topic added to a datastream of many
+    #: topics, ``new`` its table); the spec field (setting)
     column: str | None
     old: str | None
     new: str | None
+    #: the table changed, where a datastream writes several (a datastream of many topics)
+    table: str | None = None
 
     def describe(self) -> str:
         """One line for the CLI: ``+ column discount double``, ``~ column qty int -> long``."""
+        at = f"table {self.table}: " if self.table is not None else ""
         if self.kind == "add":
-            return f"+ column {self.column} {self.new}"
+            return f"{at}+ column {self.column} {self.new}"
         if self.kind == "widen":
-            return f"~ column {self.column} {self.old} -> {self.new}"
-        return f"~ retention {self.old} -> {self.new}"
+            return f"{at}~ column {self.column} {self.old} -> {self.new}"
+        if self.kind == "topic":
+            return f"+ topic {self.column} (table {self.new})"
+        if self.kind == "setting":
+            return f"~ {self.column} {self.old} -> {self.new}"
+        return f"{at}~ retention {self.old} -> {self.new}"
 
     def to_dict(self) -> dict[str, str | None]:
         return {
@@ -79,6 +88,7 @@ class Change:
             "column": self.column,
             "old": self.old,
             "new": self.new,
+            "table": self.table,
             "description": self.describe(),
         }
 

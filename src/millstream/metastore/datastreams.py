@@ -28,6 +28,9 @@ class DatastreamRecord:
     last_error: str | None
     created_at: float
     updated_at: float
+    #: A multi-table datastream's tables paused on their own (by name, sorted): their
+    #: writers stop at their shard uppers while the other tables run on.
+    paused_tables: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -38,6 +41,7 @@ class DatastreamRecord:
             "created_at": self.created_at,
             "updated_at": self.updated_at,
             "spec": self.spec.model_dump(mode="json", by_alias=True),
+            "paused_tables": list(self.paused_tables),
         }
 
 
@@ -50,6 +54,7 @@ def _record(r: Any) -> DatastreamRecord:
         last_error=r["last_error"],
         created_at=r["created_at"],
         updated_at=r["updated_at"],
+        paused_tables=tuple(sorted(r["paused_tables"] or ())),
     )
 
 
@@ -111,6 +116,21 @@ def set_state(
         {"name": name},
         expected_version,
         {"state": state.value, "updated_at": now, "last_error": last_error},
+    )
+
+
+def set_paused_tables(
+    conn: Connection, name: str, expected_version: int, paused: list[str], now: float
+) -> None:
+    """Compare-and-set the record's tables paused on their own (CommitConflictError if the
+    record changed since ``expected_version``: a concurrent pause of another table is not
+    overwritten, the caller's retry re-reads it)."""
+    cas_update(
+        conn,
+        s.datastreams,
+        {"name": name},
+        expected_version,
+        {"paused_tables": sorted(paused) or None, "updated_at": now},
     )
 
 

@@ -123,6 +123,9 @@ datastreams = Table(
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
     Column("version", BigInteger, nullable=False),
+    # Schema v12: the tables of a multi-table datastream paused on their own (a JSON list of
+    # names; NULL: none), changed with the record's compare-and-set like its state.
+    Column("paused_tables", JSON, nullable=True),
 )
 
 #: The leader's event queue. Unprocessed events of one kind for one datastream are coalesced.
@@ -285,7 +288,7 @@ iceberg_pointers = Table(
     Column("version", BigInteger, nullable=False),
 )
 
-LATEST_SCHEMA_VERSION = 11
+LATEST_SCHEMA_VERSION = 12
 
 
 def _v1(conn: Connection) -> None:
@@ -391,6 +394,14 @@ def _v11(conn: Connection) -> None:
     open_tables.create_all(conn, checkfirst=True)
 
 
+def _v12(conn: Connection) -> None:
+    """Tables paused on their own (``ms_datastreams.paused_tables``; a database created at v2
+    by this code already has the column: :data:`datastreams` declares it)."""
+    have = {c["name"] for c in inspect(conn).get_columns(datastreams.name)}
+    if "paused_tables" not in have:
+        conn.execute(text(f"ALTER TABLE {datastreams.name} ADD COLUMN paused_tables JSON"))
+
+
 #: Migration N takes the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _v1,
@@ -404,6 +415,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     9: _v9,
     10: _v10,
     11: _v11,
+    12: _v12,
 }
 
 

@@ -2,7 +2,10 @@
 workers each with its own Spark JVM) ingests a topic that a producer keeps writing (about 200
 records/s over 4 partitions) into two datastreams at once, both ``replicas: 2``:
 ``orders_sb`` (an active and a warm standby) and ``orders_aa`` (active-active); ``modes``
-selects one of them alone where two JVMs on two cores cannot afford four queries. A seeded
+selects one of them alone where two JVMs on two cores cannot afford four queries. A third,
+``orders_mt`` (mode ``multi-table``, standby), reads a ``topic_pattern`` of 3 topics (2
+partitions each, a producer each), a table per topic, and a 4th topic is created while
+schedule 0 runs: its table must appear and catch up without a restart. A seeded
 schedule of faults hits the cluster while records flow, and a checker verifies what must hold.
 
 **A schedule** is a window of faults, then a recovery. It takes one fault from each *lane*
@@ -20,7 +23,10 @@ from ``random.Random(f"{seed}/{schedule}")``:
 * **rest** - ``pause_hold`` (pause; once no writer runs, nothing may commit although records
   keep arriving; resume), ``storm`` (3-6 pause/resume/stop commands in quick succession),
   ``rollback`` (pause, roll a partition back 1-3 segments, resume), ``reingest`` (re-ingest
-  1-2 segments). With two datastreams a *side storm* hits the other one at the same time.
+  1-2 segments). With two datastreams a *side storm* hits the other one at the same time. On
+  ``orders_mt`` the pause of ``pause_hold`` and ``rollback`` is one table's alone: that table
+  commits nothing while its topic grows, and (``pause_hold``) another of its tables commits
+  meanwhile; ``reingest`` picks a table; ``storm`` commands the whole datastream.
 * **network** (PostgreSQL + S3 only) - ``cut_pg``/``cut_s3`` (a
   :class:`~harness.chaos.proxy.TcpProxy` in front of PostgreSQL or moto resets
   every connection and refuses new ones for a few seconds) and ``stall_pg``/``stall_s3``
@@ -43,8 +49,9 @@ resolves to, may differ.
 * no service logged an unexpected Python traceback (:data:`ALLOWED_TRACEBACKS` lists the
   expected ones, each with why and which injected fault it needs).
 
-At the end the producer stops, and: the uppers equal the topic's end offsets; each table equals
-the oracle's model of every acknowledged record and its dead-letter table holds exactly the
+At the end the producers stop, and: the uppers equal the topics' end offsets; each table
+(each of ``orders_mt``'s, against its own topic) equals the oracle's model of every
+acknowledged record and its dead-letter table holds exactly the
 bad records (:func:`~harness.cluster.table_vs_source`); no segment is COMMITTING
 past its claim's expiry; stop brings each datastream to STOPPED with no live worker running
 its writer, and delete removes it (404). Every failure goes to :meth:`CampaignLog.anomaly`;
@@ -62,6 +69,7 @@ given them (:func:`campaign_servers` starts a broker, and PostgreSQL and moto fo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import random
 import re
@@ -106,9 +114,11 @@ from millstream.local.process import free_port
 from millstream.local.tansu import TansuBroker
 from millstream.metastore import schema as s
 from millstream.metastore.models import SegmentState
+from millstream.spec import dead_letter_name
 
 __all__ = [
     "ALLOWED_TRACEBACKS",
+    "ALL_MODES",
     "LANES",
     "LAYER",
     "MODES",
@@ -148,7 +158,7 @@ FRONTIER_S = 120.0
 HTTP_TIMEOUT_S = 20.0
 
 
-Mode = Literal["standby", "active-active"]
+Mode = Literal["standby", "active-active", "multi-table"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,10 +167,28 @@ class Stream:
     name: str
     mode: Mode
 
+    @property
+    def multi(self) -> bool:
+        """A ``topic_pattern`` datastream, a table per topic (``orders_mt``)."""
+        return self.mode == "multi-table"
 
-STREAMS = (Stream("sb", "orders_sb", "standby"), Stream("aa", "orders_aa", "active-active"))
+
+STREAMS = (
+    Stream("sb", "orders_sb", "standby"),
+    Stream("aa", "orders_aa", "active-active"),
+    Stream("mt", "orders_mt", "multi-table"),
+)
+#: The single-table datastreams' modes (the PostgreSQL run in CI).
 MODES: tuple[Mode, ...] = ("standby", "active-active")
+#: Every datastream (``make chaos``).
+ALL_MODES: tuple[Mode, ...] = (*MODES, "multi-table")
 BY_KEY = {st.key: st for st in STREAMS}
+#: orders_mt: its topics when the cluster starts, the one schedule 0 creates, their partitions
+#: and each one's producer rate (records/s).
+MT_TOPICS = ("t0", "t1", "t2")
+MT_NEW_TOPIC = "t3"
+MT_PARTITIONS = 2
+MT_RATE = 16.0
 
 #: Each lane's kinds; the first is the lane's core kind, dealt first in a run.
 LANES: dict[str, tuple[str, ...]] = {
@@ -230,11 +258,12 @@ class Action:
         if self.kind == "storm":
             cmds = ", ".join(f"{c} {BY_KEY[k].name}" for k, c, _ in p["commands"])
             return f"{'side ' if self.lane == 'side' else ''}storm({cmds})"
+        table = f" table {p['table']}" if "table" in p else ""
         if self.kind == "pause_hold":
-            return f"pause_hold({BY_KEY[p['stream']].name}, {p['hold']:.1f}s)"
+            return f"pause_hold({BY_KEY[p['stream']].name}{table}, {p['hold']:.1f}s)"
         if self.kind == "rollback":
             name = BY_KEY[p["stream"]].name
-            return f"rollback({name} p{p['partition']}, last {p['depth']} segments)"
+            return f"rollback({name}{table} p{p['partition']}, last {p['depth']} segments)"
         if self.kind == "reingest":
             return f"reingest({BY_KEY[p['stream']].name}, {len(p['picks'])} segments)"
         if self.kind.startswith("cut_"):
@@ -315,6 +344,8 @@ def draw_schedule(
 
     kind = _deal(seed, "rest", index)
     params = {"stream": rng.choice(streams)}
+    if params["stream"] == "mt" and kind in ("pause_hold", "rollback"):
+        params["table"] = rng.choice(MT_TOPICS)  # paused (and rolled back) alone
     if kind == "pause_hold":
         params["hold"] = rng.uniform(2.0, 4.0)
     elif kind == "storm":
@@ -325,6 +356,8 @@ def draw_schedule(
         params["paused_for"] = rng.uniform(0.5, 2.0)
     else:  # reingest
         params["picks"] = [rng.random() for _ in range(rng.randint(1, 2))]
+    if "table" in params and "partition" in params:
+        params["partition"] %= MT_PARTITIONS
     actions.append(Action("rest", kind, rng.uniform(0.0, 2.0), params))
     # A side storm on the other datastream, at the same time (unless the lane's action is a
     # storm of both already).
@@ -631,7 +664,7 @@ class _Campaign:
         self.proxies: dict[str, TcpProxy] = {}
         self.streams = tuple(st for st in STREAMS if st.mode in modes)
         if not self.streams:
-            raise ValueError(f"no datastream mode among {modes!r}; choose from {MODES}")
+            raise ValueError(f"no datastream mode among {modes!r}; choose from {ALL_MODES}")
         self.models = {st.key: LifecycleModel() for st in self.streams}
         #: Set once a schedule's failover check is done (lanes touching its datastream wait).
         self.failover_checked = threading.Event()
@@ -643,6 +676,12 @@ class _Campaign:
         self.scanned: dict[Path, int] = {}
         self.ctl_port = free_port()
         self.producer: SteadyProducer | None = None
+        #: orders_mt: its topics' producers and the single-topic spec of each one's table, by
+        #: table (the topic schedule 0 creates joins them then); its topic name prefix
+        self.mt_producers: dict[str, SteadyProducer] = {}
+        self.mt_members: dict[str, DatastreamSpec] = {}
+        self.mt_prefix = ""
+        self.mt_lock = threading.Lock()
         self.failover_stream: str | None = None
         self._setup_backend(proxies)
         self.api = Api(f"http://127.0.0.1:{self.ctl_port}")
@@ -709,6 +748,7 @@ class _Campaign:
         self.producer = SteadyProducer(
             broker.bootstrap, topic, orders_config(self.seed), rate=self.rate, rounds_s=0.25
         ).start()
+        self.mt_prefix = f"chaos-mt-{self.seed % 10**8}-{uuid.uuid4().hex[:6]}"
         for st in self.streams:
             body = orders_spec(
                 st.name,
@@ -716,10 +756,17 @@ class _Campaign:
                 topic,
                 trigger_interval=TRIGGER,
                 replicas=2,
-                replica_mode=st.mode,
+                replica_mode="standby" if st.multi else st.mode,
                 segments=SEGMENTS,
             )
+            if st.multi:
+                del body["source"]["topic"]
+                body["source"]["topic_pattern"] = re.escape(self.mt_prefix) + r"\.t\d+"
+                body["source"]["topic_poll_interval"] = "2s"
             self.specs[st.key] = DatastreamSpec.parse(body)
+            if st.multi:
+                for t in MT_TOPICS:
+                    self._new_mt_topic(t)
             r = self.api.post("/datastreams", body)
             if r.status_code != 201 or r.json().get("state") != "INITIALIZING":
                 raise _Abort(f"creating {st.name}: {r.status_code} {r.text}")
@@ -735,10 +782,74 @@ class _Campaign:
             )
         self._wait(
             "rows appear in every table",
-            lambda: all(sum(self._uppers(st).values()) > 0 for st in self.streams),
+            lambda: all(self._has_rows(st) for st in self.streams),
             START_S,
         )
         self._wait("both workers run every writer", self._all_running, START_S)
+
+    def _new_mt_topic(self, table: str) -> None:
+        """Create orders_mt's topic of ``table`` and start producing into it."""
+        topic = f"{self.mt_prefix}.{table}"
+        self.servers.broker.create_topic(topic, MT_PARTITIONS)
+        cfg = dataclasses.replace(  # 2% bad records: every table's dead-letter check counts
+            orders_config(self.seed + 1 + int(table[1:])),
+            partitions=MT_PARTITIONS,
+            malformed_fraction=0.02,
+        )
+        producer = SteadyProducer(
+            self.servers.broker.bootstrap, topic, cfg, rate=MT_RATE, rounds_s=0.25
+        )
+        spec = self.specs.get("mt")
+        with self.mt_lock:
+            self.mt_producers[table] = producer.start()
+            if spec is not None:
+                self.mt_members[table] = spec.table_for(topic)
+
+    def _mt_topic_created(self, i: int, delay: float) -> None:
+        """Schedule ``i`` (0): orders_mt's 4th topic appears ``delay`` seconds in; its table
+        must be found, made and caught up like the others, with no restart."""
+        time.sleep(delay)
+        try:
+            self._new_mt_topic(MT_NEW_TOPIC)
+        except Exception as exc:
+            self.log.anomaly(i, "campaign", f"creating orders_mt's topic {MT_NEW_TOPIC}: {exc!r}")
+            return
+        self.log.out(
+            f"  +{self.log.elapsed():.1f}s schedule {i}: topic {self.mt_prefix}.{MT_NEW_TOPIC} "
+            "created (orders_mt gets a table for it)"
+        )
+
+    def _tables(self, st: Stream) -> list[str]:
+        """The tables ``st`` writes: its one table, or orders_mt's topics' so far."""
+        if not st.multi:
+            return [st.name]
+        with self.mt_lock:
+            return sorted(self.mt_producers)
+
+    def _producers(self, st: Stream) -> dict[str, SteadyProducer]:
+        """Per table of ``st``: the producer of its topic."""
+        if not st.multi:
+            assert self.producer is not None
+            return {st.name: self.producer}
+        with self.mt_lock:
+            return dict(self.mt_producers)
+
+    def _ends(self, st: Stream) -> dict[Any, int]:
+        """The end offsets of ``st``'s topics, keyed as :meth:`_uppers`."""
+        if not st.multi:
+            assert self.producer is not None
+            return self.producer.ends()
+        return {
+            (t, p): end for t, prod in self._producers(st).items() for p, end in prod.ends().items()
+        }
+
+    def _has_rows(self, st: Stream) -> bool:
+        uppers = self._uppers(st)
+        if not st.multi:
+            return sum(uppers.values()) > 0
+        return all(
+            any(uppers.get((t, p), 0) for p in range(MT_PARTITIONS)) for t in self._tables(st)
+        )
 
     # -- reading the cluster (directly from the metadata store: the checks must not depend on
     #    the controller or the proxies the faults hit) -------------------------------------------
@@ -763,9 +874,12 @@ class _Campaign:
         ]
 
     def _all_running(self) -> bool:
-        """Both workers heartbeat and run a writer of every datastream."""
+        """Both workers heartbeat and run a writer of every datastream (of each table of
+        orders_mt)."""
         return self._alive() == set(WORKERS) and all(
-            self._writing(st, alive_only=True) == set(WORKERS) for st in self.streams
+            self._writing(st, alive_only=True, table=t) == set(WORKERS)
+            for st in self.streams
+            for t in (self._tables(st) if st.multi else [None])
         )
 
     def _reached(self, st: Stream, ends: dict[int, int]) -> bool:
@@ -800,22 +914,27 @@ class _Campaign:
             if w.alive(now, WORKER_TTL) and self._current(w)
         }
 
-    def _writing(self, st: Stream, *, alive_only: bool) -> set[str]:
+    def _writing(self, st: Stream, *, alive_only: bool, table: str | None = None) -> set[str]:
         """Workers whose last heartbeat, from their running process, reports a writer of
         ``st`` running: within the worker TTL, or (without ``alive_only``) older too (a frozen
         or blocked worker may resume and commit). A heartbeat from a process that is gone
         (killed, or replaced by a restart that has not heartbeaten yet) does not count."""
-        return {w for w, _ in self._writer_reports(st, alive_only=alive_only)}
+        return {w for w, _ in self._writer_reports(st, alive_only=alive_only, table=table)}
 
-    def _writer_reports(self, st: Stream, *, alive_only: bool) -> list[tuple[str, str]]:
-        """(worker, what its heartbeat says) for :meth:`_writing`."""
+    def _writer_reports(
+        self, st: Stream, *, alive_only: bool, table: str | None = None
+    ) -> list[tuple[str, str]]:
+        """(worker, what its heartbeat says) for :meth:`_writing` (of ``table`` alone: one
+        table of orders_mt)."""
         now = time.time()
         out = []
         for w in list_workers(self.cat.store):
             writers = [
                 x
                 for x in w.info.get("writers", [])
-                if x.get("datastream") == st.name and x.get("running")
+                if x.get("datastream") == st.name
+                and x.get("running")
+                and (table is None or x.get("table") == table)
             ]
             alive = w.alive(now, WORKER_TTL)
             if writers and self._current(w) and (alive or not alive_only):
@@ -823,11 +942,19 @@ class _Campaign:
                 out.append((w.id, f"{w.id}: heartbeat {age:.1f}s ago, alive {alive}, {writers}"))
         return out
 
-    def _uppers(self, st: Stream) -> dict[int, int]:
-        try:
-            return {sh.partition: sh.upper for sh in self.cat.store.list_shards(st.name)}
-        except Exception:
-            return {}
+    def _uppers(self, st: Stream) -> dict[Any, int]:
+        """The shard uppers of ``st``'s table by partition (orders_mt: by (table, partition);
+        a table not made yet has none)."""
+        if not st.multi:
+            try:
+                return {sh.partition: sh.upper for sh in self.cat.store.list_shards(st.name)}
+            except Exception:
+                return {}
+        out: dict[Any, int] = {}
+        for t in self._tables(st):
+            with contextlib.suppress(Exception):
+                out.update({(t, sh.partition): sh.upper for sh in self.cat.store.list_shards(t)})
+        return out
 
     def _leader(self) -> bool:
         try:
@@ -835,12 +962,14 @@ class _Campaign:
         except (httpx.HTTPError, KeyError, ValueError):
             return False
 
-    def _appends_since(self, st: Stream, t0: float) -> list[tuple[int, str | None]]:
+    def _appends_since(
+        self, st: Stream, t0: float, tables: Sequence[str] | None = None
+    ) -> list[tuple[int, str | None]]:
         tv = s.table_versions
         with self.cat.store.read() as conn:
             rows = conn.execute(
                 select(tv.c.manifest_version, tv.c.writer_id).where(
-                    tv.c.table_name == st.name,
+                    tv.c.table_name.in_(list(tables if tables is not None else self._tables(st))),
                     tv.c.operation == "append",
                     tv.c.committed_at > t0,
                 )
@@ -1041,12 +1170,102 @@ class _Campaign:
             for key, cmd, gap in p["commands"]:
                 self._command(i, api, BY_KEY[key], cmd)
                 time.sleep(gap)
+        elif a.kind == "pause_hold" and "table" in p:
+            self._pause_hold_table(i, api, st, p["table"], p["hold"])
         elif a.kind == "pause_hold":
             self._pause_hold(i, api, st, p["hold"])
         elif a.kind == "rollback":
-            self._rollback(i, api, st, p["partition"], p["depth"], p["paused_for"])
+            self._rollback(
+                i, api, st, p["partition"], p["depth"], p["paused_for"], table=p.get("table")
+            )
         else:
             self._reingest(i, api, st, p["picks"])
+
+    def _paused_tables(self, st: Stream) -> tuple[str, ...]:
+        rec = Registry(self.cat.store).find(st.name)
+        return () if rec is None else rec.paused_tables
+
+    def _table_command(self, i: int, api: Api, st: Stream, table: str, cmd: str) -> int | None:
+        """Pause or resume one table of orders_mt (a fault); its status (None: no answer, or a
+        5xx). A 200 whose record does not say what was asked is an anomaly."""
+        try:
+            r = api.post(f"/datastreams/{st.name}/tables/{table}/{cmd}")
+        except httpx.HTTPError as exc:
+            self.log.fault(i, f"table {cmd}", f"{st.name}.{table}", f"-> no answer ({exc!r})")
+            return None
+        body = _json(r)
+        self.log.fault(
+            i, f"table {cmd}", f"{st.name}.{table}", f"-> {r.status_code} {body.get('error', '')}"
+        )
+        if r.status_code == 200 and (table in body.get("paused_tables", [])) != (cmd == "pause"):
+            self.log.anomaly(i, "lifecycle", f"{cmd} of {st.name} table {table} answered {body}")
+        return r.status_code if r.status_code < 500 else None
+
+    def _pause_table(self, i: int, api: Api, st: Stream, table: str) -> bool:
+        """Pause one table of ``st``; whether it is paused (an answer lost to a cut connection
+        is looked up in the store, and the command sent again for up to 20 s)."""
+        deadline = time.monotonic() + 20.0
+        while time.monotonic() < deadline:
+            status = self._table_command(i, api, st, table, "pause")
+            if status is not None:
+                return table in self._paused_tables(st)
+            time.sleep(1.0)
+            with contextlib.suppress(Exception):
+                if table in self._paused_tables(st):
+                    return True
+        return False
+
+    def _table_uppers(self, table: str) -> dict[int, int]:
+        try:
+            return {sh.partition: sh.upper for sh in self.cat.store.list_shards(table)}
+        except Exception:
+            return {}
+
+    def _pause_hold_table(self, i: int, api: Api, st: Stream, table: str, hold: float) -> None:
+        """Pause one table of orders_mt; once no worker runs its writer, it commits nothing
+        although its topic grows, while another table of the datastream commits; resume."""
+        if not self._pause_table(i, api, st, table):
+            return
+        try:
+            self._wait(
+                f"no worker runs the writer of {st.name} table {table} while it is paused",
+                lambda: not self._writing(st, alive_only=False, table=table),
+                90,
+            )
+        except _Abort as exc:
+            self.log.anomaly(i, "pause", str(exc))
+        else:
+            producer = self._producers(st)[table]
+            others = [t for t in self._tables(st) if t != table]
+            t0, uppers, produced = time.time(), self._table_uppers(table), producer.count()
+            before = {t: self._table_uppers(t) for t in others}
+            time.sleep(hold)
+            try:  # the others are not held back (a standby takes over within the worker TTL)
+                moved = self._wait(
+                    f"another table of {st.name} commits while table {table} is paused",
+                    lambda: [t for t in others if self._table_uppers(t) != before[t]],
+                    WORKER_TTL + 60,
+                )
+            except _Abort as exc:
+                moved = []
+                if self._state(st) is State.READY:
+                    self.log.anomaly(i, "pause", str(exc))
+            appends, now = self._appends_since(st, t0, [table]), self._table_uppers(table)
+            if producer.count() <= produced:
+                self.log.out(f"  schedule {i}: the producer stalled; the pause check is void")
+            elif appends or now != uppers:
+                self.log.anomaly(
+                    i,
+                    "pause",
+                    f"{st.name} table {table} committed while paused: versions {appends}, "
+                    f"uppers {uppers} -> {now}",
+                )
+            else:
+                self.log.out(
+                    f"  schedule {i}: {st.name} table {table} PAUSED, nothing committed in "
+                    f"{hold:.1f}s; tables {moved} committed meanwhile"
+                )
+        self._table_command(i, api, st, table, "resume")
 
     def _pause(self, i: int, api: Api, st: Stream) -> bool:
         """Pause ``st``; whether it is PAUSED. An answer lost to a cut connection is looked up
@@ -1094,13 +1313,24 @@ class _Campaign:
         self._command(i, api, st, "resume")
 
     def _rollback(
-        self, i: int, api: Api, st: Stream, partition: int, depth: int, paused_for: float
+        self,
+        i: int,
+        api: Api,
+        st: Stream,
+        partition: int,
+        depth: int,
+        paused_for: float,
+        *,
+        table: str | None = None,
     ) -> None:
-        if not self._pause(i, api, st):
+        """Pause (orders_mt: ``table`` alone), roll ``partition`` back ``depth`` segments,
+        resume."""
+        name = table or st.name
+        if not (self._pause_table(i, api, st, name) if table else self._pause(i, api, st)):
             return
         for _ in range(3):  # a seal finishing meanwhile renumbers the tail: look again
             try:
-                segs = api.get(f"/tables/{st.name}/segments")["partitions"]
+                segs = api.get(f"/tables/{name}/segments")["partitions"]
                 seqs = sorted(
                     sg["seq"]
                     for pp in segs
@@ -1112,41 +1342,46 @@ class _Campaign:
                 time.sleep(1)
                 continue
             if not seqs:
-                self.log.out(f"  schedule {i}: {st.name} p{partition} has no segment; no rollback")
+                self.log.out(f"  schedule {i}: {name} p{partition} has no segment; no rollback")
                 break
             seq = seqs[-min(depth, len(seqs))]
             try:
                 r = api.delete(
-                    f"/tables/{st.name}/segments?partition={partition}&fromSequence={seq}&dryRun=false"
+                    f"/tables/{name}/segments?partition={partition}&fromSequence={seq}&dryRun=false"
                 )
             except httpx.HTTPError as exc:
                 self.log.fault(
-                    i, "rollback", st.name, f"p{partition} from seq {seq}: no answer ({exc!r})"
+                    i, "rollback", name, f"p{partition} from seq {seq}: no answer ({exc!r})"
                 )
                 break
             if r.status_code == 200:
                 plan = r.json()
-                self.log.fault(
-                    i, "rollback", st.name, f"p{partition} from seq {seq}: {_plan(plan)}"
-                )
+                self.log.fault(i, "rollback", name, f"p{partition} from seq {seq}: {_plan(plan)}")
                 break
             if r.status_code != 404:
                 self.log.out(
-                    f"  schedule {i}: rollback {st.name} p{partition}: {r.status_code} {r.text[:300]}"
+                    f"  schedule {i}: rollback {name} p{partition}: {r.status_code} {r.text[:300]}"
                 )
                 break
         time.sleep(paused_for)
-        self._command(i, api, st, "resume")
+        if table:
+            self._table_command(i, api, st, table, "resume")
+        else:
+            self._command(i, api, st, "resume")
 
     def _reingest(self, i: int, api: Api, st: Stream, picks: list[float]) -> None:
         for pick in picks:
+            # orders_mt: the pick chooses a table, then one of its segments
+            tables = self._tables(st)
+            scaled = pick * len(tables)
+            table, pick = tables[int(scaled)], scaled - int(scaled)
             try:
-                segs = api.get(f"/tables/{st.name}/segments")["partitions"]
+                segs = api.get(f"/tables/{table}/segments")["partitions"]
                 names = sorted(
                     (sg["name"] for pp in segs for sg in pp["segments"]), key=_segment_order
                 )
                 if not names:
-                    self.log.out(f"  schedule {i}: {st.name} has no segment to re-ingest")
+                    self.log.out(f"  schedule {i}: {table} has no segment to re-ingest")
                     return
                 name = names[int(pick * len(names))]
                 r = api.post(f"/segments/{name}/reingest")
@@ -1222,6 +1457,13 @@ class _Campaign:
             threading.Thread(target=self._lane, args=(i, a), name=f"lane-{a.lane}", daemon=True)
             for a in by_lane.values()
         ]
+        if i == 0 and any(st.multi for st in self.streams):  # a topic appears mid-schedule
+            delay = random.Random(f"{self.seed}/{i}/topic").uniform(1.0, 6.0)
+            threads.append(
+                threading.Thread(
+                    target=self._mt_topic_created, args=(i, delay), name="new-topic", daemon=True
+                )
+            )
         for t in threads:
             t.start()
         for t in threads:
@@ -1278,12 +1520,18 @@ class _Campaign:
                 if r.status_code != 200:
                     raise _Abort(f"recovery could not resume {st.name}: {r.status_code} {r.text}")
             model.possible, model.last = {State.READY}, "resume"
+            for table in self._paused_tables(st):  # a table pause whose resume did not land
+                r = self.api.post(f"/datastreams/{st.name}/tables/{table}/resume")
+                if r.status_code != 200:
+                    raise _Abort(
+                        f"recovery could not resume {st.name} table {table}: {r.status_code} "
+                        f"{r.text}"
+                    )
         settled = time.monotonic()
         self._ensure_services(i)
         self._wait("both workers heartbeat and run every writer", self._all_running, RECOVER_S)
         running = time.monotonic()
-        assert self.producer is not None
-        ends = self.producer.ends()
+        ends = {st.key: self._ends(st) for st in self.streams}
         self._catch_up(i, ends)
         done = time.monotonic()
         self.log.out(
@@ -1293,12 +1541,17 @@ class _Campaign:
         )
         self.scan_logs(i)
 
-    def _lag(self, ends: dict[int, int]) -> str:
-        """How far each table's uppers are behind ``ends``, and what the workers report."""
+    def _lag(self, ends: dict[str, dict[Any, int]]) -> str:
+        """How far each table's uppers are behind ``ends`` (per datastream), and what the
+        workers report."""
         lags = []
         for st in self.streams:
             uppers = self._uppers(st)
-            lag = {p: end - uppers.get(p, 0) for p, end in ends.items() if uppers.get(p, 0) < end}
+            lag = {
+                p: end - uppers.get(p, 0)
+                for p, end in ends[st.key].items()
+                if uppers.get(p, 0) < end
+            }
             lags.append(f"{st.name} behind by {lag}")
         now = time.time()
         for w in list_workers(self.cat.store):
@@ -1310,11 +1563,12 @@ class _Campaign:
             lags.append(f"{w.id} heartbeat {now - w.heartbeat_at:.0f}s ago: {writers}")
         return "; ".join(lags)
 
-    def _catch_up(self, i: int, ends: dict[int, int]) -> None:
-        """Wait until every shard upper reaches ``ends``; say how far behind every 20 s."""
+    def _catch_up(self, i: int, ends: dict[str, dict[Any, int]]) -> None:
+        """Wait until every shard upper reaches ``ends`` (per datastream); say how far behind
+        every 20 s."""
         began = time.monotonic()
         said = began
-        while not all(all_reached(self._uppers(st), ends) for st in self.streams):
+        while not all(all_reached(self._uppers(st), ends[st.key]) for st in self.streams):
             now = time.monotonic()
             if now - began > FRONTIER_S:
                 raise _Abort(
@@ -1373,13 +1627,17 @@ class _Campaign:
             with contextlib.suppress(_Abort):
                 self._ensure_services(i)
         assert self.producer is not None
-        try:
-            self.producer.stop()
-        except AssertionError as exc:
-            self.log.anomaly(i, "producer", str(exc))
-        ends, records = self.producer.ends(), list(self.producer.records)
-        self.log.out(f"final checks: {len(records)} records produced, end offsets {ends}")
+        for producer in [self.producer, *self.mt_producers.values()]:
+            try:
+                producer.stop()
+            except AssertionError as exc:
+                self.log.anomaly(i, "producer", f"{producer.topic}: {exc}")
+        records = list(self.producer.records)
+        self.log.out(
+            f"final checks: {len(records)} records produced, end offsets {self.producer.ends()}"
+        )
         for st in self.streams:
+            ends = self._ends(st)
             try:
                 self._wait(
                     f"the uppers of {st.name} reach the end offsets {ends}",
@@ -1392,14 +1650,32 @@ class _Campaign:
             uppers = self._uppers(st)
             if uppers != ends:
                 self.log.anomaly(i, "frontier", f"{st.name}: uppers {uppers} != end offsets {ends}")
-            try:
-                problem = table_vs_source(self.cat, self.specs[st.key], records)
-            except Exception as exc:
-                problem = f"reading the tables failed: {exc!r}"
-            if problem:
-                self.log.anomaly(i, "table", f"{st.name}: {problem} ({len(records)} records)")
+            checks = (
+                [
+                    (t, self.mt_members[t], list(prod.records))
+                    for t, prod in self._producers(st).items()
+                ]
+                if st.multi
+                else [(st.name, self.specs[st.key], records)]
+            )
+            problems = []
+            for table, spec, recs in checks:
+                try:
+                    problem = table_vs_source(self.cat, spec, recs)
+                except Exception as exc:
+                    problem = f"reading the tables failed: {exc!r}"
+                if problem:
+                    problems.append(f"{table}: {problem} ({len(recs)} records)")
+            total = sum(len(recs) for _, _, recs in checks)
+            if problems:
+                self.log.anomaly(i, "table", f"{st.name}: {'; '.join(problems)}")
+            elif st.multi:
+                self.log.out(
+                    f"  {st.name} equals the model of its {len(checks)} topics ({total} "
+                    "records), a table each"
+                )
             else:
-                self.log.out(f"  {st.name} equals the model of {len(records)} records")
+                self.log.out(f"  {st.name} equals the model of {total} records")
         self._check_claims(i)
         self._stop_and_delete(i)
         self.scan_logs(i)
@@ -1410,7 +1686,7 @@ class _Campaign:
     def _check_claims(self, i: int) -> None:
         now = time.time()
         for st in self.streams:
-            for table in (st.name, self.specs[st.key].dead_letter_table):
+            for table in (t for base in self._tables(st) for t in (base, dead_letter_name(base))):
                 stuck = [
                     e.name
                     for e in self.cat.manifest(table).entries
@@ -1466,9 +1742,9 @@ class _Campaign:
                 self.log.anomaly(i, "stop/delete", f"{st.name}: {exc}")
 
     def close(self) -> None:
-        if self.producer is not None:
+        for producer in [*([self.producer] if self.producer else []), *self.mt_producers.values()]:
             with contextlib.suppress(AssertionError):
-                self.producer.stop()
+                producer.stop()
         self.api.close()
         self.stack.close()
 
@@ -1527,7 +1803,7 @@ def run_process_campaign(
     rate: float = RATE,
     master: str = "local[1]",
     proxies: bool = True,
-    modes: Sequence[Mode] = MODES,
+    modes: Sequence[Mode] = ALL_MODES,
 ) -> CampaignLog:
     """Run the process-level campaign ``seed`` and check its outcome; every fault and anomaly
     goes to ``log`` (returned, finished). Schedules run until ``min_faults`` faults were

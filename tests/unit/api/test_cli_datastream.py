@@ -123,6 +123,37 @@ schema: {id: long, status: string}
     assert "customers" in tables.stdout and "orders" in tables.stdout, tables.output
 
 
+def test_one_table_of_a_datastream_of_many_topics_pauses_and_resumes(
+    run: Cli, controller: Controller, tmp_path: Path
+) -> None:
+    f = tmp_path / "inventory.yaml"
+    f.write_text(
+        """
+name: inventory
+source:
+  kind: kafka
+  bootstrap_servers: 127.0.0.1:1
+  topics: [db.inventory.customers, db.inventory.orders]
+table: {mode: upsert, primary_key: [id]}
+schema: {id: long, status: string}
+"""
+    )
+    assert run("datastream", "create", "-f", str(f)).exit_code == 0
+    controller.tick()
+    paused = run("datastream", "pause", "inventory", "--table", "customers")
+    assert paused.exit_code == 0, paused.output
+    assert "datastream inventory is READY (table customers paused)" in paused.stdout
+    assert "paused:     customers" in paused.stdout
+    assert "paused:     customers" in run("datastream", "show", "inventory").stdout
+    again = run("datastream", "pause", "inventory", "--table", "customers")
+    assert again.exit_code == 4
+    assert "table 'customers' of datastream 'inventory' is paused already" in again.stderr
+    unknown = run("datastream", "resume", "inventory", "--table", "nope")
+    assert unknown.exit_code == 3 and "'nope'" in unknown.stderr
+    resumed = run.json("datastream", "resume", "inventory", "--table", "customers")
+    assert (resumed["state"], resumed["paused_tables"]) == ("READY", [])
+
+
 def test_list_with_no_datastreams_says_so(run: Cli) -> None:
     assert run("datastream", "list").stdout.strip() == "(no datastreams)"
     assert run.json("datastream", "list") == []

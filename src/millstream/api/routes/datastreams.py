@@ -1,5 +1,6 @@
 """``/datastreams``: create, list, show, update (schema evolution), pause/resume/stop
-(compare-and-set), delete."""
+(compare-and-set), delete; pause/resume of one table of a datastream that writes a table per
+topic."""
 
 from __future__ import annotations
 
@@ -162,3 +163,37 @@ def resume_datastream(ctx: Ctx, name: str) -> DatastreamOut:
 def stop_datastream(ctx: Ctx, name: str) -> DatastreamOut:
     """READY | PAUSED -> STOPPING; the leader completes STOPPED once no worker runs it."""
     return DatastreamOut.of(ctx.registry.command(name, Command.STOP))
+
+
+TABLE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    404: {
+        "model": ErrorOut,
+        "description": "No datastream by that name, or the table is not one of its tables.",
+    },
+    409: {
+        "model": ErrorOut,
+        "description": "The table is paused already (pause), not paused (resume), or the "
+        "datastream is being deleted.",
+    },
+    422: {"model": ErrorOut, "description": "The datastream writes one table: pause it instead."},
+}
+
+
+@router.post(
+    "/{name}/tables/{table}/pause", response_model=DatastreamOut, responses=TABLE_RESPONSES
+)
+def pause_table(ctx: Ctx, name: str, table: str) -> DatastreamOut:
+    """Pause one table of a datastream that writes a table per topic: its writer stops at its
+    shard uppers while the other tables keep committing (``paused_tables`` lists it)."""
+    rec = ctx.registry.pause_table(name, table)
+    return DatastreamOut.of(rec, tables=ctx.registry.tables_of(name))
+
+
+@router.post(
+    "/{name}/tables/{table}/resume", response_model=DatastreamOut, responses=TABLE_RESPONSES
+)
+def resume_table(ctx: Ctx, name: str, table: str) -> DatastreamOut:
+    """Resume a table paused on its own: its writer rejoins at its shard uppers (nothing
+    skipped, nothing read twice)."""
+    rec = ctx.registry.resume_table(name, table)
+    return DatastreamOut.of(rec, tables=ctx.registry.tables_of(name))

@@ -3,7 +3,8 @@ Millstream has the same concept, so that a Pinot operator's runbook (the pausele
 guide's pause, check, resume; its rollback and its debugging calls) works as written.
 
 A Pinot table is a Millstream table; pausing or resuming it pauses or resumes the datastream
-writing it. Fields a Pinot response does not have are Millstream's own and say so in the
+writing it, or, for a table of a datastream that writes a table per topic, that table alone
+(:meth:`~millstream.control.registry.Registry.pause_table`). Fields a Pinot response does not have are Millstream's own and say so in the
 OpenAPI schema (``datastream``, ``state``). What differs is documented in
 docs/operations.md, "Pinot-compatible endpoints".
 """
@@ -19,12 +20,13 @@ from millstream.api.context import ApiContext, get_context
 from millstream.api.models import ErrorOut, PauseStatusOut
 from millstream.api.routes.segments import list_reingest_jobs
 from millstream.api.sealing import debug_info
-from millstream.api.status import consuming_info, datastream_for_table, require_writer_stopped
+from millstream.api.status import consuming_info, require_writer_stopped
 from millstream.control.registry import DatastreamRecord
 from millstream.core.lifecycle import Command, State
 from millstream.errors import InvalidSpecError, NotFoundError
 from millstream.metastore.jobs import pending_segments
 from millstream.sealing.reingest import parse_segment_name
+from millstream.spec import DEAD_LETTER_SUFFIX
 
 router = APIRouter(tags=["pinot-compatible"])
 Ctx = Annotated[ApiContext, Depends(get_context)]
@@ -36,17 +38,25 @@ PAUSED_STATES = (State.PAUSED, State.STOPPING, State.STOPPED)
 
 
 def _writer_of(ctx: ApiContext, table: str) -> DatastreamRecord:
+    """The record of the datastream writing ``table`` (not a dead-letter table), found by the
+    table's owner: no broker is asked."""
     ctx.catalog.table(table)  # 404 for an unknown table
-    rec = datastream_for_table(ctx, table)
-    if rec is None or table != rec.spec.table_name:
+    owner = ctx.registry.owner_of(table)
+    rec = ctx.registry.find(owner) if owner is not None else None
+    if rec is None or table.endswith(DEAD_LETTER_SUFFIX):
         raise NotFoundError("datastream writing table", table)
     return rec
 
 
-def _pause_status(ctx: ApiContext, rec: DatastreamRecord, comment: str | None) -> PauseStatusOut:
-    table = rec.spec.table_name
+def _table_paused(rec: DatastreamRecord, table: str) -> bool:
+    return rec.state in PAUSED_STATES or table in rec.paused_tables
+
+
+def _pause_status(
+    ctx: ApiContext, rec: DatastreamRecord, table: str, comment: str | None
+) -> PauseStatusOut:
     info = consuming_info(ctx, table, rec, None)
-    paused = rec.state in PAUSED_STATES
+    paused = _table_paused(rec, table)
     return PauseStatusOut(
         pauseFlag=paused,
         consumingSegments=sorted(info.segment_to_consuming_info_map),
@@ -68,13 +78,17 @@ def pause_consumption(
     tableName: str,
     comment: Annotated[str | None, Query(description="Kept in the response only.")] = None,
 ) -> PauseStatusOut:
-    """Pause the datastream writing the table (READY -> PAUSED). Every writer stops at its
-    shard upper; ``consumingSegments`` lists the segments still being consumed into until the
-    workers report their writers stopped (poll ``pauseStatus``)."""
+    """Pause the datastream writing the table (READY -> PAUSED), or, for a table of a
+    datastream that writes a table per topic, that table alone (the others run on). Every
+    writer stops at its shard upper; ``consumingSegments`` lists the segments still being
+    consumed into until the workers report their writers stopped (poll ``pauseStatus``)."""
     rec = _writer_of(ctx, tableName)
-    if rec.state is not State.PAUSED:
+    if rec.spec.multi_table:
+        if tableName not in rec.paused_tables:
+            rec = ctx.registry.pause_table(rec.name, tableName)
+    elif rec.state is not State.PAUSED:
         rec = ctx.registry.command(rec.name, Command.PAUSE)
-    return _pause_status(ctx, rec, comment)
+    return _pause_status(ctx, rec, tableName, comment)
 
 
 @router.post(
@@ -94,7 +108,9 @@ def resume_consumption(
     ] = None,
     comment: Annotated[str | None, Query(description="Kept in the response only.")] = None,
 ) -> PauseStatusOut:
-    """Resume the datastream (PAUSED | STOPPED | ERROR -> READY). Millstream resumes exactly
+    """Resume the datastream (PAUSED | STOPPED | ERROR -> READY), or the table alone if it
+    was paused on its own (a table of a datastream that writes a table per topic; the
+    datastream's own state is left as it is). Millstream resumes exactly
     at each partition's shard upper: ``smallest`` (re-read from the earliest offset) and
     ``largest`` (skip to the latest) would duplicate or drop records, and are refused; replay
     a range with ``DELETE /deleteSegmentsFromSequenceNum`` instead."""
@@ -105,15 +121,19 @@ def resume_consumption(
             "(lastConsumed); roll back segments to re-read a range",
         )
     rec = _writer_of(ctx, tableName)
-    if rec.state is not State.READY:
+    if rec.spec.multi_table:
+        if tableName in rec.paused_tables:
+            rec = ctx.registry.resume_table(rec.name, tableName)
+    elif rec.state is not State.READY:
         rec = ctx.registry.command(rec.name, Command.RESUME)
-    return _pause_status(ctx, rec, comment)
+    return _pause_status(ctx, rec, tableName, comment)
 
 
 @router.get("/tables/{tableName}/pauseStatus", response_model=PauseStatusOut, responses=RESPONSES)
 def pause_status(ctx: Ctx, tableName: str) -> PauseStatusOut:
-    """Whether the table's datastream is paused, and the segments still consumed into."""
-    return _pause_status(ctx, _writer_of(ctx, tableName), None)
+    """Whether the table is paused (its datastream, or the table on its own), and the segments
+    still consumed into."""
+    return _pause_status(ctx, _writer_of(ctx, tableName), tableName, None)
 
 
 @router.get("/tables/{tableName}/pauselessDebugInfo", responses=RESPONSES)

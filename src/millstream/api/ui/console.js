@@ -320,8 +320,10 @@ const tablesPage = {
     const rows = [];
     for (const d of list) {
       for (const t of d.tables || [d.table]) {
-        rows.push({ table: t, datastream: d.name, state: d.state, kind: "table" });
-        rows.push({ table: `${t}__dead_letter`, datastream: d.name, state: d.state, kind: "dead-letter table" });
+        // a table of a multi-table datastream paused on its own (the others run on)
+        const state = (d.paused_tables || []).includes(t) ? "PAUSED" : d.state;
+        rows.push({ table: t, datastream: d.name, state, kind: "table" });
+        rows.push({ table: `${t}__dead_letter`, datastream: d.name, state, kind: "dead-letter table" });
       }
     }
     fill(this.list, rows, () =>
