@@ -70,6 +70,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -417,6 +418,13 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def cpu_and_busy(
+    others: dict[str, list[int]],
+) -> tuple[dict[str, float], tuple[float, float]]:
+    """The CPU seconds of each group of ``others`` (name -> PIDs), and :func:`machine_busy`."""
+    return {k: cpu_seconds(v) for k, v in others.items()}, machine_busy()
+
+
 def machine_busy() -> tuple[float, float]:
     """(busy, total) jiffies of the whole machine, from /proc/stat."""
     f = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -535,6 +543,95 @@ def commit_stats(home: Path, worker: str, ds: str, since: float, until: float) -
     }
 
 
+@dataclass
+class Window:
+    """One measurement window of :meth:`Freshness.window`."""
+
+    since: float
+    until: float
+    #: the worker's process tree (:func:`tree`) at the window's start and at its end
+    procs0: list[dict[str, Any]]
+    procs1: list[dict[str, Any]]
+    #: (seconds into the window, :func:`tree_summary` of the worker's tree)
+    rss: list[tuple[float, dict[str, Any]]]
+    #: table -> (its latencies, how many acknowledged offsets never became visible)
+    latencies: dict[str, tuple[list[float], int]]
+    #: what ``at_end`` returned
+    ended: Any = None
+
+    @property
+    def seconds(self) -> float:
+        return self.until - self.since
+
+    def cpu_cores(self) -> float:
+        """The worker tree's CPU use over the window, in cores."""
+        cpu0 = sum(p["cpu_s"] for p in self.procs0)
+        return (sum(p["cpu_s"] for p in self.procs1) - cpu0) / self.seconds
+
+
+class Freshness:
+    """Samples, every ``every`` seconds while a window is open, the producer's last
+    acknowledged offsets (with their ack times) and every shard upper; :meth:`window` turns
+    the samples of one window into per-table produce-ack -> visible latencies (:func:`latencies`)
+    and watches the worker's process tree meanwhile."""
+
+    def __init__(self, producer: Producer, store: Any, *, every: float, name: str) -> None:
+        self.producer = producer
+        self.store = store
+        self.every = every
+        self.samples: list[Any] = []
+        self.sampling = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self.sampling.is_set():
+                last, _ = self.producer.snapshot()
+                with contextlib.suppress(Exception):
+                    self.samples.append((time.time(), last, all_uppers(self.store)))
+            time.sleep(self.every)
+
+    def start(self) -> Freshness:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def window(
+        self,
+        worker_pid: int,
+        tables: dict[str, str],
+        *,
+        seconds: float,
+        rss_every: float,
+        tail: float,
+        at_end: Callable[[], Any] | None = None,
+    ) -> Window:
+        """Sample for ``seconds`` (the worker's tree every ``rss_every`` s), call ``at_end``
+        (its result is :attr:`Window.ended`), then keep sampling ``tail`` seconds so the
+        window's last records become visible. ``tables``: table -> the topic it reads."""
+        procs0 = tree(worker_pid)
+        self.sampling.set()
+        since = time.time()
+        rss: list[tuple[float, dict[str, Any]]] = []
+        while time.time() - since < seconds:
+            time.sleep(rss_every)
+            rss.append((time.time() - since, tree_summary(tree(worker_pid))))
+        until = time.time()
+        procs1 = tree(worker_pid)
+        ended = at_end() if at_end is not None else None
+        time.sleep(tail)
+        self.sampling.clear()
+        lat = {
+            table: latencies(self.samples, table, topic, since, until)
+            for table, topic in tables.items()
+        }
+        self.samples.clear()
+        return Window(since, until, procs0, procs1, rss, lat, ended)
+
+
 def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
     from harness.cluster import Api, Cluster, orders_spec, wait_until
     from millstream.local.tansu import TansuBroker
@@ -547,21 +644,8 @@ def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
     cluster = Cluster(home=home, metadata_url=url)
     store = MetadataStore(url)
     producer: Producer | None = None
+    freshness: Freshness | None = None
     steps: list[dict[str, Any]] = []
-    samples: list[Any] = []
-    sampling = threading.Event()
-    stop_sampler = threading.Event()
-
-    def sampler() -> None:
-        while not stop_sampler.is_set():
-            if sampling.is_set():
-                assert producer is not None
-                last, _ = producer.snapshot()
-                with contextlib.suppress(Exception):
-                    samples.append((time.time(), last, all_uppers(store)))
-            time.sleep(0.05)
-
-    sample_thread = threading.Thread(target=sampler, name="scale-sampler", daemon=True)
     try:
         diag = cluster.diagnostics
         ctl = cluster.controller()
@@ -580,7 +664,7 @@ def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
             f"{idle['python_processes']} Python processes"
         )
         producer = Producer(broker.bootstrap, args.rate).start()
-        sample_thread.start()
+        freshness = Freshness(producer, store, every=0.05, name="scale-sampler").start()
         names: list[str] = []
         for target in [int(x) for x in args.streams.split(",")]:
             new = [f"s{i:02d}" for i in range(len(names), target)]
@@ -609,31 +693,27 @@ def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
             ready_s = time.time() - t_add
             time.sleep(2)
             others = {"broker": [broker.pid or 0], "bench (producer, sampler)": [os.getpid()]}
-            procs0 = {p["pid"]: p for p in tree(worker.pid)}
-            cpu0 = sum(p["cpu_s"] for p in procs0.values())
-            other0 = {k: cpu_seconds(v) for k, v in others.items()}
-            busy0 = machine_busy()
+            other0, busy0 = cpu_and_busy(others)
             load0 = common.load()
-            sampling.set()
-            since = time.time()
-            rss: list[dict[str, Any]] = []
-            while time.time() - since < args.seconds:
-                time.sleep(min(5.0, args.seconds / 6))
-                rss.append(tree_summary(tree(worker.pid)))
-            until = time.time()
-            procs1 = tree(worker.pid)
-            cpu1 = sum(p["cpu_s"] for p in procs1)
+            w = freshness.window(
+                worker.pid,
+                {n: n for n in names},
+                seconds=args.seconds,
+                rss_every=min(5.0, args.seconds / 6),
+                tail=args.tail,
+                at_end=functools.partial(cpu_and_busy, others),
+            )
+            since, until = w.since, w.until
+            procs0 = {p["pid"]: p for p in w.procs0}
             cpu_kinds: dict[str, float] = {}
-            for p in procs1:  # CPU in the window by process kind (exited ones are not in it)
+            for p in w.procs1:  # CPU in the window by process kind (exited ones are not in it)
                 before = procs0[p["pid"]]["cpu_s"] if p["pid"] in procs0 else 0.0
                 cpu_kinds[p["kind"]] = cpu_kinds.get(p["kind"], 0.0) + p["cpu_s"] - before
-            other1 = {k: cpu_seconds(v) for k, v in others.items()}
-            busy1 = machine_busy()
-            time.sleep(args.tail)  # let the last samples of the window become visible
-            sampling.clear()
+            other1, busy1 = w.ended
+            rss = [summary for _, summary in w.rss]
             per_ds = {}
             for n in names:
-                lat, unresolved = latencies(samples, n, n, since, until)
+                lat, unresolved = w.latencies[n]
                 per_ds[n] = {
                     "samples": len(lat),
                     "unresolved": unresolved,
@@ -642,7 +722,6 @@ def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
                     "max_s": max(lat) if lat else float("nan"),
                     **commit_stats(home, "w1", n, since, until),
                 }
-            samples.clear()
             peak = max(rss, key=lambda x: x["rss_mb"])
             step = {
                 "datastreams": target,
@@ -651,7 +730,7 @@ def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
                 "window_s": until - since,
                 "load_start": load0,
                 "load_end": common.load(),
-                "worker_cpu_cores": (cpu1 - cpu0) / (until - since),
+                "worker_cpu_cores": w.cpu_cores(),
                 "worker_cpu_cores_by_kind": {
                     k: v / (until - since) for k, v in sorted(cpu_kinds.items())
                 },
@@ -682,7 +761,8 @@ def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
         print(cluster.diagnostics(), file=sys.stderr)
         raise
     finally:
-        stop_sampler.set()
+        if freshness is not None:
+            freshness.stop()
         if producer is not None:
             producer.stop()
         cluster.close()
@@ -734,18 +814,8 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
     n = args.topics
     topics = [f"c{i:03d}" for i in range(n)]
     producer = Producer(broker.bootstrap, args.topic_rate, partitions=1)
-    samples: list[Any] = []
-    sampling = threading.Event()
-    stop_sampler = threading.Event()
+    freshness = Freshness(producer, store, every=0.1, name="scale-c-sampler")
     variants: dict[str, Any] = {}
-
-    def sampler() -> None:
-        while not stop_sampler.is_set():
-            if sampling.is_set():
-                last, _ = producer.snapshot()
-                with contextlib.suppress(Exception):
-                    samples.append((time.time(), last, all_uppers(store)))
-            time.sleep(0.1)
 
     def caught_up(api: Any, names: list[str], tables: dict[str, str]) -> bool:
         if not all(api.state(x) == "READY" and api.running_writers(x) == {"w1"} for x in names):
@@ -759,34 +829,25 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
         return all(ends.get((tp, 0), 0) - uppers[(t, 0)] <= behind for t, tp in tables.items())
 
     def measure(variant: str, api: Any, worker: Any, tables: dict[str, str]) -> dict[str, Any]:
-        sampling.set()
-        since = time.time()
-        rss: list[tuple[float, float]] = []
-        cpu0 = sum(p["cpu_s"] for p in tree(worker.pid))
         batch0 = last_batch(home)
-        while time.time() - since < args.seconds:
-            time.sleep(5.0)
-            rss.append((time.time() - since, tree_summary(tree(worker.pid))["rss_mb"]))
-        until = time.time()
-        cpu1 = sum(p["cpu_s"] for p in tree(worker.pid))
+        w = freshness.window(
+            worker.pid, tables, seconds=args.seconds, rss_every=5.0, tail=args.tail
+        )
         batches = last_batch(home) - batch0
-        time.sleep(args.tail)
-        sampling.clear()
+        rss = [(t, summary["rss_mb"]) for t, summary in w.rss]
         p99s, p50s, unresolved = [], [], 0
-        for table, topic in tables.items():
-            lat, missing = latencies(samples, table, topic, since, until)
+        for lat, missing in w.latencies.values():
             unresolved += missing
             if lat:
                 p99s.append(common.percentile(lat, 99, "nearest"))
                 p50s.append(common.percentile(lat, 50, "nearest"))
-        samples.clear()
         out = {
             "tables": len(tables),
-            "window_s": until - since,
+            "window_s": w.seconds,
             "load": common.load(),
-            "worker_cpu_cores": (cpu1 - cpu0) / (until - since),
+            "worker_cpu_cores": w.cpu_cores(),
             "batches": batches,
-            "cpu_s_per_batch": (cpu1 - cpu0) / batches if batches > 0 else float("nan"),
+            "cpu_s_per_batch": w.cpu_cores() * w.seconds / batches if batches > 0 else float("nan"),
             "p99_s_worst": max(p99s) if p99s else float("nan"),
             "p99_s_median": statistics.median(p99s) if p99s else float("nan"),
             "p50_s_median": statistics.median(p50s) if p50s else float("nan"),
@@ -807,7 +868,6 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
         )
         return out
 
-    sample_thread = threading.Thread(target=sampler, name="scale-c-sampler", daemon=True)
     try:
         diag = cluster.diagnostics
         ctl = cluster.controller()
@@ -824,7 +884,7 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
             broker.create_topic(t, 1)
         producer.add(topics)
         producer.start()
-        sample_thread.start()
+        freshness.start()
         base_spec = orders_spec("x", broker.bootstrap, "x")
         base_spec["source"]["starting_offsets"] = "latest"
         base_spec.pop("max_records_per_batch")
@@ -900,7 +960,7 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
         print(cluster.diagnostics(), file=sys.stderr)
         raise
     finally:
-        stop_sampler.set()
+        freshness.stop()
         producer.stop()
         cluster.close()
         store.dispose()

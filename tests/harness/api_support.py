@@ -88,6 +88,22 @@ def add_running_writer(
     worker.writers[ds] = _Writer(ds, "active", sd, runner=runner, thread=thread)
 
 
+def running_worker(
+    catalog: Catalog,
+    clock: ManualClock,
+    state_root: Path,
+    done: threading.Event,
+    *datastreams: str,
+    worker_id: str = "w1",
+) -> Worker:
+    """A :class:`Worker` (no Spark) whose stand-in writers of ``datastreams`` run until
+    ``done`` (:func:`add_running_writer`), with its state under ``state_root``."""
+    worker = Worker(catalog, None, worker_id=worker_id, clock=clock, state_root=state_root)
+    for ds in datastreams:
+        add_running_writer(worker, catalog, ds, state_root, done)
+    return worker
+
+
 def beat(
     catalog: Catalog, clock: ManualClock, worker_id: str, *running: str, status: str = "RUNNING"
 ) -> None:

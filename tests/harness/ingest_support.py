@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +26,10 @@ from typing import Any
 import yaml
 
 from millstream.catalog import Catalog
+from millstream.clock import SYSTEM_CLOCK
+from millstream.control.controller import Controller, ControlSettings
+from millstream.control.worker import Worker
+from millstream.control.workers import heartbeat, list_workers
 from millstream.datastream import DatastreamSpec
 from millstream.errors import TableNotFoundError
 from millstream.ingest.sources import spec_reader
@@ -94,10 +98,15 @@ class Topic:
 
     def ends(self) -> dict[int, int]:
         """One past the last acknowledged offset of every partition."""
-        out: dict[int, int] = {}
-        for p, o, _, _ in self.records:
-            out[p] = max(out.get(p, 0), o + 1)
-        return out
+        return ends_of(self.records)
+
+
+def ends_of(records: Iterable[RawRecord]) -> dict[int, int]:
+    """One past the last offset of ``records`` in every partition they are in."""
+    out: dict[int, int] = {}
+    for p, o, _, _ in records:
+        out[p] = max(out.get(p, 0), o + 1)
+    return out
 
 
 def produce_exact(
@@ -269,6 +278,45 @@ def writer_in_background(runner: DatastreamRunner, name: str) -> Iterator[list[B
     finally:
         runner.stop()
         thread.join(timeout=120)
+
+
+# -- a controller and a worker in this process ---------------------------------------------
+
+
+@dataclass
+class InProcessCluster:
+    """A :class:`Controller` and one :class:`Worker` (``w1``, on the test's SparkSession) in
+    this process, driven by :meth:`tick_until` (each tick what their loops do)."""
+
+    catalog: Catalog
+    controller: Controller
+    worker: Worker
+
+    @classmethod
+    def start(cls, catalog: Catalog, spark: Any, state_root: Path) -> InProcessCluster:
+        """Worker ``w1`` heartbeats first (so the controller's first tick assigns it); both
+        run with a 60 s worker TTL (a worker tick may take long on a busy machine)."""
+        heartbeat(catalog.store, "w1", status="RUNNING", info={}, clock=SYSTEM_CLOCK)
+        settings = ControlSettings(worker_ttl=60.0)
+        controller = Controller(catalog, controller_id="c1", settings=settings)
+        worker = Worker(catalog, spark, worker_id="w1", settings=settings, state_root=state_root)
+        return cls(catalog, controller, worker)
+
+    def tick_until(
+        self, done: Callable[[], bool], what: str, *, timeout: float, interval: float
+    ) -> None:
+        """Tick the controller and the worker every ``interval`` seconds until ``done()``;
+        fail the test naming ``what`` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            self.controller.tick()
+            self.worker.tick()
+            time.sleep(interval)
+
+    def worker_info(self) -> dict[str, Any]:
+        """What ``w1``'s last heartbeat said (its writers, its shared query)."""
+        return {w.id: w for w in list_workers(self.catalog.store)}["w1"].info
 
 
 # -- the CLI as a subprocess ---------------------------------------------------------------

@@ -13,7 +13,6 @@ model of its own topic's events, built here from the events' JSON twins.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -22,14 +21,15 @@ from typing import Any
 import pytest
 
 from harness.formats import DebeziumAvroEncoder, debezium_envelope
-from harness.ingest_support import assert_same_rows, produce_exact, uppers_or_empty
+from harness.ingest_support import (
+    InProcessCluster,
+    assert_same_rows,
+    produce_exact,
+    uppers_or_empty,
+)
 from harness.schema_registry import TestSchemaRegistry
 from millstream.catalog import Catalog
-from millstream.clock import SYSTEM_CLOCK
-from millstream.control.controller import Controller, ControlSettings
 from millstream.control.registry import Registry
-from millstream.control.worker import Worker
-from millstream.control.workers import heartbeat, list_workers
 from millstream.core.lifecycle import State
 from millstream.datastream import SOURCE_TS_COLUMN, DatastreamSpec
 from millstream.local.tansu import TansuBroker
@@ -163,18 +163,10 @@ def test_a_debezium_database_in_one_datastream_equals_the_model_table_by_table(
         )
         assert spec.schema_from_registry
         registry.create(spec)
-        heartbeat(cat.store, "w1", status="RUNNING", info={}, clock=SYSTEM_CLOCK)
-        settings = ControlSettings(worker_ttl=60.0)
-        controller = Controller(cat, controller_id="c1", settings=settings)
-        worker = Worker(cat, spark, worker_id="w1", settings=settings, state_root=tmp_path / "st")
+        cluster = InProcessCluster.start(cat, spark, tmp_path / "st")
 
-        def run_until(done: Callable[[], bool], what: str, timeout: float = 600.0) -> None:
-            deadline = time.monotonic() + timeout
-            while not done():
-                assert time.monotonic() < deadline, f"timed out waiting for {what}"
-                controller.tick()
-                worker.tick()
-                time.sleep(0.5)
+        def run_until(done: Callable[[], bool], what: str) -> None:
+            cluster.tick_until(done, what, timeout=600.0, interval=0.5)
 
         def caught_up(which: list[Topic]) -> bool:
             return all(uppers_or_empty(cat, f"t{x.t:02d}") == x.end() for x in which)
@@ -189,7 +181,7 @@ def test_a_debezium_database_in_one_datastream_equals_the_model_table_by_table(
                 SOURCE_TS_COLUMN,
             )
             assert list(first.columns) == ["id", "name", "qty", SOURCE_TS_COLUMN]
-            info = {w.id: w for w in list_workers(cat.store)}["w1"].info
+            info = cluster.worker_info()
             run_id = info["shared_query"]["run_id"]
 
             # a new topic, and a schema change on 3 topics, while the datastream runs
@@ -210,9 +202,9 @@ def test_a_debezium_database_in_one_datastream_equals_the_model_table_by_table(
                 assert_same_rows(got, model, what=name)
                 assert cat.read_table(f"{name}__dead_letter").num_rows == 0, name
             assert registry.get("inventory").state is State.READY
-            info = {w.id: w for w in list_workers(cat.store)}["w1"].info
+            info = cluster.worker_info()
             assert info["shared_query"]["run_id"] == run_id, "the new topic restarted the query"
             assert len(info["shared_query"]["members"]) == TOPICS
         finally:
-            worker._stop_shared()
+            cluster.worker._stop_shared()
     assert not spark.streams.active

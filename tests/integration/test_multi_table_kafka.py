@@ -12,7 +12,6 @@ restart of the query. Tables with nothing new cost nothing: no task of the batch
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -20,13 +19,16 @@ from typing import Any
 
 import pytest
 
-from harness.ingest_support import assert_table_matches_source, produce_exact, uppers_or_empty
+from harness.ingest_support import (
+    InProcessCluster,
+    assert_table_matches_source,
+    ends_of,
+    produce_exact,
+    uppers_or_empty,
+)
 from millstream.catalog import Catalog
-from millstream.clock import SYSTEM_CLOCK
-from millstream.control.controller import Controller, ControlSettings
+from millstream.control.controller import Controller
 from millstream.control.registry import Registry
-from millstream.control.worker import Worker
-from millstream.control.workers import heartbeat, list_workers
 from millstream.core.lifecycle import State
 from millstream.datastream import DatastreamSpec, dead_letter_spec
 from millstream.ingest.sources import config_for
@@ -76,13 +78,6 @@ def _spec(name: str, bootstrap_servers: str, prefix: str) -> DatastreamSpec:
     )
 
 
-def _ends(records: list[RawRecord]) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for p, o, _, _ in records:
-        out[p] = max(out.get(p, 0), o + 1)
-    return out
-
-
 @pytest.mark.spark
 def test_a_worker_runs_every_table_of_a_topic_pattern_and_isolates_them(
     spark: Any, kafka_broker: TansuBroker, tmp_path: Path
@@ -116,18 +111,11 @@ def test_a_worker_runs_every_table_of_a_topic_pattern_and_isolates_them(
     )
     spec = _spec("shop", boot, prefix)
     registry.create(spec)
-    heartbeat(cat.store, "w1", status="RUNNING", info={}, clock=SYSTEM_CLOCK)
-    settings = ControlSettings(worker_ttl=60.0)
-    controller = Controller(cat, controller_id="c1", settings=settings)
-    worker = Worker(cat, spark, worker_id="w1", settings=settings, state_root=tmp_path / "state")
+    cluster = InProcessCluster.start(cat, spark, tmp_path / "state")
+    worker = cluster.worker
 
-    def run_until(done: Callable[[], bool], what: str, timeout: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not done():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            controller.tick()
-            worker.tick()
-            time.sleep(0.3)
+    def run_until(done: Callable[[], bool], what: str) -> None:
+        cluster.tick_until(done, what, timeout=300.0, interval=0.3)
 
     def members() -> dict[str, DatastreamSpec]:
         found = spec.tables(topics.values())
@@ -135,10 +123,12 @@ def test_a_worker_runs_every_table_of_a_topic_pattern_and_isolates_them(
         return found.members
 
     def caught_up(*names: str) -> bool:
-        return all(uppers_or_empty(cat, n) == _ends(records[n]) and bool(records[n]) for n in names)
+        return all(
+            uppers_or_empty(cat, n) == ends_of(records[n]) and bool(records[n]) for n in names
+        )
 
     def writer(name: str) -> dict[str, Any]:
-        info = {w.id: w for w in list_workers(cat.store)}["w1"].info
+        info = cluster.worker_info()
         found = [wr for wr in info["writers"] if wr.get("member") == f"shop.{name}"]
         assert found, f"the worker reports no writer of shop.{name}: {info['writers']}"
         return found[0]
@@ -155,7 +145,7 @@ def test_a_worker_runs_every_table_of_a_topic_pattern_and_isolates_them(
         assert "belongs to datastream 'squatter'" in (writer("delta")["error"] or "")
         assert cat.read_table("delta").num_rows <= 1  # the squatter's row, never delta's
         assert writer("alpha")["datastream"] == "shop" and writer("alpha")["table"] == "alpha"
-        status = {w.id: w for w in list_workers(cat.store)}["w1"].info["shared_query"]
+        status = cluster.worker_info()["shared_query"]
         run_id = status["run_id"]
         assert {"shop.alpha", "shop.beta", "shop.gamma"} <= set(status["members"])
 
@@ -178,7 +168,7 @@ def test_a_worker_runs_every_table_of_a_topic_pattern_and_isolates_them(
             assert_table_matches_source(
                 cat, spec.tables(topics.values()).members[name], records[name]
             )
-        status = {w.id: w for w in list_workers(cat.store)}["w1"].info["shared_query"]
+        status = cluster.worker_info()["shared_query"]
         assert status["run_id"] == run_id, "a new topic restarted the shared query"
         assert "shop.epsilon" in status["members"]
         assert registry.get("shop").state is State.READY

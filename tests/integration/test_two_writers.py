@@ -5,16 +5,25 @@ as one writer would: every record once, nothing lost, and both writers finish cl
 The shard's compare-and-append settles every overlapping batch: the writer that commits a
 range second finds it below the upper and drops it (or trims what straddles it). Each
 writer's ``commits.jsonl`` records those lost races, which shows the writers really raced.
+
+``writer-a`` is ``millstream run --available-now`` in a process of its own; ``writer-b`` is the
+same run (``DatastreamRunner.run(available_now=True)``, what the CLI runs) in this process, on
+the test session's warm SparkSession, started once ``writer-a`` has committed its first batch:
+one Spark JVM starts instead of two, and the two writers surely overlap (``writer-a`` has 19
+batches to go when ``writer-b`` starts, however long its JVM took to start).
 """
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from harness.ingest_support import (
     assert_table_matches_source,
+    kill_group,
     orders_spec,
     shard_uppers,
     start_cli,
@@ -24,6 +33,7 @@ from harness.ingest_support import (
 )
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
+from millstream.spark.runner import DatastreamRunner
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -32,7 +42,20 @@ BATCH = 1_000  # 20 small batches per writer: a long window for the writers to o
 WRITERS = ("writer-a", "writer-b")
 
 
-def test_two_writers_at_once_give_every_record_exactly_once(new_topic, tmp_path: Path) -> None:
+def wait_until_committed(
+    proc: subprocess.Popen[bytes], home: Path, datastream: str, writer_id: str
+) -> None:
+    """Until ``writer_id`` (the process ``proc``) has committed its first batch."""
+    deadline = time.monotonic() + 300
+    while not writer_commits(home, datastream, writer_id):
+        assert proc.poll() is None, f"{writer_id} exited ({proc.returncode}) before any commit"
+        assert time.monotonic() < deadline, f"{writer_id} committed nothing in 300 s"
+        time.sleep(0.1)
+
+
+def test_two_writers_at_once_give_every_record_exactly_once(
+    new_topic, spark, tmp_path: Path
+) -> None:
     topic = new_topic(seed=23, key_cardinality=5_000)
     topic.produce(PER_PARTITION)
     raw = orders_spec("orders-two-writers", topic, "upsert", max_records_per_batch=BATCH)
@@ -40,12 +63,22 @@ def test_two_writers_at_once_give_every_record_exactly_once(new_topic, tmp_path:
     spec_file = write_spec(tmp_path / "spec.yaml", raw)
     home, logs = tmp_path / "home", tmp_path / "logs"
 
-    procs = {w: start_cli(spec_file, home, w, logs) for w in WRITERS}
-    done = {w: wait_cli(p, logs, w) for w, p in procs.items()}
+    cli, inproc = WRITERS
+    proc = start_cli(spec_file, home, cli, logs)
+    try:
+        wait_until_committed(proc, home, spec.name, cli)
+        with Catalog.open(home=home) as cat:
+            runner = DatastreamRunner(spec, cat, spark, writer_id=inproc)
+            runner.seal_all_on_exit = True  # as `millstream run --available-now` does
+            stats = runner.run(available_now=True)
+    except BaseException:
+        kill_group(proc)
+        raise
+    result = wait_cli(proc, logs, cli)
 
-    for w, result in done.items():
-        assert result.returncode == 0, f"{w}: {result.explain()}"
-        assert result.summary()["restarts"] == 0
+    assert result.returncode == 0, f"{cli}: {result.explain()}"
+    assert result.summary()["restarts"] == 0
+    assert stats.restarts == 0
     with Catalog.open(home=home) as cat:
         assert shard_uppers(cat, spec.table_name) == topic.ends()
         assert_table_matches_source(cat, spec, topic.records)

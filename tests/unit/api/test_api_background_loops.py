@@ -7,11 +7,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from harness.api_support import TestClient, add_running_writer, spec_body
+from harness.api_support import TestClient, running_worker, spec_body
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller
-from millstream.control.worker import Worker
 
 WORKER = "w1"
 ERRORS_ORDERS = 'millstream_background_errors_total{loop="sealer",table="orders",worker="w1"} 1.0'
@@ -30,9 +29,9 @@ def test_a_failing_sealing_pass_backs_off_its_table_only_and_is_shown_in_metrics
     controller.tick()  # payments READY, its table created
     # orders' writer runs, but its table is not created yet (a brand-new datastream).
     assert api.post("/datastreams", json=spec_body("orders", source_dir)).status_code == 201
-    worker = Worker(catalog, None, worker_id=WORKER, clock=clock, state_root=tmp_path / "state")
-    for ds in ("orders", "payments"):
-        add_running_writer(worker, catalog, ds, tmp_path / "state", running)
+    worker = running_worker(
+        catalog, clock, tmp_path / "state", running, "orders", "payments", worker_id=WORKER
+    )
 
     worker.seal()  # must not raise: the orders pass fails, payments is sealed
     worker._heartbeat()
@@ -78,8 +77,9 @@ def test_a_workers_table_maintenance_runs_on_its_sealing_thread_and_is_in_the_me
 ) -> None:
     assert api.post("/datastreams", json=spec_body("payments", source_dir)).status_code == 201
     controller.tick()
-    worker = Worker(catalog, None, worker_id=WORKER, clock=clock, state_root=tmp_path / "state")
-    add_running_writer(worker, catalog, "payments", tmp_path / "state", running)
+    worker = running_worker(
+        catalog, clock, tmp_path / "state", running, "payments", worker_id=WORKER
+    )
 
     worker.seal()  # the first sight schedules maintenance one jittered interval later
     clock.advance(worker.settings.maintenance_interval * 1.2 + 1)

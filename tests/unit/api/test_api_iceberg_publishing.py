@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from harness.api_support import TestClient, add_running_writer, spec_body
+from harness.api_support import TestClient, running_worker, spec_body
 from harness.iceberg_readers import pyiceberg_rows
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
@@ -73,10 +73,10 @@ def test_a_worker_publishes_every_table_it_writes_at_the_default_interval(
     controller.tick()  # payments READY, its table created
     # orders' writer runs, but its table is not created yet: its publishes fail.
     assert api.post("/datastreams", json=spec_body("orders", source_dir)).status_code == 201
-    worker = Worker(catalog, None, worker_id=WORKER, clock=clock, state_root=tmp_path / "state")
+    worker = running_worker(
+        catalog, clock, tmp_path / "state", running, "orders", "payments", worker_id=WORKER
+    )
     assert worker.publish_loop is not None and worker.publisher is not None
-    for ds in ("orders", "payments"):
-        add_running_writer(worker, catalog, ds, tmp_path / "state", running)
 
     def view() -> list[object]:
         where = current_location(catalog.deep, catalog.store, "payments")
@@ -152,9 +152,10 @@ def test_a_crashed_publisher_process_is_counted_shown_and_restarted_with_backoff
 ) -> None:
     assert api.post("/datastreams", json=spec_body("payments", source_dir)).status_code == 201
     controller.tick()
-    worker = Worker(catalog, None, worker_id=WORKER, clock=clock, state_root=tmp_path / "state")
+    worker = running_worker(
+        catalog, clock, tmp_path / "state", running, "payments", worker_id=WORKER
+    )
     assert worker.publish_loop is not None and worker.publisher is not None
-    add_running_writer(worker, catalog, "payments", tmp_path / "state", running)
     try:
         _commit(catalog, "payments", [1, 2, 1], 0)
         worker.publish_loop.run_once()

@@ -7,11 +7,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from harness.api_support import TestClient, add_running_writer, spec_body
+from harness.api_support import TestClient, running_worker, spec_body
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller
-from millstream.control.worker import Worker
 
 WORKER = "w1"
 
@@ -27,8 +26,9 @@ def test_a_sealers_claim_renewals_are_counters_in_the_metrics(
 ) -> None:
     assert api.post("/datastreams", json=spec_body("payments", source_dir)).status_code == 201
     controller.tick()
-    worker = Worker(catalog, None, worker_id=WORKER, clock=clock, state_root=tmp_path / "state")
-    add_running_writer(worker, catalog, "payments", tmp_path / "state", running)
+    worker = running_worker(
+        catalog, clock, tmp_path / "state", running, "payments", worker_id=WORKER
+    )
 
     worker.seal()  # creates the datastream's sealer
     labels = f'{{datastream="payments",worker="{WORKER}"}}'
