@@ -2464,6 +2464,23 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         select="upsert-cmp",
     ),
     Guard(
+        name="an-aborted-pointer-swap-is-run-again",
+        file="src/millstream/metastore/engine.py",
+        what="rerun_if_aborted: a pointer swap (a pin's release, a re-ingest job's lease or "
+        "outcome) the server aborted (a deadlock) committed nothing and is run again, instead "
+        "of failing the publish",
+        old="""\
+            if not is_retryable(exc) or attempt == MAX_CAS_RETRIES - 1:
+""",
+        new="""\
+            if True:  # MUTATION: an aborted write fails
+""",
+        tests=(
+            "tests/unit/metastore/test_aborted_writes_rerun.py::"
+            "test_a_pointer_swap_chosen_as_a_deadlock_victim_is_run_again_and_moves_the_pointer",
+        ),
+    ),
+    Guard(
         name="staged-pieces-in-position-order",
         file="src/millstream/table/writer.py",
         what="RowStager: a write task's rows staged a piece at a time come in (partition, "

@@ -214,6 +214,32 @@ def retrying(
     raise CommitConflictError(f"gave up after {MAX_CAS_RETRIES} lost compare-and-sets")
 
 
+def rerun_if_aborted(
+    store: Database,
+    fn: Callable[Concatenate[Connection, P], T],
+    /,
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> T:
+    """Run ``fn(conn, *args, **kwargs)`` in a write transaction of ``store``, running it again
+    when the server aborted it (a deadlock, a serialization failure, a busy SQLite database:
+    :func:`is_retryable`; nothing of it was committed, and ``fn``'s own compare-and-sets check
+    their preconditions again). Unlike :func:`retrying`, a lost compare-and-set
+    (:class:`CommitConflictError`) and a duplicate row propagate: for these writes they are an
+    answer (another publisher moved the pointer first, another controller took the job), not a
+    reason to try again."""
+    for attempt in range(MAX_CAS_RETRIES):
+        try:
+            with store.write() as conn:
+                return fn(conn, *args, **kwargs)
+        except OperationalError as exc:
+            if not is_retryable(exc) or attempt == MAX_CAS_RETRIES - 1:
+                raise
+            store._count_conflict()
+        time.sleep(random.uniform(0, 0.002 * (attempt + 1)))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def migrate(store: Database) -> None:
     """Create or upgrade the schema to :data:`schema.LATEST_SCHEMA_VERSION` (racing processes
     that do the same at once are tolerated)."""

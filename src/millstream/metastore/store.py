@@ -476,8 +476,7 @@ class MetadataStore:
 
     def release_pin(self, pin: pins.Pin) -> bool:
         """Release ``pin``; False if it was gone already."""
-        with self.write() as conn:
-            return pins.release_pin(conn, pin)
+        return engine.rerun_if_aborted(self, pins.release_pin, pin)
 
     def list_pins(self, table: str) -> list[pins.Pin]:
         with self.read() as conn:
@@ -502,15 +501,15 @@ class MetadataStore:
         """:func:`~millstream.metastore.iceberg.swap_pointer` in a write transaction; None
         when another publisher moved the pointer first (nothing changed here)."""
         try:
-            with self.write() as conn:
-                return iceberg.swap_pointer(
-                    conn,
-                    table,
-                    expected,
-                    metadata_location=metadata_location,
-                    manifest_version=manifest_version,
-                    now=now,
-                )
+            return engine.rerun_if_aborted(
+                self,
+                iceberg.swap_pointer,
+                table,
+                expected,
+                metadata_location=metadata_location,
+                manifest_version=manifest_version,
+                now=now,
+            )
         except iceberg.LOST_RACE:
             return None
 
@@ -527,8 +526,7 @@ class MetadataStore:
     # -- controller jobs (:mod:`.jobs`) ----------------------------------------------------
 
     def submit_force_commit(self, manifest: Manifest, *, now: float) -> jobs.Job:
-        with self.write() as conn:
-            return jobs.submit_force_commit(conn, manifest, now=now)
+        return engine.rerun_if_aborted(self, jobs.submit_force_commit, manifest, now=now)
 
     def get_job(self, job_id: str) -> jobs.Job:
         with self.read() as conn:
@@ -572,8 +570,7 @@ class MetadataStore:
         """Extend ``job``'s lease; None if it changed since it was read (no longer its
         owner's)."""
         try:
-            with self.write() as conn:
-                return jobs.renew_reingest(conn, job, now=now, lease=lease)
+            return engine.rerun_if_aborted(self, jobs.renew_reingest, job, now=now, lease=lease)
         except CommitConflictError:
             return None
 
@@ -591,17 +588,17 @@ class MetadataStore:
         """Record ``job``'s outcome (:func:`~millstream.metastore.jobs.finish_reingest`); None
         if it changed since it was read (another controller took it over)."""
         try:
-            with self.write() as conn:
-                return jobs.finish_reingest(
-                    conn,
-                    job,
-                    now=now,
-                    status=status,
-                    error=error,
-                    result=result,
-                    next_attempt_at=next_attempt_at,
-                    unrecoverable=unrecoverable,
-                )
+            return engine.rerun_if_aborted(
+                self,
+                jobs.finish_reingest,
+                job,
+                now=now,
+                status=status,
+                error=error,
+                result=result,
+                next_attempt_at=next_attempt_at,
+                unrecoverable=unrecoverable,
+            )
         except CommitConflictError:
             return None
 
