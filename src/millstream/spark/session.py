@@ -3,6 +3,7 @@ here, configured for streaming ingestion."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MASTER = "local[2]"
 
@@ -108,4 +111,26 @@ def spark_session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
+    quiet_accumulator_server(spark)
     return spark
+
+
+def quiet_accumulator_server(spark: SparkSession) -> None:
+    """PySpark's accumulator server prints a traceback to stderr (``socketserver``'s
+    ``handle_error``) when the JVM closes its connection first: on Ctrl-C the JVM, in the
+    terminal's process group, exits at once, and ``millstream run`` printed an ``EOFError``
+    traceback after its clean summary. A closed connection is logged at debug level instead;
+    any other error is printed as before."""
+    server = getattr(spark.sparkContext, "_accumulatorServer", None)
+    if server is None:
+        return
+    default = server.handle_error
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (EOFError, ConnectionError)):
+            log.debug("Spark's accumulator connection closed by the JVM: %r", exc)
+            return
+        default(request, client_address)
+
+    server.handle_error = handle_error

@@ -50,6 +50,10 @@ class FakeShared:
         FakeShared.changes.append(f"+{member.spec.name}")
         return True
 
+    def add_many(self, members: list[Any]) -> dict[str, bool]:
+        """The worker's one membership change for the members that start together."""
+        return {m.spec.name: self.add(m) for m in members}
+
     def remove(self, name: str) -> bool:
         if FakeShared.refuse or len(self.members) == 1:
             return False

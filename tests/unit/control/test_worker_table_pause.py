@@ -47,6 +47,10 @@ class FakeShared:
         FakeShared.changes.append(f"+{member.member}")
         return True
 
+    def add_many(self, members: list[Any]) -> dict[str, bool]:
+        """The worker's one membership change for the members that start together."""
+        return {m.member: self.add(m) for m in members}
+
     def remove(self, name: str) -> bool:
         if len(self.members) == 1:
             return False
