@@ -38,25 +38,46 @@ class _Consumer:
         #: the partitions and offsets each probe (an assignment) fetched from
         self.probes: list[dict[tuple[str, int], int]] = []
         self._fetching: dict[tuple[str, int], int] = {}
+        #: the partitions that answered their end (EOF) in this assignment
+        self._ended: set[tuple[str, int]] = set()
+        #: paused partitions: as librdkafka's, a pause outlives ``unassign()``
+        self.paused: set[tuple[str, int]] = set()
+        #: called before each poll (records arriving while a probe runs)
+        self.arriving: Any = None
+        #: records served of a partition after it answered its end, per partition
+        self.after_end: dict[tuple[str, int], int] = {}
 
     def assign(self, tps: list[TopicPartition]) -> None:
         self._fetching = {(tp.topic, tp.partition): tp.offset for tp in tps}
+        self._ended = set()
         self.probes.append(dict(self._fetching))
 
     def unassign(self) -> None:
         self._fetching = {}
 
+    def pause(self, tps: list[TopicPartition]) -> None:
+        self.paused |= {(tp.topic, tp.partition) for tp in tps}
+
+    def resume(self, tps: list[TopicPartition]) -> None:
+        self.paused -= {(tp.topic, tp.partition) for tp in tps}
+
     def poll(self, timeout: float) -> Any:
-        """The next record of an assigned partition, else its end (a partition EOF) once."""
+        """The next record of an assigned, unpaused partition, else its end (a partition
+        EOF) once; a partition fetched on after its end serves what arrived since."""
+        if self.arriving is not None:
+            self.arriving(self)
         for (t, p), at in self._fetching.items():
-            if at is None:
+            if (t, p) in self.paused:
                 continue
             end = self.served.get(t, {}).get(p, self.topics[t][p])
             if at < end:
                 self._fetching[(t, p)] = at + 1
+                if (t, p) in self._ended:
+                    self.after_end[(t, p)] = self.after_end.get((t, p), 0) + 1
                 return _Message(t, p, at, None)
-            self._fetching[(t, p)] = None  # type: ignore[assignment]
-            return _Message(t, p, at, KafkaError(KafkaError._PARTITION_EOF))
+            if (t, p) not in self._ended:
+                self._ended.add((t, p))
+                return _Message(t, p, at, KafkaError(KafkaError._PARTITION_EOF))
         return None
 
     def list_topics(self, topic: str, timeout: float) -> Any:
@@ -326,3 +347,36 @@ def test_a_probe_that_fails_leaves_the_watermarks_and_what_was_shown() -> None:
     broker.broken = True
     broker.topics["t"][1] = 5  # moved: probed, and the probe fails
     assert reader.latest_offsets() == {0: 3, 1: 5}
+
+
+def test_a_partition_that_reached_its_end_is_fetched_no_more_while_the_probe_runs() -> None:
+    """A probe fetches every moved partition to its end; one that reached it is paused, so
+    records still arriving on it do not keep the probe's fetches (and the broker) busy: with
+    a hundred busy topics the probe cost the bundled broker three times the CPU. Its end is
+    the one it reached; what arrives after is the next request's."""
+    broker = _Consumer({"t": {0: 1, 1: 1}})
+    broker.served = {"t": {0: 3, 1: 6}}
+
+    def arriving(b: _Consumer) -> None:  # records arrive on partition 0 after its end
+        if ("t", 0) in b._ended and b.served["t"][0] < 20:
+            b.served["t"][0] += 1
+
+    (reader,) = _readers(broker, "t").values()
+    broker.arriving = arriving
+    ends = reader.latest_offsets()
+    assert broker.after_end.get(("t", 0), 0) == 0
+    assert ends[1] == 6
+    assert 3 <= ends[0] < broker.served["t"][0]
+
+
+def test_a_probes_pause_does_not_outlive_it() -> None:
+    """The probe's consumer goes back to the pool: a partition it paused and left paused
+    would serve nothing to the next probe, whose end would stay at the short watermark."""
+    broker = _Consumer({"t": {0: 1}})
+    broker.served = {"t": {0: 3}}
+    (reader,) = _readers(broker, "t").values()
+    assert reader.latest_offsets() == {0: 3}
+    assert not broker.paused
+    broker.topics["t"][0] = 4  # a new batch of 3 at offset 3: its base offset + 1
+    broker.served["t"][0] = 6
+    assert reader.latest_offsets() == {0: 6}

@@ -456,11 +456,20 @@ class KafkaReader(PartitionReader):
                     end, _ = reached[tp]
                     if err is None:
                         reached[tp] = (max(end, m.offset() + 1), False)
-                    elif err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    if err.code() == KafkaError._PARTITION_EOF:
                         reached[tp] = (max(end, m.offset()), True)
                     elif m.partition() is not None and m.partition() >= 0:
                         reached[tp] = (end, True)  # cannot fetch it: its watermark stands
+                    else:
+                        continue
+                    # Settled: fetched no more. A partition left in the fetch kept every fetch
+                    # of the probe going while records arrived on it (and on the others still
+                    # probed): 100 busy topics' probe cost the bundled broker 1.2 CPU-s and
+                    # 1.4 s of wall a batch, 0.4 CPU-s paused (bench/kafka_probe.py).
+                    c.pause([TopicPartition(*tp)])
             finally:
+                c.resume(tps)  # a pooled consumer keeps a partition's pause past unassign()
                 c.unassign()
         return reached
 
