@@ -2586,6 +2586,75 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
 """,
         tests=("tests/unit/api/test_api_table_pause.py::test_one_table_pauses_and_resumes_alone",),
     ),
+    Guard(
+        name="iceberg-cached-metadata-only-for-the-pointers-file",
+        file="src/millstream/table/iceberg.py",
+        what="PublishCache.metadata: a publisher builds on the table metadata it remembers "
+        "only while the pointer names that very file (another publisher's snapshot is read)",
+        old="""\
+        if known is not None and known[0] == path:
+""",
+        new="""\
+        if known is not None:  # MUTATION: the remembered metadata, whatever the pointer names
+""",
+        tests=(
+            "tests/contract/test_contract_iceberg_incremental.py::"
+            "test_a_cache_whose_snapshot_another_publisher_replaced_publishes_in_full",
+        ),
+        select="sqlite-local",
+    ),
+    Guard(
+        name="iceberg-unchanged-only-when-the-pointer-shows-the-version",
+        file="src/millstream/table/iceberg.py",
+        what="publish: a table is skipped as unchanged (no manifest read) only when its "
+        "pointer shows its current manifest version",
+        old="""\
+        if pointer.manifest_version >= info.manifest_version and not any(
+""",
+        new="""\
+        if not any(  # MUTATION: any published table counts as unchanged
+""",
+        tests=(
+            "tests/unit/sealing/test_iceberg_publish_many_tables.py::"
+            "test_a_round_where_one_of_fifty_tables_changed_reads_and_writes_that_table_only",
+        ),
+    ),
+    Guard(
+        name="iceberg-unchanged-table-still-drops-expired-snapshots",
+        file="src/millstream/table/iceberg.py",
+        what="publish: an unchanged table whose snapshots retention expired is not skipped: "
+        "its next metadata drops them (GC may remove their files)",
+        old="""\
+        if pointer.manifest_version >= info.manifest_version and not any(
+            s.snapshot_id < oldest for s in previous.snapshots
+        ):  # nothing new, nothing expired: no manifest read
+""",
+        new="""\
+        if pointer.manifest_version >= info.manifest_version:  # MUTATION: expiry ignored
+""",
+        tests=(
+            "tests/unit/sealing/test_iceberg_publish_many_tables.py::"
+            "test_a_round_where_one_of_fifty_tables_changed_reads_and_writes_that_table_only",
+        ),
+    ),
+    Guard(
+        name="iceberg-name-mapping-follows-the-schema",
+        file="src/millstream/table/iceberg.py",
+        what="write_snapshot: the name mapping is written again whenever the snapshot's "
+        "schema is not the previous metadata's current one (a new column must be mapped)",
+        old="""\
+        or previous.current_schema_id != schema.schema_id
+        or NAME_MAPPING not in previous.properties
+""",
+        new="""\
+        or NAME_MAPPING not in previous.properties  # MUTATION: the first mapping forever
+""",
+        tests=(
+            "tests/contract/test_contract_iceberg_view.py::"
+            "test_schema_changes_keep_field_ids_and_old_snapshots_read_with_their_schema",
+        ),
+        select="sqlite-local",
+    ),
 )
 
 

@@ -87,9 +87,12 @@ from millstream.core.engines import engine_for
 from millstream.errors import CommitStateUnknownError, VersionExpiredError
 from millstream.metastore.iceberg import (
     IcebergPointer,
+    read_pointer,
 )
 from millstream.metastore.models import Entry, Manifest
+from millstream.metastore.reads import oldest_kept_version
 from millstream.metastore.store import MetadataStore
+from millstream.metastore.tables import find_table
 from millstream.spec import OFFSET_COL, PARTITION_COL, SYSTEM_COLUMNS, TableSpec
 from millstream.storage.deepstore import DeepStore, StoredFile
 from millstream.table.cache import ReadCache
@@ -400,6 +403,9 @@ class PublishCache:
     def __init__(self, max_bytes: int = 512 * 1024 * 1024) -> None:
         self.columns = ReadCache(max_bytes)
         self._views: dict[tuple[str, str], ViewState] = {}
+        #: Per table, the last metadata file it read or wrote and its parsed content (a
+        #: metadata file never changes: a publish writes a new one under a new name).
+        self._metadata: dict[tuple[str, str], tuple[str, TableMetadata]] = {}
         self._lock = threading.Lock()
 
     def view(self, deep: DeepStore, table: str) -> ViewState | None:
@@ -412,6 +418,23 @@ class PublishCache:
                 self._views.pop((deep.uri, table), None)
             else:
                 self._views[(deep.uri, table)] = state
+
+    def metadata(self, deep: DeepStore, table: str, path: str) -> TableMetadata:
+        """The table metadata in the file at ``path`` (relative): the one this cache last
+        read or wrote for ``table`` if that is the file, else read (and remembered)."""
+        with self._lock:
+            known = self._metadata.get((deep.uri, table))
+        if known is not None and known[0] == path:
+            return known[1]
+        metadata = load_metadata(deep, path)
+        self.remember_metadata(deep, table, path, metadata)
+        return metadata
+
+    def remember_metadata(
+        self, deep: DeepStore, table: str, path: str, metadata: TableMetadata
+    ) -> None:
+        with self._lock:
+            self._metadata[(deep.uri, table)] = (path, metadata)
 
     def file_columns(self, deep: DeepStore, path: str, schema: pa.Schema) -> pa.Table:
         def load() -> pa.Table:
@@ -890,10 +913,11 @@ def write_snapshot(
     committed_at: float,
     oldest_kept: int,
     state: ViewState | None = None,
-) -> tuple[str, tuple[int, ...], ViewState | None]:
+) -> tuple[str, tuple[int, ...], ViewState | None, TableMetadata]:
     """Write the files of a snapshot of ``view`` and the table metadata that adds it to
     ``previous`` (dropping the snapshots of versions below ``oldest_kept``); returns the new
-    metadata file's path (relative), the expired snapshot ids and the new view's layout.
+    metadata file's path (relative), the expired snapshot ids, the new view's layout and the
+    new table metadata.
     Without ``view``, the new metadata only drops the expired snapshots.
 
     With ``state`` (the layout of ``previous``'s current snapshot), what did not change is
@@ -918,10 +942,15 @@ def write_snapshot(
         tag = f"{previous.current_snapshot_id:012d}-{uuid.uuid4().hex}"
         metadata_path = f"{prefix}/metadata/{tag}.metadata.json"
         ToOutputFile.table_metadata(metadata, _file(deep, metadata_path, create=True))
-        return metadata_path, expired, None
+        return metadata_path, expired, None, metadata
     v = view.version
     tag = f"{v:012d}-{uuid.uuid4().hex}"
-    schema = iceberg_schema(spec.arrow_schema(), previous)
+    if state is not None and previous is not None and state.spec == spec:
+        # ``previous`` is ``state``'s snapshot's metadata, written from this same spec: its
+        # current schema is the one iceberg_schema would find again (at some ms a table).
+        schema = previous.schema()
+    else:
+        schema = iceberg_schema(spec.arrow_schema(), previous)
     before = state.files if state is not None else {}
     changed = view.changed if view.changed is not None else frozenset(view.files)
 
@@ -1085,8 +1114,15 @@ def write_snapshot(
         updates += [AddSchemaUpdate(schema_=schema), SetCurrentSchemaUpdate(schema_id=-1)]
     elif base.current_schema_id != schema.schema_id:
         updates.append(SetCurrentSchemaUpdate(schema_id=schema.schema_id))
+    if (
+        previous is None
+        or previous.current_schema_id != schema.schema_id
+        or NAME_MAPPING not in previous.properties
+    ):  # the mapping is the schema's: written again only when the schema changes
+        updates.append(
+            SetPropertiesUpdate(updates={NAME_MAPPING: name_mapping(schema).model_dump_json()})
+        )
     updates += [
-        SetPropertiesUpdate(updates={NAME_MAPPING: name_mapping(schema).model_dump_json()}),
         AddSnapshotUpdate(snapshot=snapshot),
         SetSnapshotRefUpdate(
             ref_name="main",
@@ -1132,7 +1168,7 @@ def write_snapshot(
             "delete_files_written": len(new_deletes),
         },
     )
-    return metadata_path, expired, new_state
+    return metadata_path, expired, new_state, metadata
 
 
 def publish(
@@ -1145,14 +1181,32 @@ def publish(
     With ``cache`` (a long-lived publisher's), a publish builds on the snapshot this cache
     saw published last, if the pointer still names it and the table's spec is the same
     (:func:`incremental_view`, :func:`write_snapshot`): its cost grows with what changed since,
-    not with the table. Otherwise it reads every data file of the version."""
-    pointer = store.read_pointer(table)
+    not with the table. Otherwise it reads every data file of the version.
+
+    A table with nothing new costs one read transaction (its pointer, its current version,
+    its oldest kept version) and, with ``cache``, no file read: the cache keeps the metadata
+    file it last read or wrote, which tells whether retention expired a snapshot."""
+    with store.read() as conn:
+        pointer = read_pointer(conn, table)
+        info = find_table(conn, table)
+        oldest = oldest_kept_version(conn, table)
+    assert info is not None
+    if info.manifest_version == 0:
+        return PublishResult(table, pointer, False)
+
+    previous: TableMetadata | None = None
+    if pointer is not None:
+        previous = (
+            cache.metadata(deep, table, pointer.metadata_location)
+            if cache is not None
+            else load_metadata(deep, pointer.metadata_location)
+        )
+        if pointer.manifest_version >= info.manifest_version and not any(
+            s.snapshot_id < oldest for s in previous.snapshots
+        ):  # nothing new, nothing expired: no manifest read
+            return PublishResult(table, pointer, False)
     manifest = store.manifest(table)
     v = manifest.version
-    if v == 0:
-        return PublishResult(table, pointer, False)
-    previous = load_metadata(deep, pointer.metadata_location) if pointer is not None else None
-    oldest = store.oldest_kept_version(table)
     view: ComputedView | None = None
     state = cache.view(deep, table) if cache is not None else None
     if state is not None and (
@@ -1172,7 +1226,7 @@ def publish(
     else:
         view = full_view(deep, manifest)
     committed_at = store.version_committed_at(table, v)
-    metadata_path, expired, new_state = write_snapshot(
+    metadata_path, expired, new_state, metadata = write_snapshot(
         deep,
         manifest.table.spec,
         view,
@@ -1207,6 +1261,7 @@ def publish(
         log.info("iceberg view of %s: another publisher moved the pointer first", table)
         return PublishResult(table, store.read_pointer(table), False)
     if cache is not None:
+        cache.remember_metadata(deep, table, metadata_path, metadata)
         if new_state is None and state is not None:  # only snapshots expired: same layout
             new_state = ViewState(
                 metadata_path,
