@@ -12,10 +12,11 @@ is logged with the datastream, counted, retried with backoff and shown in the wo
 With no ``schema`` (a Debezium Avro or a Protobuf source with a registry,
 :attr:`~millstream.datastream.DatastreamSpec.schema_from_registry`), a topic's table is made
 from its latest writer schemas (:func:`~millstream.ingest.formats.envelope.debezium_table`,
-:func:`~millstream.ingest.formats.protobuf.protobuf_table`) once the registry has them, or taken as it is stored once it exists (its schema may have grown
-since); a topic without a schema yet waits, asked again every ``topic_poll_interval``, and a
-registry that does not answer makes its topics wait likewise (logged). A topic whose writer
-schemas make no table is refused until it is asked again.
+:func:`~millstream.ingest.formats.protobuf.protobuf_table`) once the registry has them, or
+taken as it is stored once it exists (its schema may have grown since); a topic without a
+schema yet waits, asked again every ``topic_poll_interval``, and a registry that does not
+answer makes its topics wait likewise (logged). A topic whose writer schemas make no table is
+refused until it is asked again.
 
 A topic whose table cannot be made (two topics mapping to one table name, an invalid name) is
 refused: logged once, and listed with the reason in the worker's status; the other topics'

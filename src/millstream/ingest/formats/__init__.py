@@ -193,7 +193,7 @@ class SchemaDecoder:
         #: (table spec, schema id, message indexes) -> the spec absorbing it (None: refused)
         self._absorbed: dict[tuple[str, int, tuple[int, ...]], TableSpec | None] = {}
         self._key_schemas: dict[int, Any] = {}
-        #: (table columns, schema id, message indexes) -> why ``auto`` refused that writer
+        #: (table spec, schema id, message indexes) -> why ``auto`` refused that writer
         #: schema for that table (added to its records' dead-letter errors)
         self._refusals: dict[tuple[str, int, tuple[int, ...]], str] = {}
         self.debezium = cfg.envelope == "debezium"
@@ -416,7 +416,7 @@ class SchemaDecoder:
                         refusal,
                     )
                     with self._lock:
-                        self._refusals[(_spec_key(spec), sid, indexes)] = refusal
+                        self._refusals[key] = refusal
                     grown = None
                 with self._lock:
                     self._absorbed[key] = grown
@@ -428,6 +428,7 @@ class SchemaDecoder:
 
     def parse(self, spec: TableSpec, values: pa.Array, keys: pa.Array) -> Parsed:
         groups, bad = self._groups(values)
+        whole = json.dumps(spec.to_json_dict(), sort_keys=True) if self._refusals else ""
         parts: list[Parsed] = [
             Parsed(spec.arrow_schema().empty_table(), np.zeros(0, dtype=np.int64), bad)
         ]
@@ -455,7 +456,7 @@ class SchemaDecoder:
                 )
                 continue
             with self._lock:
-                refusal = self._refusals.get((_spec_key(spec), sid, indexes))
+                refusal = self._refusals.get((whole, sid, indexes)) if self._refusals else None
             if refusal is not None and plan.mismatch is not None:
                 # its records do not fit because auto refused their writer schema: say so
                 plan = dataclasses.replace(plan, mismatch=f"{plan.mismatch}; {refusal}")
