@@ -73,6 +73,7 @@ SWAPS = "src/millstream/metastore/swaps.py"
 GUARDS_TEST = "tests/contract/test_contract_manifest_guards.py"
 COMMIT_CAMPAIGN = "tests/fault/test_commit_path_campaign.py"
 AUTO = "tests/unit/ingest/test_schema_evolution_auto.py"
+PROTO_TABLES = "tests/unit/ingest/test_protobuf_tables_from_registry.py"
 FOOTERS_TEST = "tests/unit/table/test_sealed_reads_trust_only_proven_footers.py"
 FILES_SOURCE = "src/millstream/ingest/sources/files.py"
 
@@ -1266,7 +1267,7 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         what="the tombstone after a Debezium Avro delete deletes the key its Avro record key "
         "holds (read through the registry), not whatever the JSON rules make of Avro bytes",
         old="""\
-        reader = getattr(self.inner, "record_key", None) if self.envelope else None
+        reader = getattr(self.inner, "record_key", None)
 """,
         new="""\
         reader = None  # MUTATION: record keys are read by the JSON rules only
@@ -1275,6 +1276,60 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
             "tests/unit/ingest/test_debezium_avro.py::test_avro_events_decode_like_their_json_"
             "twins_and_the_model",
         ),
+    ),
+    Guard(
+        name="protobuf-tombstone-reads-its-protobuf-key",
+        file="src/millstream/ingest/decode.py",
+        what="a tombstone of a Protobuf source deletes the key its Protobuf record key holds "
+        "(read by the key's own writer schema through the registry), not whatever the JSON "
+        "rules make of the wire bytes",
+        old="""\
+    if key is not None and isinstance(fmt, (EnvelopeDecoder, SchemaDecoder)):
+""",
+        new="""\
+    if key is not None and isinstance(fmt, EnvelopeDecoder):  # MUTATION: JSON rules only
+""",
+        tests=(
+            f"{PROTO_TABLES}::test_a_protobuf_topics_table_is_made_from_its_writer_schemas_and_"
+            "grows_with_them",
+        ),
+    ),
+    Guard(
+        name="a-protobuf-key-its-schema-cannot-read-deletes-nothing",
+        file="src/millstream/ingest/formats/__init__.py",
+        what="a Protobuf record key its writer schema does not read (cut inside a field) makes "
+        "its tombstone a dead letter naming why, never a delete of what the JSON rules make of "
+        "its bytes (for a string key, another key)",
+        old="""\
+        if parsed.bad or parsed.table.num_rows != 1:
+            why = next(iter(parsed.bad.values()), "not read")
+            raise ValueError(f"the Protobuf key (schema id {schema_id}) is bad: {why}")
+""",
+        new="""\
+        if parsed.bad or parsed.table.num_rows != 1:  # MUTATION: the JSON rules take over
+            return None  # type: ignore[return-value]
+""",
+        tests=(
+            f"{PROTO_TABLES}::test_a_tombstone_whose_protobuf_key_cannot_be_read_is_dead_lettered",
+        ),
+        select="string-key",
+    ),
+    Guard(
+        name="a-text-key-is-no-wire-key",
+        file="src/millstream/ingest/formats/__init__.py",
+        what="only a record key that starts with the wire format's magic byte is read as a "
+        "key in the wire format: a text key of a Protobuf source deletes by the JSON rules, "
+        "never dead-lettered as a key of an unknown schema id",
+        old="""\
+        if self.registry is None or len(key) < HEADER or key[0] != 0:
+""",
+        new="""\
+        if self.registry is None or len(key) < HEADER:  # MUTATION: no magic byte check
+""",
+        tests=(
+            f"{PROTO_TABLES}::test_a_tombstone_whose_protobuf_key_cannot_be_read_is_dead_lettered",
+        ),
+        select="string-key",
     ),
     Guard(
         name="registry-error-never-dead-letters-a-key",

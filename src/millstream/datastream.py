@@ -470,8 +470,8 @@ class DatastreamSpec(_Frozen):
         alias="schema",
         default_factory=dict,
         description="Column name -> type, in order. Required, except for a multi-table "
-        "Debezium Avro source with a schema_registry: each topic's table is then made from "
-        "its writer schemas.",
+        "source with a schema_registry, Debezium Avro or Protobuf: each topic's table is then "
+        "made from its writer schemas.",
     )
     segments: SegmentsSection = Field(
         default_factory=SegmentsSection, description="When segments are sealed and compacted."
@@ -541,8 +541,9 @@ class DatastreamSpec(_Frozen):
             raise InvalidSpecError(
                 "schema",
                 "is required (column name -> type); only a source with topics or "
-                "topic_pattern, envelope debezium, format avro and a schema_registry may leave "
-                "it out (each table then takes its topic's writer schema)",
+                "topic_pattern and a schema_registry, with format avro and envelope debezium "
+                "or format protobuf, may leave it out (each table then takes its topic's "
+                "writer schema)",
             )
         if self.multi_table:
             self._check_tables()
@@ -569,18 +570,22 @@ class DatastreamSpec(_Frozen):
         return (
             isinstance(src, KafkaSource)
             and src.multi_table
-            and src.envelope == "debezium"
-            and src.format == "avro"
             and src.schema_registry is not None
+            and (
+                (src.envelope == "debezium" and src.format == "avro")
+                or (src.envelope is None and src.format == "protobuf")
+            )
         )
 
     @property
     def schema_from_registry(self) -> bool:
         """Each topic's table is made from its writer schemas (no ``schema`` given): the
-        columns from the Debezium envelope's row record, the key from the record key's
-        schema, the comparison column from ``source.ts_ms`` (:data:`SOURCE_TS_COLUMN`, unless
-        the table section names one), and later writer schemas grow it
-        (``schema_evolution: auto`` unless the source says ``none``)."""
+        columns from the Debezium envelope's row record (Avro) or the value's message
+        (plain Protobuf), the key from the record key's schema (unless the table section or
+        the topic's override names one), the comparison column from the envelope's
+        ``source.ts_ms`` (:data:`SOURCE_TS_COLUMN`, Debezium only, unless the table section
+        names one), and later writer schemas grow it (``schema_evolution: auto`` unless the
+        source says ``none``)."""
         return not self.columns and self._schema_from_registry()
 
     def table_name_of(self, topic: str) -> str:
@@ -646,9 +651,17 @@ class DatastreamSpec(_Frozen):
                     "schema", f"topic {topic!r}: the registry holds no writer schema for it yet"
                 )
             data["schema"] = dict(derived.columns)
-            if not table.get("primary_key"):
+            mode = given.get("mode") or table.get("mode") or "append"
+            if not table.get("primary_key") and mode != "append":
+                if not derived.key and not given.get("primary_key"):
+                    raise InvalidSpecError(
+                        "table.primary_key",
+                        f"topic {topic!r}: the registry holds no record key schema "
+                        f"({topic}-key) to take the key from; give table.primary_key or "
+                        f"overrides.{topic}.primary_key",
+                    )
                 table["primary_key"] = list(derived.key)
-            if not table.get("comparison_column"):
+            if src.envelope == "debezium" and not table.get("comparison_column"):
                 # the change's time in the database orders a key's versions
                 data["schema"][SOURCE_TS_COLUMN] = "long"
                 table["comparison_column"] = SOURCE_TS_COLUMN
@@ -809,8 +822,9 @@ SOURCE_TS_COLUMN = "_source_ts_ms"
 
 @dataclass(frozen=True)
 class DerivedTable:
-    """A multi-table Debezium datastream's table as its topic's writer schemas make it: the
-    row record's fields as columns, in order, and the record key's fields as the key."""
+    """A multi-table datastream's table as its topic's writer schemas make it: the Debezium
+    row record's (or the Protobuf message's) fields as columns, in order, and the record
+    key's fields as the key (none: the registry holds no key schema)."""
 
     columns: dict[str, str]
     key: tuple[str, ...]

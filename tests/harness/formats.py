@@ -19,7 +19,13 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+from google.protobuf import (
+    descriptor_pb2,
+    descriptor_pool,
+    empty_pb2,  # noqa: F401  (registers google.protobuf.Empty in the default pool)
+    message_factory,
+    timestamp_pb2,
+)
 
 ORDERS_AVRO: dict[str, Any] = {
     "type": "record",
@@ -287,3 +293,87 @@ class DebeziumAvroEncoder:
             "transaction": None,
         }
         return bytes(self._value(record, self.value_ctx))
+
+
+#: Protobuf field types a :class:`ProtobufRowEncoder` message may hold, by name.
+_PROTO_TYPES = {
+    "int64": descriptor_pb2.FieldDescriptorProto.TYPE_INT64,
+    "int32": descriptor_pb2.FieldDescriptorProto.TYPE_INT32,
+    "string": descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+    "double": descriptor_pb2.FieldDescriptorProto.TYPE_DOUBLE,
+    "bool": descriptor_pb2.FieldDescriptorProto.TYPE_BOOL,
+}
+
+
+def proto_message_class(package: str, name: str, fields: list[tuple[str, str]]) -> Any:
+    """A proto3 message class ``<package>.<name>`` of ``fields`` ((name, type) pairs, numbered
+    in order; plain proto3 fields: an unset one reads its default; type ``empty`` is a
+    ``google.protobuf.Empty``, which no column type holds), in the default pool (what
+    confluent-kafka's serializer needs); its file is named after the package and the
+    message, so each (package, name) is made once."""
+    F = descriptor_pb2.FieldDescriptorProto
+    file_name = f"{package.replace('.', '/')}/{name.lower()}.proto"
+    pool = descriptor_pool.Default()
+    try:
+        pool.FindFileByName(file_name)
+    except KeyError:
+        fdp = descriptor_pb2.FileDescriptorProto(name=file_name, package=package, syntax="proto3")
+        msg = fdp.message_type.add(name=name)
+        for number, (fname, ftype) in enumerate(fields, 1):
+            if ftype == "empty":
+                fdp.dependency.append("google/protobuf/empty.proto")
+                msg.field.add(
+                    name=fname,
+                    number=number,
+                    type=F.TYPE_MESSAGE,
+                    type_name=".google.protobuf.Empty",
+                    label=F.LABEL_OPTIONAL,
+                )
+                continue
+            msg.field.add(
+                name=fname, number=number, type=_PROTO_TYPES[ftype], label=F.LABEL_OPTIONAL
+            )
+        pool.Add(fdp)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{name}"))
+
+
+class ProtobufRowEncoder:
+    """Rows (dicts) and keys as confluent-kafka's ``ProtobufSerializer`` writes them for
+    ``topic`` against a schema registry (subjects ``<topic>-value`` and ``<topic>-key``): a
+    value message ``<package>.Row`` of ``fields``, a key message ``<package>.Key`` of
+    ``key_fields`` (None: keys are not serialized, :meth:`key` is not to be called). Both
+    schemas are registered when the encoder is made."""
+
+    def __init__(
+        self,
+        registry_url: str,
+        topic: str,
+        package: str,
+        fields: list[tuple[str, str]],
+        key_fields: list[tuple[str, str]] | None = None,
+    ) -> None:
+        sr = importlib.import_module("confluent_kafka.schema_registry")
+        ser_mod = importlib.import_module("confluent_kafka.serialization")
+        pb = importlib.import_module("confluent_kafka.schema_registry.protobuf")
+        client = sr.SchemaRegistryClient({"url": registry_url})
+        self.value_ctx = ser_mod.SerializationContext(topic, ser_mod.MessageField.VALUE)
+        self.key_ctx = ser_mod.SerializationContext(topic, ser_mod.MessageField.KEY)
+        conf = {"use.deprecated.format": False}
+        self.row_cls = proto_message_class(package, "Row", fields)
+        self._value = pb.ProtobufSerializer(self.row_cls, client, conf)
+        self.key_cls = proto_message_class(package, "Key", key_fields) if key_fields else None
+        self._key = pb.ProtobufSerializer(self.key_cls, client, conf) if self.key_cls else None
+        # the writer schemas are registered now, as a producer's first record would
+        self._value(self.row_cls(), self.value_ctx)
+        if self._key is not None:
+            self._key(self.key_cls(), self.key_ctx)
+
+    def value(self, row: dict[str, Any] | None) -> bytes | None:
+        """The wire value of ``row`` (None, a tombstone, stays None)."""
+        if row is None:
+            return None
+        return bytes(self._value(self.row_cls(**row), self.value_ctx))
+
+    def key(self, key: dict[str, Any]) -> bytes:
+        assert self._key is not None and self.key_cls is not None
+        return bytes(self._key(self.key_cls(**key), self.key_ctx))

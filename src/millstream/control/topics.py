@@ -9,12 +9,14 @@ fails keeps the topics found before (no table stops because the broker did not a
 is logged with the datastream, counted, retried with backoff and shown in the worker's loops
 (``debugInfo``, ``millstream_loop_*``).
 
-With no ``schema`` (a Debezium Avro source with a registry,
+With no ``schema`` (a Debezium Avro or a Protobuf source with a registry,
 :attr:`~millstream.datastream.DatastreamSpec.schema_from_registry`), a topic's table is made
-from its latest writer schemas (:func:`~millstream.ingest.formats.envelope.debezium_table`)
-once the registry has them, or taken as it is stored once it exists (its schema may have grown
-since); a topic without a schema yet waits, asked again every ``topic_poll_interval``, and a
-registry that does not answer makes its topics wait likewise (logged).
+from its latest writer schemas (:func:`~millstream.ingest.formats.envelope.debezium_table`,
+:func:`~millstream.ingest.formats.protobuf.protobuf_table`) once the registry has them, or
+taken as it is stored once it exists (its schema may have grown since); a topic without a
+schema yet waits, asked again every ``topic_poll_interval``, and a registry that does not
+answer makes its topics wait likewise (logged). A topic whose writer schemas make no table is
+refused until it is asked again.
 
 A topic whose table cannot be made (two topics mapping to one table name, an invalid name) is
 refused: logged once, and listed with the reason in the worker's status; the other topics'
@@ -36,6 +38,7 @@ from millstream.datastream import (
 )
 from millstream.errors import InvalidSpecError
 from millstream.ingest.formats.envelope import debezium_table
+from millstream.ingest.formats.protobuf import protobuf_table
 from millstream.ingest.formats.registry import RegistryClient
 from millstream.ingest.sources.kafka import list_topics
 from millstream.spec import TableSpec, parse_duration
@@ -111,7 +114,9 @@ class Topics:
         #: without one was last asked
         self.derived: dict[tuple[str, str], DerivedTable] = {}
         self._asked: dict[tuple[str, str], float] = {}
-        self._registries: dict[str, RegistryClient] = {}
+        #: per (datastream, topic): why its writer schemas made no table, until asked again
+        self._refusals: dict[tuple[str, str], InvalidSpecError] = {}
+        self._registries: dict[tuple[str, str | None], RegistryClient] = {}
         self._made: dict[str, tuple[tuple[str, tuple[str, ...]], TopicTables]] = {}
         #: per datastream, the topics a pattern matched at the last listing, and when
         self.found: dict[str, list[str]] = {}
@@ -154,11 +159,25 @@ class Topics:
         source = spec.source
         assert isinstance(source, KafkaSource) and source.schema_registry is not None
         reg = source.schema_registry
-        client = self._registries.get(reg.url)
-        if client is None:
-            client = self._registries[reg.url] = RegistryClient(
-                reg.url, user_info=reg.basic_auth_user_info, max_wait=REGISTRY_WAIT_S
-            )
+
+        def client_for(fmt: str | None) -> RegistryClient:
+            client = self._registries.get((reg.url, fmt))
+            if client is None:
+                client = self._registries[(reg.url, fmt)] = RegistryClient(
+                    reg.url, user_info=reg.basic_auth_user_info, fmt=fmt, max_wait=REGISTRY_WAIT_S
+                )
+            return client
+
+        plain = client_for(None)
+        if source.format == "protobuf":  # a Protobuf schema as its FileDescriptorProto
+
+            def derive_from(topic: str) -> DerivedTable | None:
+                return protobuf_table(client_for("serialized"), topic, keys=plain)
+        else:
+
+            def derive_from(topic: str) -> DerivedTable | None:
+                return debezium_table(plain, topic)
+
         every = _seconds(source)
 
         def derive(topic: str, table: str) -> DerivedTable | None:
@@ -171,11 +190,16 @@ class Topics:
                 return as_is
             now = self.clock.now()
             if now - self._asked.get(key, -every) < every:
+                refused = self._refusals.get(key)
+                if refused is not None:  # still refused, not asked again yet
+                    raise refused
                 return None
             self._asked[key] = now
+            self._refusals.pop(key, None)
             try:
-                found = debezium_table(client, topic)
-            except InvalidSpecError:
+                found = derive_from(topic)
+            except InvalidSpecError as exc:
+                self._refusals[key] = exc
                 raise
             except Exception as exc:  # the registry did not answer: the topic waits
                 log.warning(
@@ -221,7 +245,7 @@ class Topics:
         back)."""
         for d in (self.found, self.listed_at, self.refused, self.supervisors, self._made):
             d.pop(datastream, None)
-        for cache in (self.derived, self._asked):
+        for cache in (self.derived, self._asked, self._refusals):
             for key in [k for k in cache if k[0] == datastream]:
                 del cache[key]
 

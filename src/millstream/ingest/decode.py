@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from millstream.core.merge import lacks_comparison_value, missing_comparison_error
 from millstream.datastream import dead_letter_spec
-from millstream.ingest.formats import EnvelopeDecoder, RecordDecoder
+from millstream.ingest.formats import EnvelopeDecoder, RecordDecoder, SchemaDecoder
 from millstream.ingest.formats.fit import cast_strings
 from millstream.ingest.formats.jsonblock import VIA_STRING, parse_json
 from millstream.ingest.formats.registry import SchemaNotFound
@@ -201,10 +201,10 @@ def _record_key(
     spec: TableSpec, fmt: RecordDecoder | None, key: bytes | None
 ) -> dict[str, Any] | None:
     """The primary key a record key carries: read by the format when it reads keys itself
-    (Debezium's Avro keys, :meth:`EnvelopeDecoder.record_key`), else by the JSON rules. A
-    registry that does not answer raises (the batch fails): a key is never given up on
-    for that."""
-    if key is not None and isinstance(fmt, EnvelopeDecoder):
+    (keys in the wire format: Debezium's Avro keys, Protobuf keys;
+    :meth:`SchemaDecoder.record_key`), else by the JSON rules. A registry that does not
+    answer raises (the batch fails): a key is never given up on for that."""
+    if key is not None and isinstance(fmt, (EnvelopeDecoder, SchemaDecoder)):
         try:
             found = fmt.record_key(spec, key)
         except SchemaNotFound as exc:

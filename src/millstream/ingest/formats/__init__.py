@@ -17,6 +17,7 @@ driver) and its text travels in the config: executors never need the file.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import threading
@@ -47,9 +48,9 @@ from millstream.ingest.formats.protobuf import (
     ProtoSchemaPlan,
     add_file,
     decode_protobuf,
-    file_from_b64,
     message_at,
     pool_with_well_known_types,
+    registry_file,
 )
 from millstream.ingest.formats.protobuf import writer_fields as proto_writer_fields
 from millstream.ingest.formats.registry import RegistryClient, SchemaNotFound
@@ -192,6 +193,9 @@ class SchemaDecoder:
         #: (table spec, schema id, message indexes) -> the spec absorbing it (None: refused)
         self._absorbed: dict[tuple[str, int, tuple[int, ...]], TableSpec | None] = {}
         self._key_schemas: dict[int, Any] = {}
+        #: (table spec, schema id, message indexes) -> why ``auto`` refused that writer
+        #: schema for that table (added to its records' dead-letter errors)
+        self._refusals: dict[tuple[str, int, tuple[int, ...]], str] = {}
         self.debezium = cfg.envelope == "debezium"
         if self.debezium and cfg.format != "avro":
             raise ValueError(f"the debezium envelope is not supported with {cfg.format} values")
@@ -207,17 +211,8 @@ class SchemaDecoder:
             found = self.registry.schema(schema_id)
             if found.schema_type != "PROTOBUF":
                 raise SchemaNotFound(f"schema id {schema_id} is {found.schema_type}, not PROTOBUF")
-            pool = pool_with_well_known_types()
-            self._add_references(pool, found.references)
-            file = self._files[schema_id] = file_from_b64(pool, found.schema)
+            file = self._files[schema_id] = registry_file(self.registry, found)
         return file
-
-    def _add_references(self, pool: Any, refs: tuple[dict[str, Any], ...]) -> None:
-        assert self.registry is not None
-        for ref in refs:
-            dep = self.registry.version(str(ref["subject"]), int(ref["version"]))
-            self._add_references(pool, dep.references)
-            file_from_b64(pool, dep.schema)
 
     def _plan(self, spec: TableSpec, schema_id: int, indexes: tuple[int, ...]) -> Any:
         key = (_spec_key(spec), schema_id, indexes)
@@ -252,13 +247,20 @@ class SchemaDecoder:
     # -- record keys --------------------------------------------------------------------
 
     def record_key(self, spec: TableSpec, key: bytes) -> dict[str, Any] | None:
-        """The primary key of a record key in the Confluent wire format holding Avro (what
-        Debezium's Avro converter writes: a record of the key columns, looked up by its
-        schema id like a value's); None when ``key`` is not such a key (no registry, not
-        framed): the JSON rules apply then. Raises :class:`SchemaNotFound` (an unknown id)
-        or ValueError (a key its schema does not read) for a bad key; a registry that does
-        not answer raises :class:`~millstream.errors.SourceReadError` (the batch fails)."""
-        if self.registry is None or self.cfg.format != "avro" or len(key) < HEADER or key[0] != 0:
+        """The primary key of a record key in the Confluent wire format, read by the key's own
+        writer schema (its id in the key's frame, looked up like a value's): an Avro record of
+        the key columns (what Debezium's Avro converter writes; read with the Debezium
+        envelope only) or a Protobuf message holding them (confluent-kafka's Protobuf
+        serializer's keys, any Protobuf source with a registry). None when ``key`` is not
+        such a key (no registry, not framed): the JSON rules apply then. Raises
+        :class:`SchemaNotFound` (an unknown id) or ValueError (a key its schema does not
+        read) for a bad key; a registry that does not answer raises
+        :class:`~millstream.errors.SourceReadError` (the batch fails)."""
+        if self.registry is None or len(key) < HEADER or key[0] != 0:
+            return None
+        if self.cfg.format == "protobuf":
+            return self._protobuf_key(spec, key)
+        if self.cfg.format != "avro" or not self.debezium:
             return None
         schema_id = int.from_bytes(key[1:HEADER], "big")
         with self._lock:
@@ -279,6 +281,36 @@ class SchemaDecoder:
         if len(spec.primary_key) == 1:
             return {spec.primary_key[0]: obj}
         raise ValueError(f"the Avro key (schema id {schema_id}) is no record of the key columns")
+
+    def _protobuf_key(self, spec: TableSpec, key: bytes) -> dict[str, Any]:
+        """A Protobuf record key (wire format, message-index array and all) as the key
+        columns, decoded as a value of a table of the key columns is: a field the key's
+        message lacks, or one that is not set, is None (the tombstone is then dead-lettered,
+        never applied to a default key)."""
+        schema_id = int.from_bytes(key[1:HEADER], "big")
+        try:
+            indexes, pos = message_indexes(key, HEADER)
+        except ValueError as exc:
+            raise ValueError(
+                f"the Protobuf key (schema id {schema_id}): bad message-index array: {exc}"
+            ) from None
+        keys = TableSpec.parse(
+            {"name": spec.name, "schema": {k: spec.columns[k] for k in spec.primary_key}}
+        )
+        try:
+            plan = self._plan(keys, schema_id, indexes)
+        except SchemaNotFound as exc:
+            raise SchemaNotFound(
+                str(exc) or f"key schema id {schema_id} is unknown to the schema registry"
+            ) from None
+        except IndexError as exc:
+            raise ValueError(f"the Protobuf key (schema id {schema_id}): {exc}") from None
+        parsed = decode_protobuf(keys, plan, [key[pos:]], np.zeros(1, dtype=np.int64))
+        if parsed.bad or parsed.table.num_rows != 1:
+            why = next(iter(parsed.bad.values()), "not read")
+            raise ValueError(f"the Protobuf key (schema id {schema_id}) is bad: {why}")
+        row = parsed.table.to_pylist()[0]
+        return {k: row.get(k) for k in spec.primary_key}
 
     # -- values -------------------------------------------------------------------------
 
@@ -373,15 +405,18 @@ class SchemaDecoder:
                 except (SchemaNotFound, IndexError, KeyError):
                     grown = None  # its records are dead-lettered by parse, naming why
                 except IncompatibleChangeError as exc:
-                    log.warning(
-                        "schema_evolution auto: table %r does not absorb writer schema id %d "
-                        "(%s): %s; the table is left as it is, and records whose values do "
-                        "not fit are dead-lettered",
-                        spec.name,
-                        sid,
-                        exc.field,
-                        exc.rule,
+                    refusal = (
+                        f"schema_evolution auto refused writer schema id {sid} of topic "
+                        f"{self.cfg.topic!r} ({exc.field}): {exc.rule}"
                     )
+                    log.warning(
+                        "table %r: %s; the table is left as it is, and records whose values "
+                        "do not fit are dead-lettered",
+                        spec.name,
+                        refusal,
+                    )
+                    with self._lock:
+                        self._refusals[key] = refusal
                     grown = None
                 with self._lock:
                     self._absorbed[key] = grown
@@ -393,6 +428,7 @@ class SchemaDecoder:
 
     def parse(self, spec: TableSpec, values: pa.Array, keys: pa.Array) -> Parsed:
         groups, bad = self._groups(values)
+        whole = json.dumps(spec.to_json_dict(), sort_keys=True) if self._refusals else ""
         parts: list[Parsed] = [
             Parsed(spec.arrow_schema().empty_table(), np.zeros(0, dtype=np.int64), bad)
         ]
@@ -419,6 +455,11 @@ class SchemaDecoder:
                     )
                 )
                 continue
+            with self._lock:
+                refusal = self._refusals.get((whole, sid, indexes)) if self._refusals else None
+            if refusal is not None and plan.mismatch is not None:
+                # its records do not fit because auto refused their writer schema: say so
+                plan = dataclasses.replace(plan, mismatch=f"{plan.mismatch}; {refusal}")
             if self.debezium:
                 parts.append(
                     decode_debezium_avro(spec, plan, payloads, where, self.envelope_columns)

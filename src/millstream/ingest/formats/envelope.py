@@ -75,10 +75,10 @@ class EnvelopeDecoder:
         return {f: c for f, c in self.metadata.items() if f in KAFKA_METADATA}
 
     def record_key(self, spec: TableSpec, key: bytes) -> dict[str, Any] | None:
-        """The primary key of a record key the format reads itself (an Avro key in the wire
-        format, Debezium's Avro converter); None: the JSON rules apply
+        """The primary key of a record key the format reads itself (a key in the wire format:
+        Debezium's Avro converter's, a Protobuf serializer's); None: the JSON rules apply
         (:func:`millstream.ingest.decode.decode_records`)."""
-        reader = getattr(self.inner, "record_key", None) if self.envelope else None
+        reader = getattr(self.inner, "record_key", None)
         if reader is None:
             return None
         found: dict[str, Any] | None = reader(spec, key)

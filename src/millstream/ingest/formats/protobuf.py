@@ -36,8 +36,12 @@ from google.protobuf import (
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 
+from millstream.datastream import DerivedTable
+from millstream.errors import InvalidSpecError
 from millstream.ingest.formats.absorb import WriterField
+from millstream.ingest.formats.avro import writer_fields as avro_writer_fields
 from millstream.ingest.formats.fit import Parsed, all_rejected, assemble, drop_rows, fit_values
+from millstream.ingest.formats.registry import RegisteredSchema, RegistryClient
 from millstream.spec import TableSpec
 from millstream.types import ListType, MapType, Scalar, StructType, Type, arrow_type, parse_type
 
@@ -235,6 +239,22 @@ def file_from_b64(pool: descriptor_pool.DescriptorPool, text: str) -> Any:
     return pool.FindFileByName(fdp.name)
 
 
+def registry_file(registry: RegistryClient, found: RegisteredSchema) -> Any:
+    """The file of a registry's PROTOBUF schema (``registry`` asks with
+    ``format=serialized``), the files it imports (its references, by subject and version)
+    added to its pool first."""
+    pool = pool_with_well_known_types()
+
+    def add_references(refs: tuple[dict[str, Any], ...]) -> None:
+        for ref in refs:
+            dep = registry.version(str(ref["subject"]), int(ref["version"]))
+            add_references(dep.references)
+            file_from_b64(pool, dep.schema)
+
+    add_references(found.references)
+    return file_from_b64(pool, found.schema)
+
+
 def message_at(file: Any, indexes: tuple[int, ...]) -> Descriptor:
     """The message a Confluent message-index array names in ``file``."""
     types = list(file.message_types_by_name.values())
@@ -379,3 +399,47 @@ def writer_fields(desc: Descriptor) -> list[WriterField]:
         why = "" if column else f"no column type holds Protobuf type {_type_name(f)}"
         out.append(WriterField(f.name, column, partial(_takes, f), why))
     return out
+
+
+# -- tables made from the registry (a multi-table datastream without a schema) ---------------
+
+
+def protobuf_table(
+    registry: RegistryClient, topic: str, keys: RegistryClient | None = None
+) -> DerivedTable | None:
+    """``topic``'s table as its latest Protobuf writer schemas make it: the fields of the
+    first message of subject ``<topic>-value`` (the message Confluent's serializer names a
+    schema by) as columns, in field order, and the fields of the record key's schema
+    (subject ``<topic>-key``, Protobuf or Avro) as the key; no key (``()``) when the registry
+    holds no key schema (the spec's ``primary_key`` then, or an append table). None while
+    the registry has no value schema for the topic. ``registry`` asks with
+    ``format=serialized``; ``keys`` (default ``registry``) asks without it, as an Avro key's
+    subject is read. A schema that makes no table raises :class:`InvalidSpecError` naming
+    the topic, the schema id and the field."""
+    value = registry.latest(f"{topic}-value")
+    if value is None:
+        return None
+    if value.schema_type != "PROTOBUF":
+        raise InvalidSpecError(
+            "source.format",
+            f"topic {topic!r}: writer schema id {value.schema_id} is {value.schema_type}, "
+            "not PROTOBUF",
+        )
+    desc = message_at(registry_file(registry, value), (0,))
+    columns: dict[str, str] = {}
+    for f in writer_fields(desc):
+        if f.column_type is None:
+            raise InvalidSpecError(
+                f"schema.{f.name}",
+                f"topic {topic!r}: writer schema id {value.schema_id}: field {f.name!r}: {f.why}",
+            )
+        columns[f.name] = f.column_type
+    key = (keys or registry).latest(f"{topic}-key")
+    key_fields: list[str] = []
+    if key is not None and key.schema_type == "PROTOBUF":
+        found = registry.schema(key.schema_id) if keys is not None else key
+        key_desc = message_at(registry_file(registry, found), (0,))
+        key_fields = [f.name for f in key_desc.fields]
+    elif key is not None and key.schema_type == "AVRO":
+        key_fields = [f.name for f in avro_writer_fields(key.schema)]
+    return DerivedTable(columns, tuple(key_fields))
