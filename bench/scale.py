@@ -568,6 +568,16 @@ class Window:
         cpu0 = sum(p["cpu_s"] for p in self.procs0)
         return (sum(p["cpu_s"] for p in self.procs1) - cpu0) / self.seconds
 
+    def cpu_by_kind(self) -> dict[str, float]:
+        """The CPU seconds each kind of process of the worker's tree used over the window
+        (a process that started in it counts from 0; one that ended in it is missing)."""
+        before = {p["pid"]: p["cpu_s"] for p in self.procs0}
+        out: dict[str, float] = {}
+        for p in self.procs1:
+            spent = p["cpu_s"] - before.get(p["pid"], 0.0)
+            out[p["kind"]] = round(out.get(p["kind"], 0.0) + spent, 2)
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
 
 class Freshness:
     """Samples, every ``every`` seconds while a window is open, the producer's last
@@ -830,6 +840,7 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
 
     def measure(variant: str, api: Any, worker: Any, tables: dict[str, str]) -> dict[str, Any]:
         batch0 = last_batch(home)
+        log(f"(c) {variant}: measuring {args.seconds:.0f} s (worker pid {worker.pid})")
         w = freshness.window(
             worker.pid, tables, seconds=args.seconds, rss_every=5.0, tail=args.tail
         )
@@ -846,6 +857,7 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
             "window_s": w.seconds,
             "load": common.load(),
             "worker_cpu_cores": w.cpu_cores(),
+            "worker_cpu_s_by_kind": w.cpu_by_kind(),
             "batches": batches,
             "cpu_s_per_batch": w.cpu_cores() * w.seconds / batches if batches > 0 else float("nan"),
             "p99_s_worst": max(p99s) if p99s else float("nan"),
@@ -864,7 +876,8 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
             f"{out['worker_cpu_cores']:.2f} cores, {batches} batches "
             f"({out['cpu_s_per_batch']:.2f} CPU-s each), RSS {out['rss_mb_first']:,.0f} -> "
             f"{out['rss_mb_last']:,.0f} MB (peak {out['rss_mb_peak']:,.0f}) over "
-            f"{out['window_s']:.0f}s, load {out['load'][0]}"
+            f"{out['window_s']:.0f}s, load {out['load'][0]}; CPU-s by process: "
+            f"{out['worker_cpu_s_by_kind']}"
         )
         return out
 
