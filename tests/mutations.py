@@ -1170,12 +1170,30 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         what="SegmentSink.write decodes under the table's current spec, so records carrying a "
         "column added while the writer runs keep it",
         old="""\
-        spec = self.current_spec() if ranges else self.spec
+        spec = (current or self.current_spec()) if ranges else self.spec
 """,
         new="""\
         spec = self.spec  # MUTATION: the spec the query started with
 """,
         tests=("tests/unit/ingest/test_writer_schema_pickup.py",),
+    ),
+    Guard(
+        name="a-shared-querys-member-decodes-under-its-own-spec",
+        file="src/millstream/spark/sink.py",
+        what="a shared query's write task reads its members' specs in one read and each member "
+        "decodes and stages under its own table's spec (guard 310)",
+        old="""\
+                    iter(parts[name].to_batches()), batch_id, current=current.get(sink.spec.name)
+""",
+        new="""\
+                    iter(parts[name].to_batches()),
+                    batch_id,
+                    current=next(iter(current.values()), None),  # MUTATION: any member's spec
+""",
+        tests=(
+            "tests/unit/ingest/test_shared_query_membership.py::test_a_task_of_many_busy_tables_"
+            "reads_their_specs_at_once_and_each_decodes_under_its_own",
+        ),
     ),
     Guard(
         name="read-cache-keyed-by-schema",

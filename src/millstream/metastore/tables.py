@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, insert, select
@@ -149,6 +150,19 @@ def find_table(
             return None
         raise TableNotFoundError(name)
     return table_info(row)
+
+
+def table_specs(conn: Connection, names: Sequence[str]) -> dict[str, TableSpec]:
+    """The specs of the tables ``names`` that exist, in ONE read (a table missing is left
+    out: the caller decides what its absence means)."""
+    for name in names:
+        validate_table_name(name, field="table")
+    if not names:
+        return {}
+    rows = conn.execute(
+        select(s.tables.c.name, s.tables.c.spec).where(s.tables.c.name.in_(sorted(set(names))))
+    ).all()
+    return {str(n): TableSpec.parse(sp) for n, sp in rows}
 
 
 def list_tables(conn: Connection) -> list[TableInfo]:

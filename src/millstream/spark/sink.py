@@ -96,18 +96,29 @@ class SinkMessage(WriterCommitMessage):
 
 
 def _ranges(raw: pa.Table) -> dict[int, tuple[int, int]]:
-    if raw.num_rows == 0:
-        return {}
-    g = raw.group_by(["partition"]).aggregate([("range_lo", "min"), ("range_hi", "max")])
-    return {
-        int(p): (int(lo), int(hi))
-        for p, lo, hi in zip(
-            g.column("partition").to_pylist(),
-            g.column("range_lo_min").to_pylist(),
-            g.column("range_hi_max").to_pylist(),
-            strict=True,
-        )
-    }
+    """Per partition of a task's rows (its range markers, a few per member): the lowest
+    ``range_lo`` and the highest ``range_hi``. A loop over the markers, not an Arrow
+    ``group_by``: that starts an execution plan on Arrow's thread pool (about 0.1 ms alone,
+    far more with a shared query's members writing on eight threads at once), once per
+    member per task."""
+    out: dict[int, tuple[int, int]] = {}
+    for p, lo, hi in zip(
+        raw.column("partition").to_pylist(),
+        raw.column("range_lo").to_pylist(),
+        raw.column("range_hi").to_pylist(),
+        strict=True,
+    ):
+        if lo is None or hi is None:
+            continue
+        was = out.get(p)
+        out[p] = (lo, hi) if was is None else (min(was[0], lo), max(was[1], hi))
+    return out
+
+
+def _batch_id() -> str | None:
+    """The micro-batch id of the Spark task running this (None outside a task)."""
+    ctx = TaskContext.get()
+    return ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
 
 
 #: Records decoded at a time by a write task.
@@ -319,16 +330,19 @@ class SegmentSink(DataSourceStreamArrowWriter):
         return DeepStore.from_uri(self.settings.deep_store, s3_endpoint=self.settings.s3_endpoint)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkMessage:
-        ctx = TaskContext.get()
-        return self.write_batch(
-            iterator, ctx.getLocalProperty("streaming.sql.batchId") if ctx else None
-        )
+        return self.write_batch(iterator, _batch_id())
 
     def write_batch(
-        self, iterator: Iterator[pa.RecordBatch], batch_id: int | str | None
+        self,
+        iterator: Iterator[pa.RecordBatch],
+        batch_id: int | str | None,
+        *,
+        current: TableSpec | None = None,
     ) -> SinkMessage:
         """One write task of batch ``batch_id``: of a streaming query (:meth:`write`) or of
-        an ``available_now`` run's Spark job (:mod:`millstream.spark.catch_up`)."""
+        an ``available_now`` run's Spark job (:mod:`millstream.spark.catch_up`). ``current``:
+        the table's spec as the task read it already (a shared query's task reads every
+        member's at once), else it is read here (:meth:`current_spec`)."""
         ctx = TaskContext.get()
         hint = (
             f"b{batch_id}-t{ctx.partitionId() if ctx else 0}-a{ctx.attemptNumber() if ctx else 0}"
@@ -337,7 +351,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
         ranges = _ranges(raw)
         staged_at = time.time()  # before reading: no file of this task is older
         stamps: dict[int, int] = {}
-        spec = self.current_spec() if ranges else self.spec
+        spec = (current or self.current_spec()) if ranges else self.spec
         lost: list[tuple[int, int, int]] = []
         deep = self._deep()
         if absorber(self.opts.source_config) is None:
@@ -587,13 +601,27 @@ class GroupSink(DataSourceStreamArrowWriter):
                 )
             parts[name] = raw.filter(pc.equal(member, pa.scalar(name))).drop_columns(["member"])
 
+        sinks: dict[str, SegmentSink | str] = {}
+        for name in parts:
+            try:
+                sinks[name] = self._sink_of(name, joined.get(name))
+            except Exception as exc:
+                log.warning("datastream %s: its part of a write task failed: %s", name, exc)
+                sinks[name] = _member_failure(exc)
+        current = self._current_specs([s for s in sinks.values() if isinstance(s, SegmentSink)])
+        batch_id = _batch_id()
+
         def write(name: str) -> SinkMessage | str:
             """The member's message, or its error: a member's failure (a bad record with
             ``bad_records: fail``, its source not answering) must not fail the task, which
             holds the other members' parts too; the commit raises it after they committed."""
+            sink = sinks[name]
+            if isinstance(sink, str):
+                return sink
             try:
-                sink = self._sink_of(name, joined.get(name))
-                return sink.write(iter(parts[name].to_batches()))
+                return sink.write_batch(
+                    iter(parts[name].to_batches()), batch_id, current=current.get(sink.spec.name)
+                )
             except Exception as exc:
                 log.warning("datastream %s: its part of a write task failed: %s", name, exc)
                 return _member_failure(exc)
@@ -605,6 +633,23 @@ class GroupSink(DataSourceStreamArrowWriter):
             {n: joined[n].since if n in joined else self.since.get(n, 0) for n in done},
             {n: joined[n] for n in done if n in joined},
         )
+
+    @staticmethod
+    def _current_specs(sinks: list[SegmentSink]) -> dict[str, TableSpec]:
+        """Every member's table spec as it is now, in ONE read per metadata store: the spec
+        each member's part decodes and stages under (a schema change reaches the running
+        query at its next batch). A read per member was a round trip per table with records
+        in each task. If the read fails, each member reads its own (its error is its own)."""
+        by_store: dict[str, list[SegmentSink]] = {}
+        for sink in sinks:
+            by_store.setdefault(sink.settings.metadata_url, []).append(sink)
+        out: dict[str, TableSpec] = {}
+        for group in by_store.values():
+            try:
+                out.update(group[0]._store().table_specs([s.spec.name for s in group]))
+            except Exception as exc:
+                log.warning("a write task could not read its members' specs at once: %s", exc)
+        return out
 
     def _of(
         self, name: str, messages: list[WriterCommitMessage | None]

@@ -404,3 +404,80 @@ def test_a_query_of_many_tables_asks_their_sources_together_at_its_start_and_joi
     query.plan()
     assert any(set(later) <= a for a in asked) and len(asked) == 1, asked
     catalog.close()
+
+
+def _wide_spec(root: Path, name: str) -> DatastreamSpec:
+    """A member whose table has other columns than :func:`_spec`'s (``w``, a long)."""
+    for p in range(PARTITIONS):
+        (root / name / str(p)).mkdir(parents=True)
+        (root / name / str(p) / "00000.jsonl").write_text(
+            "".join(f'{{"id": {p * 1000 + i}, "w": {i * 7}}}\n' for i in range(LINES))
+        )
+    return DatastreamSpec.parse(
+        {
+            "name": name,
+            "source": {"kind": "files", "path": str(root / name)},
+            "schema": {"id": "long", "w": "long"},
+            "table": {"mode": "append"},
+            "trigger_interval": "500ms",
+        }
+    )
+
+
+def test_a_task_of_many_busy_tables_reads_their_specs_at_once_and_each_decodes_under_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared query's write task holding 12 tables with records reads the specs it decodes
+    them under in ONE metadata read, not one per table (a round trip per busy table per
+    task; docs/performance.md, "What a batch of small busy tables costs"), and each table's
+    rows are still decoded under its own table's spec: tables of two shapes in one task each
+    keep their own columns."""
+    narrow = [f"n{i:02d}" for i in range(6)]
+    wide = [f"w{i:02d}" for i in range(6)]
+    specs = {n: _spec(tmp_path / "sources", n) for n in narrow}
+    specs |= {n: _wide_spec(tmp_path / "sources", n) for n in wide}
+    catalog = Catalog.open(home=tmp_path / "home")
+    runner = SharedQueryRunner(
+        [
+            DatastreamRunner(
+                specs[n], catalog, SPARK, writer_id="w1", state_dir=StateDirectory(tmp_path, n)
+            )
+            for n in sorted(specs)
+        ],
+        SPARK,
+        StateDirectory(tmp_path, "_q"),
+    )
+    query = Query(runner)
+    reads: list[int] = []
+    write, read = GroupSink.write, MetadataStore.read
+
+    def counted_write(self: GroupSink, iterator: Any) -> Any:
+        reads.append(0)
+        return write(self, iterator)
+
+    def counted_read(self: MetadataStore) -> Any:
+        if reads:
+            reads[-1] += 1
+        return read(self)
+
+    monkeypatch.setattr(GroupSink, "write", counted_write)
+    monkeypatch.setattr(MetadataStore, "read", counted_read)
+    assert query.plan()
+    assert 0 < len(reads) < len(specs), f"{len(reads)} tasks for {len(specs)} small tables"
+    while query.plan():
+        pass
+    query.commit()
+    assert max(reads) == 1, f"metadata reads per write task: {reads}"
+    for n in narrow:
+        got = catalog.read_table(specs[n].table_name)
+        assert "w" not in got.column_names
+        assert sorted(got.column("v").to_pylist()) == sorted(
+            f"{n}{i}" for _ in range(PARTITIONS) for i in range(LINES)
+        )
+    for n in wide:
+        got = catalog.read_table(specs[n].table_name)
+        assert "v" not in got.column_names
+        assert sorted(got.column("w").to_pylist()) == sorted(
+            i * 7 for _ in range(PARTITIONS) for i in range(LINES)
+        )
+    catalog.close()
