@@ -429,7 +429,7 @@ def test_a_task_of_many_busy_tables_reads_their_specs_at_once_and_each_decodes_u
 ) -> None:
     """A shared query's write task holding 12 tables with records reads the specs it decodes
     them under in ONE metadata read, not one per table (a round trip per busy table per
-    task; docs/performance.md, "What a batch of small busy tables costs"), and each table's
+    task; docs/performance.md, "(c) What a batch of small busy tables costs"), and each table's
     rows are still decoded under its own table's spec: tables of two shapes in one task each
     keep their own columns."""
     narrow = [f"n{i:02d}" for i in range(6)]
