@@ -1,6 +1,6 @@
 """``millstream run --available-now`` ends its Spark JVM once its last batch has committed,
 before the final seal pass: the seal and the merged copy need no Spark, and beside an idle
-JVM (~0.35 GB) they made the run's peak memory (docs/performance.md, "Batch: peak RSS"). Its
+JVM (~0.35 GB) they made the run's peak memory (docs/performance.md, "Peak RSS under 1 GB"). Its
 Iceberg publisher process starts only after the seal, to publish once.
 
 The run is the real CLI in a session of its own; a fault point (``MILLSTREAM_FAULTS``) holds

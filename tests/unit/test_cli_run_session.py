@@ -61,7 +61,7 @@ def test_an_available_now_run_starts_spark_with_the_short_run_settings(
     assert seen["seal_all_on_exit"] is True
     # it ends its JVM before the final seal (tests/integration/test_cli_run_ends_jvm.py)
     assert seen["before_final_seal"] is not None
-    # a smaller young generation (docs/performance.md, "Batch: peak RSS"), which a user's
+    # a smaller young generation (docs/performance.md, "Peak RSS under 1 GB"), which a user's
     # spark.driver.extraJavaOptions, given after these, overrides
     assert "-Xmn32m" in config["spark.driver.defaultJavaOptions"]
     assert config["spark.executorEnv.MALLOC_MMAP_THRESHOLD_"] == "1048576"

@@ -523,7 +523,7 @@ class DatastreamRunner:
         exits, so they show everything it committed (and sealed) as soon as it is done. Its
         publisher process starts here, not while the run catches up: beside the write tasks it
         held ~0.16 GB of the run's peak memory for views of tables the run was still writing
-        (docs/performance.md, "Batch: peak RSS"). Per table: the version and metadata
+        (docs/performance.md, "Peak RSS under 1 GB"). Per table: the version and metadata
         location, or the error (ingestion succeeded; the next run publishes)."""
         if self.publish_interval is None:
             return None

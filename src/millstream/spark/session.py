@@ -124,7 +124,7 @@ def end_jvm(spark: Any, *, timeout: float = 30.0) -> None:
     loaded classes, ~0.35 GB of RSS) for a next session until the Python process ends.
     ``millstream run --available-now`` ends it once its last batch has committed, so the final
     seal pass and merged copy that follow, which need no Spark, do not run beside an idle JVM
-    (docs/performance.md, "Batch: peak RSS"). The JVM exits at the end of its standard input,
+    (docs/performance.md, "Peak RSS under 1 GB"). The JVM exits at the end of its standard input,
     as it does when this process exits (killed after ``timeout`` seconds); a later
     :func:`spark_session` starts a new one. A JVM this process did not start (a gateway it
     was given) is left running."""
