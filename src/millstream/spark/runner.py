@@ -533,8 +533,12 @@ class DatastreamRunner:
         if self.publishing is not None:
             self.publishing.stop()  # its step and this one use the same process, one at a time
         if self.publisher is None:
+            # At the writer's priority: the run waits on it, and its writes are done.
             self.publisher = PublisherProcess(
-                self.catalog, interval=self.publish_interval, owner=f"writer {self.writer_id}"
+                self.catalog,
+                interval=self.publish_interval,
+                owner=f"writer {self.writer_id}",
+                niceness=0,
             )
         out: dict[str, Any] = {}
         try:
