@@ -37,6 +37,8 @@ def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str) -> dict[s
         def run(self, **kwargs: Any) -> Any:
             seen["seal_all_on_exit"] = self.seal_all_on_exit
             seen["background_sealing"] = self.background_sealing
+            seen["before_final_seal"] = self.before_final_seal
+            seen["register_sources"] = self.register_sources
             raise _Started
 
     monkeypatch.setattr(session, "spark_session", spark_session)
@@ -57,6 +59,14 @@ def test_an_available_now_run_starts_spark_with_the_short_run_settings(
     assert "-XX:TieredStopAtLevel=1" in config["spark.driver.defaultJavaOptions"]
     assert config["spark.python.worker.reuse"] == "false"
     assert seen["seal_all_on_exit"] is True
+    # it ends its JVM before the final seal (tests/integration/test_cli_run_ends_jvm.py)
+    assert seen["before_final_seal"] is not None
+    # a smaller young generation (docs/performance.md, "Peak RSS under 1 GB"), which a user's
+    # spark.driver.extraJavaOptions, given after these, overrides
+    assert "-Xmn32m" in config["spark.driver.defaultJavaOptions"]
+    assert config["spark.executorEnv.MALLOC_MMAP_THRESHOLD_"] == "1048576"
+    # its jobs use no data source: no registration, whose Python daemon idled beside them
+    assert seen["register_sources"] is False
 
 
 def test_a_continuous_run_starts_spark_with_the_defaults(
@@ -66,3 +76,5 @@ def test_a_continuous_run_starts_spark_with_the_defaults(
     assert seen["config"] is None
     assert seen["seal_all_on_exit"] is False
     assert seen["background_sealing"] is True
+    assert seen["before_final_seal"] is None
+    assert seen["register_sources"] is True

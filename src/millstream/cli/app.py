@@ -72,7 +72,7 @@ def run(
             metavar="SECONDS",
             help="Publish the Iceberg view of the table and its dead-letter table this often "
             "(seconds; 0 turns it off), by a publisher process of this run; an --available-now "
-            "run publishes once more before it exits. The controller's default.",
+            "run publishes once, before it exits. The controller's default.",
         ),
     ] = 15.0,  # DEFAULT_PUBLISH_INTERVAL, literal: the CLI imports the engine lazily
 ) -> None:
@@ -80,8 +80,9 @@ def run(
     boundary, prints a summary and exits 0. In the background (not with --available-now) it
     seals, compacts sealed segments, and expires history and collects unreferenced files per
     the table's retention. It publishes the tables' Iceberg views every
-    --iceberg-publish-interval seconds, and an --available-now run once more before it exits
-    (the summary prints where: `iceberg_scan` and pyiceberg read it)."""
+    --iceberg-publish-interval seconds, an --available-now run once, before it exits (the
+    summary prints where: `iceberg_scan` and pyiceberg read it). An --available-now run ends
+    its Spark JVM before its final seal, which needs no Spark."""
     # lazy: only the command that runs needs it; keeps `millstream --help` fast
     from millstream.datastream import DatastreamSpec
 
@@ -93,7 +94,7 @@ def run(
         # lazy: only the command that runs needs it; keeps `millstream --help` fast
         from millstream.cli.progress import ProgressView
         from millstream.spark.runner import DatastreamRunner
-        from millstream.spark.session import BATCH_RUN_SETTINGS, spark_session
+        from millstream.spark.session import BATCH_RUN_SETTINGS, end_jvm, spark_session
 
         catalog = open_catalog(home, create=True)
         spark = spark_session(master=master, config=BATCH_RUN_SETTINGS if available_now else None)
@@ -108,6 +109,19 @@ def run(
             publish_interval=iceberg_publish_interval or None,
         )
         runner.seal_all_on_exit = available_now  # no sealer outlives the run
+        jvm_ended = [False]
+
+        def end_spark() -> None:
+            # The final seal and merged copy need no Spark: not beside an idle JVM.
+            jvm_ended[0] = True
+            try:
+                end_jvm(spark)
+            except Exception as exc:  # it ends with this process instead
+                logging.getLogger(__name__).warning("could not end the Spark JVM: %s", exc)
+
+        if available_now:
+            runner.before_final_seal = end_spark
+            runner.register_sources = False  # its jobs use none, and nothing runs after them
         stop.attach(runner, spark)
         view = ProgressView(runner)
         stats = None
@@ -154,7 +168,8 @@ def run(
             summary["seal_before_exit"] = stats.sealing
         if stats is not None and stats.iceberg is not None:
             summary["iceberg"] = stats.iceberg
-        spark.stop()
+        if not jvm_ended[0]:
+            spark.stop()
         if output is OutputFormat.json:
             emit_json(summary)
         else:

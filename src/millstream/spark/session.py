@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
@@ -41,10 +43,11 @@ LOCAL_FILES_WITHOUT_CHECKSUMS = {
 #:   task decodes a piece, stages it and frees it, again and again, and mimalloc kept the freed
 #:   pieces' memory (a 500,000-record task peaked ~60 MB higher, in the same CPU time).
 BATCH_RUN_SETTINGS = {
-    "spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xmn32m",
     "spark.driver.memory": "512m",
     "spark.python.worker.reuse": "false",
     "spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL": "system",
+    "spark.executorEnv.MALLOC_MMAP_THRESHOLD_": "1048576",
 }
 
 
@@ -113,6 +116,35 @@ def spark_session(
     spark.sparkContext.setLogLevel(log_level)
     quiet_accumulator_server(spark)
     return spark
+
+
+def end_jvm(spark: Any, *, timeout: float = 30.0) -> None:
+    """Stop ``spark`` and end the JVM this process started for it now, not when this process
+    exits. ``spark.stop()`` stops the SparkContext only: PySpark keeps its JVM (the heap, the
+    loaded classes, ~0.35 GB of RSS) for a next session until the Python process ends.
+    ``millstream run --available-now`` ends it once its last batch has committed, so the final
+    seal pass and merged copy that follow, which need no Spark, do not run beside an idle JVM
+    (docs/performance.md, "Peak RSS under 1 GB"). The JVM exits at the end of its standard input,
+    as it does when this process exits (killed after ``timeout`` seconds); a later
+    :func:`spark_session` starts a new one. A JVM this process did not start (a gateway it
+    was given) is left running."""
+    spark.stop()
+    with SparkContext._lock:
+        gateway = SparkContext._gateway
+        proc = getattr(gateway, "proc", None)
+        if gateway is None or proc is None:
+            return
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+    gateway.shutdown()
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        log.warning("the Spark JVM (pid %d) did not exit within %g s: killed", proc.pid, timeout)
+        proc.kill()
+        proc.wait()
 
 
 def quiet_accumulator_server(spark: SparkSession) -> None:
