@@ -29,8 +29,8 @@ records / that time; the worker process tree's CPU seconds over it and its peak 
 every 2 s); from the worker's commit logs the batches, rows per batch and tables per batch.
 Each variant's datastream is deleted once measured. With ``--rounds`` the two variants run in
 alternating order (a new datastream and tables each round) and the figure is the median. The
-first round's tables are read back: each must hold its records' model (its topic's distinct
-live keys, ``millstream.reference.oracle``) and no dead letter.
+first round's tables are read back: each must hold as many rows as its records' model (its
+topic's distinct live keys, ``millstream.reference.oracle``) and no dead letter.
 
 Prints the ratio (100 topics / one 4-partition topic) against the 0.8x target. Waits up to
 3 minutes for a quiet machine (``--no-wait`` skips it), stops what it started, removes its
@@ -62,7 +62,7 @@ SINGLE_PARTITIONS = 4
 def generate_input(
     rows: int, topics: int
 ) -> tuple[list[list[tuple[bytes, bytes | None]]], list[int]]:
-    """(per generator partition its (key, value) records, the rows of the model over all)."""
+    """(per generator partition its (key, value) records, per partition its model's row count)."""
     from harness.cluster import orders_spec
     from millstream.ingest.sources.generator import (
         ORDERS_SCHEMA,
