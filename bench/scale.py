@@ -6,10 +6,9 @@ Run from the repository root (not part of CI; about 12 minutes, ``--quick`` abou
     .venv/bin/python bench/scale.py --quick              # 200,000 rows, 1 round, 20 s steps
     .venv/bin/python bench/scale.py --skip b --json /tmp/scale.json
     .venv/bin/python bench/scale.py --skip a,b --topics 100 --topic-rate 10 --seconds 180
-    .venv/bin/python bench/scale.py --skip a,b,c --backlog-topics 100 --backlog-rows 1000000
     # options: --rows N, --rounds N, --partitions 4,64,256, --streams 1,4,8,16,
     #          --rate R (per datastream), --seconds S (per step),
-    #          --backlog-topics N, --backlog-rows N, --skip a,b,c,d, --keep
+    #          --skip a,b,c, --keep  (the catch-up of a many-topic backlog: bench/backlog.py)
 
 **(a) Partitions: catch-up and commit latency.** The same total input (``--rows``, default
 1,000,000 records of the generator's orders stream, ``ORDERS_SCHEMA``, seed 7, keys
@@ -52,15 +51,6 @@ and median), the worker's RSS every 5 s, its CPU and the CPU-s per batch of its 
 It is then deleted, and the same topics get a datastream each on the same worker, measured
 the same way (``--c-variants one`` stops after the first; ``--topics 200 --topic-rate 5`` is
 the issue's second case).
-
-**(d) Catch-up of a backlog of many topics.** The same real processes. ``--backlog-rows``
-(1,000,000) generator orders are written into one topic of 4 partitions and, the same
-records, spread over ``--backlog-topics`` (100) topics of one partition, before anything reads
-them; then, on one worker whose query already runs, a datastream of the one topic and a
-pattern datastream of the many (a table each) catch up from their create at the earliest
-offsets, one after the other:
-rows/s each and the ratio many / one (issue 38: >= 0.8). Run it alone with
-``--skip a,b,c --backlog-topics 100 --backlog-rows 1000000``.
 
 Prints both tables and the verdicts against issue 15's targets (64 partitions catch up at
 >= 0.8x the rows/s of 4 partitions; 8 datastreams on one worker each keep p99 freshness <=
@@ -991,150 +981,6 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
     return {"topics": n, "rate_per_topic": args.topic_rate, **variants}
 
 
-def part_d(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
-    """The catch-up of a backlog of many topics against one topic of 4 partitions holding the
-    same records: ``--backlog-rows`` generator orders (4 partitions' worth, seed 7) are
-    written once into one 4-partition topic and once spread over ``--backlog-topics`` topics
-    of one partition (record ``i`` to topic ``i % topics``), before any datastream reads
-    them. On one worker (the real processes of (b)) whose query already runs (a small
-    datastream of its own topic first), first a datastream of the one topic, then one
-    pattern datastream of the many topics (a table each), each from its create at the
-    earliest offsets until every shard upper reached its partition's end: rows/s over that
-    time, and the ratio many / one (issue 38's target: >= 0.8)."""
-    from confluent_kafka import Producer as KafkaProducer
-
-    from harness.cluster import Api, Cluster, orders_spec, wait_until
-    from millstream.ingest.sources.generator import GeneratorConfig, generate
-    from millstream.local.tansu import TansuBroker
-    from millstream.metastore.store import MetadataStore
-
-    home = base / "home-d"
-    home.mkdir(parents=True)
-    url = f"sqlite:///{home / 'metadata.db'}"
-    broker = TansuBroker(base / "tansu-d").start()
-    cluster = Cluster(home=home, metadata_url=url)
-    store = MetadataStore(url)
-    n, rows = args.backlog_topics, args.backlog_rows
-    topics = [f"d{i:03d}" for i in range(n)]
-    per = rows // TOPIC_PARTITIONS
-    cfg = GeneratorConfig(
-        seed=SEED, partitions=TOPIC_PARTITIONS, key_cardinality=max(1000, rows // 5)
-    )
-    out: dict[str, Any] = {"topics": n, "rows": per * TOPIC_PARTITIONS}
-    try:
-        broker.create_topic("dsingle", TOPIC_PARTITIONS)
-        for t in topics:
-            broker.create_topic(t, 1)
-        producer = KafkaProducer({"bootstrap.servers": broker.bootstrap, "linger.ms": 50})
-        t0 = time.time()
-        i = 0
-        for p in range(TOPIC_PARTITIONS):
-            for _, key, value in generate(cfg, p, 0, per):
-                for topic, part in (("dsingle", p), (topics[i % n], 0)):
-                    while True:
-                        try:
-                            producer.produce(topic, value=value, key=key, partition=part)
-                            break
-                        except BufferError:
-                            producer.poll(0.05)
-                i += 1
-            producer.poll(0)
-        producer.flush(300)
-        log(f"(d) wrote {i:,} records twice in {time.time() - t0:.0f}s (load {common.load()[0]})")
-        ends: dict[tuple[str, int], int] = {("dsingle", p): per for p in range(TOPIC_PARTITIONS)}
-        counts = {t: 0 for t in topics}
-        for j in range(i):
-            counts[topics[j % n]] += 1
-        ends.update({(t, 0): c for t, c in counts.items()})
-
-        ctl = cluster.controller()
-        api = Api(ctl.url)
-        wait_until("the controller leads", lambda: api.get("/health")["leader"], timeout=60)
-        cluster.worker("w1", ctl.url)
-        wait_until(
-            "the worker heartbeats",
-            lambda: api.workers().get("w1", {}).get("alive"),
-            timeout=300,
-            diagnostics=cluster.diagnostics,
-        )
-        base_spec = orders_spec("x", broker.bootstrap, "x")
-        base_spec["source"]["starting_offsets"] = "earliest"
-        base_spec.pop("max_records_per_batch")
-        # The worker's query runs before either variant is created (a running worker's
-        # case): each joins it, neither pays the query's start.
-        broker.create_topic("dwarm", 1)
-        for _, key, value in generate(cfg, 0, 0, 10):
-            producer.produce("dwarm", value=value, key=key, partition=0)
-        producer.flush(60)
-        warm = {**base_spec, "name": "dwarm", "table": {**base_spec["table"], "name": "dwarm"}}
-        warm["source"] = {**base_spec["source"], "topic": "dwarm"}
-        assert api.post("/datastreams", warm).status_code == 201
-        wait_until(
-            "(d) the worker's query runs",
-            lambda: all_uppers(store).get(("dwarm", 0), -1) >= 10,
-            timeout=args.catch_up_timeout,
-            interval=0.5,
-            diagnostics=cluster.diagnostics,
-        )
-
-        def caught_up(tables: dict[str, str]) -> bool:
-            uppers = all_uppers(store)
-            return all(
-                uppers.get((table, p), -1) >= end
-                for table, topic in tables.items()
-                for (tp, p), end in ends.items()
-                if tp == topic
-            )
-
-        def timed(variant: str, spec: dict[str, Any], tables: dict[str, str]) -> float:
-            started = time.time()
-            assert api.post("/datastreams", spec).status_code == 201
-            wait_until(
-                f"(d) {variant} caught up",
-                functools.partial(caught_up, tables),
-                timeout=args.catch_up_timeout,
-                interval=0.5,
-                diagnostics=cluster.diagnostics,
-            )
-            took = time.time() - started
-            out[variant] = {
-                "seconds": took,
-                "rows_per_s": out["rows"] / took,
-                "load": common.load(),
-            }
-            log(
-                f"(d) {variant}: {out['rows']:,} records in {took:.1f}s "
-                f"({out['rows'] / took:,.0f} rows/s, load {common.load()[0]})"
-            )
-            return took
-
-        single = {
-            **base_spec,
-            "name": "dsingle",
-            "table": {**base_spec["table"], "name": "dsingle"},
-        }
-        single["source"] = {**base_spec["source"], "topic": "dsingle"}
-        timed("one_topic", single, {"dsingle": "dsingle"})
-        many = {**base_spec, "name": "dmany", "table": {**base_spec["table"], "name": "m{topic}"}}
-        many["source"] = {**base_spec["source"], "topic_pattern": r"d\d{3}"}
-        del many["source"]["topic"]
-        timed("many_topics", many, {f"m{t}": t for t in topics})
-        out["ratio"] = out["many_topics"]["rows_per_s"] / out["one_topic"]["rows_per_s"]
-        log(
-            f"(d) catch-up of {n} topics / one topic of {TOPIC_PARTITIONS} partitions: "
-            f"{out['ratio']:.2f}x rows/s (target >= 0.8)"
-        )
-        api.close()
-    except BaseException:
-        print(cluster.diagnostics(), file=sys.stderr)
-        raise
-    finally:
-        cluster.close()
-        store.dispose()
-        broker.stop()
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------------------------
@@ -1234,11 +1080,7 @@ def main(argv: list[str] | None = None) -> int:
         default="one,each",
         help="(c) one: one datastream of every topic; each: then a datastream per topic",
     )
-    ap.add_argument("--backlog-topics", type=int, default=100, help="(d) topics of the backlog")
-    ap.add_argument(
-        "--backlog-rows", type=int, default=1_000_000, help="(d) records of the backlog"
-    )
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: a,b,c,d")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: a,b,c")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
@@ -1264,8 +1106,6 @@ def main(argv: list[str] | None = None) -> int:
             res["b"] = part_b(args, base, log)
         if "c" not in skip:
             res["c"] = part_c(args, base, log)
-        if "d" not in skip:
-            res["d"] = part_d(args, base, log)
     res["load_end"] = common.load()
     report(res, log)
     common.save_results("scale", res, args.json, log)
