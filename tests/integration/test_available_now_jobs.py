@@ -165,3 +165,41 @@ def test_a_stopped_run_ends_after_its_batch_and_the_next_run_goes_on_from_there(
     assert stats.restarts == 0
     expected, _ = expected_table(spec.table_spec(), records)
     assert _rows(cat, spec.table_name) == canonical(expected)
+
+
+def test_an_available_now_run_publishes_its_views_in_its_own_process_before_it_exits(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's one publish, after its final seal, runs in the run's own process: a
+    publisher process would add its start (an interpreter and its imports, ~2-3 s) to the
+    end of every ``millstream run --available-now``. The views show the run's last version,
+    and a table whose publish fails does not keep the other's from being published."""
+    from millstream.spark import runner as runner_mod
+    from millstream.table import iceberg
+
+    def no_process(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("an available-now run started a publisher process")
+
+    monkeypatch.setattr(runner_mod, "PublisherProcess", no_process)
+    real_publish = iceberg.publish
+
+    def publish(store: Any, deep: Any, name: str, **kwargs: Any) -> Any:
+        if name.endswith("__dead_letter"):
+            raise OSError("the deep store refused the dead-letter view")
+        return real_publish(store, deep, name, **kwargs)
+
+    monkeypatch.setattr(iceberg, "publish", publish)
+    _append_source(tmp_path / "src", 0, 500)
+    cat = Catalog.open(home=tmp_path / "home")
+    run = DatastreamRunner(
+        _spec(tmp_path / "src"), cat, spark, writer_id="w", publish_interval=15.0
+    )
+    stats = run.run(available_now=True)
+
+    views = stats.iceberg
+    assert views is not None
+    assert views["jobs"]["manifest_version"] == cat.manifest("jobs").version
+    pointer = cat.store.read_pointer("jobs")
+    assert pointer is not None and pointer.manifest_version == cat.manifest("jobs").version
+    assert "jobs__dead_letter" in views["error"]
+    assert "jobs__dead_letter" not in views

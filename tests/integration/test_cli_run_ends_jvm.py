@@ -1,7 +1,7 @@
 """``millstream run --available-now`` ends its Spark JVM once its last batch has committed,
 before the final seal pass: the seal and the merged copy need no Spark, and beside an idle
-JVM (~0.35 GB) they made the run's peak memory (docs/performance.md, "Peak RSS under 1 GB"). Its
-Iceberg publisher process starts only after the seal, to publish once.
+JVM (~0.35 GB) they made the run's peak memory (docs/performance.md, "Peak RSS under 1 GB"). It
+starts no Iceberg publisher process: it publishes once, after the seal, in its own process.
 
 The run is the real CLI in a session of its own; a fault point (``MILLSTREAM_FAULTS``) holds
 its final seal at the start of partition 0's build, and the test looks at what is left of
@@ -81,8 +81,8 @@ def test_an_available_now_run_ends_its_jvm_before_the_final_seal(tmp_path: Path)
         assert proc.pid in left, left
         jvms = {pid: cmd for pid, cmd in left.items() if cmd.split(" ")[0].endswith("java")}
         assert jvms == {}, f"the Spark JVM still runs beside the final seal: {jvms}"
-        # Nor has its Iceberg publisher (a session of its own) started: it publishes once,
-        # after the seal, not while the run catches up.
+        # Nor does an Iceberg publisher process (a session of its own) run: the run publishes
+        # once, after the seal, in its own process.
         publishers = _children(proc.pid, "millstream.sealing.publishing")
         assert publishers == {}, f"a publisher process runs before the final seal: {publishers}"
         with Catalog.open(home=home) as cat:  # all it read is committed, not yet sealed

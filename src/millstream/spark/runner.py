@@ -36,7 +36,7 @@ from millstream.errors import (
 from millstream.ingest.sources import config_for, spec_reader
 from millstream.metastore.store import MetadataStore
 from millstream.sealing.compaction import CompactionPolicy
-from millstream.sealing.maintenance import DEFAULT_MAINTENANCE_INTERVAL, Maintainer
+from millstream.sealing.maintenance import DEFAULT_MAINTENANCE_INTERVAL, Maintainer, Publisher
 from millstream.sealing.publishing import PublisherProcess
 from millstream.sealing.sealer import Sealer
 from millstream.sealing.thresholds import Thresholds
@@ -520,32 +520,31 @@ class DatastreamRunner:
 
     def _publish_before_exit(self) -> dict[str, Any] | None:
         """An ``--available-now`` run publishes its tables' Iceberg views once, before it
-        exits, so they show everything it committed (and sealed) as soon as it is done. Its
-        publisher process starts here, not while the run catches up: beside the write tasks it
-        held ~0.16 GB of the run's peak memory for views of tables the run was still writing
-        (docs/performance.md, "Peak RSS under 1 GB"). Per table: the version and metadata
-        location, or the error (ingestion succeeded; the next run publishes)."""
+        exits, so they show everything it committed (and sealed) as soon as it is done. It
+        publishes here, in this process, not by a publisher process while the run catches up:
+        beside the write tasks that held ~0.16 GB of the run's peak memory for views of tables
+        the run was still writing (docs/performance.md, "Peak RSS under 1 GB"). Per table: the
+        version and metadata location, or the error (ingestion succeeded; the next run
+        publishes)."""
         if self.publish_interval is None:
             return None
         # lazy: pyiceberg loads only in a process that publishes
         from millstream.table.iceberg import location
 
         if self.publishing is not None:
-            self.publishing.stop()  # its step and this one use the same process, one at a time
-        if self.publisher is None:
-            # At the writer's priority: the run waits on it, and its writes are done.
-            self.publisher = PublisherProcess(
-                self.catalog,
-                interval=self.publish_interval,
-                owner=f"writer {self.writer_id}",
-                niceness=0,
-            )
+            self.publishing.stop()  # no step of a background publisher beside this one
         out: dict[str, Any] = {}
-        try:
-            self.publisher.flush(self.tables)
-        except Exception as exc:
-            log.warning("the final Iceberg publish of %s failed: %s", self.table_spec.name, exc)
-            out["error"] = str(exc).splitlines()[0]
+        # In this process, one table after another: the run waits on it and its writes are
+        # done, so a publisher process of its own only added its start (an interpreter and its
+        # imports, ~2-3 s) to the run's end. A table that fails does not stop the others.
+        publisher = Publisher(self.catalog, interval=self.publish_interval)
+        for names in self.tables.values():
+            for name in names:
+                try:
+                    publisher.publish([name])
+                except Exception as exc:
+                    log.warning("the final Iceberg publish of %s failed: %s", name, exc)
+                    out.setdefault("error", f"table {name!r}: {str(exc).splitlines()[0]}")
         for name in self.tables[self.spec.name]:
             pointer = self.catalog.store.read_pointer(name)
             if pointer is not None:
