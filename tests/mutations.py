@@ -76,6 +76,7 @@ AUTO = "tests/unit/ingest/test_schema_evolution_auto.py"
 PROTO_TABLES = "tests/unit/ingest/test_protobuf_tables_from_registry.py"
 FOOTERS_TEST = "tests/unit/table/test_sealed_reads_trust_only_proven_footers.py"
 FILES_SOURCE = "src/millstream/ingest/sources/files.py"
+SEALER_FILE = "src/millstream/sealing/sealer.py"
 
 
 def _guard_test(name: str) -> str:
@@ -2727,6 +2728,55 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_schema_changes_keep_field_ids_and_old_snapshots_read_with_their_schema",
         ),
         select="sqlite-local",
+    ),
+    Guard(
+        name="sealskip-age-threshold-reads-again",
+        file=SEALER_FILE,
+        what="Sealer._quiet: a pass skips an unchanged table's manifest read only while no "
+        "pending run reached its age threshold",
+        old="""\
+        if any(now - oldest >= self.thresholds.flush_seconds for oldest in last.oldest.values()):
+            return False
+""",
+        new="""\
+        pass  # MUTATION: the age threshold is not checked before skipping
+""",
+        tests=(
+            "tests/unit/sealing/test_sealer.py::"
+            "test_a_run_whose_age_threshold_passes_is_sealed_at_the_next_pass_without_a_commit",
+        ),
+    ),
+    Guard(
+        name="sealskip-version-change-reads-again",
+        file=SEALER_FILE,
+        what="Sealer._quiet: a pass skips the manifest read only at the manifest version it last "
+        "read (a commit, seal or compaction reads again)",
+        old="""\
+        return version == last.version
+""",
+        new="""\
+        return True  # MUTATION: the manifest version is not compared
+""",
+        tests=(
+            "tests/unit/sealing/test_sealer.py::"
+            "test_a_commit_makes_the_next_pass_read_and_seal_what_it_made_due",
+        ),
+    ),
+    Guard(
+        name="sealskip-force-commit-reads-again",
+        file=SEALER_FILE,
+        what="Sealer._quiet: a force commit naming a segment of a pending run makes the pass "
+        "read the manifest and seal it",
+        old="""\
+        if any(p in last.first_seq and last.first_seq[p] <= seq for p, seq in forced.items()):
+            return False
+""",
+        new="""\
+        pass  # MUTATION: force commits do not stop the skip
+""",
+        tests=(
+            "tests/unit/sealing/test_sealer.py::test_a_force_commit_is_honoured_at_the_next_pass",
+        ),
     ),
 )
 

@@ -320,6 +320,12 @@ class MillstreamCollector:
                 "taken over by another sealer): the seal was discarded and retried.",
                 labels=["datastream", "worker"],
             ),
+            "passes_skipped": CounterMetricFamily(
+                "millstream_seal_passes_skipped",
+                "Sealing passes that skipped their table's manifest read: its version unchanged "
+                "since a read that found nothing due, and nothing come due by age or force commit.",
+                labels=["datastream", "worker"],
+            ),
         }
         for w in workers:
             for ds, st in sorted((w.info.get("sealing") or {}).items()):

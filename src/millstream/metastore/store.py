@@ -171,6 +171,12 @@ class MetadataStore:
             assert info is not None
             return info
 
+    def manifest_version(self, name: str) -> int:
+        """The table's current manifest version, read without its manifest (a sealing pass
+        skips an unchanged table's manifest read on it)."""
+        with self.read() as conn:
+            return tables.manifest_version(conn, name)
+
     def table_specs(self, names: Sequence[str]) -> dict[str, TableSpec]:
         """The specs of the tables ``names`` that exist, in one read: a shared query's write
         task reads every member's spec at once instead of a read per member."""

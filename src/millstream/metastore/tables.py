@@ -152,6 +152,17 @@ def find_table(
     return table_info(row)
 
 
+def manifest_version(conn: Connection, name: str) -> int:
+    """The table's current manifest version alone (:class:`TableNotFoundError` if missing):
+    one column of its row, without its spec or any entry, for a caller that only asks whether
+    the manifest changed since it last read it."""
+    validate_table_name(name, field="table")
+    v = conn.execute(select(s.tables.c.manifest_version).where(s.tables.c.name == name)).scalar()
+    if v is None:
+        raise TableNotFoundError(name)
+    return int(v)
+
+
 def table_specs(conn: Connection, names: Sequence[str]) -> dict[str, TableSpec]:
     """The specs of the tables ``names`` that exist, in ONE read (a table missing is left
     out: the caller decides what its absence means)."""

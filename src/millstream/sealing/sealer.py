@@ -140,6 +140,17 @@ class _ClaimRenewer:
 
 
 @dataclass(frozen=True, slots=True)
+class _LastRead:
+    """A pass's manifest read in which no partition was due: its version and, per partition
+    with a pending run, the run's first sequence number (what a force commit names) and the
+    ``created_at`` of its oldest entry (when its age threshold is reached)."""
+
+    version: int
+    first_seq: dict[int, int]
+    oldest: dict[int, float]
+
+
+@dataclass(frozen=True, slots=True)
 class SealResult:
     table: str
     partition: int
@@ -209,6 +220,11 @@ class Sealer:
         self._next_compaction: dict[int, float] = {}
         #: Per partition, the sealed state last found with nothing to compact.
         self._compaction_idle: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        #: What the last pass's manifest read found, while nothing in it was due: the next
+        #: pass skips its read unless something can have become due since (see _quiet).
+        self._last_read: _LastRead | None = None
+        #: Passes that skipped the table's manifest read (nothing can have become due).
+        self.passes_skipped = 0
         #: The key indexes of the table's partitions (lookup, rebuild, checkpoints).
         self.indexes = SealerIndexes(
             catalog, table, checkpoint_seconds=checkpoint_seconds, cache=index_cache
@@ -345,18 +361,24 @@ class Sealer:
         """Seal every partition whose thresholds are reached. Failures are recorded and the
         partition is retried with exponential backoff (capped at a minute), never raised: this
         runs in the background beside the writers."""
-        out = []
+        out: list[SealResult] = []
         try:
-            forced = self.store.force_commit_targets(self.table)
+            forced: dict[int, int] | None = self.store.force_commit_targets(self.table)
         except Exception as exc:  # the store is down: thresholds still apply, the next pass asks
             log.warning("cannot read force commits of %s: %s", self.table, exc)
-            forced = {}
+            forced = None
+        if forced is not None and self._quiet(forced):
+            self.passes_skipped += 1
+            return out
+        forced = forced or {}
+        self._last_read = None
         # One read of the manifest decides which partitions are due; only those read it again
         # to seal. A read per partition per pass (and again to compact) was most of a worker's
         # own CPU with 8 tables of 4 partitions (bench/scale.py (b)), and grew with the
         # unsealed segments.
         manifest: Manifest | None = None
-        for p in self.partitions():
+        partitions = self.partitions()
+        for p in partitions:
             if self._next_try.get(p, 0.0) > self.clock.now():
                 continue
             try:
@@ -375,7 +397,45 @@ class Sealer:
             if r is not None:
                 out.append(r)
         self.compact_due(manifest)
+        if manifest is not None:
+            self._remember(manifest, partitions)
         return out
+
+    def _remember(self, manifest: Manifest, partitions: list[int]) -> None:
+        """Remember this pass's manifest read for the next pass to skip its own, unless a
+        partition was due in it (its seal may not have happened: another sealer's claim)."""
+        runs = {p: run for p in partitions if (run := self.pending_run(p, manifest))}
+        if any(self.due(run) for run in runs.values()):
+            return
+        self._last_read = _LastRead(
+            manifest.version,
+            {p: run[0].seq for p, run in runs.items()},
+            {p: min(e.created_at for e in run) for p, run in runs.items()},
+        )
+
+    def _quiet(self, forced: dict[int, int]) -> bool:
+        """Whether nothing can have become due since the last pass's manifest read, so this
+        pass may skip it (and the compaction check, which depends on the manifest alone): the
+        manifest is at the same version (no commit, seal, compaction or rollback since), no
+        seal or compaction retry is pending, no force commit names a segment of a pending run,
+        and no pending run reached its age threshold by now. A skipped pass only delays a seal
+        by one pass: the manifest is read again as soon as anything changes or comes due."""
+        last = self._last_read
+        if last is None or self.failures or self.compaction_failures:
+            return False
+        now = self.clock.now()
+        if any(t > now for t in self._next_try.values()):
+            return False
+        if any(p in last.first_seq and last.first_seq[p] <= seq for p, seq in forced.items()):
+            return False
+        if any(now - oldest >= self.thresholds.flush_seconds for oldest in last.oldest.values()):
+            return False
+        try:
+            version = self.store.manifest_version(self.table)
+        except Exception as exc:  # unknown: read the manifest as before
+            log.warning("cannot read the manifest version of %s: %s", self.table, exc)
+            return False
+        return version == last.version
 
     def _may_seal(self, partition: int, manifest: Manifest, force_up_to: int | None) -> bool:
         """Whether :meth:`seal_partition` may find something to do, judged from a manifest
@@ -445,6 +505,7 @@ class Sealer:
             "claim_renewals": self.claim_renewals,
             "claim_renewal_failures": self.claim_renewal_failures,
             "claims_lost": self.claims_lost,
+            "passes_skipped": self.passes_skipped,
         }
 
     # -- compaction of sealed segments -----------------------------------------------------

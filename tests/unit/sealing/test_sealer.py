@@ -13,11 +13,13 @@ import pytest
 
 from harness.fault_points import at_sealer
 from millstream.catalog import Catalog
+from millstream.clock import ManualClock
 from millstream.errors import InjectedFault
 from millstream.faults import SEAL_POINTS
 from millstream.metastore.models import SegmentState
 from millstream.reference.model import canonical, model_rows
 from millstream.sealing.sealer import Sealer
+from millstream.sealing.thresholds import Thresholds
 from millstream.spec import TableSpec
 from millstream.table.writer import commit_staged, stage_rows
 
@@ -236,4 +238,96 @@ def test_a_pass_reads_the_manifest_once_unless_a_partition_is_due(
     reads.clear()
     assert [r.partition for r in sealer.seal_due()] == [2]
     assert len(reads) >= 2  # the due partition is read again before it is sealed
+    feed.assert_table_equals_model()
+
+
+# -- a pass skips an unchanged table's manifest read ----------------------------------------
+# A sealing pass over a table where nothing can have become due since its last manifest read
+# skips the read (it was most of a busy worker's own CPU); it may delay a seal by one pass,
+# never skip one that is due: an age threshold reached, a commit, a force commit all read again.
+
+PARTITIONS = 4
+
+
+def _sealer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Feed, Sealer, list[str]]:
+    """A table with a pending run (10 rows, below every threshold) in each partition, a sealer
+    that has done one pass over it, and the list of manifest reads made from then on."""
+    feed = _setup(tmp_path, "upsert")
+    for p in range(PARTITIONS):
+        feed.batch(p, 10)
+    clock = ManualClock(start=feed.cat.manifest("t").entries[0].created_at)
+    sealer = Sealer(
+        feed.cat, "t", thresholds=Thresholds(flush_rows=25, flush_seconds=60), clock=clock
+    )
+    reads: list[str] = []
+    real = feed.cat.manifest
+
+    def counted(table: str, **kw: Any) -> Any:
+        reads.append(table)
+        return real(table, **kw)
+
+    monkeypatch.setattr(feed.cat, "manifest", counted)
+    assert sealer.seal_due() == []  # reads it (and each partition again to compact)
+    assert reads
+    reads.clear()
+    return feed, sealer, reads
+
+
+def test_a_pass_over_an_unchanged_table_reads_no_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    feed, sealer, reads = _sealer(tmp_path, monkeypatch)
+    assert isinstance(sealer.clock, ManualClock)
+    for _ in range(5):
+        sealer.clock.advance(10)  # 50 s: still below the 60 s age threshold
+        assert sealer.seal_due() == []
+    assert reads == []
+    assert sealer.status()["passes_skipped"] == 5
+
+    # A failed version read is unknown: the pass reads the manifest as before.
+    def down(table: str) -> int:
+        raise ConnectionError("metadata store unreachable")
+
+    monkeypatch.setattr(feed.cat.store, "manifest_version", down)
+    assert sealer.seal_due() == []
+    assert reads == ["t"]
+    feed.assert_table_equals_model()
+
+
+def test_a_run_whose_age_threshold_passes_is_sealed_at_the_next_pass_without_a_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    feed, sealer, reads = _sealer(tmp_path, monkeypatch)
+    assert isinstance(sealer.clock, ManualClock)
+    sealer.clock.advance(59)
+    assert sealer.seal_due() == []
+    assert reads == []
+    sealer.clock.advance(1)  # partition 0's run (committed first) is 60 s old: due by age
+    assert [r.partition for r in sealer.seal_due()] == [0]
+    sealer.clock.advance(10)  # the others' too
+    assert sorted(r.partition for r in sealer.seal_due()) == [1, 2, 3]
+    feed.assert_table_equals_model()
+
+
+def test_a_commit_makes_the_next_pass_read_and_seal_what_it_made_due(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    feed, sealer, reads = _sealer(tmp_path, monkeypatch)
+    assert sealer.seal_due() == []
+    assert reads == []
+    feed.batch(2, 20)  # 30 rows pending in partition 2: due by rows
+    assert [r.partition for r in sealer.seal_due()] == [2]
+    assert reads
+    feed.assert_table_equals_model()
+
+
+def test_a_force_commit_is_honoured_at_the_next_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    feed, sealer, reads = _sealer(tmp_path, monkeypatch)
+    assert sealer.seal_due() == []
+    assert reads == []
+    store = feed.cat.store
+    store.submit_force_commit(store.manifest("t"), now=store.clock.now())
+    assert sorted(r.partition for r in sealer.seal_due()) == list(range(PARTITIONS))
     feed.assert_table_equals_model()
