@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": args.rows,
         "topics": args.topics,
     }
-    from harness.cluster import Api, Cluster, orders_spec, wait_until
+    from harness.cluster import Cluster, orders_spec
     from millstream.local.tansu import TansuBroker
     from millstream.metastore.store import MetadataStore
 
@@ -317,16 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             )
 
             diag = cluster.diagnostics
-            ctl = cluster.controller()
-            api = Api(ctl.url)
-            wait_until("the controller leads", lambda: api.get("/health")["leader"], timeout=120)
-            worker = cluster.worker("w1", ctl.url)
-            wait_until(
-                "the worker heartbeats",
-                lambda: api.workers().get("w1", {}).get("alive"),
-                timeout=300,
-                diagnostics=diag,
-            )
+            api, worker = scale.controller_and_worker(cluster, leader_timeout=120)
             base_spec = orders_spec("x", broker.bootstrap, "x")
             base_spec["source"]["starting_offsets"] = "earliest"
             base_spec.pop("max_records_per_batch")  # default (adaptive) batch sizes

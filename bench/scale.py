@@ -642,8 +642,26 @@ class Freshness:
         return Window(since, until, procs0, procs1, rss, lat, ended)
 
 
+def controller_and_worker(cluster: Any, *, leader_timeout: float = 60.0) -> tuple[Any, Any]:
+    """Start ``cluster``'s controller and one worker ``w1``; wait until the controller leads
+    and the worker heartbeats. Returns the controller's API client and the worker."""
+    from harness.cluster import Api, wait_until
+
+    ctl = cluster.controller()
+    api = Api(ctl.url)
+    wait_until("the controller leads", lambda: api.get("/health")["leader"], timeout=leader_timeout)
+    worker = cluster.worker("w1", ctl.url)
+    wait_until(
+        "the worker heartbeats",
+        lambda: api.workers().get("w1", {}).get("alive"),
+        timeout=300,
+        diagnostics=cluster.diagnostics,
+    )
+    return api, worker
+
+
 def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
-    from harness.cluster import Api, Cluster, orders_spec, wait_until
+    from harness.cluster import Cluster, orders_spec, wait_until
     from millstream.local.tansu import TansuBroker
     from millstream.metastore.store import MetadataStore
 
@@ -658,16 +676,7 @@ def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
     steps: list[dict[str, Any]] = []
     try:
         diag = cluster.diagnostics
-        ctl = cluster.controller()
-        api = Api(ctl.url)
-        wait_until("the controller leads", lambda: api.get("/health")["leader"], timeout=60)
-        worker = cluster.worker("w1", ctl.url)
-        wait_until(
-            "the worker heartbeats",
-            lambda: api.workers().get("w1", {}).get("alive"),
-            timeout=300,
-            diagnostics=diag,
-        )
+        api, worker = controller_and_worker(cluster)
         idle = tree_summary(tree(worker.pid))
         log(
             f"(b) idle worker: {idle['pss_mb']:.0f} MB PSS ({idle['rss_mb']:.0f} MB RSS), "
@@ -811,7 +820,7 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
     starts at the topics' latest offsets, is measured for ``--seconds`` once caught up:
     per table the produce-ack -> visible freshness (as in (b)), and the worker's RSS every
     5 s (its growth over the window says whether it stays flat)."""
-    from harness.cluster import Api, Cluster, orders_spec, wait_until
+    from harness.cluster import Cluster, orders_spec, wait_until
     from millstream.local.tansu import TansuBroker
     from millstream.metastore.store import MetadataStore
 
@@ -883,16 +892,7 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
 
     try:
         diag = cluster.diagnostics
-        ctl = cluster.controller()
-        api = Api(ctl.url)
-        wait_until("the controller leads", lambda: api.get("/health")["leader"], timeout=60)
-        worker = cluster.worker("w1", ctl.url)
-        wait_until(
-            "the worker heartbeats",
-            lambda: api.workers().get("w1", {}).get("alive"),
-            timeout=300,
-            diagnostics=diag,
-        )
+        api, worker = controller_and_worker(cluster)
         for t in topics:
             broker.create_topic(t, 1)
         producer.add(topics)
