@@ -5,15 +5,14 @@ reports STARTING (KAFKA-8187). A member in its failure backoff keeps its lock.""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from harness.shared_query import FakeSharedQuery as FakeShared
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
-from millstream.control import worker as worker_module
 from millstream.control.controller import Controller, ControlSettings
 from millstream.control.registry import Registry
 from millstream.control.worker import Worker
@@ -23,52 +22,9 @@ from millstream.datastream import DatastreamSpec
 from millstream.storage.statedir import StateDirectory
 
 
-class FakeShared:
-    """Stands in for the Spark query: records its members, the starts, joins and leaves,
-    runs until stopped. ``refuse`` makes joins and leaves answer False (the runner's answer
-    when a change needs a restart)."""
-
-    starts: list[list[str]] = []
-    changes: list[str] = []
-    refuse = False
-
-    def __init__(self, members: list[Any], spark: Any, state_dir: StateDirectory) -> None:
-        self.members = {m.spec.name: m for m in members}
-        self._stop = threading.Event()
-        FakeShared.starts.append(sorted(self.members))
-
-    def run(self) -> None:
-        self._stop.wait(30)
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def add(self, member: Any) -> bool:
-        if FakeShared.refuse:
-            return False
-        self.members[member.spec.name] = member
-        FakeShared.changes.append(f"+{member.spec.name}")
-        return True
-
-    def add_many(self, members: list[Any]) -> dict[str, bool]:
-        """The worker's one membership change for the members that start together."""
-        return {m.spec.name: self.add(m) for m in members}
-
-    def remove(self, name: str) -> bool:
-        if FakeShared.refuse or len(self.members) == 1:
-            return False
-        del self.members[name]
-        FakeShared.changes.append(f"-{name}")
-        return True
-
-    def status(self) -> dict[str, Any]:
-        return {"members": sorted(self.members)}
-
-
 @pytest.fixture
 def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    FakeShared.starts, FakeShared.changes, FakeShared.refuse = [], [], False
-    monkeypatch.setattr(worker_module, "SharedQueryRunner", FakeShared)
+    FakeShared.install(monkeypatch)
     clock = ManualClock(start=1_800_000_000.0)
     catalog = Catalog.open(home=tmp_path / "home")
     for name in ("a", "b"):

@@ -7,59 +7,18 @@ commits: tests/integration/test_multi_table_lifecycle.py."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from harness.shared_query import FakeSharedQuery as FakeShared
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
-from millstream.control import worker as worker_module
 from millstream.control.controller import Controller, ControlSettings
 from millstream.control.registry import Registry
 from millstream.control.worker import Worker
 from millstream.control.workers import heartbeat, list_workers
 from millstream.datastream import DatastreamSpec
-from millstream.storage.statedir import StateDirectory
-
-
-class FakeShared:
-    """Stands in for the shared Spark query: its members by member key, the starts, joins
-    and leaves; runs until stopped."""
-
-    starts: list[list[str]] = []
-    changes: list[str] = []
-
-    def __init__(self, members: list[Any], spark: Any, state_dir: StateDirectory) -> None:
-        self.members = {m.member: m for m in members}
-        self._stop = threading.Event()
-        FakeShared.starts.append(sorted(self.members))
-
-    def run(self) -> None:
-        self._stop.wait(30)
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def add(self, member: Any) -> bool:
-        self.members[member.member] = member
-        FakeShared.changes.append(f"+{member.member}")
-        return True
-
-    def add_many(self, members: list[Any]) -> dict[str, bool]:
-        """The worker's one membership change for the members that start together."""
-        return {m.member: self.add(m) for m in members}
-
-    def remove(self, name: str) -> bool:
-        if len(self.members) == 1:
-            return False
-        del self.members[name]
-        FakeShared.changes.append(f"-{name}")
-        return True
-
-    def status(self) -> dict[str, Any]:
-        return {"members": sorted(self.members)}
 
 
 def _running(catalog: Catalog) -> set[str]:
@@ -70,8 +29,7 @@ def _running(catalog: Catalog) -> set[str]:
 def test_a_paused_table_leaves_the_shared_query_and_rejoins_on_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    FakeShared.starts, FakeShared.changes = [], []
-    monkeypatch.setattr(worker_module, "SharedQueryRunner", FakeShared)
+    FakeShared.install(monkeypatch)
     clock = ManualClock(start=1_800_000_000.0)
     catalog = Catalog.open(home=tmp_path / "home")
     registry = Registry(catalog.store, clock=clock)
@@ -130,8 +88,7 @@ def test_a_patterns_table_is_not_sealed_or_maintained_before_its_writer_made_it(
     """A ``topic_pattern``'s tables are made by their writers as the shared query takes them
     in; until then the worker's sealing and maintenance leave them alone (no error, no
     traceback in the worker's log), and take them up once they exist."""
-    FakeShared.starts, FakeShared.changes = [], []
-    monkeypatch.setattr(worker_module, "SharedQueryRunner", FakeShared)
+    FakeShared.install(monkeypatch)
     clock = ManualClock(start=1_800_000_000.0)
     catalog = Catalog.open(home=tmp_path / "home")
     Registry(catalog.store, clock=clock).create(
