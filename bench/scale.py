@@ -47,7 +47,10 @@ same real processes as (b). ``--topics`` (100) topics of one partition each get
 (``source.topic_pattern``, a table each, ``orders_spec``'s table section, starting at the
 latest offsets): the time from its create to each table's first rows, then, once caught up,
 ``--seconds`` measured: per table the produce-ack -> visible freshness (p99 per table, worst
-and median), the worker's RSS every 5 s, its CPU and the CPU-s per batch of its shared query.
+and median), the worker's RSS every 5 s, its CPU and the CPU-s per batch of its shared query;
+for a long window, what grows: the RSS of each kind of process at 1 minute and at the end,
+the worker JVM's heap every 5 s (``jstat -gc``: used, committed, old generation) and the
+batches and CPU-s a batch minute by minute.
 It is then deleted, and the same topics get a datastream each on the same worker, measured
 the same way (``--c-variants one`` stops after the first; ``--topics 200 --topic-rate 5`` is
 the issue's second case).
