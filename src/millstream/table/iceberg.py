@@ -476,15 +476,6 @@ class PublishCache:
                 del known[k]
         return self.columns.discard(gone)
 
-    def forget(self, deep: DeepStore, table: str) -> int:
-        """Drop everything kept for ``table`` (its view, its metadata, its files' columns):
-        the next publish of it reads it in full. Returns the column entries dropped."""
-        with self._lock:
-            self._views.pop((deep.uri, table), None)
-            self._metadata.pop((deep.uri, table), None)
-            known = self._keys.pop((deep.uri, table), {})
-        return self.columns.discard(list(known))
-
 
 def _key_member(rows: pa.Table, keys: list[str], touched: pa.Table) -> np.ndarray:
     """Which of ``rows`` have, in every key column, a value some touched row has there: a
