@@ -47,7 +47,10 @@ same real processes as (b). ``--topics`` (100) topics of one partition each get
 (``source.topic_pattern``, a table each, ``orders_spec``'s table section, starting at the
 latest offsets): the time from its create to each table's first rows, then, once caught up,
 ``--seconds`` measured: per table the produce-ack -> visible freshness (p99 per table, worst
-and median), the worker's RSS every 5 s, its CPU and the CPU-s per batch of its shared query.
+and median), the worker's RSS every 5 s, its CPU and the CPU-s per batch of its shared query;
+for a long window, what grows: the RSS of each kind of process at 1 minute and at the end,
+the worker JVM's heap every 5 s (``jstat -gc``: used, committed, old generation) and the
+batches and CPU-s a batch minute by minute.
 It is then deleted, and the same topics get a datastream each on the same worker, measured
 the same way (``--c-variants one`` stops after the first; ``--topics 200 --topic-rate 5`` is
 the issue's second case).
@@ -478,10 +481,64 @@ def tree_summary(procs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "rss_mb": sum(p["rss"] for p in procs) / 2**20,
         "pss_mb": sum(p["pss"] for p in procs) / 2**20,
+        "cpu_s": sum(p["cpu_s"] for p in procs),
         "processes": len(procs),
         "python_processes": sum(1 for p in procs if p["python"]),
         "kinds": kinds,
     }
+
+
+def jvm_heap_mb(procs: list[dict[str, Any]]) -> dict[str, float] | None:
+    """The heap of the worker tree's JVM from ``jstat -gc`` (used and committed MB, after the
+    last collection's old generation), or None without a JVM or ``jstat``."""
+    import shutil
+    import subprocess
+
+    jvm = next((p["pid"] for p in procs if p["kind"] == "JVM"), None)
+    jstat = shutil.which("jstat")
+    if jvm is None or jstat is None:
+        return None
+    try:
+        out = subprocess.run(
+            [jstat, "-gc", str(jvm)], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.split("\n")
+        gc = dict(zip(out[0].split(), (float(x) for x in out[1].split()), strict=False))
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        return None
+    used = sum(gc.get(k, 0.0) for k in ("S0U", "S1U", "EU", "OU"))
+    committed = sum(gc.get(k, 0.0) for k in ("S0C", "S1C", "EC", "OC"))
+    return {
+        "used_mb": used / 1024,
+        "committed_mb": committed / 1024,
+        "old_used_mb": gc.get("OU", 0.0) / 1024,
+        "metaspace_mb": gc.get("MU", 0.0) / 1024,
+        "full_gcs": gc.get("FGC", 0.0),
+    }
+
+
+def by_minute(samples: list[tuple[float, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per minute of a window, from its samples (each with ``cpu_s`` of the tree and
+    ``batches``, the last committed batch): the batches committed and the tree's CPU-s each."""
+    out = []
+    prev_t, prev = 0.0, samples[0][1] if samples else None
+    for minute in range(1, int(samples[-1][0] // 60) + 2 if samples else 0):
+        within = [(t, s) for t, s in samples if prev_t < t <= minute * 60]
+        if not within or prev is None:
+            continue
+        t, last = within[-1]
+        batches = last["batches"] - prev["batches"]
+        cpu = last["cpu_s"] - prev["cpu_s"]
+        out.append(
+            {
+                "minute": minute,
+                "seconds": round(t - prev_t, 1),
+                "batches": batches,
+                "cpu_s_per_batch": round(cpu / batches, 3) if batches > 0 else None,
+                "rss_mb": round(last["rss_mb"]),
+            }
+        )
+        prev_t, prev = t, last
+    return out
 
 
 # -- freshness ---------------------------------------------------------------------------------
@@ -618,8 +675,10 @@ class Freshness:
         rss_every: float,
         tail: float,
         at_end: Callable[[], Any] | None = None,
+        on_sample: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None,
     ) -> Window:
-        """Sample for ``seconds`` (the worker's tree every ``rss_every`` s), call ``at_end``
+        """Sample for ``seconds`` (the worker's tree every ``rss_every`` s, and what
+        ``on_sample`` returns for that tree added to its summary), call ``at_end``
         (its result is :attr:`Window.ended`), then keep sampling ``tail`` seconds so the
         window's last records become visible. ``tables``: table -> the topic it reads."""
         procs0 = tree(worker_pid)
@@ -628,7 +687,11 @@ class Freshness:
         rss: list[tuple[float, dict[str, Any]]] = []
         while time.time() - since < seconds:
             time.sleep(rss_every)
-            rss.append((time.time() - since, tree_summary(tree(worker_pid))))
+            procs = tree(worker_pid)
+            summary = tree_summary(procs)
+            if on_sample is not None:
+                summary.update(on_sample(procs))
+            rss.append((time.time() - since, summary))
         until = time.time()
         procs1 = tree(worker_pid)
         ended = at_end() if at_end is not None else None
@@ -851,9 +914,26 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
         batch0 = last_batch(home)
         log(f"(c) {variant}: measuring {args.seconds:.0f} s (worker pid {worker.pid})")
         w = freshness.window(
-            worker.pid, tables, seconds=args.seconds, rss_every=5.0, tail=args.tail
+            worker.pid,
+            tables,
+            seconds=args.seconds,
+            rss_every=5.0,
+            tail=args.tail,
+            on_sample=lambda procs: {"batches": last_batch(home), "jvm_heap": jvm_heap_mb(procs)},
         )
         batches = last_batch(home) - batch0
+        # per process kind, the RSS at the first sample past a minute (or the first) and at the
+        # last one: which process grows
+        at_1min = next((s for t, s in w.rss if t >= 60), w.rss[0][1])
+        last = w.rss[-1][1]
+        growth = {
+            k: {
+                "count": v["count"],
+                "rss_mb_1min": round(at_1min["kinds"].get(k, {}).get("rss_mb", 0.0)),
+                "rss_mb_last": round(v["rss_mb"]),
+            }
+            for k, v in last["kinds"].items()
+        }
         rss = [(t, summary["rss_mb"]) for t, summary in w.rss]
         p99s, p50s, unresolved = [], [], 0
         for lat, missing in w.latencies.values():
@@ -878,6 +958,10 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
             "rss_mb_first": rss[0][1],
             "rss_mb_last": rss[-1][1],
             "rss_mb_peak": max(r for _, r in rss),
+            "rss_mb_1min": at_1min["rss_mb"],
+            "rss_mb_by_kind": growth,
+            "jvm_heap": [(round(t), s.get("jvm_heap")) for t, s in w.rss],
+            "by_minute": by_minute(w.rss),
         }
         log(
             f"(c) {variant}: {len(tables)} tables, p99 worst {out['p99_s_worst']:.2f}s median "
@@ -888,6 +972,21 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
             f"{out['window_s']:.0f}s, load {out['load'][0]}; CPU-s by process: "
             f"{out['worker_cpu_s_by_kind']}"
         )
+        log(f"(c) {variant}: RSS by process kind, at 1 min -> at the end: {growth}")
+        heaps = [(t, h) for t, h in out["jvm_heap"] if h]
+        if heaps:
+            log(
+                f"(c) {variant}: JVM heap used/committed MB "
+                + ", ".join(
+                    f"{t}s {h['used_mb']:.0f}/{h['committed_mb']:.0f} (old {h['old_used_mb']:.0f})"
+                    for t, h in heaps[:: max(1, len(heaps) // 10)]
+                )
+            )
+        for m in out["by_minute"]:
+            log(
+                f"(c) {variant}: minute {m['minute']}: {m['batches']} batches, "
+                f"{m['cpu_s_per_batch']} CPU-s a batch, RSS {m['rss_mb']:,} MB"
+            )
         return out
 
     try:

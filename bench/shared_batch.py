@@ -23,7 +23,10 @@ Kafka clients' too; not the broker's) of planning, of the write tasks and of the
 and the tasks planned. What Spark adds (its scheduling, the offset and commit logs, a Python
 worker call per task) does not grow with the tables and is not here. ``--profile`` runs one
 more batch with the members one after another (cProfile sees one thread) and prints where
-its time went. ``--tree NAME=SRC`` runs the bench with ``SRC`` first on ``sys.path`` (a
+its time went. With ``--batches`` 20 or more it also prints the median CPU-s of the first
+and of the last 10 batches: each batch adds an unsealed entry to every table (nothing seals
+here), so the two say whether a batch grows dearer with the tables' unsealed runs.
+``--tree NAME=SRC`` runs the bench with ``SRC`` first on ``sys.path`` (a
 tree before a change, say), a fresh process per tree and table count, the trees
 alternating, so before and after are measured in the same run. Results go to
 ``bench/results/shared-batch-<time>.json`` and ``--json PATH``.
@@ -268,6 +271,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"({m['cpu_s'] / n * 1000:.1f} ms a table): plan {m['plan_cpu_s']:.3f}, "
                     f"tasks {m['tasks_cpu_s']:.3f}, commit {m['commit_cpu_s']:.3f} CPU-s"
                 )
+                rows = res["batches"]
+                if len(rows) >= 20:  # does a batch grow dearer as the tables' unsealed runs grow?
+                    first, last = (
+                        statistics.median(r["cpu_s"] for r in g) for g in (rows[:10], rows[-10:])
+                    )
+                    common.log(
+                        f"       a batch's CPU-s, first 10 batches {first:.3f}, last 10 {last:.3f} "
+                        f"({len(rows)} unsealed entries a table at the end)"
+                    )
                 if res["profile"]:
                     print(res["profile"])
     common.save_results("shared-batch", {"machine": common.machine(), "runs": results}, args.json)

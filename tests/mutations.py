@@ -2778,6 +2778,25 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "tests/unit/sealing/test_sealer.py::test_a_force_commit_is_honoured_at_the_next_pass",
         ),
     ),
+    Guard(
+        name="iceberg-cache-drops-left-files-only-after-the-pointer-moved",
+        file="src/millstream/table/iceberg.py",
+        what="publish: the columns of files that left a table are dropped from the publish "
+        "cache only once a view without them is published and remembered; a publish that fails "
+        "keeps them for its retry, which reads them (they give the touched keys)",
+        old="""\
+    committed_at = store.version_committed_at(table, v)
+""",
+        new="""\
+    if cache is not None:  # MUTATION: dropped before the pointer moved
+        cache.retain(deep, table, live_files(manifest))
+    committed_at = store.version_committed_at(table, v)
+""",
+        tests=(
+            "tests/unit/sealing/test_iceberg_publish_cache_bound.py::"
+            "test_a_failed_publish_keeps_the_columns_its_retry_needs",
+        ),
+    ),
 )
 
 

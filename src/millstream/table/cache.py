@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 
 import pyarrow as pa
 
@@ -89,3 +89,15 @@ class ReadCache:
         with self._lock:
             self._items.clear()
             self.bytes = 0
+
+    def discard(self, keys: Iterable[Hashable]) -> int:
+        """Drop the tables under ``keys`` (a caller that knows their files left every table it
+        reads); returns how many were held."""
+        dropped = 0
+        with self._lock:
+            for key in keys:
+                old = self._items.pop(key, None)
+                if old is not None:
+                    self.bytes -= old[2]
+                    dropped += 1
+        return dropped

@@ -40,7 +40,7 @@ import logging
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from copy import copy
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
@@ -397,8 +397,12 @@ def merge_columns(spec: TableSpec) -> pa.Schema:
 class PublishCache:
     """What a long-lived publisher keeps between two publishes of a table: the view it last
     published (:class:`ViewState`, used only while the table's pointer still names it) and
-    the merge columns of data files (every file has a new name and never changes, so they
-    never go stale), least recently used evicted past ``max_bytes``."""
+    the merge columns of data files and delete vectors (every file has a new name and never
+    changes, so they never go stale). A file's columns are kept while the table's last
+    published view still lists it (:meth:`retain`, after each publish): a seal or compaction
+    that replaces a table's micro-batch files frees their columns, so what the cache holds
+    follows the tables' live files, not every file they ever had; least recently used evicted
+    past ``max_bytes`` besides."""
 
     def __init__(self, max_bytes: int = 512 * 1024 * 1024) -> None:
         self.columns = ReadCache(max_bytes)
@@ -406,6 +410,8 @@ class PublishCache:
         #: Per table, the last metadata file it read or wrote and its parsed content (a
         #: metadata file never changes: a publish writes a new one under a new name).
         self._metadata: dict[tuple[str, str], tuple[str, TableMetadata]] = {}
+        #: Per table, the file each cached entry of :attr:`columns` was read from, by key.
+        self._keys: dict[tuple[str, str], dict[Hashable, str]] = {}
         self._lock = threading.Lock()
 
     def view(self, deep: DeepStore, table: str) -> ViewState | None:
@@ -436,17 +442,39 @@ class PublishCache:
         with self._lock:
             self._metadata[(deep.uri, table)] = (path, metadata)
 
-    def file_columns(self, deep: DeepStore, path: str, schema: pa.Schema) -> pa.Table:
+    def _get(self, deep: DeepStore, table: str, key: Hashable, path: str, load: Any) -> pa.Table:
+        with self._lock:
+            self._keys.setdefault((deep.uri, table), {})[key] = path
+        found: pa.Table = self.columns.get(key, load)
+        return found
+
+    def file_columns(self, deep: DeepStore, path: str, schema: pa.Schema, table: str) -> pa.Table:
         def load() -> pa.Table:
             return conform(deep.read_parquet(path, columns=schema.names, missing_ok=True), schema)
 
-        return self.columns.get(("iceberg-columns", deep.uri, path, schema_key(schema)), load)
+        key = ("iceberg-columns", deep.uri, path, schema_key(schema))
+        return self._get(deep, table, key, path, load)
 
-    def delete_vector(self, deep: DeepStore, path: str) -> pa.Table:
-        return self.columns.get(
-            ("iceberg-vector", deep.uri, path),
-            lambda: deep.read_parquet(path, columns=[OFFSET_COL]),
+    def delete_vector(self, deep: DeepStore, path: str, table: str) -> pa.Table:
+        key = ("iceberg-vector", deep.uri, path)
+        return self._get(
+            deep, table, key, path, lambda: deep.read_parquet(path, columns=[OFFSET_COL])
         )
+
+    def retain(self, deep: DeepStore, table: str, files: Iterable[str]) -> int:
+        """Drop the columns read for ``table`` of every file not in ``files`` (the data files
+        and delete vectors its last published view builds on: the only ones its next
+        incremental publish reads again); returns how many entries were dropped. Called only
+        once that view is remembered: an incremental publish reads the files that LEFT the
+        table since the view it builds on (their keys are the touched keys), so a file's
+        columns must stay until a view without it is the one the next publish starts from."""
+        keep = set(files)
+        with self._lock:
+            known = self._keys.get((deep.uri, table), {})
+            gone = [k for k, path in known.items() if path not in keep]
+            for k in gone:
+                del known[k]
+        return self.columns.discard(gone)
 
 
 def _key_member(rows: pa.Table, keys: list[str], touched: pa.Table) -> np.ndarray:
@@ -507,7 +535,7 @@ def incremental_view(
         if old is not None:
             rows, size = old.rows, old.size
         else:
-            rows = cache.file_columns(deep, path, schema).num_rows
+            rows = cache.file_columns(deep, path, schema, spec.name).num_rows
             size = int(deep.fs.get_file_info(deep._abs(path)).size or 0)
         return FileFacts(rows, size, _ranges(by_file[path]), deleted)
 
@@ -515,7 +543,7 @@ def incremental_view(
         # Every row in its segments' ranges is read: only a moved file's hidden rows change.
         for path, entries in sorted(by_file.items()):
             if path in moved:
-                data = cache.file_columns(deep, path, schema)
+                data = cache.file_columns(deep, path, schema, spec.name)
                 files[path] = facts(path, np.flatnonzero(~_in_entries(data, entries)))
             else:
                 files[path] = facts(path, before[path].deleted)
@@ -530,14 +558,16 @@ def incremental_view(
 
     keys = list(spec.primary_key)
     changing = sum(before[p].rows for p in gone) + sum(
-        cache.file_columns(deep, p, schema).num_rows for p in moved
+        cache.file_columns(deep, p, schema, spec.name).num_rows for p in moved
     )
     unchanged = sum(before[p].rows for p in by_file if p in before and p not in moved)
     if changing >= max(FULL_VIEW_ROWS, unchanged):
         # Most of the table changed (a seal or compaction of most of it): merging the touched
         # keys again costs more than reading the version's files.
         return full_view(deep, manifest)
-    touched_parts = [cache.file_columns(deep, p, schema).select(keys) for p in sorted(moved | gone)]
+    touched_parts = [
+        cache.file_columns(deep, p, schema, spec.name).select(keys) for p in sorted(moved | gone)
+    ]
     touched = (
         pa.concat_tables(touched_parts).group_by(keys).aggregate([])
         if touched_parts
@@ -550,7 +580,7 @@ def incremental_view(
     candidates = empty.empty_table()
     hits: dict[str, np.ndarray] = {}
     if touched.num_rows and order:
-        tables = [cache.file_columns(deep, p, schema) for p in order]
+        tables = [cache.file_columns(deep, p, schema, spec.name) for p in order]
         lengths = np.array([t.num_rows for t in tables], np.int64)
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         every = pa.concat_tables(tables)
@@ -583,7 +613,7 @@ def incremental_view(
         for dv in manifest.delete_vectors:
             try:
                 offsets[dv.partition].extend(
-                    cache.delete_vector(deep, dv.file_path).column(OFFSET_COL).chunks
+                    cache.delete_vector(deep, dv.file_path, spec.name).column(OFFSET_COL).chunks
                 )
             except (OSError, pa.ArrowInvalid, KeyError):
                 # The read skips an unreadable vector too (a vector never changes the merge).
@@ -645,7 +675,7 @@ def incremental_view(
         pos = hits.get(path, np.zeros(0, np.int64))
         kept = np.array(sorted(won.get(i, ())), dtype=np.int64)
         if path in moved:
-            rows = cache.file_columns(deep, path, schema).num_rows
+            rows = cache.file_columns(deep, path, schema, spec.name).num_rows
             deleted = np.setdiff1d(np.arange(rows, dtype=np.int64), kept, assume_unique=True)
         elif len(pos):
             old = before[path].deleted
@@ -1275,9 +1305,19 @@ def publish(
                 state.stats,
             )
         cache.remember(deep, table, new_state)
+        # Only now, with the view that no longer lists them remembered, are the columns of
+        # the files that left the table (a seal's, a compaction's) never needed again.
+        if view is not None:
+            cache.retain(deep, table, live_files(manifest))
     return PublishResult(
         table, moved, view is not None, expired, new_state.stats if new_state else {}
     )
+
+
+def live_files(manifest: Manifest) -> set[str]:
+    """The data files and delete vectors (relative paths) of ``manifest``."""
+    files = {e.file_path for e in manifest.entries if e.file_path is not None}
+    return files | {dv.file_path for dv in manifest.delete_vectors}
 
 
 # -- garbage collection -----------------------------------------------------------------------

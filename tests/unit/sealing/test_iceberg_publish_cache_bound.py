@@ -1,0 +1,131 @@
+"""A long-lived publisher's cache follows its tables' live files: the merge columns of the
+micro-batch files a seal (or a rollback) takes out of a table are dropped once a view without
+them is published, so the publisher's memory stays flat over hours of batches and seals
+instead of holding every file a table ever had (issue 38: the publisher process grew with
+every batch of 100 busy tables). They are dropped only then: the next incremental publish
+reads the files that left the table since the view it builds on, and a publish that failed
+leaves that view in place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from harness.iceberg_readers import pyiceberg_rows
+from millstream.catalog import Catalog
+from millstream.metastore.models import Manifest
+from millstream.reference.model import canonical
+from millstream.sealing.keyindex import IndexCache
+from millstream.sealing.maintenance import Publisher
+from millstream.sealing.sealer import Sealer
+from millstream.table.iceberg import PublishCache, location, publish
+from millstream.table.writer import commit_staged, stage_rows
+
+
+def _commit(cat: Catalog, table: str, rows: list[tuple[int, str]], lo: int) -> int:
+    spec = cat.table(table).spec
+    batch = pa.Table.from_pylist(
+        [
+            {"k": k, "v": v, "_ms_partition": 0, "_ms_offset": lo + i, "_ms_tombstone": False}
+            for i, (k, v) in enumerate(rows)
+        ],
+        schema=spec.arrow_schema(system_columns=True),
+    )
+    commit_staged(
+        cat.store, cat.deep, table, stage_rows(cat.deep, spec, batch), {0: (lo, lo + len(rows))}, {}
+    )
+    return lo + len(rows)
+
+
+def live_files(manifest: Manifest) -> set[str]:
+    """The files a manifest names: its entries' data files and its delete vectors."""
+    files = {e.file_path for e in manifest.entries if e.file_path is not None}
+    return files | {dv.file_path for dv in manifest.delete_vectors}
+
+
+def _cached_files(cache: PublishCache) -> set[str]:
+    """The files whose columns the cache holds (its keys name them)."""
+    return {key[2] for key in cache.columns._items}
+
+
+def _view_rows(cat: Catalog, table: str) -> list[object]:
+    pointer = cat.store.read_pointer(table)
+    assert pointer is not None
+    return pyiceberg_rows(location(cat.deep, pointer.metadata_location), None, {})
+
+
+def _create(cat: Catalog, name: str) -> None:
+    cat.create_table(
+        {
+            "name": name,
+            "schema": {"k": "long", "v": "string"},
+            "mode": "upsert",
+            "primary_key": ["k"],
+        }
+    )
+
+
+def test_a_seal_frees_the_columns_of_the_files_it_replaced(tmp_path: Path) -> None:
+    """The worker's publisher (``Publisher.publish``) over a table that gets micro-batches,
+    then a seal of all of them: after the next publish the cache holds the columns of the
+    table's live files only (the sealed segment's), not those of the 12 files the seal
+    replaced; the view still reads as the table."""
+    with Catalog.open(home=tmp_path) as cat:
+        _create(cat, "t")
+        publisher = Publisher(cat, interval=15.0)
+        lo = _commit(cat, "t", [(1, "a"), (2, "b")], 0)
+        publisher.publish(["t"])  # the first publish reads in full
+        for i in range(12):
+            lo = _commit(cat, "t", [(i % 4, f"v{i}"), (10 + i, "x")], lo)
+            publisher.publish(["t"])  # incremental: each new file's columns cached
+        before = live_files(cat.manifest("t"))
+        assert _cached_files(publisher.cache) == before  # 13 micro-batch files
+        Sealer(cat, "t", index_cache=IndexCache()).seal_partition(0, force=True)
+        publisher.publish(["t"])
+        after = live_files(cat.manifest("t"))
+        assert not (after & before), "the seal replaced every micro-batch file"
+        cached = _cached_files(publisher.cache)
+        assert not (cached & before), f"columns of replaced files still cached: {cached & before}"
+        assert cached <= after
+        assert _view_rows(cat, "t") == canonical(cat.read_table("t").to_pylist())
+
+
+def test_a_failed_publish_keeps_the_columns_its_retry_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rollback takes a batch out of the table; the publish after it fails at the pointer's
+    compare-and-set (the metadata store is unreachable), so the view the cache builds on still
+    lists that batch; then the batch's file is deleted from the deep store (garbage collection
+    does, once retention expired the versions that named it). The retry builds on that view:
+    the key the batch had updated is touched (its earlier row visible again) only because the
+    cache still holds the batch's columns. The view equals the read."""
+    with Catalog.open(home=tmp_path) as cat:
+        _create(cat, "t")
+        cache = PublishCache()
+        lo = _commit(cat, "t", [(1, "old"), (2, "two")], 0)
+        assert publish(cat.store, cat.deep, "t", cache=cache).published
+        first = {e.seq for e in cat.manifest("t").entries}
+        _commit(cat, "t", [(1, "new")], lo)  # hides key 1's first row
+        assert publish(cat.store, cat.deep, "t", cache=cache).stats["incremental"] == 1
+        batch = live_files(cat.manifest("t")) - live_files(cat.manifest("t", as_of=1))
+        (later,) = [e.seq for e in cat.manifest("t").entries if e.seq not in first]
+        cat.store.rollback_partition("t", 0, later, dry_run=False)  # key 1 is "old" again
+
+        real = cat.store.swap_pointer
+
+        def unreachable(*args: object, **kwargs: object) -> object:
+            raise ConnectionError("metadata store unreachable")
+
+        monkeypatch.setattr(cat.store, "swap_pointer", unreachable)
+        with pytest.raises(ConnectionError):
+            publish(cat.store, cat.deep, "t", cache=cache)
+        monkeypatch.setattr(cat.store, "swap_pointer", real)
+        for path in batch:
+            cat.deep.fs.delete_file(cat.deep._abs(path))
+
+        assert publish(cat.store, cat.deep, "t", cache=cache).published
+        expected = canonical(cat.read_table("t").to_pylist())
+        assert (("k", 1), ("v", "old")) in expected
+        assert _view_rows(cat, "t") == expected
