@@ -412,8 +412,8 @@ def test_a_query_of_many_tables_asks_their_first_offsets_together_at_its_start(
     """Where each member's partitions start (``starting_offsets: earliest``, the default) is
     asked of every member's source in ONE call too, not by each member's bootstrap: a Kafka
     member asking its own made a consumer of its topic each (100 tables: 1.2-2.6 s before
-    the first batch, docs/performance.md "(c) Catch-up of a 100-topic backlog"). Every
-    member then ingests its source whole, from its first record."""
+    the first batch, docs/performance.md "(c) Backlog catch-up: where the first batch's
+    wait goes"). Every member then ingests its source whole, from its first record."""
     names = [f"e{i:02d}" for i in range(12)]
     specs = {n: _spec(tmp_path / "sources", n) for n in names}
     catalog = Catalog.open(home=tmp_path / "home")

@@ -346,9 +346,9 @@ class KafkaReader(PartitionReader):
         config (``offsets_for_times`` at ``OFFSET_BEGINNING``), through one consumer: the 100
         tables of a multi-table datastream joining a shared query each asked theirs through a
         consumer of their own topic (a connection and two round trips each), 1.2-2.6 s on
-        this machine against one request for all (docs/performance.md, "(c) Catch-up of a
-        100-topic backlog"). A topic that is missing or does not answer fails its reader
-        alone (:class:`SourceReadError`)."""
+        this machine against one request for all (docs/performance.md, "(c) Backlog
+        catch-up: where the first batch's wait goes"). A topic that is missing or does not
+        answer fails its reader alone (:class:`SourceReadError`)."""
         kafka = [r for r in readers if isinstance(r, KafkaReader)]
         assert len(kafka) == len(readers), "earliest_offsets_of takes readers of its own kind"
         out: list[dict[int, int] | Exception | None] = [None] * len(kafka)
