@@ -64,13 +64,17 @@ class Bootstrap:
 
 
 def bootstrap(
-    spec: DatastreamSpec, store: MetadataStore, latest: dict[int, int] | None = None
+    spec: DatastreamSpec,
+    store: MetadataStore,
+    latest: dict[int, int] | None = None,
+    earliest: dict[int, int] | None = None,
 ) -> Bootstrap:
     """The shards' uppers and epochs, where a writer of ``spec`` starts. Every source partition
     gets a shard first (at the position a fresh start would use), so a local checkpoint is
     always compared with an authoritative upper, never trusted for a partition the store knows
     nothing about. ``latest`` is the source's latest offsets if the caller asked for them
-    already (a shared query asks for every joining member's at once), else they are asked here.
+    already (a shared query asks for every joining member's at once), else they are asked here;
+    ``earliest`` likewise its first offsets (with ``starting_offsets: earliest``).
 
     The table's and the dead-letter table's shards are created in one transaction, and the
     writer starts each partition at the LOWER of the two uppers: where the dead-letter shard is
@@ -81,7 +85,10 @@ def bootstrap(
     reader = spec_reader(spec.source)
     if latest is None:
         latest = reader.latest_offsets()
-    fresh = reader.earliest_offsets() if spec.source.starting_offsets == "earliest" else latest
+    if spec.source.starting_offsets != "earliest":
+        fresh = latest
+    else:
+        fresh = earliest if earliest is not None else reader.earliest_offsets()
     starts = {p: fresh.get(p, 0) for p in latest}
     store.ensure_shards(table, starts, together_with=[dl_table])
     shards = {s.partition: s for s in store.list_shards(table)}
@@ -264,8 +271,10 @@ class DatastreamRunner:
         self.table_spec = self.catalog.create_table(self.table_spec).spec
         self.catalog.create_table(dead_letter_spec(self.table_spec))
 
-    def bootstrap(self, latest: dict[int, int] | None = None) -> Bootstrap:
-        return bootstrap(self.spec, self.catalog.store, latest)
+    def bootstrap(
+        self, latest: dict[int, int] | None = None, earliest: dict[int, int] | None = None
+    ) -> Bootstrap:
+        return bootstrap(self.spec, self.catalog.store, latest, earliest)
 
     @property
     def checkpoint(self) -> Path:

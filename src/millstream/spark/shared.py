@@ -46,7 +46,11 @@ from pyspark.errors import StreamingQueryException
 
 from millstream.errors import InvalidSpecError, from_spark_failure
 from millstream.ingest.sources import spec_reader
-from millstream.ingest.sources.base import PartitionReader, latest_offsets_of
+from millstream.ingest.sources.base import (
+    PartitionReader,
+    earliest_offsets_of,
+    latest_offsets_of,
+)
 from millstream.spark.membership import (
     MEMBERSHIP_FILE,
     Member,
@@ -150,15 +154,18 @@ class SharedQueryRunner:
         *,
         members: int,
         latest: dict[int, int] | Exception | None = None,
+        earliest: dict[int, int] | Exception | None = None,
     ) -> Member:
         """A member's entry at the next generation: its options from its shard uppers.
-        ``latest``: its source's latest offsets (or the error asking them raised) if they
-        were asked already."""
+        ``latest`` and ``earliest``: its source's latest and first offsets (or the error
+        asking them raised) if they were asked already."""
         try:
             if isinstance(latest, Exception):
                 raise latest
+            if isinstance(earliest, Exception):
+                raise earliest
             m.ensure_tables()
-            source, sink = m.query_options(m.bootstrap(latest))
+            source, sink = m.query_options(m.bootstrap(latest, earliest))
         except Exception as exc:
             raise SharedQueryMemberError(name, exc) from exc
         source = member_source(
@@ -186,10 +193,26 @@ class SharedQueryRunner:
             except Exception as exc:  # its source's config: its error alone
                 asked[name] = exc
         asked.update(latest_offsets_of(readers))
+        # where a partition without a shard starts (``starting_offsets: earliest``), asked
+        # together too: each member asking its own cost a consumer of its topic each
+        earliest = earliest_offsets_of(
+            {
+                n: r
+                for n, r in readers.items()
+                if new[n].spec.source.starting_offsets == "earliest"
+                and not isinstance(asked.get(n), Exception)
+            }
+        )
 
         def entry(name: str) -> Member | SharedQueryMemberError:
             try:
-                return self._entry(name, new[name], members=members, latest=asked.get(name))
+                return self._entry(
+                    name,
+                    new[name],
+                    members=members,
+                    latest=asked.get(name),
+                    earliest=earliest.get(name),
+                )
             except SharedQueryMemberError as exc:
                 return exc
 

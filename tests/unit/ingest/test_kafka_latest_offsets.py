@@ -16,7 +16,11 @@ from kafka_fakes import OneConsumerPool
 
 from millstream.errors import SourceReadError
 from millstream.ingest.sources import kafka as kafka_source
-from millstream.ingest.sources.base import PartitionReader, latest_offsets_of
+from millstream.ingest.sources.base import (
+    PartitionReader,
+    earliest_offsets_of,
+    latest_offsets_of,
+)
 from millstream.ingest.sources.kafka import KafkaConfig, KafkaReader
 
 
@@ -147,6 +151,27 @@ def test_every_members_end_offsets_come_from_one_request() -> None:
     latest_offsets_of(readers)
     assert broker.metadata == 8  # ... and reused within PARTITIONS_TTL_S
     assert len(broker.list_offsets) == 2
+
+
+def test_every_members_first_offsets_come_from_one_request_each_its_own_topics() -> None:
+    """A shared query's joining members ask where their partitions start in ONE ListOffsets
+    request (``OFFSET_BEGINNING``) through one consumer, each answered with its own topic's
+    offsets; a missing topic fails its member alone, naming it."""
+    topics = {f"t{i}": {p: 100 * i + p for p in range(4)} for i in range(8)}
+    starts = {t: {p: 10 * i + p for p in range(4)} for i, t in enumerate(topics)}
+    broker = _Consumer(topics, starts)
+    readers = _readers(broker, *topics, "gone")
+
+    got = earliest_offsets_of(readers)
+
+    err = got.pop("gone")
+    assert isinstance(err, SourceReadError) and "'gone'" in str(err), err
+    assert got == starts, "each member's first offsets are its own topic's"
+    assert len(broker.list_offsets) == 1  # one ListOffsets for 32 partitions
+    assert {o for _, _, o in broker.list_offsets[0]} == {OFFSET_BEGINNING}
+    assert {(t, p) for t, p, _ in broker.list_offsets[0]} == {
+        (t, p) for t in topics for p in range(4)
+    }
 
 
 def test_a_partition_added_to_a_topic_is_planned_once_its_list_is_old(

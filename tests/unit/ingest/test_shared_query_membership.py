@@ -406,6 +406,56 @@ def test_a_query_of_many_tables_asks_their_sources_together_at_its_start_and_joi
     catalog.close()
 
 
+def test_a_query_of_many_tables_asks_their_first_offsets_together_at_its_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where each member's partitions start (``starting_offsets: earliest``, the default) is
+    asked of every member's source in ONE call too, not by each member's bootstrap: a Kafka
+    member asking its own made a consumer of its topic each (100 tables: 1.2-2.6 s before
+    the first batch, docs/performance.md "(c) Backlog catch-up: where the first batch's
+    wait goes"). Every member then ingests its source whole, from its first record."""
+    names = [f"e{i:02d}" for i in range(12)]
+    specs = {n: _spec(tmp_path / "sources", n) for n in names}
+    catalog = Catalog.open(home=tmp_path / "home")
+    asked: list[set[str]] = []
+    alone: list[str] = []
+    own = FilesReader.earliest_offsets
+
+    def counted(cls: type[FilesReader], readers: Any) -> Any:
+        asked.append({Path(r.config.path).name for r in readers})
+        return [own(r) for r in readers]
+
+    def each(self: FilesReader) -> dict[int, int]:
+        alone.append(Path(self.config.path).name)
+        return own(self)
+
+    monkeypatch.setattr(FilesReader, "earliest_offsets_of", classmethod(counted), raising=False)
+    monkeypatch.setattr(FilesReader, "earliest_offsets", each)
+    runner = SharedQueryRunner(
+        [
+            DatastreamRunner(
+                specs[n], catalog, SPARK, writer_id="w1", state_dir=StateDirectory(tmp_path, n)
+            )
+            for n in names
+        ],
+        SPARK,
+        StateDirectory(tmp_path, "_q"),
+    )
+    query = Query(runner)
+    assert asked == [set(names)], "the members' first offsets are asked at once"
+    assert alone == [], f"members asked their own first offsets: {sorted(alone)}"
+    while query.plan():
+        pass
+    query.commit()
+    for name in names:
+        assert _uppers(catalog, specs[name]) == dict.fromkeys(range(PARTITIONS), LINES), name
+        rows = catalog.read_table(specs[name].table_name).to_pylist()
+        assert sorted(r["id"] for r in rows) == sorted(
+            p * 1000 + i for p in range(PARTITIONS) for i in range(LINES)
+        ), f"{name}: rows lost or duplicated"
+    catalog.close()
+
+
 def _wide_spec(root: Path, name: str) -> DatastreamSpec:
     """A member whose table has other columns than :func:`_spec`'s (``w``, a long)."""
     for p in range(PARTITIONS):

@@ -84,6 +84,25 @@ class PartitionReader:
         raise NotImplementedError
 
     @classmethod
+    def earliest_offsets_of(
+        cls, readers: Sequence[PartitionReader]
+    ) -> list[dict[int, int] | Exception]:
+        """The :meth:`earliest_offsets` of several readers of this kind, in their order, as
+        :meth:`latest_offsets_of` asks their ends: each on a thread of its own unless the
+        kind overrides this."""
+
+        def ask(r: PartitionReader) -> dict[int, int] | Exception:
+            try:
+                return r.earliest_offsets()
+            except Exception as exc:
+                return exc
+
+        if len(readers) <= 1:
+            return [ask(r) for r in readers]
+        with ThreadPoolExecutor(min(len(readers), LATEST_THREADS), "earliest-offsets") as pool:
+            return list(pool.map(ask, readers))
+
+    @classmethod
     def latest_offsets_of(
         cls, readers: Sequence[PartitionReader]
     ) -> list[dict[int, int] | Exception]:
@@ -149,6 +168,20 @@ def latest_offsets_of(
     out: dict[str, dict[int, int] | Exception] = {}
     for kind, names in kinds.items():
         out.update(zip(names, kind.latest_offsets_of([readers[n] for n in names]), strict=True))
+    return out
+
+
+def earliest_offsets_of(
+    readers: Mapping[str, PartitionReader],
+) -> dict[str, dict[int, int] | Exception]:
+    """``{name: earliest offsets, or the error asking raised}`` of several readers, each kind
+    asked through its :meth:`PartitionReader.earliest_offsets_of` (all of a kind at once)."""
+    kinds: dict[type[PartitionReader], list[str]] = {}
+    for name, r in readers.items():
+        kinds.setdefault(type(r), []).append(name)
+    out: dict[str, dict[int, int] | Exception] = {}
+    for kind, names in kinds.items():
+        out.update(zip(names, kind.earliest_offsets_of([readers[n] for n in names]), strict=True))
     return out
 
 
