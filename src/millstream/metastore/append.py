@@ -22,6 +22,7 @@ from millstream.metastore.manifest import each_isolated, insert_entries, publish
 from millstream.metastore.models import AppendResult, SegmentState, Shard, ShardAppend, ShardResult
 from millstream.metastore.shards import shards_of
 from millstream.metastore.tables import find_table
+from millstream.spec import DEAD_LETTER_SUFFIX
 
 
 def checked_appends(appends: Sequence[ShardAppend]) -> list[ShardAppend]:
@@ -45,6 +46,28 @@ def checked_appends(appends: Sequence[ShardAppend]) -> list[ShardAppend]:
     return ordered
 
 
+def _with_rows(a: ShardAppend) -> bool:
+    return a.file_path is not None and a.row_count > 0
+
+
+def _covered_only(
+    table: str, appends: list[ShardAppend], covered: Mapping[int, Shard]
+) -> AppendResult:
+    """A dead-letter table's part of a batch without a dead letter: nothing is read or
+    written (no statement, no new version). Its decisions are those of the table's uppers
+    as read (``covered``), which the table's own append in the same transaction checked
+    (epochs included), so a gap shows here as it does in the table."""
+    results: list[ShardResult] = []
+    running: dict[int, int] = {}
+    for a in appends:
+        base = covered.get(a.partition)
+        upper = running.get(a.partition, base.upper if base else a.lo)
+        d = decide(upper=upper, epoch=a.epoch, lo=a.lo, hi=a.hi, writer_epoch=a.epoch)
+        running[a.partition] = d.new_upper
+        results.append(ShardResult(a.partition, d, None))
+    return AppendResult(table, None, tuple(results), 0, frozenset())
+
+
 def append_txn(
     conn: Connection,
     clock: Clock,
@@ -53,6 +76,9 @@ def append_txn(
     appends: list[ShardAppend],
     writer_id: str | None,
     batch_id: int | None,
+    *,
+    seen: dict[int, Shard] | None = None,
+    covered: Mapping[int, Shard] | None = None,
 ) -> AppendResult:
     """Decide and record one table's ``appends`` (from :func:`checked_appends`: sorted by
     partition and offset, a partition's pieces contiguous) inside ``conn``'s transaction. A
@@ -60,23 +86,50 @@ def append_txn(
     left (a piece a peer already persisted drops, the next one commits from there), and its
     shard is compare-and-set once, to the last piece's upper. A stale epoch on any shard
     raises :class:`WriterFencedError`. ``lock`` takes the table row's lock first
-    (:func:`~millstream.metastore.tables.find_table`'s ``for_update``)."""
+    (:func:`~millstream.metastore.tables.find_table`'s ``for_update``). ``seen``, if given,
+    receives the shards as read (before this append moved them).
+
+    ``covered`` makes this a dead-letter table's append in its table's transaction (the
+    table's shards as read, before its own append): a dead-letter shard moves only with a
+    dead letter. Its upper may lag the table's, because a table's range commits only in the
+    transaction that records the range's dead letters: every offset below the table's upper
+    is covered for dead letters too, and a dead-letter shard decides against the higher of
+    the two uppers (:func:`dead_letter_upper`). A partition without a dead letter is left as
+    it is, and a batch without any costs the dead-letter table nothing
+    (:func:`_covered_only`)."""
+    if covered is not None and not any(_with_rows(a) for a in appends):
+        return _covered_only(table, appends, covered)
     info = find_table(conn, table, for_update=lock)
     assert info is not None
     current = shards_of(conn, table, sorted({a.partition for a in appends}))
+    if seen is not None:
+        seen.update(current)
     decisions: list[tuple[ShardAppend, Shard | None, Decision]] = []
     running: dict[int, tuple[int, int]] = {}  # partition -> (upper, epoch) after its pieces so far
     for a in appends:
         sh = current.get(a.partition)
         # A brand-new shard starts where its first batch starts.
-        upper, epoch = running.get(a.partition, (sh.upper, sh.epoch) if sh else (a.lo, 0))
+        start = (sh.upper, sh.epoch) if sh else (a.lo, 0)
+        if covered is not None:
+            # Against the table's upper as read, or where its new shard starts (this batch's
+            # start): the dead-letter shard never gaps where its table commits.
+            base = covered.get(a.partition)
+            start = (max(start[0], base.upper if base else a.lo), start[1])
+        upper, epoch = running.get(a.partition, start)
         d = decide(upper=upper, epoch=epoch, lo=a.lo, hi=a.hi, writer_epoch=a.epoch)
         if d.outcome is Outcome.FENCED:
             raise WriterFencedError(table, a.partition, a.epoch, epoch)
         running[a.partition] = (d.new_upper, epoch)
         decisions.append((a, sh, d))
+    # A dead-letter table moves only the partitions with a dead letter (their pieces without
+    # one move along); a table moves every partition a piece appends to.
+    moving = (
+        {a.partition for a in appends}
+        if covered is None
+        else {a.partition for a in appends if _with_rows(a)}
+    )
 
-    changed = any(d.appends for _, _, d in decisions)
+    changed = any(d.appends and a.partition in moving for a, _, d in decisions)
     new_version = info.manifest_version + 1 if changed else None
     now = clock.now()
     results: list[ShardResult] = []
@@ -90,7 +143,7 @@ def append_txn(
     advanced: dict[int, tuple[Shard | None, int, int, int | None]] = {}
     for a, sh, d in decisions:
         seq: int | None = None
-        if not d.appends:
+        if not d.appends or a.partition not in moving:
             results.append(ShardResult(a.partition, d, None))
             continue
         before = advanced.get(a.partition)
@@ -159,6 +212,41 @@ def append_txn(
     return AppendResult(table, new_version, tuple(results), 0, frozenset(files))
 
 
+def dead_letter_upper(table: Shard | None, dead: Shard | None, lo: int) -> int:
+    """Where a dead-letter shard's coverage ends: the higher of its own upper and its table's
+    (a dead-letter shard moves only with a dead letter, and every offset below the table's
+    upper had its dead letters recorded in the transaction that committed it). Without
+    either shard: ``lo``, where a batch's range starts."""
+    uppers = [sh.upper for sh in (table, dead) if sh is not None]
+    return max(uppers) if uppers else lo
+
+
+def append_tables_txn(
+    conn: Connection,
+    clock: Clock,
+    lock: bool,
+    changes: Mapping[str, Sequence[ShardAppend]],
+    writer_id: str | None,
+    batch_id: int | None,
+) -> dict[str, AppendResult]:
+    """:func:`append_txn` of each table of ``changes`` in name order, inside ``conn``'s
+    transaction; a table's dead-letter table (``<table>__dead_letter``, which sorts after it)
+    appends ``covered`` by the table's shards as read (a dead-letter shard moves only with a
+    dead letter)."""
+    seen: dict[str, dict[int, Shard]] = {}
+    out: dict[str, AppendResult] = {}
+    for t, a in sorted(changes.items()):
+        base = t.removesuffix(DEAD_LETTER_SUFFIX)
+        if base != t and base in changes:
+            out[t] = append_txn(
+                conn, clock, lock, t, list(a), writer_id, batch_id, covered=seen[base]
+            )
+        else:
+            seen[t] = {}
+            out[t] = append_txn(conn, clock, lock, t, list(a), writer_id, batch_id, seen=seen[t])
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class BatchAppends:
     """One writer's batch among several committed together (``MetadataStore.commit_batches``):
@@ -203,10 +291,7 @@ def append_batches_txn(
 
     def one(batch: BatchAppends) -> Callable[[Connection], dict[str, AppendResult]]:
         def run(c: Connection) -> dict[str, AppendResult]:
-            return {
-                t: append_txn(c, clock, lock, t, list(a), batch.writer_id, batch.batch_id)
-                for t, a in sorted(batch.changes.items())
-            }
+            return append_tables_txn(c, clock, lock, batch.changes, batch.writer_id, batch.batch_id)
 
         return run
 
