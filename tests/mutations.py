@@ -78,6 +78,7 @@ FOOTERS_TEST = "tests/unit/table/test_sealed_reads_trust_only_proven_footers.py"
 FILES_SOURCE = "src/millstream/ingest/sources/files.py"
 SEALER_FILE = "src/millstream/sealing/sealer.py"
 DEAD_LETTERS = "tests/contract/test_dead_letters_only_with_bad_records.py::"
+SHARED_COMMIT = "tests/contract/test_postgres_shared_commit.py"
 
 
 def _guard_test(name: str) -> str:
@@ -2847,6 +2848,39 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             + "test_a_clean_batch_whose_commit_outcome_is_unknown_is_reconciled_as_landed",
         ),
         select="sqlite-local",
+    ),
+    Guard(
+        name="shared-commit-isolates-a-moved-row",
+        file="src/millstream/metastore/append.py",
+        what="append_batches_txn: a compare-and-set of the batches' one write that falls short "
+        "(a concurrent writer moved a row) runs each batch again in a savepoint of its own, so "
+        "that table alone is decided again and the others land",
+        old="""\
+    except (CommitConflictError, IntegrityError):
+""",
+        new="""\
+    except ():  # MUTATION: one table's moved row fails every table's commit
+""",
+        tests=(SHARED_COMMIT,),
+        select="concurrent",
+    ),
+    Guard(
+        name="shared-commit-checks-every-shard-version",
+        file="src/millstream/metastore/append.py",
+        what="_write: the shards of every table of a shared commit are compare-and-set in one "
+        "statement whose row count must equal theirs (a shard a concurrent writer moved is "
+        "detected, not overwritten)",
+        old="""\
+    cas_update_many(conn, s.shards, [m for p in plans for m in p.moved])
+""",
+        new="""\
+    try:  # MUTATION: a shard that moved is not noticed
+        cas_update_many(conn, s.shards, [m for p in plans for m in p.moved])
+    except CommitConflictError:
+        pass
+""",
+        tests=(SHARED_COMMIT,),
+        select="concurrent",
     ),
 )
 

@@ -12,16 +12,35 @@ from itertools import pairwise
 from typing import Any
 
 from sqlalchemy import Connection, insert
+from sqlalchemy.exc import IntegrityError
 
 from millstream.clock import Clock
 from millstream.core.frontier import Decision, Outcome, decide
-from millstream.errors import InvalidSpecError, MillstreamError, WriterFencedError
+from millstream.errors import (
+    CommitConflictError,
+    InvalidSpecError,
+    MillstreamError,
+    TableNotFoundError,
+    WriterFencedError,
+)
 from millstream.metastore import schema as s
 from millstream.metastore.cas import CasRow, cas_update_many
-from millstream.metastore.manifest import each_isolated, insert_entries, publish_version
-from millstream.metastore.models import AppendResult, SegmentState, Shard, ShardAppend, ShardResult
-from millstream.metastore.shards import shards_of
-from millstream.metastore.tables import find_table
+from millstream.metastore.manifest import (
+    Publication,
+    each_isolated,
+    insert_entries,
+    publish_versions,
+)
+from millstream.metastore.models import (
+    AppendResult,
+    SegmentState,
+    Shard,
+    ShardAppend,
+    ShardResult,
+    TableInfo,
+)
+from millstream.metastore.shards import shards_of, shards_of_tables
+from millstream.metastore.tables import find_table, find_tables
 from millstream.spec import DEAD_LETTER_SUFFIX
 
 
@@ -104,6 +123,37 @@ def append_txn(
     current = shards_of(conn, table, sorted({a.partition for a in appends}))
     if seen is not None:
         seen.update(current)
+    plan = _plan(table, appends, info, current, clock.now(), writer_id, batch_id, covered)
+    _write(conn, [plan])
+    return plan.result
+
+
+@dataclass(slots=True)
+class _Plan:
+    """One table's part of a batch, decided against its rows as read: what to write."""
+
+    result: AppendResult
+    info: TableInfo
+    now: float
+    writer_id: str | None
+    batch_id: int | None
+    entries: list[dict[str, Any]]
+    new_shards: list[dict[str, Any]]
+    moved: list[CasRow]
+
+
+def _plan(
+    table: str,
+    appends: list[ShardAppend],
+    info: TableInfo,
+    current: Mapping[int, Shard],
+    now: float,
+    writer_id: str | None,
+    batch_id: int | None,
+    covered: Mapping[int, Shard] | None,
+) -> _Plan:
+    """Decide ``appends`` against the table row ``info`` and its shards ``current`` as read
+    (see :func:`append_txn`); raises :class:`WriterFencedError` on a stale epoch."""
     decisions: list[tuple[ShardAppend, Shard | None, Decision]] = []
     running: dict[int, tuple[int, int]] = {}  # partition -> (upper, epoch) after its pieces so far
     for a in appends:
@@ -131,7 +181,6 @@ def append_txn(
 
     changed = any(d.appends and a.partition in moving for a, _, d in decisions)
     new_version = info.manifest_version + 1 if changed else None
-    now = clock.now()
     results: list[ShardResult] = []
     files: set[str] = set()
     # Collected per partition, then written with one statement each (entries, new shards,
@@ -201,15 +250,28 @@ def append_txn(
                     {"upper": upper, "next_seq": next_seq, "last_record_ms": last_ms},
                 )
             )
+    result = AppendResult(table, new_version, tuple(results), 0, frozenset(files))
+    return _Plan(result, info, now, writer_id, batch_id, entries, new_shards, moved)
 
-    insert_entries(conn, entries)
+
+def _write(conn: Connection, plans: Sequence[_Plan]) -> None:
+    """Record ``plans`` (several tables' parts of a batch, or of several batches) with one
+    statement of each kind for them all: their entries, their new shards, the compare-and-sets
+    of their shards and of their table rows (row counts checked: :class:`CommitConflictError`
+    unless every row matched) and their version rows."""
+    insert_entries(conn, [e for p in plans for e in p.entries])
+    new_shards = [sh for p in plans for sh in p.new_shards]
     if new_shards:
         conn.execute(insert(s.shards), new_shards)
-    cas_update_many(conn, s.shards, moved)
-
-    if new_version is not None:
-        publish_version(conn, info, "append", now, writer_id=writer_id, batch_id=batch_id)
-    return AppendResult(table, new_version, tuple(results), 0, frozenset(files))
+    cas_update_many(conn, s.shards, [m for p in plans for m in p.moved])
+    publish_versions(
+        conn,
+        [
+            Publication(p.info, "append", p.now, p.writer_id, p.batch_id)
+            for p in plans
+            if p.result.version is not None
+        ],
+    )
 
 
 def dead_letter_upper(table: Shard | None, dead: Shard | None, lo: int) -> int:
@@ -236,8 +298,8 @@ def append_tables_txn(
     seen: dict[str, dict[int, Shard]] = {}
     out: dict[str, AppendResult] = {}
     for t, a in sorted(changes.items()):
-        base = t.removesuffix(DEAD_LETTER_SUFFIX)
-        if base != t and base in changes:
+        base = _dead_letters_of(t, changes)
+        if base is not None:
             out[t] = append_txn(
                 conn, clock, lock, t, list(a), writer_id, batch_id, covered=seen[base]
             )
@@ -270,19 +332,75 @@ class LatePreconditionError(Exception):
         self.errors = errors
 
 
+def _together(
+    conn: Connection, clock: Clock, lock: bool, batches: Mapping[str, BatchAppends]
+) -> dict[str, dict[str, AppendResult] | MillstreamError]:
+    """Every batch of ``batches`` decided as :func:`append_tables_txn` would, from ONE read of
+    their table rows (locked, in name order) and ONE of their shards, and recorded with one
+    statement of each kind for them all (:func:`_write`): a constant number of round trips
+    for N tables. A batch that is fenced, or names a table that does not exist, gets its error
+    in its place and writes nothing; a compare-and-set that falls short (a concurrent writer
+    moved a row) raises :class:`CommitConflictError` for the caller to isolate."""
+    wanted: dict[str, set[int]] = {}
+    for b in batches.values():
+        for t, a in b.changes.items():
+            if _dead_letters_of(t, b.changes) and not any(_with_rows(x) for x in a):
+                continue
+            wanted.setdefault(t, set()).update(x.partition for x in a)
+    infos = find_tables(conn, sorted(wanted), for_update=lock)
+    shards = shards_of_tables(conn, wanted)
+    now = clock.now()
+    out: dict[str, dict[str, AppendResult] | MillstreamError] = {}
+    plans: list[_Plan] = []
+    for key, b in sorted(batches.items()):
+        mine: dict[str, AppendResult] = {}
+        theirs: list[_Plan] = []
+        try:
+            for t, a in sorted(b.changes.items()):
+                base = _dead_letters_of(t, b.changes)
+                covered = shards.get(base, {}) if base is not None else None
+                if covered is not None and not any(_with_rows(x) for x in a):
+                    mine[t] = _covered_only(t, list(a), covered)
+                    continue
+                info = infos.get(t)
+                if info is None:
+                    raise TableNotFoundError(t)
+                plan = _plan(
+                    t, list(a), info, shards.get(t, {}), now, b.writer_id, b.batch_id, covered
+                )
+                mine[t] = plan.result
+                theirs.append(plan)
+        except MillstreamError as exc:
+            out[key] = exc
+            continue
+        out[key] = mine
+        plans.extend(theirs)
+    _write(conn, plans)
+    return out
+
+
+def _dead_letters_of(table: str, changes: Mapping[str, Any]) -> str | None:
+    """The table of ``changes`` whose dead-letter table ``table`` is, if any."""
+    base = table.removesuffix(DEAD_LETTER_SUFFIX)
+    return base if base != table and base in changes else None
+
+
 def append_batches_txn(
     conn: Connection,
     clock: Clock,
     lock: bool,
     batches: Mapping[str, BatchAppends],
 ) -> dict[str, dict[str, AppendResult] | MillstreamError]:
-    """Decide and record several writers' ``batches`` inside ``conn``'s ONE transaction, each
-    batch in a savepoint of its own (:func:`~millstream.metastore.manifest.each_isolated`):
-    per table :func:`append_txn` (every shard's epoch and decision, the shard
-    compare-and-sets with their row count checked, the table row's compare-and-set). A batch
-    that is fenced or loses a compare-and-set is rolled back alone, its error in its place;
+    """Decide and record several writers' ``batches`` inside ``conn``'s ONE transaction with a
+    constant number of statements (:func:`_together`: one read of every table row, locked in
+    name order, and of every shard; one write of each kind, every compare-and-set's row count
+    checked). A batch that is fenced gets its error in its place and writes nothing. If a
+    compare-and-set falls short (a concurrent writer moved a row) or an insert collides, that
+    attempt is rolled back to its savepoint and each batch runs again in a savepoint of its
+    own (:func:`~millstream.metastore.manifest.each_isolated`; per table :func:`append_txn`):
+    the batch that loses a compare-and-set is rolled back alone, its error in its place, and
     the others commit. Tables are taken in name order within a batch and batches in key
-    order, so two such transactions lock rows in one order.
+    order.
 
     Then, right before COMMIT with every lock held, each recorded batch's precondition (a
     staged file is judged by when its commit lands, as in ``commit_batch``); if any fails,
@@ -295,7 +413,17 @@ def append_batches_txn(
 
         return run
 
-    done = each_isolated(conn, {k: one(b) for k, b in sorted(batches.items())})
+    savepoint = conn.begin_nested()
+    try:
+        done = _together(conn, clock, lock, batches)
+    except (CommitConflictError, IntegrityError):
+        # A row one of the batches read moved meanwhile (a compare-and-set's row count fell
+        # short) or was inserted by another writer: each batch again from a fresh read, in a
+        # savepoint of its own, so the batch whose row moved fails alone and the others land.
+        savepoint.rollback()
+        done = each_isolated(conn, {k: one(b) for k, b in sorted(batches.items())})
+    else:
+        savepoint.commit()
     late: dict[str, MillstreamError] = {}
     for key, result in done.items():
         check = batches[key].precondition

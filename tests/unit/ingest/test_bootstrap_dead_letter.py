@@ -94,9 +94,9 @@ def test_a_writer_starts_at_the_tables_shard_when_the_dead_letter_shard_lags(
 
 
 def test_the_dead_letter_table_keeps_its_tables_history_window(tmp_path: Path) -> None:
-    """It gets a version per micro-batch like its table: with the default 24 h it kept a day of
-    versions (and their manifest rows) behind a table whose window is 5 minutes (bench/soak.py
-    saw manifest rows grow 7,000 an hour)."""
+    """It gets a version per micro-batch with a bad record (it got one per micro-batch before
+    issue 38): with the default 24 h it kept a day of versions (and their manifest rows) behind
+    a table whose window is 5 minutes (bench/soak.py saw manifest rows grow 7,000 an hour)."""
     source = tmp_path / "source"
     _write(source, 3)
     raw: dict[str, Any] = {
