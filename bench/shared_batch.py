@@ -18,7 +18,7 @@ Spark; one after the other here, on the worker's two task slots in Spark), and a
 batch, as Spark's commit process does. Before each batch every topic gets ``--records``
 (10) records, so every table has records in every batch.
 
-Per batch: wall and CPU seconds (``time.process_time``: every thread of this process, the
+Per batch: the SQL statements its commit sent to the metadata store, wall and CPU seconds (``time.process_time``: every thread of this process, the
 Kafka clients' too; not the broker's) of planning, of the write tasks and of the commit,
 and the tasks planned. What Spark adds (its scheduling, the offset and commit logs, a Python
 worker call per task) does not grow with the tables and is not here. ``--profile`` runs one
@@ -98,8 +98,10 @@ class Batches:
             pickle.dumps([pickle.loads(sink).write(pickle.loads(reader).read(t)) for t in tasks])
         )
         w2, c2 = time.perf_counter(), time.process_time()
+        sent.clear()
         GroupSink(GroupSinkOptions.from_options(self.sink_options)).commit(messages, self.batch)
         w3, c3 = time.perf_counter(), time.process_time()
+        out["commit_statements"] = len(sent)
         self.start, self.batch = end, self.batch + 1
         out["tasks_planned"] = len(tasks)
         out["members_written"] = sum(len(m.messages) for m in messages)
@@ -112,6 +114,21 @@ class Batches:
         out["wall_s"] = round(w3 - w0, 4)
         out["cpu_s"] = round(c3 - c0, 4)
         return out
+
+
+#: The SQL statements sent to the metadata store (every engine's), cleared before a commit.
+sent: list[str] = []
+
+
+def count_statements() -> None:
+    """Count every statement any SQLAlchemy engine sends (``before_cursor_execute``)."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    def one(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        sent.append(statement)
+
+    event.listen(Engine, "before_cursor_execute", one)
 
 
 def produce(bootstrap: str, topics: list[str], records: int, seq: int) -> None:
@@ -140,6 +157,7 @@ def one(tables: int, records: int, batches: int, profile: bool, join: bool) -> d
     from millstream.spark.shared import SharedQueryRunner
     from millstream.storage.statedir import StateDirectory
 
+    count_statements()
     base = Path(tempfile.mkdtemp(prefix="shared-batch-"))
     with TansuBroker(base / "tansu") as broker:
         topics = [f"sb-t{i:03d}" for i in range(tables)]
@@ -196,7 +214,7 @@ def one(tables: int, records: int, batches: int, profile: bool, join: bool) -> d
         "median": {
             k: round(statistics.median(r[k] for r in rows), 4)
             for k in rows[0]
-            if k.endswith("_s") or k in ("tasks_planned", "members_written")
+            if k.endswith("_s") or k in ("tasks_planned", "members_written", "commit_statements")
         },
         "profile": prof,
     }
@@ -269,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{name:>6} {n:4d} tables (load {load}): {m['tasks_planned']:.0f} tasks, "
                     f"batch {m['wall_s']:.3f} s wall {m['cpu_s']:.3f} CPU-s "
                     f"({m['cpu_s'] / n * 1000:.1f} ms a table): plan {m['plan_cpu_s']:.3f}, "
-                    f"tasks {m['tasks_cpu_s']:.3f}, commit {m['commit_cpu_s']:.3f} CPU-s"
+                    f"tasks {m['tasks_cpu_s']:.3f}, commit {m['commit_cpu_s']:.3f} CPU-s, "
+                    f"{m['commit_statements']:.0f} statements"
                 )
                 rows = res["batches"]
                 if len(rows) >= 20:  # does a batch grow dearer as the tables' unsealed runs grow?

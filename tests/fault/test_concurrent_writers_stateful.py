@@ -377,9 +377,11 @@ class ConcurrentWriters(RuleBasedStateMachine):
                 prev_end = e.end
 
         dead = self.catalog.manifest(DEAD.name)
-        assert {sh.partition: sh.upper for sh in self.catalog.store.list_shards(DEAD.name)} == (
-            uppers
-        ), "the dead-letter table covers exactly the table's offsets"
+        dead_uppers = {sh.partition: sh.upper for sh in self.catalog.store.list_shards(DEAD.name)}
+        assert all(dead_uppers[p] <= uppers.get(p, 0) for p in dead_uppers), (
+            "a dead-letter shard moves only with its table's range (it may lag: it moves only "
+            f"with a dead letter): {dead_uppers} against {uppers}"
+        )
         dead_rows = read_manifest(self.catalog.deep, dead).to_pylist()
         got_bad = sorted((r["partition"], r["offset"]) for r in dead_rows)
         want_bad = sorted((p, o) for p, upper in uppers.items() for o in self.bad[p] if o < upper)

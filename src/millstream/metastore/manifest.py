@@ -26,7 +26,7 @@ replace an entry       the entry live and unchanged since it was read (re-ingest
 roll back              the segments to remove are live; the shard unchanged since read
                        (:func:`remove_segments`, planned by :mod:`.rollback`)
 publish a version      the table row unchanged since read (every change above ends here,
-                       :func:`publish_version`)
+                       :func:`publish_version`; several tables' at once: :func:`publish_versions`)
 expire versions        the table row unchanged since read; only rows removed at or before
                        the new floor are deleted, each delete's row count checked
                        (:mod:`.expiry`)
@@ -62,7 +62,7 @@ from millstream.errors import (
     SegmentChangedError,
 )
 from millstream.metastore import schema as s
-from millstream.metastore.cas import cas_update
+from millstream.metastore.cas import CasRow, cas_update, cas_update_many
 from millstream.metastore.engine import Transactions
 from millstream.metastore.models import Entry, SegmentState, TableInfo
 from millstream.metastore.reads import get_entry, live_delete_vectors
@@ -228,6 +228,55 @@ def publish_version(
         )
     )
     return version
+
+
+@dataclass(frozen=True, slots=True)
+class Publication:
+    """One table's new version among several published together (:func:`publish_versions`)."""
+
+    info: TableInfo
+    operation: str
+    now: float
+    writer_id: str | None = None
+    batch_id: int | None = None
+
+
+def publish_versions(conn: Connection, published: Sequence[Publication]) -> None:
+    """:func:`publish_version` of several tables (the tables of a shared query's batch) with
+    one statement for their rows' compare-and-sets (``cas_update_many``: its row count must
+    equal the tables', else :class:`CommitConflictError`) and one for their version rows."""
+    if len(published) <= 1:
+        for p in published:
+            publish_version(
+                conn, p.info, p.operation, p.now, writer_id=p.writer_id, batch_id=p.batch_id
+            )
+        return
+    cas_update_many(
+        conn,
+        s.tables,
+        [
+            CasRow(
+                {"name": p.info.name},
+                p.info.version,
+                {"manifest_version": p.info.manifest_version + 1},
+            )
+            for p in published
+        ],
+    )
+    conn.execute(
+        insert(s.table_versions),
+        [
+            {
+                "table_name": p.info.name,
+                "manifest_version": p.info.manifest_version + 1,
+                "committed_at": p.now,
+                "operation": p.operation,
+                "writer_id": p.writer_id,
+                "batch_id": p.batch_id,
+            }
+            for p in published
+        ],
+    )
 
 
 # -- several writers' changes in one transaction ---------------------------------------------

@@ -18,7 +18,7 @@ from millstream.metastore.models import Entry
 from millstream.metastore.reads import get_entry, live_entries
 from millstream.metastore.shards import shards_of
 from millstream.metastore.tables import find_table
-from millstream.spec import dead_letter_name
+from millstream.spec import DEAD_LETTER_SUFFIX, dead_letter_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +73,15 @@ def rollback_partition(
     def _txn(conn: Connection) -> RollbackPlan:
         info = find_table(conn, table)
         assert info is not None
+        base = table.removesuffix(DEAD_LETTER_SUFFIX)
+        if base != table and find_table(conn, base, missing_ok=True) is not None:
+            # Its shard moves only with a dead letter and the table's upper covers it: moved
+            # back alone, the range between would count as covered and never be read again.
+            raise InvalidSpecError(
+                "table",
+                f"{table} is the dead-letter table of {base}: roll back {base} instead "
+                "(its dead letters at or above the new upper are rolled back with it)",
+            )
         shard = shards_of(conn, table, [partition]).get(partition)
         if shard is None:
             raise NotFoundError("shard", f"{table}/{partition}")

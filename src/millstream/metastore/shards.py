@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from sqlalchemy import Connection, insert, select
 
@@ -23,6 +23,24 @@ def shards_of(conn: Connection, table: str, partitions: Sequence[int] | None) ->
         )
         for r in conn.execute(q)
     }
+
+
+def shards_of_tables(
+    conn: Connection, partitions: Mapping[str, Iterable[int]]
+) -> dict[str, dict[int, Shard]]:
+    """The shards of several tables (``partitions``: table -> its partitions wanted), by
+    table and partition, in ONE read."""
+    wanted = {t: set(ps) for t, ps in partitions.items()}
+    out: dict[str, dict[int, Shard]] = {t: {} for t in wanted}
+    if not wanted:
+        return out
+    q = select(s.shards).where(s.shards.c.table_name.in_(sorted(wanted)))
+    for r in conn.execute(q):
+        if r.partition in wanted[r.table_name]:
+            out[r.table_name][r.partition] = Shard(
+                r.table_name, r.partition, r.upper, r.epoch, r.next_seq, r.version, r.last_record_ms
+            )
+    return out
 
 
 def ensure_shards(

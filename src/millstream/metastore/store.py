@@ -278,10 +278,7 @@ class MetadataStore:
         lock = not self.is_sqlite
 
         def _txn(conn: Connection) -> dict[str, AppendResult]:
-            results = {
-                t: append.append_txn(conn, self.clock, lock, t, a, writer_id, batch_id)
-                for t, a in ordered.items()
-            }
+            results = append.append_tables_txn(conn, self.clock, lock, ordered, writer_id, batch_id)
             if precondition is not None:
                 precondition()  # last, with every lock held: right before COMMIT
             return results

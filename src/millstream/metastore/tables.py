@@ -152,6 +152,21 @@ def find_table(
     return table_info(row)
 
 
+def find_tables(
+    conn: Connection, names: Sequence[str], *, for_update: bool = False
+) -> dict[str, TableInfo]:
+    """The rows of the tables ``names`` that exist, by name, in ONE read; ``for_update``
+    takes their row locks (in name order, as every multi-table writer takes them)."""
+    for name in names:
+        validate_table_name(name, field="table")
+    if not names:
+        return {}
+    q = select(s.tables).where(s.tables.c.name.in_(sorted(set(names)))).order_by(s.tables.c.name)
+    if for_update:
+        q = q.with_for_update()
+    return {str(r["name"]): table_info(r) for r in conn.execute(q).mappings()}
+
+
 def manifest_version(conn: Connection, name: str) -> int:
     """The table's current manifest version alone (:class:`TableNotFoundError` if missing):
     one column of its row, without its spec or any entry, for a caller that only asks whether

@@ -77,9 +77,12 @@ def bootstrap(
     ``earliest`` likewise its first offsets (with ``starting_offsets: earliest``).
 
     The table's and the dead-letter table's shards are created in one transaction, and the
-    writer starts each partition at the LOWER of the two uppers: where the dead-letter shard is
-    behind (created late by an older version, or left behind by a gap), its bad records are
-    read again; the table's part of that range is a harmless replay (DROP)."""
+    writer starts each partition at the table's upper. A dead-letter shard moves only with a
+    dead letter, so its upper lags the table's after batches without one; every offset below
+    the table's upper is covered for dead letters too (a table's range commits only in the
+    transaction that records its dead letters: :func:`~millstream.metastore.append.append_txn`),
+    so starting at the lower of the two would re-read every batch since the last dead letter
+    (on a topic without bad records, its whole history)."""
     table_spec = spec.table_spec()
     table, dl_table = table_spec.name, dead_letter_spec(table_spec.name).name
     reader = spec_reader(spec.source)
@@ -94,7 +97,7 @@ def bootstrap(
     shards = {s.partition: s for s in store.list_shards(table)}
     dl = {s.partition: s for s in store.list_shards(dl_table)}
     return Bootstrap(
-        uppers={p: min(sh.upper, dl[p].upper) if p in dl else sh.upper for p, sh in shards.items()},
+        uppers={p: sh.upper for p, sh in shards.items()},
         epochs={p: sh.epoch for p, sh in shards.items()},
         dead_letter_epochs={p: sh.epoch for p, sh in dl.items()},
     )

@@ -46,9 +46,10 @@ from millstream.errors import (
     MillstreamError,
     StagedFileExpiredError,
 )
-from millstream.metastore.append import BatchAppends
+from millstream.metastore.append import BatchAppends, dead_letter_upper
 from millstream.metastore.models import AppendResult, ShardAppend, ShardResult
 from millstream.metastore.store import MetadataStore
+from millstream.spec import DEAD_LETTER_SUFFIX
 from millstream.storage.deepstore import DeepStore
 from millstream.table.gc import MAX_STAGED_AGE_SECONDS
 
@@ -309,12 +310,18 @@ def _unknown_for(key: str, exc: CommitStateUnknownError) -> CommitStateUnknownEr
 
 
 def _persisted(store: MetadataStore, changes: Mapping[str, Sequence[ShardAppend]]) -> bool:
-    """Whether every range of ``changes`` is below its shard's upper now (re-read)."""
+    """Whether every range of ``changes`` is below its shard's upper now (re-read). A
+    dead-letter table's range is covered by its table's upper too (its shard moves only with a
+    dead letter: :func:`~millstream.metastore.append.dead_letter_upper`)."""
     try:
+        read = {name: {sh.partition: sh for sh in store.list_shards(name)} for name in changes}
         for name, appends in changes.items():
-            uppers = {sh.partition: sh.upper for sh in store.list_shards(name)}
-            if any(uppers.get(a.partition, a.lo) < a.hi for a in appends):
-                return False
+            base = name.removesuffix(DEAD_LETTER_SUFFIX)
+            table = read[base] if base != name and base in read else {}
+            for a in appends:
+                upper = dead_letter_upper(table.get(a.partition), read[name].get(a.partition), a.lo)
+                if upper < a.hi:
+                    return False
     except MillstreamError:
         return False
     return True
