@@ -1568,10 +1568,10 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         what="a partition's range split over several write tasks is decided piece by piece, "
         "each against the upper the piece before left, and its shard moves once",
         old="""\
-        upper, epoch = running.get(a.partition, (sh.upper, sh.epoch) if sh else (a.lo, 0))
+        upper, epoch = running.get(a.partition, start)
 """,
         new="""\
-        upper, epoch = (sh.upper, sh.epoch) if sh else (a.lo, 0)  # MUTATION: as read
+        upper, epoch = start  # MUTATION: as read, not after the pieces before
 """,
         tests=("tests/contract/test_contract_split_ranges.py",),
         select="sqlite-local",
