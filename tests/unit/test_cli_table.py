@@ -145,3 +145,34 @@ def test_compact_names_an_unknown_table_or_partition(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert "table 'u' has no partition 7" in result.output
+
+
+def test_a_dead_letter_tables_position_is_its_tables_after_batches_without_bad_records(
+    tmp_path: Path,
+) -> None:
+    """A dead-letter table's shard moves only with a dead letter, so after clean batches its
+    own upper stays behind; what ``table describe`` and ``consumingSegmentsInfo`` show as its
+    position is how far its dead letters are recorded: its table's upper (no false lag)."""
+    from millstream.datastream import dead_letter_spec
+    from millstream.metastore.models import ShardAppend
+
+    with Catalog.open(home=tmp_path) as cat:
+        spec = cat.create_table(
+            {"name": "orders", "schema": {"id": "long"}, "primary_key": ["id"], "mode": "upsert"}
+        ).spec
+        dl = cat.create_table(dead_letter_spec(spec)).spec
+        cat.store.ensure_shards("orders", {0: 0, 1: 0}, together_with=[dl.name])
+        for lo in (0, 6):
+            cat.store.commit_batch(
+                {
+                    "orders": [ShardAppend(0, lo, lo + 6, 0, f"data/o/{lo}.parquet", 6, 10)],
+                    dl.name: [ShardAppend(0, lo, lo + 6, 0, None, 0)],
+                }
+            )
+        assert {s.partition: s.upper for s in cat.store.list_shards(dl.name)} == {0: 0, 1: 0}
+    result = CliRunner().invoke(
+        app, ["table", "describe", dl.name, "--home", str(tmp_path), "-o", "json"]
+    )
+    assert result.exit_code == 0, result.output
+    parts = json.loads(result.output)["partitions"]
+    assert {p: v["upper"] for p, v in parts.items()} == {"0": 12, "1": 0}

@@ -255,7 +255,7 @@ def consuming_info(
     """Per partition of ``table``: shard upper, source latest offset, lags and who serves it."""
     store = ctx.catalog.store
     manifest = store.manifest(table)  # raises TableNotFoundError (404)
-    shards = {sh.partition: sh for sh in store.list_shards(table)}
+    shards = {sh.partition: sh for sh in store.covered_shards(table)}
     commits = last_commit_times(store, table)
     latest = upstream.offsets if upstream is not None and upstream.offsets is not None else None
     if rec is None:

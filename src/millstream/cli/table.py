@@ -74,7 +74,7 @@ def describe(
         info = cat.table(name)  # raises TableNotFoundError naming it
         spec = info.spec
         manifest = cat.manifest(name)
-        shards = {s.partition: s for s in cat.store.list_shards(name)}
+        shards = {s.partition: s for s in cat.store.covered_shards(name)}
         segments: dict[int, dict[str, int]] = {}
         for e in manifest.entries:
             per = segments.setdefault(e.partition, {"segments": 0, "rows": 0, "bytes": 0})

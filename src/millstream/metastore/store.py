@@ -35,6 +35,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -74,7 +75,7 @@ from millstream.metastore.models import (
     ShardAppend,
     TableInfo,
 )
-from millstream.spec import TableSpec
+from millstream.spec import DEAD_LETTER_SUFFIX, TableSpec
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -215,6 +216,26 @@ class MetadataStore:
         with self.read() as conn:
             self._table(conn, table)
             return sorted(self._shards(conn, table, None).values(), key=lambda sh: sh.partition)
+
+    def covered_shards(self, table: str) -> list[Shard]:
+        """:meth:`list_shards`, where a dead-letter table's uppers are how far its dead
+        letters are recorded: the higher of its own and its table's (its shard moves only with
+        a dead letter; every offset below the table's upper had its dead letters recorded in
+        the transaction that committed it, :func:`~millstream.metastore.append.dead_letter_upper`).
+        What a user reads as the dead-letter table's position and lag."""
+        base = table.removesuffix(DEAD_LETTER_SUFFIX)
+        with self.read() as conn:
+            self._table(conn, table)
+            own = self._shards(conn, table, None)
+            if base == table:
+                return sorted(own.values(), key=lambda sh: sh.partition)
+            theirs = self._shards(conn, base, None)
+        out = []
+        for p in sorted(own.keys() | theirs.keys()):
+            mine, base_shard = own.get(p), theirs.get(p)
+            shown = mine if mine is not None else replace(theirs[p], table=table)
+            out.append(replace(shown, upper=append.dead_letter_upper(base_shard, mine, 0)))
+        return out
 
     def _shards(
         self, conn: Connection, table: str, partitions: Sequence[int] | None
