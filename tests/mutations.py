@@ -2013,6 +2013,23 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         tests=("tests/unit/ingest/test_kafka_latest_offsets.py",),
     ),
     Guard(
+        name="kafka-still-watermark-is-probed",
+        file="src/millstream/ingest/sources/kafka.py",
+        what="_probe_past: a partition whose watermark rose is skipped only while it rises; "
+        "once it holds still it is probed, so the rest of a burst's last produce batch past "
+        "Tansu's short watermark is planned",
+        old="""\
+                if last is not None and w > last:
+""",
+        new="""\
+                if last is not None and w >= last:  # MUTATION: never probed again
+""",
+        tests=(
+            "tests/unit/ingest/test_kafka_latest_offsets.py::"
+            "test_a_partition_whose_watermark_keeps_rising_is_not_probed_until_it_holds_still",
+        ),
+    ),
+    Guard(
         name="kafka-deleted-start-is-an-error-not-a-jump",
         file="src/millstream/ingest/sources/kafka.py",
         what="a range read's start the broker no longer holds is reported by librdkafka "

@@ -329,12 +329,39 @@ def test_the_latest_offset_is_what_the_broker_serves_past_a_short_watermark() ->
 
     broker.topics["t"][0] = 4  # a new batch of 3 at offset 3: its base offset + 1
     broker.served["t"][0] = 6
-    assert reader.latest_offsets() == {0: 6, 1: 4}
+    assert reader.latest_offsets() == {0: 4, 1: 4}  # moving: the watermark, no probe
+    assert len(broker.probes) == 1
+    assert reader.latest_offsets() == {0: 6, 1: 4}  # it held still: probed past it
     assert broker.probes[-1] == {("t", 0): 4}  # only the partition that moved
 
     broker.topics["t"] = {0: 1, 1: 1}  # deleted and created again: offsets went backwards
     broker.served = {"t": {0: 2}}
     assert reader.latest_offsets() == {0: 2, 1: 1}  # what it showed before is forgotten
+
+
+def test_a_partition_whose_watermark_keeps_rising_is_not_probed_until_it_holds_still() -> None:
+    """While records arrive, the watermark rises at every request and what lies past it (the
+    rest of the last produce batch) lies below the next one: a probe then never reached a
+    busy partition's end and made every streaming batch wait its whole timeout (2 s of a
+    2.3-s batch at 1,000 records/s). A partition that moved is probed once its watermark holds
+    still, so the last produce batch of a burst is planned whole at the next request."""
+    broker = _Consumer({"t": {0: 1, 1: 1}})
+    broker.served = {"t": {0: 1, 1: 1}}
+    (reader,) = _readers(broker, "t").values()
+    assert reader.latest_offsets() == {0: 1, 1: 1}
+    assert len(broker.probes) == 1  # a reader's first answer is probed
+
+    for base in range(5, 50, 5):  # batches of 5 on partition 0: the watermark is base + 1
+        broker.topics["t"][0] = base + 1
+        broker.served["t"][0] = base + 5
+        assert reader.latest_offsets() == {0: base + 1, 1: 1}
+    assert len(broker.probes) == 1  # nothing probed while partition 0 moved
+
+    # the producer paused: the watermark holds still and the batch's other 4 records are planned
+    assert reader.latest_offsets() == {0: 50, 1: 1}
+    assert broker.probes[-1] == {("t", 0): 46}
+    assert reader.latest_offsets() == {0: 50, 1: 1}  # reached: not probed again
+    assert len(broker.probes) == 2
 
 
 def test_a_probe_that_does_not_reach_the_end_is_tried_again(
@@ -404,4 +431,5 @@ def test_a_probes_pause_does_not_outlive_it() -> None:
     assert not broker.paused
     broker.topics["t"][0] = 4  # a new batch of 3 at offset 3: its base offset + 1
     broker.served["t"][0] = 6
+    assert reader.latest_offsets() == {0: 4}  # moving: probed once it holds still
     assert reader.latest_offsets() == {0: 6}

@@ -3,8 +3,8 @@
 A read ``assign()``s and ``seek()``s one partition range and reads exactly ``[lo, hi)``;
 latest offsets come from the broker's high watermarks, asked for every partition of every
 topic in one request (:meth:`KafkaReader.latest_offsets_of`), and are never below the
-highest offset the source has shown: a watermark that moved is checked by fetching from it
-(:meth:`KafkaReader._probe`), since a broker may answer a watermark short of records it
+highest offset the source has shown: a watermark that moved and then held still is checked by
+fetching from it (:meth:`KafkaReader._probe`), since a broker may answer a watermark short of records it
 serves (Tansu answers the base offset of a partition's last produce batch plus one, so a
 default-batching producer's last records were never planned). ``client_options`` are passed
 to the client as they are (``security.protocol``, ``sasl.*`` ...).
@@ -449,14 +449,25 @@ class KafkaReader(PartitionReader):
         just ``answered``, probing (one fetch for all, :meth:`_probe`) only where the end to
         probe from moved since a probe last reached it: a caught-up, idle source costs
         nothing. A watermark below the last one answered (the topic deleted and created
-        again, the broker restarted empty) forgets what the partition showed before."""
+        again, the broker restarted empty) forgets what the partition showed before.
+
+        A partition whose watermark rose since the last answer is not probed: records are
+        arriving, and what lies past this watermark (the rest of its last produce batch)
+        lies below the next batch's. Its probe waits until the watermark holds still (the
+        next answer after the producer paused), so the records of a produce batch that ends
+        a burst are planned one trigger after their watermark at most. Probing every moving
+        partition cost a streaming batch the whole :data:`PROBE_TIMEOUT_S` (a busy partition
+        never answers its end) and the broker a fetch stream beside the batch's reads."""
         todo: dict[tuple[str, int], int] = {}
         for r, got in answered:
             for p, w in got.items():
-                if w < r._marks.get(p, w):
+                last = r._marks.get(p)
+                if last is not None and w < last:
                     r.shown.pop(p, None)
                     r._probed.pop(p, None)
                 r._marks[p] = w
+                if last is not None and w > last:
+                    continue  # still moving: probed once it holds still
                 at = max(w, r.shown.get(p, w))
                 if r._probed.get(p) != at:
                     todo[(r.topic, p)] = max(at, todo.get((r.topic, p), at))
