@@ -160,9 +160,8 @@ SEEDS = (
 
 
 @settings(
-    max_examples=60,
+    max_examples=40,
     deadline=None,
-    derandomize=False,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(seed=SEEDS)
