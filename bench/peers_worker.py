@@ -179,15 +179,19 @@ def _paimon_schema(schema: pa.Schema) -> list[pa.Field]:
 
 
 class MillstreamReader:
-    """A reader of the Millstream table (product interpreter only)."""
+    """A reader of the Millstream table (product interpreter only). It polls, so it holds the
+    read cache as a polling reader does (docs/concepts.md, "Reading again and again"): each
+    read merges what was committed since the last onto that read's winning rows."""
 
     name = "millstream"
+    #: Enough for the winning rows of a 10,000,000-key table and the files of a full read.
+    READ_CACHE_MB = 4096
 
     def __init__(self, work: Path) -> None:
         from millstream.catalog import Catalog
 
         self.work = work
-        self.catalog = Catalog.open(home=work / "home")
+        self.catalog = Catalog.open(home=work / "home", read_cache_mb=self.READ_CACHE_MB)
 
     def read(self) -> pa.Table:
         return self.catalog.read_table(TABLE)

@@ -79,6 +79,8 @@ FILES_SOURCE = "src/millstream/ingest/sources/files.py"
 SEALER_FILE = "src/millstream/sealing/sealer.py"
 DEAD_LETTERS = "tests/contract/test_dead_letters_only_with_bad_records.py::"
 SHARED_COMMIT = "tests/contract/test_postgres_shared_commit.py"
+POLL_FILE = "src/millstream/table/poll.py"
+POLL_TEST = "tests/unit/table/test_poll_reads.py"
 
 
 def _guard_test(name: str) -> str:
@@ -2917,6 +2919,58 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
 """,
         tests=(SHARED_COMMIT,),
         select="concurrent",
+    ),
+    Guard(
+        name="poll-winners-only-for-the-same-spec",
+        file=POLL_FILE,
+        what="read_polled: a cached reader merges new rows onto its previous read's winners "
+        "only if the table's spec (its schema) is the one they were merged under",
+        old="""\
+            and tag.spec_key == _spec_key(spec)
+""",
+        new="""\
+            # MUTATION: the spec is not compared
+""",
+        tests=(
+            f"{POLL_TEST}::test_a_cached_poll_reads_what_a_new_uncached_reader_reads",
+            f"{POLL_TEST}::test_a_schema_change_between_polls_shows_the_new_column",
+        ),
+    ),
+    Guard(
+        name="poll-removed-entries-only-after-seals-and-compactions",
+        file=POLL_FILE,
+        what="_new_rows: entries gone since the previous poll are taken as reorganized (their "
+        "rows kept) only if the version log shows nothing but appends, seals and compactions "
+        "since (a rollback or re-ingestion merges in full)",
+        old="""\
+        if len(ops) != manifest.version - state.version or not set(ops) <= REORGANIZING:
+""",
+        new="""\
+        if len(ops) != manifest.version - state.version:  # MUTATION: any operation passes
+""",
+        tests=(
+            f"{POLL_TEST}::test_a_cached_poll_reads_what_a_new_uncached_reader_reads",
+            f"{POLL_TEST}::test_a_rollback_between_polls_brings_the_rows_it_removed_back_out",
+        ),
+    ),
+    Guard(
+        name="poll-delete-without-comparison-value-merges-in-full",
+        file=POLL_FILE,
+        what="_mergeable: a new delete without a comparison value (its value comes from its "
+        "partition's earlier rows) makes the poll merge in full",
+        old="""\
+        if pc.any(lacking).as_py():
+            return False
+""",
+        new="""\
+        if pc.any(lacking).as_py():
+            pass  # MUTATION: merged onto the winners anyway
+""",
+        tests=(
+            f"{POLL_TEST}::test_a_cached_poll_reads_what_a_new_uncached_reader_reads",
+            f"{POLL_TEST}::"
+            "test_a_delete_without_a_comparison_value_takes_its_partitions_earlier_value",
+        ),
     ),
 )
 

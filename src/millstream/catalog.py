@@ -145,6 +145,7 @@ class Catalog:
                 partitions=partitions,
                 conditions=conditions,
                 cache=self.read_cache,
+                history=lambda after, upto: self.store.operations_between(name, after, upto),
             )
         except SegmentUnavailableError:
             # A file of this version is gone: garbage collection after an expiry, or a lost

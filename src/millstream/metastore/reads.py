@@ -163,6 +163,19 @@ def resolve_version(conn: Connection, info: TableInfo, as_of: int | float | date
     return int(row[0])
 
 
+def operations_between(conn: Connection, table: str, after: int, upto: int) -> list[str]:
+    """What made each kept manifest version of ``table`` in ``(after, upto]`` (append, seal,
+    compact, reingest, rollback), in version order; versions retention expired are missing."""
+    tv = s.table_versions
+    rows = conn.execute(
+        select(tv.c.operation)
+        .where(tv.c.table_name == table, tv.c.manifest_version > after)
+        .where(tv.c.manifest_version <= upto)
+        .order_by(tv.c.manifest_version)
+    )
+    return [str(r[0]) for r in rows]
+
+
 def oldest_kept_version(conn: Connection, table: str) -> int:
     """The oldest manifest version ``table`` keeps (0 until retention expired any)."""
     v = conn.execute(

@@ -381,6 +381,12 @@ class MetadataStore:
         with self.read() as conn:
             return reads.oldest_kept_version(conn, table)
 
+    def operations_between(self, table: str, after: int, upto: int) -> list[str]:
+        """What made each kept version of ``table`` after ``after`` up to ``upto``
+        (:func:`~millstream.metastore.reads.operations_between`)."""
+        with self.read() as conn:
+            return reads.operations_between(conn, table, after, upto)
+
     def referenced_files(self, table: str) -> set[str]:
         """Every data file any entry or delete vector of ``table`` references (removed ones
         included: time travel may still read them)."""

@@ -6,7 +6,9 @@ written again, so a file's decoded rows never go stale: a cached table is exactl
 read of the file returns. What changes between two reads of a current table is which files its
 manifest names; the cache only saves decoding the ones it named before. Most of a current
 table's rows sit in sealed segments that stay the same for many reads, which is why a
-read through the cache costs little more than merging the newest micro-batches.
+read through the cache costs little more than merging the newest micro-batches. An upsert
+table's whole-table reads also keep the read's winning rows, one entry per table replaced at
+each read, and merge only the rows since onto them (:mod:`millstream.table.poll`).
 
 One difference a user can notice: a file deleted from the deep store behind Millstream's back
 (a lost segment) is served from the cache until it is evicted, rather than failing the read

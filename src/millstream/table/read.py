@@ -28,7 +28,7 @@ from millstream.errors import SegmentUnavailableError
 from millstream.metastore.models import DeleteVector, Entry, Manifest, SegmentState
 from millstream.spec import OFFSET_COL, PARTITION_COL, SYSTEM_COLUMNS, TableSpec
 from millstream.storage.deepstore import DeepStore
-from millstream.table import merged
+from millstream.table import merged, poll
 from millstream.table.cache import ReadCache
 from millstream.table.footer import rows_proven_valid
 
@@ -360,6 +360,7 @@ def read_manifest(
     partitions: Collection[int] | None = None,
     conditions: Sequence[Condition] = (),
     cache: ReadCache | None = None,
+    history: poll.History | None = None,
 ) -> pa.Table:
     """The table's current rows at ``manifest``'s version, merged by its engine.
     ``use_delete_vectors=False`` reads every row of every entry (the answer is the same).
@@ -373,13 +374,39 @@ def read_manifest(
     (:func:`check_conditions`): the merge then does the work of the matching keys only.
     Files in ``cache`` are not read again (:mod:`millstream.table.cache`). A sealed table's
     merged copy (:mod:`millstream.table.merged`), if its manifest has one, is the answer of a
-    read of the whole table without system columns (filtered by ``conditions``)."""
+    read of the whole table without system columns (filtered by ``conditions``).
+
+    With ``cache``, a whole-table read of an upsert table (other than a ``partitioned_by_key``
+    one without a comparison column, merged partition by partition as above) merges only the
+    rows added since the previous read onto that read's winners (:mod:`millstream.table.poll`;
+    ``history(after, upto)`` gives what made the versions between, so a poll after a seal or
+    a compaction stays incremental too). Its rows come in no particular order."""
     spec = manifest.table.spec
     check_conditions(spec, conditions)
     if partitions is None and not include_system_columns and use_delete_vectors:
         copy = merged.read_copy(deep, manifest, cache)
         if copy is not None:
             return copy.filter(_expression(conditions)) if conditions else copy
+    if (
+        cache is not None
+        and partitions is None
+        and not conditions
+        and use_delete_vectors
+        and poll.applies(spec)
+        and not (spec.partitioned_by_key and engine_for(spec).sealed_final)
+    ):
+        polled = poll.read_polled(
+            deep,
+            manifest,
+            cache,
+            history,
+            read=lambda entries: read_entries(deep, spec, entries),
+            read_all=lambda: _all_rows(deep, spec, manifest, cache),
+        )
+        if polled is not None:
+            if include_system_columns:
+                return polled
+            return polled.drop_columns([c for c in SYSTEM_COLUMNS if c in polled.column_names])
     entries, vectors = manifest.entries, manifest.delete_vectors
     if partitions is not None:
         if spec.keyed and not spec.partitioned_by_key:
@@ -397,6 +424,14 @@ def read_manifest(
     if include_system_columns:
         return rows
     return rows.drop_columns([c for c in SYSTEM_COLUMNS if c in rows.column_names])
+
+
+def _all_rows(deep: DeepStore, spec: TableSpec, manifest: Manifest, cache: ReadCache) -> pa.Table:
+    """Every row of ``manifest``'s entries (with system columns) less its delete vectors'."""
+    raw = read_entries(deep, spec, manifest.entries, cache=cache)
+    if manifest.delete_vectors and raw.num_rows:
+        raw = drop_deleted(raw, read_delete_vectors(deep, manifest.delete_vectors, cache=cache))
+    return raw
 
 
 def _merged(

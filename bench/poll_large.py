@@ -1,0 +1,281 @@
+"""Large poll benchmark: a cached reader polling a 2,000,000-key table while it is ingested.
+
+The table is the streaming ground's (``bench/peers.py stream``): the peers' schema
+(``bench/peers_workload.py``), an upsert table with the comparison column ``seq`` and the delete
+column ``is_deleted``, 4 partitions, a key's records on partition ``key % 4`` (as Kafka's
+partitioner by key puts them), not declared ``partitioned_by_key``. It is pre-loaded with key
+``i`` once for every ``i < --keys`` and sealed, all through the production writer
+(``stage_rows`` + ``commit_staged``) and sealer. Then ``--batches`` commits of ``--batch-rows``
+stream records each (random existing keys, 2% deletes, ``seq`` rising) land one by one, and a
+reader holding ``Catalog.open(read_cache_mb=...)`` reads the whole table after each; after
+every ``--seal-every``-th commit one partition (in turn) is sealed and compacted first, so the
+poll that follows reads a table whose sealed set moved.
+
+Each tree (this one, and ``--baseline REV`` or ``--src DIR``: the code before) runs the
+stream phase in its own process on its own copy of the pre-loaded table, with the same records,
+rounds alternating. The plain baseline, measured in the same process: ``pyarrow.parquet
+.read_table`` of one zstd file of the table's live rows. Every tree's last poll is checked
+against a new reader's uncached read. Run from the repository root::
+
+    .venv/bin/python bench/poll_large.py --keys 2000000 --baseline HEAD~3
+    .venv/bin/python bench/poll_large.py --keys 200000 --batches 8          # quicker
+    .venv/bin/python bench/poll_large.py --keys 2000000 --profile           # where a poll's time goes
+
+``--profile`` runs this tree alone under cProfile and prints, for the polls after a commit and
+those after a seal separately, the functions with the most cumulative time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import common
+import numpy as np
+import peers_workload as wl
+import pyarrow as pa
+import pyarrow.parquet as pq
+from rich.console import Console
+
+from millstream.catalog import Catalog
+from millstream.sealing.compaction import CompactionPolicy
+from millstream.sealing.sealer import Sealer
+from millstream.spec import TableSpec
+from millstream.table.writer import commit_staged, stage_rows
+
+PARTITIONS = 4
+TABLE = "peers"
+SEED = 7
+SPEC = {
+    "name": TABLE,
+    "schema": wl.SCHEMA_SPEC,
+    "primary_key": ["id"],
+    "mode": "upsert",
+    "comparison_column": "seq",
+    "delete_column": "is_deleted",
+}
+HERE = Path(__file__).resolve().parent
+
+
+def with_system_columns(
+    spec: TableSpec, recs: wl.Records, offsets: dict[int, int]
+) -> tuple[pa.Table, dict[int, tuple[int, int]]]:
+    """The records as rows of partition ``id % 4``, each at its partition's next offset."""
+    parts = (recs.id % PARTITIONS).astype(np.int32)
+    offs = np.zeros(len(recs), np.int64)
+    ranges = {}
+    for p in range(PARTITIONS):
+        mine = parts == p
+        k = int(mine.sum())
+        offs[mine] = np.arange(offsets[p], offsets[p] + k)
+        ranges[p] = (offsets[p], offsets[p] + k)
+        offsets[p] += k
+    rows = wl.to_arrow(recs)
+    rows = rows.append_column("_ms_partition", pa.array(parts))
+    rows = rows.append_column("_ms_offset", pa.array(offs))
+    rows = rows.append_column("_ms_tombstone", pa.array(np.zeros(len(recs), bool)))
+    return rows.cast(spec.arrow_schema(system_columns=True)), ranges
+
+
+def commit(cat: Catalog, spec: TableSpec, recs: wl.Records, offsets: dict[int, int]) -> None:
+    rows, ranges = with_system_columns(spec, recs, offsets)
+    staged = stage_rows(cat.deep, spec, rows)
+    commit_staged(cat.store, cat.deep, TABLE, staged, ranges, {})
+
+
+def build(home: Path, keys: int) -> None:
+    """The pre-loaded table: key ``i`` once (``seq = i``), sealed."""
+    with Catalog.open(home=home) as cat:
+        spec = cat.create_table(TableSpec.parse(SPEC)).spec
+        offsets = {p: 0 for p in range(PARTITIONS)}
+        step = 500_000
+        for lo in range(0, keys, step):
+            commit(cat, spec, wl.preload(keys, lo, step), offsets)
+        sealer = Sealer(cat, TABLE, compaction=CompactionPolicy())
+        for p in range(PARTITIONS):
+            while sealer.seal_partition(p, force=True) is not None:
+                pass
+        (home / "offsets.json").write_text(json.dumps(offsets))
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    """The stream phase on ``args.home``: commits, seals and a timed poll after each."""
+    home = Path(args.home)
+    offsets = {int(p): o for p, o in json.loads((home / "offsets.json").read_text()).items()}
+    profiles = {"commit": cProfile.Profile(), "seal": cProfile.Profile()}
+    polls: dict[str, list[float]] = {"commit": [], "seal": []}
+    plain: list[float] = []
+    live = home.parent / f"live-{os.getpid()}.parquet"
+    with Catalog.open(home=home) as cat, Catalog.open(home=home, read_cache_mb=args.cache_mb) as r:
+        spec = cat.table(TABLE).spec
+        sealer = Sealer(cat, TABLE, compaction=CompactionPolicy())
+        t0 = time.perf_counter()
+        current = r.read_table(TABLE)  # the first read fills the cache
+        first = time.perf_counter() - t0
+        sent = 0
+        for i in range(args.batches):
+            recs = wl.records(SEED, args.keys, sent, args.batch_rows, wl.STREAM_SEQ_BASE)
+            sent += len(recs)
+            commit(cat, spec, recs, offsets)
+            kind = "commit"
+            if args.seal_every and (i + 1) % args.seal_every == 0:
+                p = (i // args.seal_every) % PARTITIONS
+                sealer.seal_partition(p, force=True)
+                sealer.compact_partition(p)
+                kind = "seal"
+            prof = profiles[kind] if args.profile else None
+            t0 = time.perf_counter()
+            if prof is not None:
+                prof.enable()
+            current = r.read_table(TABLE)
+            if prof is not None:
+                prof.disable()
+            polls[kind].append(time.perf_counter() - t0)
+            if i % 10 == 0:
+                pq.write_table(current, live, compression="zstd")
+            t0 = time.perf_counter()
+            pq.read_table(live)
+            plain.append(time.perf_counter() - t0)
+        expected = cat.read_table(TABLE)  # a reader without a cache: the same rows
+        same = current.sort_by("id").equals(expected.sort_by("id"))
+    live.unlink(missing_ok=True)
+    out: dict[str, Any] = {
+        "first_s": first,
+        "polls_s": polls,
+        "plain_s": plain,
+        "rows": current.num_rows,
+        "same_as_uncached": same,
+    }
+    if args.profile:
+        for kind, prof in profiles.items():
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(28)
+            out[f"profile_{kind}"] = text.getvalue()
+    return out
+
+
+def tree_of(args: argparse.Namespace, work: Path) -> Path | None:
+    """The baseline tree's ``src`` (``--src``, or ``--baseline`` exported with git archive)."""
+    if args.src:
+        return Path(args.src).resolve()
+    if not args.baseline:
+        return None
+    dest = work / "baseline"
+    dest.mkdir()
+    archive = subprocess.run(
+        ["git", "archive", args.baseline, "src"], check=True, capture_output=True, cwd=HERE.parent
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest / "src"
+
+
+def run_tree(src: Path, home: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    copy = work / f"home-{time.monotonic_ns()}"
+    shutil.copytree(home, copy)
+    env = dict(os.environ, PYTHONPATH=str(src))
+    cmd = [sys.executable, str(HERE / "poll_large.py"), "--child", str(copy)]
+    cmd += ["--keys", str(args.keys), "--batches", str(args.batches)]
+    cmd += ["--batch-rows", str(args.batch_rows), "--seal-every", str(args.seal_every)]
+    cmd += ["--cache-mb", str(args.cache_mb)] + (["--profile"] if args.profile else [])
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=HERE)
+    shutil.rmtree(copy)
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def ms(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values) * 1000:,.0f} ms (p90 {common.percentile(values, 90) * 1000:,.0f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=2_000_000)
+    parser.add_argument("--batches", type=int, default=16, help="commits, one poll each")
+    parser.add_argument("--batch-rows", type=int, default=5_000)
+    parser.add_argument("--seal-every", type=int, default=4, help="0: never seal")
+    parser.add_argument("--cache-mb", type=float, default=2048)
+    parser.add_argument("--rounds", type=int, default=1, help="rounds per tree, alternating")
+    parser.add_argument("--baseline", default="", help="git revision of the code before")
+    parser.add_argument("--src", default="", help="the code before: a tree's src directory")
+    parser.add_argument("--profile", action="store_true", help="cProfile this tree's polls")
+    parser.add_argument("--json", type=Path, default=None, help="save the figures here")
+    parser.add_argument("--child", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        args.home = args.child
+        print(json.dumps(child(args)))
+        return 0
+    console = Console(soft_wrap=True)
+    console.print(f"$ {common.command_line('poll_large.py')}")
+    console.print(f"load {common.load_text()}; {common.cpu_model()}")
+    with tempfile.TemporaryDirectory(prefix="millstream-bench-poll-large-") as tmp:
+        work = Path(tmp)
+        home = work / "home"
+        t0 = time.perf_counter()
+        build(home, args.keys)
+        console.print(
+            f"pre-loaded and sealed {args.keys:,} keys in {time.perf_counter() - t0:.0f} s"
+        )
+        trees = {"this tree": HERE.parent / "src"}
+        before = tree_of(args, work)
+        if before is not None and not args.profile:
+            trees["before"] = before
+        results: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+        for _ in range(args.rounds):
+            for name, src in trees.items():
+                results[name].append(run_tree(src, home, args, work))
+                console.print(f"  {name}: done (load {common.load_text()})")
+    summary: dict[str, Any] = {}
+    for name, runs in results.items():
+        commit_polls = [x for r in runs for x in r["polls_s"]["commit"]]
+        seal_polls = [x for r in runs for x in r["polls_s"]["seal"]]
+        plain = [x for r in runs for x in r["plain_s"]]
+        same = all(r["same_as_uncached"] for r in runs)
+        console.print(
+            f"{name}: {runs[-1]['rows']:,} live rows; first read {runs[-1]['first_s']:.2f} s; "
+            f"poll after a {args.batch_rows:,}-row commit {ms(commit_polls)}; after a seal "
+            f"{ms(seal_polls)}; plain Parquet of the live rows {ms(plain)}; "
+            f"same as an uncached read: {common.verdict(same)}"
+        )
+        summary[name] = {
+            "commit_ms": statistics.median(commit_polls) * 1000 if commit_polls else None,
+            "seal_ms": statistics.median(seal_polls) * 1000 if seal_polls else None,
+            "plain_ms": statistics.median(plain) * 1000,
+            "same_as_uncached": same,
+            "runs": runs,
+        }
+        for kind in ("commit", "seal"):
+            text = runs[-1].get(f"profile_{kind}")
+            if text:
+                console.print(f"--- {name}: polls after a {kind} ---\n{text}")
+    if "before" in summary:
+        for kind in ("commit", "seal"):
+            now, old = summary["this tree"][f"{kind}_ms"], summary["before"][f"{kind}_ms"]
+            if now and old:
+                console.print(
+                    f"poll after a {kind}: this tree / before {common.ratio(now, old):.2f}x"
+                )
+    if args.json is not None:
+        common.write_json(
+            args.json, {"machine": common.machine("pyarrow"), "args": vars(args), **summary}
+        )
+    ok = all(s["same_as_uncached"] for s in summary.values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""A cached reader's poll of an upsert table: the previous read's winners, plus what is new.
+
+A reader that reads a current table again and again (``Catalog.open(read_cache_mb=...)``)
+keeps, per table, every key's winning row of its last read (:class:`PollState`): the live
+rows first, then the keys whose winner is a delete (kept, so a late row that loses to the
+delete stays out), each with its effective comparison value. The next read of a later version
+merges only the rows that version adds onto them: it reads the new entries' files, takes the
+previous winners of the keys they hold, and keeps each key's last row in the order key
+((effective comparison value, nulls first) -> partition -> offset, :mod:`millstream.core.merge`).
+Every other key keeps its winner. A poll after a small commit so costs in proportion to the
+new rows, plus one hash lookup of their keys over the winners.
+
+Why that is the same table a new read returns: an upsert's winner is the greatest row of its
+key in the order key, and the greatest of a union is the greatest of one part's greatest and
+the other part. Which rows a version holds changes only by commits (new offsets, above every
+offset of their partition), seals and compactions (the same rows, less rows that lose to a row
+they keep: a seal's run is compacted to its winners, a delete vector names sealed rows newer
+ones supersede) and by rollbacks and re-ingestion (rows of old offsets gone or read again). So
+between the previous read's version and this one:
+
+* only commits (every entry the previous read merged is still there): the rows to merge are
+  those of the new entries;
+* seals and compactions too (the table's version log says so, :meth:`MetadataStore.operations_between`):
+  a new sealed entry holds old rows, already merged, and perhaps rows committed since the last
+  read (a run sealed right after its commit): the rows to merge are those of the new entries
+  at offsets above the highest its partition had then; an entry wholly below is not read;
+* anything else (a rollback, a re-ingestion, a version retention expired, a table dropped and
+  made again, a schema change, an older version asked for): the table is read and merged
+  whole, as a read without a cache does, and that read's winners are kept for the next.
+
+A new row that is a delete without a comparison value (a Kafka tombstone, in a table with a
+comparison column) takes its value from its key's earlier rows in its partition, which the
+winners alone do not hold: such a poll merges in full too.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from millstream.core.merge import EFF, IDX, deletes, effective_values, take_by_group
+from millstream.metastore.models import Entry, Manifest
+from millstream.spec import OFFSET_COL, PARTITION_COL, TableSpec
+from millstream.storage.deepstore import DeepStore
+from millstream.table.cache import ReadCache
+
+#: What made each version of a table after one version up to another (the version log).
+History = Callable[[int, int], Sequence[str]]
+#: Operations that change which rows a version holds only as :mod:`this module <.poll>` says.
+REORGANIZING = frozenset({"append", "seal", "compact"})
+#: The winners are made one piece again past this many (each poll adds a few).
+MAX_CHUNKS = 16
+
+EntryKey = tuple[str | None, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class PollState:
+    """What the winners kept for ``table`` were merged from: they are its read at ``version``
+    only for a table made at ``created_at`` with the spec ``spec_key``. ``live`` is the number
+    of winners that are not deletes (they come first)."""
+
+    table: str
+    created_at: float
+    spec_key: str
+    version: int
+    entries: frozenset[EntryKey]
+    live: int
+
+
+def applies(spec: TableSpec) -> bool:
+    """Whether a table's whole-table reads can be polled so: an upsert table (its winner is
+    one row of the key, the greatest in the order key)."""
+    return spec.keyed and spec.mode == "upsert"
+
+
+def _entry_key(e: Entry) -> EntryKey:
+    return (e.file_path, e.partition, e.start, e.end)
+
+
+def _spec_key(spec: TableSpec) -> str:
+    return spec.model_dump_json(by_alias=True, exclude={"retention"})
+
+
+def _with_eff(spec: TableSpec, rows: pa.Table) -> pa.Table:
+    """New rows with their effective comparison value: their own (no delete among them
+    lacks one: :func:`_mergeable`)."""
+    cmp_col = spec.comparison_column
+    if cmp_col is None:
+        return rows
+    return rows.append_column(EFF, rows.column(cmp_col))
+
+
+def _mergeable(spec: TableSpec, rows: pa.Table) -> bool:
+    """Whether new rows can be merged onto the winners: no delete without a comparison value
+    (its value comes from earlier rows of its partition), no null in a key of a table with
+    several key columns (joins never match nulls)."""
+    cmp_col = spec.comparison_column
+    if cmp_col is not None and rows.num_rows:
+        lacking = pc.and_(deletes(spec, rows), pc.is_null(rows.column(cmp_col)))
+        if pc.any(lacking).as_py():
+            return False
+    if len(spec.primary_key) > 1:
+        return not any(rows.column(k).null_count for k in spec.primary_key)
+    return True
+
+
+def _last_of_each_key(spec: TableSpec, rows: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """Each key's greatest row in the order key (``rows`` carry the effective value as
+    :data:`EFF` when the table has a comparison column), as (live winners, delete winners)."""
+    keys = list(spec.primary_key)
+    sort = [(k, "ascending", "at_end") for k in keys]
+    if spec.comparison_column is not None:
+        sort.append((EFF, "ascending", "at_start"))
+    sort += [(PARTITION_COL, "ascending", "at_end"), (OFFSET_COL, "ascending", "at_end")]
+    ordered = rows.take(pc.sort_indices(rows, sort_keys=sort))
+    ordered = ordered.append_column(IDX, pa.array(np.arange(ordered.num_rows, dtype=np.int64)))
+    won = take_by_group(ordered, keys, "max").drop_columns([IDX])
+    dead = deletes(spec, won)
+    return won.filter(pc.invert(dead)), won.filter(dead)
+
+
+def merge_all(spec: TableSpec, rows: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """The winners of every row of a version (its entries' rows less its delete vectors'),
+    as :func:`_last_of_each_key` gives them, with the effective comparison values the
+    engine's merge computes."""
+    if spec.comparison_column is None or not rows.num_rows:
+        return _last_of_each_key(spec, _with_eff(spec, rows))
+    return _last_of_each_key(spec, rows.append_column(EFF, effective_values(spec, rows)))
+
+
+def _hits(spec: TableSpec, winners: pa.Table, new_keys: pa.Table) -> pa.Array:
+    """Which of ``winners`` have a key among ``new_keys`` (distinct, no null in a multi-column
+    key)."""
+    keys = list(spec.primary_key)
+    if len(keys) == 1:
+        return pc.is_in(
+            winners.column(keys[0]), value_set=new_keys.column(keys[0]).combine_chunks()
+        )
+    numbered = winners.select(keys).append_column(
+        IDX, pa.array(np.arange(winners.num_rows, dtype=np.int64))
+    )
+    found = numbered.join(new_keys, keys=keys, join_type="left semi", use_threads=False)
+    mask = np.zeros(winners.num_rows, dtype=bool)
+    mask[found.column(IDX).to_numpy()] = True
+    return pa.array(mask)
+
+
+def merge_onto(
+    spec: TableSpec, live: pa.Table, dead: pa.Table, new: pa.Table
+) -> tuple[pa.Table, pa.Table]:
+    """The winners of (previous winners + ``new`` rows): the previous winners of the keys
+    ``new`` holds are merged with it; every other key keeps its winner."""
+    if not new.num_rows:
+        return live, dead
+    new = _with_eff(spec, new).select(live.column_names).cast(live.schema)
+    new_keys = new.select(list(spec.primary_key)).group_by(list(spec.primary_key)).aggregate([])
+    hit_live, hit_dead = _hits(spec, live, new_keys), _hits(spec, dead, new_keys)
+    candidates = pa.concat_tables([live.filter(hit_live), dead.filter(hit_dead), new])
+    won_live, won_dead = _last_of_each_key(spec, candidates)
+    live = pa.concat_tables([live.filter(pc.invert(hit_live)), won_live])
+    dead = pa.concat_tables([dead.filter(pc.invert(hit_dead)), won_dead])
+    if live.num_columns and live.column(0).num_chunks > MAX_CHUNKS:
+        live = live.combine_chunks()
+    if dead.num_columns and dead.column(0).num_chunks > MAX_CHUNKS:
+        dead = dead.combine_chunks()
+    return live, dead
+
+
+def _new_rows(
+    deep: DeepStore,
+    spec: TableSpec,
+    manifest: Manifest,
+    state: PollState,
+    history: History | None,
+    read: Callable[[Sequence[Entry]], pa.Table],
+) -> pa.Table | None:
+    """The rows of ``manifest`` that ``state``'s winners were not merged from (see the
+    module's docstring), or None when that cannot be told: merge in full."""
+    now = {_entry_key(e): e for e in manifest.entries}
+    removed = state.entries - now.keys()
+    added = [e for k, e in now.items() if k not in state.entries]
+    reach: dict[int, int] = defaultdict(lambda: -1)  # each partition's highest merged offset
+    for _, partition, _, end in state.entries:
+        reach[partition] = max(reach[partition], end - 1)
+    if removed:
+        if history is None:
+            return None
+        ops = history(state.version, manifest.version)
+        if len(ops) != manifest.version - state.version or not set(ops) <= REORGANIZING:
+            return None
+    wanted = [e for e in added if e.end - 1 > reach[e.partition]]
+    rows = read(wanted)
+    if not removed or not rows.num_rows:
+        return rows
+    parts = rows.column(PARTITION_COL).to_numpy()
+    offs = rows.column(OFFSET_COL).to_numpy()
+    keep = np.zeros(rows.num_rows, dtype=bool)
+    for p in np.unique(parts).tolist():
+        keep |= (parts == p) & (offs > reach[p])
+    return rows.filter(pa.array(keep))
+
+
+def read_polled(
+    deep: DeepStore,
+    manifest: Manifest,
+    cache: ReadCache,
+    history: History | None,
+    read: Callable[[Sequence[Entry]], pa.Table],
+    read_all: Callable[[], pa.Table],
+) -> pa.Table | None:
+    """``manifest``'s winners (live ones only, with system columns and nothing else), from the
+    previous read's kept in ``cache`` plus the rows since when that is exact, else from
+    ``read_all()`` (every row of the version less its delete vectors); kept in ``cache`` for
+    the next poll. ``read(entries)`` reads entries' rows (system columns included). None
+    when an older version than the kept one is asked for (read it without this)."""
+    spec = manifest.table.spec
+    info = manifest.table
+    key = ("poll", spec.name)
+    found = cache.lookup_tagged(key)
+    live = dead = None
+    if found is not None:
+        tag, winners = found
+        assert isinstance(tag, PollState)
+        if (
+            tag.table == spec.name
+            and tag.created_at == info.created_at
+            and tag.spec_key == _spec_key(spec)
+        ):
+            if manifest.version < tag.version:
+                return None
+            new = _new_rows(deep, spec, manifest, tag, history, read)
+            if new is not None and _mergeable(spec, new):
+                live, dead = merge_onto(
+                    spec, winners.slice(0, tag.live), winners.slice(tag.live), new
+                )
+    if live is None or dead is None:
+        live, dead = merge_all(spec, read_all())
+    state = PollState(
+        spec.name,
+        info.created_at,
+        _spec_key(spec),
+        manifest.version,
+        frozenset(_entry_key(e) for e in manifest.entries),
+        live.num_rows,
+    )
+    cache.put(key, pa.concat_tables([live, dead.cast(live.schema)]), tag=state)
+    return live.drop_columns([EFF]) if EFF in live.column_names else live
