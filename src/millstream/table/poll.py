@@ -43,6 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from millstream.core.engines import engine_for
 from millstream.core.merge import EFF, IDX, deletes, effective_values, take_by_group
 from millstream.metastore.models import Entry, Manifest
 from millstream.spec import OFFSET_COL, PARTITION_COL, TableSpec
@@ -76,7 +77,7 @@ class PollState:
 def applies(spec: TableSpec) -> bool:
     """Whether a table's whole-table reads can be polled so: an upsert table (its winner is
     one row of the key, the greatest in the order key)."""
-    return spec.keyed and spec.mode == "upsert"
+    return engine_for(spec).winner_is_greatest
 
 
 def _entry_key(e: Entry) -> EntryKey:

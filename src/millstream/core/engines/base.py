@@ -74,6 +74,13 @@ class MergeEngine(ABC):
         equal none of them, and every column decides it), rather than being one of them."""
         return False
 
+    @property
+    def winner_is_greatest(self) -> bool:
+        """Whether a key's current row is its greatest row in the order key, whole: the
+        winner of a union of rows is the winner of one part's winner and the other part, so a
+        reader may merge new rows onto its previous read's winners (:mod:`millstream.table.poll`)."""
+        return False
+
     def index_columns(self) -> list[str]:
         """The columns a key index keeps of each live sealed row."""
         raise ValueError(f"table {self.spec.name!r} is {self.mode}: it keeps no key index")

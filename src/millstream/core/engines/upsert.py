@@ -24,6 +24,10 @@ class Upsert(KeyedEngine):
     mode = "upsert"
 
     @property
+    def winner_is_greatest(self) -> bool:
+        return True
+
+    @property
     def indexed(self) -> bool:
         return True
 
