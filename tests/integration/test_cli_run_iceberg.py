@@ -69,6 +69,7 @@ def test_an_available_now_run_publishes_before_it_exits_and_duckdb_reads_it(
     _lines(source, 0, [{"id": i, "status": "new"} for i in range(40)])
     _lines(source, 1, [{"id": i, "status": "new"} for i in range(40, 60)])
     _lines(source, 0, [{"id": i, "status": "paid"} for i in range(0, 40, 3)])  # upserts
+    (source / "1" / "00001.jsonl").write_text("not json\n")  # one dead letter
     spec = tmp_path / "shop.yaml"
     spec.write_text(
         yaml.safe_dump(
@@ -89,7 +90,12 @@ def test_an_available_now_run_publishes_before_it_exits_and_duckdb_reads_it(
     view = summary["iceberg"]["shop"]
     assert view["manifest_version"] == version
     assert _duckdb_rows(view["metadata_location"]) == expected
-    assert "shop__dead_letter" in summary["iceberg"]
+    # the dead-letter table (its view comes with its first dead letter) is published too
+    dead = summary["iceberg"]["shop__dead_letter"]
+    con = duckdb_connection()
+    assert con.execute(
+        "SELECT count(*) FROM iceberg_scan(?)", [dead["metadata_location"]]
+    ).fetchone() == (1,)
 
     # Publishing off: the run commits, and the view stays where it was.
     _lines(source, 1, [{"id": i, "status": "shipped"} for i in range(40, 45)])
