@@ -13,7 +13,7 @@ Offsets are ``{partition: offset}``; across JSON their keys are strings
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
@@ -162,13 +162,7 @@ def latest_offsets_of(
 ) -> dict[str, dict[int, int] | Exception]:
     """``{name: latest offsets, or the error asking raised}`` of several readers, each kind
     asked through its :meth:`PartitionReader.latest_offsets_of` (all of a kind at once)."""
-    kinds: dict[type[PartitionReader], list[str]] = {}
-    for name, r in readers.items():
-        kinds.setdefault(type(r), []).append(name)
-    out: dict[str, dict[int, int] | Exception] = {}
-    for kind, names in kinds.items():
-        out.update(zip(names, kind.latest_offsets_of([readers[n] for n in names]), strict=True))
-    return out
+    return _by_kind(readers, lambda kind, rs: kind.latest_offsets_of(rs))
 
 
 def earliest_offsets_of(
@@ -176,12 +170,20 @@ def earliest_offsets_of(
 ) -> dict[str, dict[int, int] | Exception]:
     """``{name: earliest offsets, or the error asking raised}`` of several readers, each kind
     asked through its :meth:`PartitionReader.earliest_offsets_of` (all of a kind at once)."""
+    return _by_kind(readers, lambda kind, rs: kind.earliest_offsets_of(rs))
+
+
+def _by_kind(
+    readers: Mapping[str, PartitionReader],
+    ask: Callable[[type[PartitionReader], list[PartitionReader]], list[dict[int, int] | Exception]],
+) -> dict[str, dict[int, int] | Exception]:
+    """``ask(kind, its readers)`` once per kind of reader, its answers by reader name."""
     kinds: dict[type[PartitionReader], list[str]] = {}
     for name, r in readers.items():
         kinds.setdefault(type(r), []).append(name)
     out: dict[str, dict[int, int] | Exception] = {}
     for kind, names in kinds.items():
-        out.update(zip(names, kind.earliest_offsets_of([readers[n] for n in names]), strict=True))
+        out.update(zip(names, ask(kind, [readers[n] for n in names]), strict=True))
     return out
 
 
