@@ -81,6 +81,8 @@ DEAD_LETTERS = "tests/contract/test_dead_letters_only_with_bad_records.py::"
 SHARED_COMMIT = "tests/contract/test_postgres_shared_commit.py"
 POLL_FILE = "src/millstream/table/poll.py"
 POLL_TEST = "tests/unit/table/test_poll_reads.py"
+TRANSIENT_TEST = "tests/integration/test_spark_transient_failures.py"
+TRANSIENT_UNIT = "tests/unit/test_spark_transient_restarts.py"
 
 
 def _guard_test(name: str) -> str:
@@ -1628,11 +1630,11 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         old="""\
         except RESTARTABLE as exc:
             return exc
-        except Exception:
+        except Exception as exc:
             if self._stopping:  # stop() cancelled the batch's job
 """,
         new="""\
-        except Exception:  # MUTATION: a fenced commit ends the run with its error
+        except Exception as exc:  # MUTATION: a fenced commit ends the run with its error
             if self._stopping:  # stop() cancelled the batch's job
 """,
         tests=(
@@ -2971,6 +2973,113 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             f"{POLL_TEST}::"
             "test_a_delete_without_a_comparison_value_takes_its_partitions_earlier_value",
         ),
+    ),
+    Guard(
+        name="transient-spark-failure-restarts-the-writer",
+        file="src/millstream/spark/runner.py",
+        what="run: a query or an available-now run that failed on one of Spark's transient "
+        "failures (a Python process that did not connect back in time) restarts from the shard "
+        "uppers after a backoff instead of ending the run with the error",
+        old="""\
+                if transient is not None:
+                    if not self._wait_transient(transient, error):
+                        return self.stats  # stopped while waiting
+""",
+        new="""\
+                if transient is not None:
+                    raise error  # MUTATION: a transient failure ends the run
+""",
+        tests=(
+            f"{TRANSIENT_TEST}::"
+            "test_a_writer_whose_source_process_does_not_connect_back_restarts_and_commits_once",
+            f"{TRANSIENT_TEST}::"
+            "test_an_available_now_run_restarts_when_its_results_socket_cannot_be_opened",
+        ),
+    ),
+    Guard(
+        name="transient-spark-failure-restarts-the-shared-query-with-its-members",
+        file="src/millstream/spark/shared.py",
+        what="run: a shared query that failed on one of Spark's transient failures restarts "
+        "every member from its shard uppers after a backoff, with the same members, instead of "
+        "raising (which fails every member's writer)",
+        old="""\
+                transient = None if _restartable(error) else transient_spark_failure(error)
+                if transient is not None:
+                    delay = self.transient.failed(transient, error)
+""",
+        new="""\
+                transient = None  # MUTATION: a transient failure fails every member
+                if transient is not None:
+                    delay = self.transient.failed(transient, error)
+""",
+        tests=(
+            f"{TRANSIENT_TEST}::"
+            "test_a_shared_query_restarts_its_members_on_a_transient_failure_and_commits_each_once",
+        ),
+    ),
+    Guard(
+        name="transient-restarts-back-off",
+        file="src/millstream/spark/runner.py",
+        what="TransientRestarts.failed: a restart after a transient failure waits a capped "
+        "exponential backoff (not a tight loop that loads the machine further)",
+        old="""\
+        return self.backoff.delay(self.in_a_row, self.rng)
+""",
+        new="""\
+        return 0.0  # MUTATION: restarts in a tight loop
+""",
+        tests=(
+            f"{TRANSIENT_UNIT}::test_restarts_back_off_doubling_to_a_cap_and_a_commit_ends_the_row",
+            f"{TRANSIENT_UNIT}::test_a_writer_gives_up_only_after_a_long_row_without_a_commit",
+        ),
+    ),
+    Guard(
+        name="transient-row-ends-only-when-the-uppers-move",
+        file="src/millstream/spark/runner.py",
+        what="TransientRestarts.started_at: a row of transient failures ends only when a start "
+        "finds the shard uppers moved (a batch committed), so a writer that never commits gives "
+        "up and says so instead of restarting forever",
+        old="""\
+        if positions != self._positions:
+            self.in_a_row = 0
+""",
+        new="""\
+        if positions is not None:  # MUTATION: every start ends the row
+            self.in_a_row = 0
+""",
+        tests=(
+            f"{TRANSIENT_UNIT}::test_restarts_back_off_doubling_to_a_cap_and_a_commit_ends_the_row",
+        ),
+    ),
+    Guard(
+        name="transient-spark-failure-known-by-sparks-text",
+        file="src/millstream/errors.py",
+        what="transient_spark_failure: Spark's transient failures that reach the driver as text "
+        "(the JVM's connect-back timeout, a Python worker's CANNOT_OPEN_SOCKET) are known by "
+        "their message, not only by a PySpark error class raised in this process",
+        old="""\
+        if named == name or pattern.search(text):
+""",
+        new="""\
+        if named == name:  # MUTATION: Spark's text not read
+""",
+        tests=(f"{TRANSIENT_UNIT}::test_spark_errors_of_its_own_machinery_are_transient",),
+    ),
+    Guard(
+        name="transient-spark-failure-not-when-ours-is-named",
+        file="src/millstream/errors.py",
+        what="transient_spark_failure: a Spark failure whose text names an error of ours (a "
+        "fenced commit, a bad record) is never transient: that error decides (a bad record with "
+        "bad_records: fail must stop the datastream, not restart it)",
+        old="""\
+    if ours is not None and not issubclass(ours.kind, SparkTransientError):
+        return None
+""",
+        new="""\
+    if ours is not None and ours is None:  # MUTATION: Spark's words win over ours
+        return None
+""",
+        tests=(f"{TRANSIENT_UNIT}::test_no_other_error_is_transient",),
     ),
 )
 

@@ -575,6 +575,66 @@ class SparkQueryError(MillstreamError):
         return {"error": self.kind.__name__, "message": self.message, **self.fields}
 
 
+class SparkTransientError(MillstreamError):
+    """Spark's own machinery failed for a moment, not the data or Millstream: a Python process
+    Spark started did not connect back to its JVM in time (``Python worker failed to connect
+    back``: the JVM waits a fixed 10 s for a fresh Python process, which a machine at load
+    25 and more on two cores can exceed), or a Python process could not open its socket to
+    the JVM (``[CANNOT_OPEN_SOCKET]``). :func:`transient_spark_failure` recognises them by
+    Spark's error class and message; ``condition`` names which.
+
+    The failed batch committed nothing. A writer (and a worker's shared query) restarts from
+    the shard uppers after a backoff, doubling to a minute; raised only when it failed
+    :data:`~millstream.spark.runner.TRANSIENT_MAX_IN_A_ROW` times in a row with no commit in
+    between. Then the machine is too loaded for Spark's Python processes to start (lower its
+    load, or give the worker more cores), or the Python Spark runs cannot start at all
+    (check ``spark.pyspark.python`` / ``PYSPARK_PYTHON``: it must import pyspark).
+    """
+
+    def __init__(self, condition: str, message: str, **fields: Any) -> None:
+        super().__init__(message, condition=condition, **fields)
+        self.condition = condition
+
+
+#: Spark's transient failures of its own machinery (see :class:`SparkTransientError`): the
+#: error class Spark gives it, or for one raised without a class the name used here, and
+#: what its text says. The JVM raises ``SparkException("Python worker failed to connect
+#: back.", SocketTimeoutException("Timed out while waiting for the Python worker to connect
+#: back"))`` (``PythonWorkerFactory.createSimpleWorker``, no error class); PySpark raises
+#: ``PySparkRuntimeError`` of class ``CANNOT_OPEN_SOCKET`` (``pyspark.util.
+#: local_connect_and_auth``), in the driver (a job's results) or in a Python worker.
+TRANSIENT_SPARK_FAILURES: dict[str, re.Pattern[str]] = {
+    "CANNOT_OPEN_SOCKET": re.compile(r"\[CANNOT_OPEN_SOCKET\] Can not open socket"),
+    "PYTHON_WORKER_CONNECT_BACK": re.compile(
+        r"Python worker failed to connect back|"
+        r"Timed out while waiting for the Python worker to connect back"
+    ),
+}
+
+
+def transient_spark_failure(exc: BaseException) -> SparkTransientError | None:
+    """``exc`` as a :class:`SparkTransientError` if it is one of Spark's transient failures
+    (:data:`TRANSIENT_SPARK_FAILURES`), else None. An error of ours is never one, nor is a
+    Spark failure whose text names an error of ours (:func:`from_spark_failure`: a fenced
+    commit, a bad record): that error decides what happens. A PySpark error raised in this
+    process is known by its error class; one from the JVM or a Python worker by its text."""
+    if isinstance(exc, SparkTransientError):
+        return exc
+    if isinstance(exc, MillstreamError):
+        return None
+    ours = from_spark_failure(exc)
+    if ours is not None and not issubclass(ours.kind, SparkTransientError):
+        return None
+    text = str(exc)
+    condition = getattr(exc, "getCondition", None)
+    named = condition() if callable(condition) else None
+    for name, pattern in TRANSIENT_SPARK_FAILURES.items():
+        if named == name or pattern.search(text):
+            first = next((line for line in text.splitlines() if pattern.search(line)), None)
+            return SparkTransientError(name, (first or text.strip().splitlines()[0]).strip())
+    return None
+
+
 #: The REST status of every class of the tree (by itself or by its nearest listed ancestor).
 #: Errors only the CLI raises (unreachable controller, a refused call, a service that cannot
 #: start) are listed too, so the table stays total.
@@ -609,6 +669,7 @@ HTTP_STATUS: dict[type[MillstreamError], int] = {
     ServiceStartError: 500,
     PublisherProcessError: 500,
     SparkQueryError: 500,
+    SparkTransientError: 503,
     ControllerUnreachableError: 503,
     RemoteError: 502,
 }
@@ -646,6 +707,7 @@ EXIT_CODES: dict[type[MillstreamError], int] = {
     ServiceStartError: 1,
     PublisherProcessError: 1,
     SparkQueryError: 9,
+    SparkTransientError: 1,
     ControllerUnreachableError: 1,
     # Only for a name this version does not know: :func:`exit_code` exits a RemoteError as the
     # error the controller names, or by its HTTP status.

@@ -26,7 +26,7 @@ class FakeSharedQuery:
         monkeypatch.setattr(worker_module, "SharedQueryRunner", cls)
         return cls
 
-    def __init__(self, members: list[Any], spark: Any, state_dir: StateDirectory) -> None:
+    def __init__(self, members: list[Any], spark: Any, state_dir: StateDirectory, **_: Any) -> None:
         self.members = {m.member: m for m in members}
         self._stop = threading.Event()
         FakeSharedQuery.starts.append(sorted(self.members))

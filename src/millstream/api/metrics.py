@@ -270,7 +270,7 @@ class MillstreamCollector:
         yield from (lag, publishes)
 
     @staticmethod
-    def _health_families() -> tuple[GaugeMetricFamily, CounterMetricFamily]:
+    def _health_families() -> tuple[GaugeMetricFamily, CounterMetricFamily, CounterMetricFamily]:
         return (
             GaugeMetricFamily(
                 "millstream_datastream_stalled",
@@ -284,18 +284,33 @@ class MillstreamCollector:
                 "Restarts of a stalled writer by a worker's watchdog.",
                 labels=["datastream", "worker"],
             ),
+            CounterMetricFamily(
+                "millstream_writer_transient_restarts",
+                "Restarts of a writer's query from its shard uppers, after a backoff, on "
+                "Spark's transient failures (a Python process that did not connect back to "
+                "its JVM in time: an overloaded machine); the writer did not fail.",
+                labels=["datastream", "worker"],
+            ),
         )
 
     def _health_metrics(self, records: list[Any], workers: list[Any]) -> Iterator[Any]:
-        stalled, restarts = self._health_families()
+        stalled, restarts, transient = self._health_families()
         for name, h in sorted(writer_health(self.ctx, records).items()):
             stalled.add_metric([name], 1.0 if h.status == "stalled" else 0.0)
+        transients: Counter[tuple[str, str]] = Counter()
         for w in workers:
             for wr in w.info.get("writers") or []:
                 n = (wr.get("health") or {}).get("stall_restarts")
                 if n:
                     restarts.add_metric([str(wr["datastream"]), w.id], int(n))
-        yield from (stalled, restarts)
+                # the most any of a datastream's writers (its tables) saw: one query restart
+                t = int((wr.get("health") or {}).get("transient_restarts") or 0)
+                key = (str(wr["datastream"]), w.id)
+                transients[key] = max(transients[key], t)
+        for (ds, worker), n in sorted(transients.items()):
+            if n:
+                transient.add_metric([ds, worker], n)
+        yield from (stalled, restarts, transient)
 
     @staticmethod
     def _claim_metrics(workers: list[Any]) -> Iterator[Any]:

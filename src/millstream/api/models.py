@@ -48,6 +48,15 @@ class WriterHealthOut(_Out):
         description="{since, partitions: {p: {upper, latest}}} of the stall that restarted it.",
     )
     stall_restarts: int = Field(default=0, description="Restarts the stall watchdog made.")
+    transient_restarts: int = Field(
+        default=0,
+        description="Restarts of its query after Spark's transient failures (a Python process "
+        "that did not connect back in time): from the shard uppers after a backoff, the writer "
+        "not failed.",
+    )
+    transient_error: str | None = Field(
+        default=None, description="The last of those failures, as Spark said it."
+    )
 
 
 class DatastreamOut(_Out):

@@ -43,6 +43,7 @@ import logging
 import socket
 import threading
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,6 +198,9 @@ class Worker:
         #: Per (datastream, error class name): writer failures on source offsets
         #: (:data:`SOURCE_OFFSET_ERRORS`) and the last one's message, for the worker's life
         self.source_errors: dict[tuple[str, str], tuple[int, str]] = {}
+        #: Per writer: the shared query's restarts after Spark's transient failures while it
+        #: was a member, and the last one's error, for the worker's life
+        self.transient_restarts: dict[str, tuple[int, str]] = {}
         #: Backoff of a table whose sealing pass failed (other tables keep sealing meanwhile).
         self.seal_backoff = Backoff(base=5.0, cap=300.0)
         #: One supervisor per datastream's table sealing pass, inside the one sealing thread.
@@ -452,7 +456,10 @@ class Worker:
         if not runners:
             return
         shared = SharedQueryRunner(
-            runners, self.spark, StateDirectory(self.state_root, "_shared-query")
+            runners,
+            self.spark,
+            StateDirectory(self.state_root, "_shared-query"),
+            on_transient=self._count_transient,
         )
 
         def _run() -> None:
@@ -491,6 +498,14 @@ class Worker:
             self._failed(w, error)
         if fail and ds not in self.member_specs:
             self.registry.fail(ds, error)
+
+    def _count_transient(self, members: Sequence[str], error: str) -> None:
+        """The shared query restarted ``members`` after Spark's transient failure ``error``
+        (:meth:`SharedQueryRunner.run`: none of them failed): counted per writer for the
+        worker's life (its health, ``millstream_writer_transient_restarts``)."""
+        for ds in members:
+            n, _ = self.transient_restarts.get(ds, (0, ""))
+            self.transient_restarts[ds] = (n + 1, error.splitlines()[0][:2000] if error else "")
 
     def _count_source_error(self, ds: str, exc: BaseException, message: str) -> None:
         """Count a writer failure on source offsets (:data:`SOURCE_OFFSET_ERRORS`) and keep
@@ -644,6 +659,10 @@ class Worker:
             "retry_at": retry_at,
             "stalled": w.stalled.to_dict() if w.stalled is not None else None,
             "stall_restarts": self.stall_restarts.get(w.datastream, 0),
+            # restarts of its (shared) query after Spark's transient failures: not failures of
+            # this writer, which kept running through them
+            "transient_restarts": self.transient_restarts.get(w.datastream, (0, ""))[0],
+            "transient_error": self.transient_restarts.get(w.datastream, (0, None))[1] or None,
         }
 
     def _stop_writer(self, ds: str) -> None:

@@ -13,8 +13,10 @@ import contextlib
 import json
 import logging
 import os
+import random
 import shutil
 import socket
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -29,9 +31,11 @@ from millstream.datastream import DatastreamSpec, dead_letter_spec
 from millstream.errors import (
     InvalidSpecError,
     ShardGapError,
+    SparkTransientError,
     StagedFileExpiredError,
     WriterFencedError,
     from_spark_failure,
+    transient_spark_failure,
 )
 from millstream.ingest.sources import config_for, spec_reader
 from millstream.metastore.store import MetadataStore
@@ -54,6 +58,79 @@ log = logging.getLogger(__name__)
 
 MAX_RESTARTS = 10
 SIDECAR = "millstream.json"
+
+#: A query that failed on one of Spark's transient failures (a Python process that did not
+#: connect back in time: :class:`~millstream.errors.SparkTransientError`) restarts after this
+#: backoff: 1 s doubling to a minute, with jitter. Such restarts do not count towards
+#: :data:`MAX_RESTARTS`: at load 25-43 they came every few seconds for minutes, and ten in a
+#: row ended a run that a restart a little later would have carried on.
+TRANSIENT_BACKOFF = Backoff(base=1.0, cap=60.0)
+#: Transient failures in a row, with no shard upper moved between them, after which the writer
+#: gives up and raises :class:`~millstream.errors.SparkTransientError`: with the backoff and
+#: Spark's own 10 s wait for each failed start, about half an hour of failing.
+TRANSIENT_MAX_IN_A_ROW = 30
+
+
+class TransientRestarts:
+    """The restarts of a writer (or of a worker's shared query) after Spark's transient
+    failures (:func:`~millstream.errors.transient_spark_failure`): each waits a capped
+    exponential backoff; they are counted in all (``total``) and in a row (``in_a_row``, which
+    ends when a start finds the shard uppers moved since the last one: a batch committed in
+    between). ``owner`` names the writer or query in the log and in the error raised when a
+    row reaches ``max_in_a_row``."""
+
+    def __init__(
+        self,
+        owner: str,
+        *,
+        backoff: Backoff = TRANSIENT_BACKOFF,
+        max_in_a_row: int = TRANSIENT_MAX_IN_A_ROW,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.owner = owner
+        self.backoff = backoff
+        self.max_in_a_row = max_in_a_row
+        self.rng = rng or random.Random()
+        self.total = 0
+        self.in_a_row = 0
+        self.last_error: str | None = None
+        self.last_at: float | None = None
+        #: the backoff of the restart being waited for (seconds), None when none is
+        self.waiting: float | None = None
+        self._positions: object = None
+
+    def started_at(self, positions: object) -> None:
+        """A start at ``positions`` (the shard uppers): a row of failures ends if they moved
+        since the last start."""
+        if positions != self._positions:
+            self.in_a_row = 0
+        self._positions = positions
+
+    def failed(self, error: SparkTransientError, cause: BaseException) -> float:
+        """Count ``error`` and return the seconds to wait before the restart. Raises a
+        :class:`~millstream.errors.SparkTransientError` naming the owner (from ``cause``) when
+        it is one more than ``max_in_a_row`` in a row."""
+        self.total += 1
+        self.in_a_row += 1
+        self.last_error = f"{error.condition}: {error.message}"
+        self.last_at = time.time()
+        if self.in_a_row > self.max_in_a_row:
+            raise SparkTransientError(
+                error.condition,
+                f"{self.owner}: Spark failed {self.in_a_row} times in a row with no commit in "
+                f"between ({error.message}); the machine may be too loaded for Spark's Python "
+                "processes to start, or the Python Spark runs cannot import pyspark",
+                restarts=self.total,
+            ) from cause
+        return self.backoff.delay(self.in_a_row, self.rng)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "transient_restarts": self.total,
+            "transient_in_a_row": self.in_a_row,
+            "last_transient_error": self.last_error,
+            "last_transient_at": self.last_at,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +246,8 @@ def checkpoint_verdict(checkpoint: Path, boot: Bootstrap) -> str | None:
 @dataclass
 class RunStats:
     restarts: int = 0
+    #: restarts after Spark's transient failures (not counted in ``restarts``)
+    transient_restarts: int = 0
     discarded_checkpoints: list[str] = field(default_factory=list)
     #: ``--available-now`` with pauseless sealing: what the final seal pass did per partition
     #: (:meth:`millstream.sealing.sealer.Sealer.seal_what_is_due`).
@@ -258,6 +337,9 @@ class DatastreamRunner:
         self.query: Any = None
         self._stopping = False
         self._catching_up = False  # an available-now run's jobs run (stop() cancels them)
+        #: Restarts after Spark's transient failures, and the wait before one (stop() ends it).
+        self.transient = TransientRestarts(f"writer {self.writer_id} of {spec.name}")
+        self._wake = threading.Event()
 
     # -- bootstrap -------------------------------------------------------------------------
 
@@ -319,6 +401,7 @@ class DatastreamRunner:
         from the shard uppers, reusing the checkpoint where it agrees with them."""
         self._open()
         boot = self.bootstrap()
+        self.transient.started_at(boot.uppers)
         self.prepare_checkpoint(boot)
         source, sink = self.query_options(boot)
         writer = (
@@ -401,18 +484,20 @@ class DatastreamRunner:
                     if self._stopping:
                         return self.stats
                 else:
-                    self.start()
-                    if self._stopping:
-                        # stop() came while start() was starting this query: it stopped the
-                        # one before (or none), and this one would run on with nobody to
-                        # stop it.
-                        self.query.stop()
-                        return self.stats
-                    if self.background_sealing and sealing is None:
-                        # Only now: start() created the tables, so no pass finds them missing.
-                        sealing = self._start_sealing()
-                    self._start_publishing()
-                    error = self._await(on_tick, tick_seconds)
+                    error = self._start_transiently()
+                    if error is None:
+                        if self._stopping:
+                            # stop() came while start() was starting this query: it stopped
+                            # the one before (or none), and this one would run on with nobody
+                            # to stop it.
+                            self.query.stop()
+                            return self.stats
+                        if self.background_sealing and sealing is None:
+                            # Only now: start() created the tables, so no pass finds them
+                            # missing.
+                            sealing = self._start_sealing()
+                        self._start_publishing()
+                        error = self._await(on_tick, tick_seconds)
                 if error is None and available_now and not self._stopping:
                     if self.before_final_seal is not None:
                         self.before_final_seal()
@@ -420,10 +505,17 @@ class DatastreamRunner:
                     self.stats.iceberg = self._publish_before_exit()
                 if error is None or self._stopping:
                     return self.stats
-                if not _restartable(error) or self.stats.restarts >= MAX_RESTARTS:
+                transient = None if _restartable(error) else transient_spark_failure(error)
+                if transient is not None:
+                    if not self._wait_transient(transient, error):
+                        return self.stats  # stopped while waiting
+                elif not _restartable(error) or self.stats.restarts >= MAX_RESTARTS:
                     raise error
-                self.stats.restarts += 1
-                log.warning("writer %s restarts from the shard uppers: %s", self.writer_id, error)
+                else:
+                    self.stats.restarts += 1
+                    log.warning(
+                        "writer %s restarts from the shard uppers: %s", self.writer_id, error
+                    )
                 # The checkpoint is ahead of (or behind) the truth; make it re-verify.
                 shutil.rmtree(self.checkpoint, ignore_errors=True)
             return self.stats
@@ -438,12 +530,50 @@ class DatastreamRunner:
             if owns_lock:
                 self.state_dir.unlock()
 
+    def _start_transiently(self) -> Exception | None:
+        """:meth:`start` the query; returns the error of a start that failed on one of Spark's
+        transient failures (the source's Python process did not connect back in time, say:
+        the caller restarts after a backoff), raises any other."""
+        try:
+            self.start()
+        except Exception as exc:
+            if transient_spark_failure(exc) is None:
+                raise
+            return exc
+        return None
+
+    def _wait_transient(self, transient: SparkTransientError, error: Exception) -> bool:
+        """Count a transient failure, log it with the writer, and wait its backoff; False when
+        :meth:`stop` came meanwhile. Raises when too many came in a row (see
+        :class:`TransientRestarts`)."""
+        delay = self.transient.failed(transient, error)
+        self.stats.transient_restarts = self.transient.total
+        log.warning(
+            "writer %s of %s restarts from the shard uppers in %.1f s after Spark's transient "
+            "failure %s (%d in a row, %d in all): %s",
+            self.writer_id,
+            self.spec.name,
+            delay,
+            transient.condition,
+            self.transient.in_a_row,
+            self.transient.total,
+            transient.message,
+        )
+        self.transient.waiting = delay
+        try:
+            self._wake.wait(delay)
+        finally:
+            self.transient.waiting = None
+        return not self._stopping
+
     def _catch_up(self, on_tick: Callable[[DatastreamRunner], None] | None) -> Exception | None:
         """One ``available_now`` run as Spark jobs from the shard uppers, under the state
-        directory lock. Returns a fenced, gapped or expired commit's error (the caller
-        restarts); raises any other. A Spark checkpoint left by a streaming run is removed
-        once a batch commits: its offsets are behind the shards from then on."""
+        directory lock. Returns a fenced, gapped or expired commit's error, or one of Spark's
+        transient failures (the caller restarts); raises any other. A Spark checkpoint left
+        by a streaming run is removed once a batch commits: its offsets are behind the shards
+        from then on."""
         boot = self.bootstrap()
+        self.transient.started_at(boot.uppers)
         self.state_dir.lock()
         source, sink = self.query_options(boot)
 
@@ -472,9 +602,11 @@ class DatastreamRunner:
             )
         except RESTARTABLE as exc:
             return exc
-        except Exception:
+        except Exception as exc:
             if self._stopping:  # stop() cancelled the batch's job
                 return None
+            if transient_spark_failure(exc) is not None:
+                return exc
             raise
         finally:
             self._catching_up = False
@@ -639,6 +771,7 @@ class DatastreamRunner:
 
     def stop(self) -> None:
         self._stopping = True
+        self._wake.set()  # a restart's backoff ends
         if self.query is not None:
             self.query.stop()
         if self._catching_up:  # an available-now run's batch job

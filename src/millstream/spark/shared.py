@@ -37,14 +37,14 @@ import logging
 import re
 import shutil
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pyspark.errors import StreamingQueryException
 
-from millstream.errors import InvalidSpecError, from_spark_failure
+from millstream.errors import InvalidSpecError, from_spark_failure, transient_spark_failure
 from millstream.ingest.sources import spec_reader
 from millstream.ingest.sources.base import (
     PartitionReader,
@@ -63,7 +63,12 @@ from millstream.spark.options import (
     SinkOptions,
     SourceOptions,
 )
-from millstream.spark.runner import MAX_RESTARTS, DatastreamRunner, _restartable
+from millstream.spark.runner import (
+    MAX_RESTARTS,
+    DatastreamRunner,
+    TransientRestarts,
+    _restartable,
+)
 from millstream.spark.sources import GROUP_FORMAT, each_member
 from millstream.spark.table_source import GROUP_SINK_FORMAT, register
 from millstream.storage.statedir import StateDirectory
@@ -120,7 +125,12 @@ class SharedQueryRunner:
     kept under ``state_dir``, which this runner locks while it runs."""
 
     def __init__(
-        self, members: list[DatastreamRunner], spark: Any, state_dir: StateDirectory
+        self,
+        members: list[DatastreamRunner],
+        spark: Any,
+        state_dir: StateDirectory,
+        *,
+        on_transient: Callable[[Sequence[str], str], None] | None = None,
     ) -> None:
         if not members:
             raise InvalidSpecError("members", "a shared query runs at least one datastream")
@@ -129,6 +139,12 @@ class SharedQueryRunner:
         self.state_dir = state_dir
         #: restarts after a restartable error, per member (``*``: the query's own)
         self.restarts: dict[str, int] = {}
+        #: restarts after Spark's transient failures (see :meth:`run`), and the wait before one
+        self.transient = TransientRestarts(f"shared query {state_dir.path.name}")
+        #: Called with the members and the error at each such restart (a worker counts them
+        #: per writer: its health, ``millstream_writer_transient_restarts``).
+        self.on_transient = on_transient
+        self._wake = threading.Event()
         self.query: Any = None
         self._stopping = False
         #: The running query's members (see :mod:`millstream.spark.membership`): the file,
@@ -229,6 +245,8 @@ class SharedQueryRunner:
                 if isinstance(failed, SharedQueryMemberError):
                     raise failed
             entries = {n: e for n, e in built.items() if isinstance(e, Member)}
+            # where each member starts: a row of transient failures ends once any moved
+            self.transient.started_at({n: e.source.get("startOffsets") for n, e in entries.items()})
             self.generation += 1
             self.entries = entries
             self.membership.write(self.generation, entries)
@@ -379,25 +397,59 @@ class SharedQueryRunner:
             "starts": self.starts,
             "joins": self.joins,
             "leaves": self.leaves,
+            **self.transient.to_dict(),
         }
 
     def run(self) -> None:
         """Run until :meth:`stop`. A restartable error (a member fenced, gapped, or its staged
         files too old) restarts the query from every member's shard uppers; any other error of
         a member raises :class:`SharedQueryMemberError`, and one of the query as a whole is
-        raised as it is."""
+        raised as it is.
+
+        One of Spark's transient failures (:func:`~millstream.errors.transient_spark_failure`:
+        a Python process that did not connect back in time), at the query's start or while it
+        runs, whichever member's task met it, restarts the query from every member's shard
+        uppers after a capped exponential backoff (:class:`~millstream.spark.runner.
+        TransientRestarts`), with the same members: none of them fails. It is raised only
+        when too many came in a row with no commit in between."""
         owns_lock = not self.state_dir.held
         if owns_lock:
             self.state_dir.lock()
         try:
             while not self._stopping:
-                self.start()
+                error = self._start_transiently()
+                if error is None:
+                    if self._stopping:
+                        self.query.stop()  # stop() came while this query was starting
+                        return
+                    error = self._await()
+                    if error is None or self._stopping:
+                        return
                 if self._stopping:
-                    self.query.stop()  # stop() came while this query was starting
                     return
-                error = self._await()
-                if error is None or self._stopping:
-                    return
+                transient = None if _restartable(error) else transient_spark_failure(error)
+                if transient is not None:
+                    delay = self.transient.failed(transient, error)
+                    log.warning(
+                        "shared query %s restarts every member from its shard uppers in %.1f s "
+                        "after Spark's transient failure %s (%d in a row, %d in all; %d "
+                        "members): %s",
+                        self.state_dir.path.name,
+                        delay,
+                        transient.condition,
+                        self.transient.in_a_row,
+                        self.transient.total,
+                        len(self.members),
+                        transient.message,
+                    )
+                    if self.on_transient is not None:
+                        self.on_transient(sorted(self.members), self.transient.last_error or "")
+                    self.transient.waiting = delay
+                    try:
+                        self._wake.wait(delay)
+                    finally:
+                        self.transient.waiting = None
+                    continue
                 member = member_of(error)
                 key = member or "*"
                 self.restarts[key] = self.restarts.get(key, 0) + 1
@@ -415,6 +467,20 @@ class SharedQueryRunner:
             if owns_lock:
                 self.state_dir.unlock()
 
+    def _start_transiently(self) -> Exception | None:
+        """:meth:`start` the query; returns the error of a start that failed on one of Spark's
+        transient failures (the source's Python process did not connect back in time), raises
+        any other (a member's entry that cannot be made: :class:`SharedQueryMemberError`)."""
+        try:
+            self.start()
+        except SharedQueryMemberError:
+            raise
+        except Exception as exc:
+            if transient_spark_failure(exc) is None:
+                raise
+            return exc
+        return None
+
     def _await(self) -> Exception | None:
         try:
             self.query.awaitTermination()
@@ -425,5 +491,6 @@ class SharedQueryRunner:
     def stop(self) -> None:
         with self._lock:  # no member joins a query being stopped
             self._stopping = True
+        self._wake.set()  # a restart's backoff ends
         if self.query is not None:
             self.query.stop()

@@ -39,7 +39,7 @@ class WedgedQuery:
 
     starts: list[list[str]] = []
 
-    def __init__(self, members: list[Any], spark: Any, state_dir: StateDirectory) -> None:
+    def __init__(self, members: list[Any], spark: Any, state_dir: StateDirectory, **_: Any) -> None:
         self.members = {m.spec.name: m for m in members}
         self._stop = threading.Event()
         for m in members:
@@ -200,6 +200,8 @@ def test_a_wedged_writer_is_reported_and_restarted_with_backoff(
         "worker": "w",
         "stalled": None,
         "stall_restarts": 2,
+        "transient_restarts": 0,
+        "transient_error": None,
     }
     assert _stalled_metric(api) == "0.0"
 
