@@ -244,3 +244,12 @@ def test_an_available_now_run_restarts_when_its_results_socket_cannot_be_opened(
         assert runner.transient.last_error.startswith("CANNOT_OPEN_SOCKET: ")
         assert _uppers(catalog, spec) == {p: LINES for p in range(PARTITIONS)}
         assert _rows(catalog, spec) == _expected("an")
+
+
+def test_spark_python_processes_wait_a_minute_for_their_socket_to_the_jvm(spark: Any) -> None:
+    """Millstream's session lengthens Spark's 15 s: what a Python process (the driver
+    reading a job's results, a task's worker, a planner process's reads) waits for the JVM
+    before ``[CANNOT_OPEN_SOCKET]`` (spark/session.py)."""
+    assert spark.sparkContext.getConf().get("spark.python.authenticate.socketTimeout") == "60s"
+    # what PySpark's local_connect_and_auth reads in this process and passes to its workers
+    assert os.environ["SPARK_AUTH_SOCKET_TIMEOUT"] == "60"

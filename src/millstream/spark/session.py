@@ -97,6 +97,17 @@ def spark_session(
         # The workers of Python UDFs and of the Python data sources (the JVM starts those
         # from this setting, whatever the driver's environment says).
         .config("spark.pyspark.python", python)
+        # How long a Python process waits to connect to its JVM and authenticate, and after
+        # that, in Spark's planner processes (a Python data source's creation and planning,
+        # the streaming sink's commit: ``get_sock_file_to_executor()`` keeps it as the socket's
+        # timeout), for each read from the JVM; also how long the JVM waits for the driver to
+        # fetch a job's results. Spark's 15 s failed writers at load 25-43 on two cores
+        # (``[CANNOT_OPEN_SOCKET] ... timed out``; docs/reliability.md, "Spark's transient
+        # failures"), where a fresh Python process that imports in 0.4 s on a quiet machine
+        # waits its turn for a core. A longer wait costs nothing while the peer is alive; a
+        # dead one refuses the connection at once. The JVM's own fixed 10 s wait for a fresh
+        # Python process has no setting: the runner restarts after it (runner.TransientRestarts).
+        .config("spark.python.authenticate.socketTimeout", "60s")
     )
     # A query's offset and commit logs on a local disk without Hadoop's .crc sidecar files:
     # two writes and renames less per log entry, ~55 ms less of every micro-batch
