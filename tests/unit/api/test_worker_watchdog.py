@@ -253,3 +253,45 @@ def test_a_slow_writer_that_advances_is_not_stalled(cluster: Any) -> None:
     worker._heartbeat()
     assert worker.stall_restarts == {} and WedgedQuery.starts == [["orders"]]
     assert _health(api)["status"] == "running" and _stalled_metric(api) == "0.0"
+
+
+class TransientQuery(WedgedQuery):
+    """A shared query that meets one of Spark's transient failures and restarts itself, as
+    :meth:`SharedQueryRunner.run` does: it tells the worker through ``on_transient``."""
+
+    def __init__(
+        self, members: list[Any], spark: Any, state_dir: StateDirectory, **kw: Any
+    ) -> None:
+        super().__init__(members, spark, state_dir)
+        self.on_transient = kw["on_transient"]
+
+    def run(self) -> None:
+        self.on_transient(
+            sorted(self.members),
+            "PYTHON_WORKER_CONNECT_BACK: Python worker failed to connect back.",
+        )
+        self._stop.wait(60)
+
+
+def test_a_shared_querys_transient_restart_is_counted_without_failing_its_writer(
+    cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _catalog, _clock, _source, api, make_worker = cluster
+    monkeypatch.setattr(worker_module, "SharedQueryRunner", TransientQuery)
+    worker = make_worker()
+    worker.tick()
+    assert worker.shared_thread is not None
+    worker.shared_thread.join(0.5)  # its run() reported the restart and runs on
+    worker._heartbeat()
+    health = _health(api)
+    assert health["status"] == "running" and health["error"] is None, health
+    assert health["transient_restarts"] == 1
+    assert health["transient_error"].startswith("PYTHON_WORKER_CONNECT_BACK: ")
+    assert (
+        'millstream_writer_transient_restarts_total{datastream="orders",worker="w"} 1.0'
+        in api.get("/metrics").text
+    )
+    debug = api.get("/tables/orders/debugInfo").json()["writer_health"]
+    assert debug["transient_restarts"] == 1 and debug["status"] == "running"
+    worker.tick()  # nothing to restart: the worker did not fail the writer
+    assert TransientQuery.starts == [["orders"]]
