@@ -14,8 +14,9 @@ as the tables of a datastream of many topics are. Spark's part is stood in for a
 ``tests/unit/ingest/test_shared_query_membership.py``: the production source plans a batch
 (``latestOffset``, ``partitions``), the production sink's write tasks run on the planned
 tasks (offsets through JSON, tasks, the reader and the writer through pickle, as they travel in
-Spark; one after the other here, on the worker's two task slots in Spark), and a fresh sink commits the
-batch, as Spark's commit process does. Before each batch every topic gets ``--records``
+Spark; one after the other here, on the worker's two task slots in Spark), and a sink from the
+query's data source (``streamWriter``, as Spark's commit process gets it at each batch)
+commits the batch. Before each batch every topic gets ``--records``
 (10) records, so every table has records in every batch.
 
 Per batch: the SQL statements its commit sent to the metadata store, wall and CPU seconds (``time.process_time``: every thread of this process, the
@@ -65,8 +66,7 @@ class Batches:
     """One shared query's batches as Spark runs them (see the module's docstring)."""
 
     def __init__(self, runner: Any, later: list[Any]) -> None:
-        from millstream.spark.options import GroupSinkOptions, GroupSourceOptions
-        from millstream.spark.sink import GroupSink
+        from millstream.spark.options import GroupSourceOptions
         from millstream.spark.sources import GroupStreamReader
 
         source, sink = runner.begin()
@@ -74,7 +74,7 @@ class Batches:
         self.source_options, self.sink_options = source.to_options(), sink.to_options()
         self.planner = GroupStreamReader(GroupSourceOptions.from_options(self.source_options))
         self.task_reader = GroupStreamReader(GroupSourceOptions.from_options(self.source_options))
-        self.task_sink = GroupSink(GroupSinkOptions.from_options(self.sink_options))
+        self.task_sink = writer(self.sink_options)
         self.start: dict[str, Any] = json.loads(json.dumps(self.planner.initialOffset()))
         self.batch = 0
         if later:  # they join the running query (as a pattern's tables do)
@@ -82,9 +82,6 @@ class Batches:
             assert all(v is True for v in joined.values()), joined
 
     def run(self) -> dict[str, Any]:
-        from millstream.spark.options import GroupSinkOptions
-        from millstream.spark.sink import GroupSink
-
         out: dict[str, Any] = {}
         w0, c0 = time.perf_counter(), time.process_time()
         end = json.loads(
@@ -99,7 +96,7 @@ class Batches:
         )
         w2, c2 = time.perf_counter(), time.process_time()
         sent.clear()
-        GroupSink(GroupSinkOptions.from_options(self.sink_options)).commit(messages, self.batch)
+        writer(self.sink_options).commit(messages, self.batch)
         w3, c3 = time.perf_counter(), time.process_time()
         out["commit_statements"] = len(sent)
         self.start, self.batch = end, self.batch + 1
@@ -114,6 +111,14 @@ class Batches:
         out["wall_s"] = round(w3 - w0, 4)
         out["cpu_s"] = round(c3 - c0, 4)
         return out
+
+
+def writer(options: dict[str, str]) -> Any:
+    """The shared query's sink as Spark makes it, from its data source: once for the query's
+    write tasks (then pickled to each), and for every batch's commit."""
+    from millstream.spark.table_source import MillstreamGroupSink
+
+    return MillstreamGroupSink(options).streamWriter(None, False)
 
 
 #: The SQL statements sent to the metadata store (every engine's), cleared before a commit.

@@ -3081,6 +3081,38 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
 """,
         tests=(f"{TRANSIENT_UNIT}::test_no_other_error_is_transient",),
     ),
+    Guard(
+        name="parsed-spec-only-for-the-same-stored-spec",
+        file="src/millstream/metastore/tables.py",
+        what="parsed_spec: a table spec parsed earlier by the process is reused only while the "
+        "stored spec equals the one it was parsed from (a schema change reaches the next batch)",
+        old="""\
+    if hit is not None and hit[0] == stored:
+""",
+        new="""\
+    if hit is not None:  # MUTATION: the stored spec is not compared
+""",
+        tests=(
+            "tests/unit/ingest/test_shared_write_caches.py::"
+            "test_a_schema_change_between_batches_reaches_the_next_batch_of_a_shared_query",
+        ),
+    ),
+    Guard(
+        name="group-sink-only-of-its-own-options",
+        file="src/millstream/spark/sink.py",
+        what="group_sink: a process reuses a shared query's sink only for exactly the options it "
+        "was made from (another query's bad_records, epochs or specs get a sink of their own)",
+        old="""\
+    return _group_sink_of(json.dumps(dict(options), sort_keys=True))
+""",
+        new="""\
+    return _group_sink_of(json.dumps(sorted(options)))  # MUTATION: keyed by option names
+""",
+        tests=(
+            "tests/unit/ingest/test_shared_write_caches.py::"
+            "test_two_queries_of_different_options_in_one_process_each_write_by_their_own",
+        ),
+    ),
 )
 
 

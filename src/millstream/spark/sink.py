@@ -14,12 +14,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -179,6 +180,14 @@ class StoreRegistry:
 STORES = StoreRegistry()
 
 
+@functools.lru_cache(maxsize=16)
+def _deep_store(uri: str, s3_endpoint: str | None) -> DeepStore:
+    """The deep store at ``uri``, one per process: a file system object holds no state of a
+    batch, and making one (a path resolved and created, or an S3 client) for each table of
+    each write task was 7% of a shared query's write task over 100 small tables."""
+    return DeepStore.from_uri(uri, s3_endpoint=s3_endpoint)
+
+
 class SegmentSink(DataSourceStreamArrowWriter):
     """A streaming writer configured by :class:`millstream.spark.options.SinkOptions`."""
 
@@ -327,7 +336,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
         return (self.stores if self.stores is not None else STORES).get(self.settings.metadata_url)
 
     def _deep(self) -> DeepStore:
-        return DeepStore.from_uri(self.settings.deep_store, s3_endpoint=self.settings.s3_endpoint)
+        return _deep_store(self.settings.deep_store, self.settings.s3_endpoint)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkMessage:
         return self.write_batch(iterator, _batch_id())
@@ -361,7 +370,14 @@ class SegmentSink(DataSourceStreamArrowWriter):
             self._refuse_bad(decoded.dead)
             data, bad = stage_rows(deep, spec, decoded.rows, name_hint=hint), decoded.dead
         read_ms = round(time.time() * 1000)  # the ingestion time of records without a stamp
-        dead = stage_rows(deep, self.dl_spec, dead_letter_rows(bad), name_hint=hint)
+        # no dead-letter rows built for a clean task (6% of a shared query's write task over
+        # 100 small tables, profiled; docs/performance.md, "(c) What a batch of small busy
+        # tables costs")
+        dead = (
+            stage_rows(deep, self.dl_spec, dead_letter_rows(bad), name_hint=hint)
+            if bad
+            else StagedFile(None, 0, {})
+        )
         faults.hit("after_stage", batch_id)
         with_records = set(data.row_counts) | set(dead.row_counts)
         return SinkMessage(
@@ -563,12 +579,33 @@ class GroupSink(DataSourceStreamArrowWriter):
         self.stores = stores
         self.since = dict(options.since)
         self.membership = Membership(options.membership) if options.membership else None
+        #: The query's options as text when this sink was made by :func:`group_sink`: it
+        #: then travels to the write tasks as that text (:meth:`__getstate__`).
+        self.options_text: str | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A sink made by :func:`group_sink` is pickled as its options' text, and a process
+        that unpickles it takes this process's sink of that text (:meth:`__setstate__`):
+        unpickling every member's options (its spec, settings and dead-letter spec) in every
+        write task was ~10% of a shared query's write task over 100 small tables."""
+        if self.options_text is not None:
+            return {"options_text": self.options_text}
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        text = state.get("options_text")
+        if text is not None and len(state) == 1:
+            state = dict(_group_sink_of(text).__dict__)
+        self.__dict__.update(state)
 
     def _sink_of(self, name: str, joined: Member | None) -> SegmentSink:
         """The member's sink: the query's own for a member it started with, one of its entry
-        for a member that joined the running query."""
+        for a member that joined the running query (this process's sink of that entry's
+        options, :func:`_member_sink`, unless this sink has stores of its own)."""
         if joined is None:
             return self.members[name]
+        if self.stores is None:
+            return _member_sink(json.dumps(joined.sink, sort_keys=True))
         return SegmentSink(SinkOptions.from_options(joined.sink), self.stores)
 
     @staticmethod
@@ -784,6 +821,31 @@ class GroupSink(DataSourceStreamArrowWriter):
             mine = self._of(name, messages)
             if any(m is not None for m in mine):
                 sink.abort([*mine, None], batchId)
+
+
+def group_sink(options: Mapping[str, str]) -> GroupSink:
+    """The shared query's sink of ``options`` (the query's sink options, as Spark passes them),
+    one per process and exact options: a sink holds nothing of a batch, and a query's options
+    (every member's spec, settings and epochs) stay the same from its start to its stop.
+    Parsing them was about half of every batch's commit process over 100 small tables, and
+    their unpickling ~10% of every write task; any change of them (a restart's epochs, a
+    spec, ``bad_records``) is another text, so another sink. A member's current spec is read at each batch, not kept here
+    (:meth:`GroupSink._current_specs`)."""
+    return _group_sink_of(json.dumps(dict(options), sort_keys=True))
+
+
+@functools.lru_cache(maxsize=8)
+def _group_sink_of(text: str) -> GroupSink:
+    sink = GroupSink(GroupSinkOptions.from_options(json.loads(text)))
+    sink.options_text = text
+    return sink
+
+
+@functools.lru_cache(maxsize=4096)
+def _member_sink(text: str) -> SegmentSink:
+    """The sink of a member that joined a running query, by its entry's sink options (as
+    text): made once per process and entry, not for every write task and commit."""
+    return SegmentSink(SinkOptions.from_options(json.loads(text)))
 
 
 #: A writer's commit log is rotated past this size: ``commits.jsonl`` becomes

@@ -53,8 +53,8 @@ from pyspark.sql.types import StructType
 from millstream.catalog import PIN_SECONDS, Catalog
 from millstream.config import Settings
 from millstream.errors import InvalidSpecError
-from millstream.spark.options import GroupSinkOptions, Options, SinkOptions
-from millstream.spark.sink import GroupSink, SegmentSink
+from millstream.spark.options import Options, SinkOptions
+from millstream.spark.sink import SegmentSink, group_sink
 from millstream.spark.sources import GROUP_DDL, GroupStreamSource, StreamSource
 from millstream.spec import TableSpec
 from millstream.table.read import Condition
@@ -207,7 +207,7 @@ class MillstreamGroupSink(DataSource):
         return GROUP_DDL
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return GroupSink(GroupSinkOptions.from_options(self.options))
+        return group_sink(self.options)
 
 
 class MillstreamReader(DataSourceReader):

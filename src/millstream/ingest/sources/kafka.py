@@ -159,8 +159,9 @@ class KafkaConfig:
         }
 
 
-#: A pooled consumer idle this long is closed at the pool's next lease or return, so a topic
-#: no longer read (a datastream removed or moved) does not keep its connections open.
+#: A pooled consumer idle this long is closed at the pool's next return after it (the pool
+#: looks for such consumers at most every tenth of this), so a topic no longer read (a
+#: datastream removed or moved) does not keep its connections open.
 IDLE_CLOSE_S = 300.0
 
 
@@ -182,6 +183,8 @@ class ConsumerPool:
         self._idle: dict[str, list[tuple[Any, float]]] = {}
         self.idle_close_s = idle_close_s
         self._clock = clock
+        #: when the idle consumers were last looked over for stale ones
+        self._swept = clock()
 
     @contextmanager
     def lease(self, conf: dict[str, Any], topic: str | None = None) -> Iterator[Any]:
@@ -203,13 +206,18 @@ class ConsumerPool:
         now = self._clock()
         with self._lock:
             self._idle.setdefault(key, []).append((consumer, now))
-            stale = self._take_stale(now)
+            stale = self._take_stale(now) if now - self._swept >= self.idle_close_s / 10 else []
         for c in stale:
             c.close()
 
     def _take_stale(self, now: float) -> list[Any]:
         """The idle consumers unused for :attr:`idle_close_s`, taken out of the pool (the
-        lock is held)."""
+        lock is held). It looks at every idle consumer, so a return calls it at most every
+        tenth of :attr:`idle_close_s`: at every return, a shared query's write task over 100
+        topics (a consumer each) looked all 100 over for each topic it read, the largest
+        fixed cost of a table in its write (docs/performance.md, "(c) What a batch of small
+        busy tables costs")."""
+        self._swept = now
         stale: list[Any] = []
         for key in list(self._idle):
             keep = [(c, at) for c, at in self._idle[key] if now - at < self.idle_close_s]
