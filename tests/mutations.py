@@ -2449,6 +2449,23 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         select="sqlite-local",
     ),
     Guard(
+        name="iceberg-segment-mask-only-for-the-same-segments",
+        file="src/millstream/table/iceberg.py",
+        what="an incremental publish reuses which rows of a data file lie in its segments only "
+        "while the file's segments are the ones that mask was computed for (a seal of one "
+        "partition of a shared micro-batch file changes them)",
+        old="""\
+        if known is not None and known[0] == ranges:
+""",
+        new="""\
+        if known is not None:  # MUTATION: a file's mask kept whatever its segments now are
+""",
+        tests=(
+            "tests/unit/sealing/test_iceberg_publish_growth.py::"
+            "test_a_seal_of_one_partition_of_a_shared_file_hides_that_partitions_rows_in_it",
+        ),
+    ),
+    Guard(
         name="expiry-keeps-the-version-the-iceberg-pointer-shows",
         file="src/millstream/metastore/expiry.py",
         what="expire_versions: the floor never passes the version the table's Iceberg pointer "

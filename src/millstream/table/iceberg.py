@@ -412,6 +412,9 @@ class PublishCache:
         self._metadata: dict[tuple[str, str], tuple[str, TableMetadata]] = {}
         #: Per table, the file each cached entry of :attr:`columns` was read from, by key.
         self._keys: dict[tuple[str, str], dict[Hashable, str]] = {}
+        #: Per table and data file: which of its rows lie in its segments, and the segments
+        #: (partition, start, end) that mask was computed for (:meth:`in_segments`).
+        self._masks: dict[tuple[str, str], dict[str, tuple[frozenset[Any], np.ndarray]]] = {}
         self._lock = threading.Lock()
 
     def view(self, deep: DeepStore, table: str) -> ViewState | None:
@@ -455,6 +458,43 @@ class PublishCache:
         key = ("iceberg-columns", deep.uri, path, schema_key(schema))
         return self._get(deep, table, key, path, load)
 
+    def files_columns(
+        self, deep: DeepStore, paths: Iterable[str], schema: pa.Schema, table: str
+    ) -> list[pa.Table]:
+        """:meth:`file_columns` of each of ``paths`` (the schema's fingerprint taken once)."""
+        fingerprint = schema_key(schema)
+        found = []
+        for path in paths:
+
+            def load(path: str = path) -> pa.Table:
+                data = deep.read_parquet(path, columns=schema.names, missing_ok=True)
+                return conform(data, schema)
+
+            key = ("iceberg-columns", deep.uri, path, fingerprint)
+            found.append(self._get(deep, table, key, path, load))
+        return found
+
+    def in_segments(
+        self,
+        deep: DeepStore,
+        table: str,
+        path: str,
+        entries: list[Entry],
+        data: pa.Table,
+    ) -> np.ndarray:
+        """Which rows of the data file ``path`` (its merge columns ``data``) lie in its
+        segments ``entries``: computed once per file and segments, and computed again when
+        its segments change (a seal of one partition of a shared file, a trim)."""
+        ranges = _ranges(entries)
+        with self._lock:
+            known = self._masks.get((deep.uri, table), {}).get(path)
+        if known is not None and known[0] == ranges:
+            return known[1]
+        mask = _in_entries(data, entries)
+        with self._lock:
+            self._masks.setdefault((deep.uri, table), {})[path] = (ranges, mask)
+        return mask
+
     def delete_vector(self, deep: DeepStore, path: str, table: str) -> pa.Table:
         key = ("iceberg-vector", deep.uri, path)
         return self._get(
@@ -474,6 +514,9 @@ class PublishCache:
             gone = [k for k, path in known.items() if path not in keep]
             for k in gone:
                 del known[k]
+            masks = self._masks.get((deep.uri, table), {})
+            for path in [p for p in masks if p not in keep]:
+                del masks[path]
         return self.columns.discard(gone)
 
 
@@ -529,8 +572,12 @@ def incremental_view(
 
     def facts(path: str, deleted: np.ndarray) -> FileFacts:
         old = before.get(path)
-        if old is not None and np.array_equal(old.deleted, deleted) and path not in moved:
-            return FileFacts(old.rows, old.size, old.ranges, old.deleted)
+        if (
+            old is not None
+            and path not in moved
+            and (deleted is old.deleted or np.array_equal(old.deleted, deleted))
+        ):
+            return old
         changed.add(path)
         if old is not None:
             rows, size = old.rows, old.size
@@ -578,12 +625,23 @@ def incremental_view(
     order = sorted(by_file)
     empty = schema.append(pa.field(FILE_COL, pa.int64())).append(pa.field(POS_COL, pa.int64()))
     candidates = empty.empty_table()
-    hits: dict[str, np.ndarray] = {}
+    lengths = np.zeros(len(order), np.int64)
+    starts = np.zeros(len(order), np.int64)
+    found_rows = np.zeros(0, np.int64)  # the candidates' rows, numbered over all files
+    found_file = np.zeros(0, np.int64)
     if touched.num_rows and order:
-        tables = [cache.file_columns(deep, p, schema, spec.name) for p in order]
+        tables = cache.files_columns(deep, order, schema, spec.name)
         lengths = np.array([t.num_rows for t in tables], np.int64)
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         every = pa.concat_tables(tables)
+        # Which rows of every file lie in its segments at this version (one mask per file
+        # and segments, kept by the cache: a file's rows never change).
+        in_segments = np.concatenate(
+            [
+                cache.in_segments(deep, spec.name, p, by_file[p], t)
+                for p, t in zip(order, tables, strict=True)
+            ]
+        )
         file_of = np.repeat(np.arange(len(order), dtype=np.int64), lengths)
         hit = np.repeat(np.array([p in moved for p in order]), lengths)  # all its keys
         hit |= _key_member(every, keys, touched)
@@ -592,22 +650,14 @@ def incremental_view(
         found_file = file_of[rows_at]
         found_pos = rows_at - starts[found_file]
         # Of those, the rows in their file's segments at this version.
-        bounds = np.searchsorted(found_file, np.arange(len(order) + 1))
-        valid = np.zeros(len(rows_at), dtype=bool)
-        for i, path in enumerate(order):
-            lo, hi = int(bounds[i]), int(bounds[i + 1])
-            if hi > lo:
-                valid[lo:hi] = _in_entries(found.slice(lo, hi - lo), by_file[path])
-        found_file, found_pos = found_file[valid], found_pos[valid]
+        valid = in_segments[rows_at]
+        found_file, found_pos, rows_at = found_file[valid], found_pos[valid], rows_at[valid]
         candidates = (
             found.filter(pa.array(valid))
             .append_column(FILE_COL, pa.array(found_file, pa.int64()))
             .append_column(POS_COL, pa.array(found_pos, pa.int64()))
         )
-        bounds = np.searchsorted(found_file, np.arange(len(order) + 1))
-        hits = {
-            path: found_pos[int(bounds[i]) : int(bounds[i + 1])] for i, path in enumerate(order)
-        }
+        found_rows = rows_at
     if manifest.delete_vectors and candidates.num_rows:
         offsets: dict[int, list[pa.Array]] = defaultdict(list)
         for dv in manifest.delete_vectors:
@@ -667,32 +717,51 @@ def incremental_view(
         )
         new_merged = winners.select(user.names).cast(user).filter(pa.array(~same))
         win_file, win_pos = win_file[same], win_pos[same]
-    won: dict[int, list[int]] = defaultdict(list)
-    for f, pos in zip(win_file.tolist(), win_pos.tolist(), strict=True):
-        won[f].append(pos)
-
+    # The winners' rows, numbered over all files (ascending): the rows the view shows of the
+    # touched keys.
+    shown = np.sort(starts[win_file] + win_pos).astype(np.int64)
+    is_moved = np.array([p in moved for p in order], dtype=bool)
+    # A file that is not moved keeps its hidden rows but for its candidates' (the rows of
+    # touched keys in its segments): of those, every row not shown is hidden. All such files
+    # at once, in row numbers over all files: (old hidden - candidates) | (candidates - shown).
+    counts = np.bincount(found_file, minlength=len(order)) if len(order) else lengths
+    again = np.flatnonzero((counts > 0) & ~is_moved)
+    recomputed: dict[int, np.ndarray] = {}
+    if len(again):
+        old_hidden = np.concatenate(
+            [before[order[i]].deleted.astype(np.int64) + starts[i] for i in again]
+        )
+        candidates_at = found_rows[~is_moved[found_file]]
+        # Two ascending runs, disjoint (the second is of the candidates, the first has none
+        # of them): a stable sort merges them in linear time (``union1d`` hashes them again).
+        hidden = np.sort(
+            np.concatenate(
+                [
+                    np.setdiff1d(old_hidden, candidates_at, assume_unique=True),
+                    np.setdiff1d(candidates_at, shown, assume_unique=True),
+                ]
+            ),
+            kind="stable",
+        )
+        lo = np.searchsorted(hidden, starts[again])
+        hi = np.searchsorted(hidden, starts[again] + lengths[again])
+        for i, a, b in zip(again.tolist(), lo.tolist(), hi.tolist(), strict=True):
+            recomputed[i] = hidden[a:b] - starts[i]
     for i, path in enumerate(order):
-        pos = hits.get(path, np.zeros(0, np.int64))
-        kept = np.array(sorted(won.get(i, ())), dtype=np.int64)
         if path in moved:
-            rows = cache.file_columns(deep, path, schema, spec.name).num_rows
-            deleted = np.setdiff1d(np.arange(rows, dtype=np.int64), kept, assume_unique=True)
-        elif len(pos):
-            old = before[path].deleted
-            # Two ascending runs, disjoint (the second is of ``pos``, the first has none of
-            # it): a stable sort merges them in linear time (``union1d`` hashes them again).
-            deleted = np.sort(
-                np.concatenate(
-                    [
-                        np.setdiff1d(old, pos, assume_unique=True),
-                        np.setdiff1d(pos, kept, assume_unique=True),
-                    ]
-                ).astype(np.int64),
-                kind="stable",
+            a, b = np.searchsorted(shown, [starts[i], starts[i] + lengths[i]])
+            kept = shown[a:b] - starts[i]
+            rows = (
+                int(lengths[i])
+                if touched.num_rows
+                else len(cache.file_columns(deep, path, schema, spec.name))
             )
+            deleted = np.setdiff1d(np.arange(rows, dtype=np.int64), kept, assume_unique=True)
+            files[path] = facts(path, deleted)
+        elif i in recomputed:
+            files[path] = facts(path, recomputed[i])
         else:
-            deleted = before[path].deleted
-        files[path] = facts(path, deleted)
+            files[path] = before[path]  # none of its rows is of a touched key
 
     merged = previous.merged
     merged_changed = False
@@ -910,12 +979,21 @@ def reusable_delete_files(
     too (a data file whose positions are written again in full drops all its old ones:
     readers would read them twice). A delete file some of whose files left is written again
     without them (readers would read their positions for nothing)."""
+    hides: dict[str, bool] = {}  # per data file, its still_hidden (once, not per delete file)
+
+    def still_hides(covered: str) -> bool:
+        known = hides.get(covered)
+        if known is None:
+            known = covered in files and still_hidden(
+                before.get(covered), files[covered], covered in changed
+            )
+            hides[covered] = known
+        return known
+
     kept = set()
     for path, d in deletes.items():
         if all(
-            covered in files
-            and still_hidden(before.get(covered), files[covered], covered in changed)
-            and any(held == path for held, _ in before[covered].deletes)
+            still_hides(covered) and any(held == path for held, _ in before[covered].deletes)
             for covered in d.covers
         ):
             kept.add(path)
