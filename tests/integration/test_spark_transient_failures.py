@@ -119,6 +119,9 @@ def _slow(session: Any, module: str) -> None:
     is held past the JVM's wait (the data sources are registered here, with that
     environment)."""
     session.sparkContext.environment["MILLSTREAM_TEST_SLOW_MODULE"] = module
+    # Spark resolves the name being registered through the active session's data sources:
+    # the suite's session, which an earlier test may have registered them in.
+    session._jvm.org.apache.spark.sql.SparkSession.setActiveSession(session._jsparkSession)
     register(session)
 
 
