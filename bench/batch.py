@@ -325,11 +325,21 @@ def child_phases(spec: Path, home: Path) -> None:
 def child_spark_floor() -> None:
     """What any Spark-based run pays before its first record: start the JVM and the
     SparkSession as ``millstream run --available-now`` does, run one job of two one-element
-    tasks (the Python workers start), stop."""
+    tasks (the Python workers start), stop. With the JVM's class archive the run maps, if one
+    was written (a tree without one: its settings)."""
     from millstream.spark.session import BATCH_RUN_SETTINGS, spark_session
 
+    settings = BATCH_RUN_SETTINGS
+    try:
+        from millstream.spark.session import ClassArchive, batch_run_settings
+
+        archive = ClassArchive.default()
+        if archive is not None and archive.path.exists():
+            settings = batch_run_settings(archive)
+    except ImportError:
+        pass
     t0 = time.perf_counter()
-    spark = spark_session(config=BATCH_RUN_SETTINGS)
+    spark = spark_session(config=settings)
     t1 = time.perf_counter()
     spark.sparkContext.parallelize([1, 2], 2).map(lambda x: x).collect()
     t2 = time.perf_counter()
