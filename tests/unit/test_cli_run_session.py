@@ -173,3 +173,36 @@ def test_the_class_archive_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv(session.CLASS_ARCHIVE_ENV, "off")
     assert session.ClassArchive.default() is None
     assert session.batch_run_settings(None) == session.BATCH_RUN_SETTINGS
+
+
+def test_ending_the_jvm_does_not_wait_for_the_accumulator_server() -> None:
+    """``end_jvm`` does not wait for PySpark's accumulator server to stop (its stop() waits for
+    the server's loop to see the shutdown, ~0.9 s of a run's end): the server is still told to
+    stop, on a thread of its own. The stand-ins do what PySpark's do: ``stop()`` shuts the
+    context's accumulator server down, if it still has one, and waits for it."""
+    released, asked = threading.Event(), threading.Event()
+
+    class Server:
+        def shutdown(self) -> None:
+            asked.set()
+            released.wait(30)
+
+    class Context:
+        _accumulatorServer: Any = Server()
+
+    class Spark:
+        sparkContext = Context()
+
+        def stop(self) -> None:
+            server = self.sparkContext._accumulatorServer
+            if server is not None:
+                server.shutdown()
+
+    ended = threading.Event()
+    thread = threading.Thread(target=lambda: (session.end_jvm(Spark()), ended.set()), daemon=True)
+    thread.start()
+    try:
+        assert ended.wait(20), "end_jvm waited for the accumulator server's shutdown"
+        assert asked.wait(20), "the accumulator server was never told to stop"
+    finally:
+        released.set()
