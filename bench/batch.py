@@ -208,9 +208,19 @@ def child_read(kind: str, where: Path, model: Path) -> None:
 
 
 def child_phases(spec: Path, home: Path) -> None:
-    """``millstream run -f spec --available-now`` with timers around its stages."""
+    """``millstream run -f spec --available-now`` with timers around its stages (each mark:
+    label, seconds from this function's start, seconds it took), this process's CPU seconds
+    at each mark, and the epoch times of its start and end (the parent puts the interpreter's
+    start and the process's exit around them)."""
+    import resource
+
+    epoch_start = time.time()
     t_start = time.perf_counter()
     marks: list[tuple[str, float, float]] = []
+
+    def cpu() -> float:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        return ru.ru_utime + ru.ru_stime
 
     def wrap(obj: Any, name: str, label: str) -> None:
         fn = getattr(obj, name)
@@ -224,21 +234,41 @@ def child_phases(spec: Path, home: Path) -> None:
 
         setattr(obj, name, timed)
 
+    cpu_at_start = cpu()
     import millstream.cli.app as app_mod
+
+    marks.append(("imports: millstream.cli.app", 0.0, time.perf_counter() - t_start))
+    t_imports = time.perf_counter()
+    import pyspark.context as pyspark_context
+
+    import millstream.cli.progress  # noqa: F401  (what `run` imports lazily)
+    import millstream.datastream as datastream_mod
     import millstream.spark.catch_up as cu
     import millstream.spark.runner as runner_mod
     import millstream.spark.session as session_mod
     from millstream.spark.sink import SegmentSink
     from millstream.spark.sources import StreamReader
 
-    marks.append(("imports (cli, runner, session)", 0.0, time.perf_counter() - t_start))
+    marks.append(
+        (
+            "imports: run's lazy ones (runner, PySpark, ...)",
+            t_imports - t_start,
+            time.perf_counter() - t_imports,
+        )
+    )
+    wrap(datastream_mod.DatastreamSpec, "from_file", "spec parse")
+    wrap(app_mod, "open_catalog", "open_catalog")
     wrap(session_mod, "spark_session", "SparkSession (JVM start + session)")
+    wrap(pyspark_context, "launch_gateway", "  JVM launch (launch_gateway)")
     wrap(runner_mod.DatastreamRunner, "ensure_tables", "runner.ensure_tables")
+    wrap(runner_mod.DatastreamRunner, "bootstrap", "runner.bootstrap")
     wrap(runner_mod.DatastreamRunner, "_catch_up", "runner._catch_up (whole catch-up)")
     wrap(StreamReader, "plan", "  planning (StreamReader.plan)")
     wrap(StreamReader, "latestOffset", "  planning (StreamReader.latestOffset)")
     wrap(SegmentSink, "commit", "  commit (SegmentSink.commit)")
+    wrap(session_mod, "end_jvm", "end_jvm (spark.stop + JVM exit)")
     wrap(runner_mod.DatastreamRunner, "_seal_before_exit", "seal before exit")
+    wrap(runner_mod.DatastreamRunner, "_publish_before_exit", "Iceberg publish before exit")
     orig_collect_rdd = cu.catch_up
 
     def catch_up(spark: Any, *a: Any, **kw: Any) -> Any:
@@ -269,7 +299,7 @@ def child_phases(spec: Path, home: Path) -> None:
     def timed_stop(self: Any) -> None:
         t0 = time.perf_counter()
         stop(self)
-        marks.append(("spark.stop", t0 - t_start, time.perf_counter() - t0))
+        marks.append(("  spark.stop", t0 - t_start, time.perf_counter() - t0))
 
     SparkSession.stop = timed_stop  # type: ignore[method-assign]
     argv = ["run", "-f", str(spec), "--available-now", "--home", str(home), "--output", "json"]
@@ -277,17 +307,39 @@ def child_phases(spec: Path, home: Path) -> None:
         app_mod.app(argv, standalone_mode=False)
     finally:
         total = time.perf_counter() - t_start
-        print(json.dumps({"marks": marks, "total_s": total}))
+        print(
+            json.dumps(
+                {
+                    "marks": marks,
+                    "total_s": total,
+                    "epoch_start": epoch_start,
+                    "epoch_end": time.time(),
+                    "driver_cpu_s": cpu() - cpu_at_start,
+                    "driver_cpu_s_before": cpu_at_start,
+                }
+            ),
+            flush=True,
+        )
 
 
 def child_spark_floor() -> None:
     """What any Spark-based run pays before its first record: start the JVM and the
     SparkSession as ``millstream run --available-now`` does, run one job of two one-element
-    tasks (the Python workers start), stop."""
+    tasks (the Python workers start), stop. With the JVM's class archive the run maps, if one
+    was written (a tree without one: its settings)."""
     from millstream.spark.session import BATCH_RUN_SETTINGS, spark_session
 
+    settings = BATCH_RUN_SETTINGS
+    try:
+        from millstream.spark.session import ClassArchive, batch_run_settings
+
+        archive = ClassArchive.default()
+        if archive is not None and archive.path.exists():
+            settings = batch_run_settings(archive)
+    except ImportError:
+        pass
     t0 = time.perf_counter()
-    spark = spark_session(config=BATCH_RUN_SETTINGS)
+    spark = spark_session(config=settings)
     t1 = time.perf_counter()
     spark.sparkContext.parallelize([1, 2], 2).map(lambda x: x).collect()
     t2 = time.perf_counter()
@@ -690,14 +742,21 @@ def main() -> None:
             spec = base / "spec.yaml"
             write_spec(spec, base / "input")
             by_kind = {}
+            launched = time.time()
             wall, peak, out = run_child(
                 [py, str(HERE), "--child", "phases", str(spec), str(base / "phases")], env, by_kind
             )
             ph = last_json(out)
+            ph["interpreter_start_s"] = ph["epoch_start"] - launched
+            ph["exit_s"] = launched + wall - ph["epoch_end"]
             results["phases"] = {"wall_s": wall, "peak_rss_mb": peak, **ph}
             say(
                 f"phases: {wall:.2f} s whole process ({ph['total_s']:.2f} s after interpreter "
-                f"start), peak RSS {peak:.0f} MiB, by kind { ({k: round(v) for k, v in by_kind.items()}) }"
+                f"start); the interpreter's start and the bench's imports "
+                f"{ph['interpreter_start_s']:.2f} s, the process's exit {ph['exit_s']:.2f} s; "
+                f"the driver's CPU {ph['driver_cpu_s']:.1f} s "
+                f"(+{ph['driver_cpu_s_before']:.1f} before); peak RSS {peak:.0f} MiB, "
+                f"by kind { ({k: round(v, 1) for k, v in by_kind.items()}) }"
             )
             for label, at, s in ph["marks"]:
                 say(f"  {label:45s} at {at:6.2f} s  took {s:6.2f} s")

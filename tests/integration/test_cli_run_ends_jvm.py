@@ -5,7 +5,8 @@ starts no Iceberg publisher process: it publishes once, after the seal, in its o
 
 The run is the real CLI in a session of its own; a fault point (``MILLSTREAM_FAULTS``) holds
 its final seal at the start of partition 0's build, and the test looks at what is left of
-its process group there: the driver, and no JVM. Everything it read is committed by then."""
+its process group there: the driver, and no JVM. Everything it read is committed by then, and
+the JVM, the first to run with its class archive, has written it."""
 
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ def _children(parent: int, marker: str) -> dict[int, str]:
 
 def test_an_available_now_run_ends_its_jvm_before_the_final_seal(tmp_path: Path) -> None:
     source, home, faults = tmp_path / "source", tmp_path / "home", tmp_path / "faults"
+    archive = tmp_path / "cache" / "jvm.jsa"
     (source / "0").mkdir(parents=True)
     rows = [{"id": i % 50, "status": f"s{i}"} for i in range(200)]
     (source / "0" / "00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -74,6 +76,7 @@ def test_an_available_now_run_ends_its_jvm_before_the_final_seal(tmp_path: Path)
         tmp_path / "logs",
         MILLSTREAM_FAULTS="before_build@0=hang",
         MILLSTREAM_FAULT_DIR=str(faults),
+        MILLSTREAM_JVM_CLASS_ARCHIVE=str(archive),
     )
     try:
         wait_for_marker(proc, faults / "before_build-0")
@@ -81,6 +84,10 @@ def test_an_available_now_run_ends_its_jvm_before_the_final_seal(tmp_path: Path)
         assert proc.pid in left, left
         jvms = {pid: cmd for pid, cmd in left.items() if cmd.split(" ")[0].endswith("java")}
         assert jvms == {}, f"the Spark JVM still runs beside the final seal: {jvms}"
+        # The run's JVM, the first with this class archive, wrote it as it exited, and the
+        # run put it in place for the next runs' JVMs to start from (session.ClassArchive).
+        assert archive.stat().st_size > 1_000_000, sorted(archive.parent.iterdir())
+        assert list(archive.parent.glob("*.tmp")) == []
         # Nor does an Iceberg publisher process (a session of its own) run: the run publishes
         # once, after the seal, in its own process.
         publishers = _children(proc.pid, "millstream.sealing.publishing")

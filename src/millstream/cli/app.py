@@ -92,30 +92,45 @@ def run(
     with handle_errors(output):
         spec = DatastreamSpec.from_file(file)
         # lazy: only the command that runs needs it; keeps `millstream --help` fast
+        from millstream.spark.session import (
+            ClassArchive,
+            SessionStart,
+            batch_run_settings,
+            end_jvm,
+        )
+
+        # The JVM starts on a thread while this one does what needs no Spark: the imports
+        # below, opening the metadata store and creating the tables (docs/performance.md,
+        # "The batch run's fixed cost"). A run that ends starts it from the class archive.
+        archive = ClassArchive.default() if available_now else None
+        starting = SessionStart(
+            master=master, config=batch_run_settings(archive) if available_now else None
+        )
         from millstream.cli.progress import ProgressView
         from millstream.spark.runner import DatastreamRunner
-        from millstream.spark.session import BATCH_RUN_SETTINGS, end_jvm, spark_session
 
         catalog = open_catalog(home, create=True)
-        spark = spark_session(master=master, config=BATCH_RUN_SETTINGS if available_now else None)
-        stop.install()  # again: the SparkContext took SIGINT
         runner = DatastreamRunner(
             spec,
             catalog,
-            spark,
+            None,  # the session, once started (below)
             writer_id=writer_id,
             background_sealing=not available_now,
             maintenance_interval=maintenance_interval,
             publish_interval=iceberg_publish_interval or None,
         )
         runner.seal_all_on_exit = available_now  # no sealer outlives the run
+        runner.ensure_tables()  # while the JVM starts
+        spark = runner.spark = starting.result()
+        stop.install()  # again, in case starting Spark took SIGINT
         jvm_ended = [False]
 
         def end_spark() -> None:
             # The final seal and merged copy need no Spark: not beside an idle JVM.
             jvm_ended[0] = True
             try:
-                end_jvm(spark)
+                # the first run writes the class archive as its JVM exits: a few seconds
+                end_jvm(spark, archive=archive, timeout=120.0)
             except Exception as exc:  # it ends with this process instead
                 logging.getLogger(__name__).warning("could not end the Spark JVM: %s", exc)
 
@@ -169,7 +184,10 @@ def run(
         if stats is not None and stats.iceberg is not None:
             summary["iceberg"] = stats.iceberg
         if not jvm_ended[0]:
-            spark.stop()
+            if archive is not None:
+                end_spark()  # a stopped run: its JVM may be writing the class archive
+            else:
+                spark.stop()
         if output is OutputFormat.json:
             emit_json(summary)
         else:

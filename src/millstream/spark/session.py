@@ -3,14 +3,21 @@ here, configured for streaming ingestion."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyspark
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
@@ -49,6 +56,107 @@ BATCH_RUN_SETTINGS = {
     "spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL": "system",
     "spark.executorEnv.MALLOC_MMAP_THRESHOLD_": "1048576",
 }
+
+
+#: The JVM's class archive (:class:`ClassArchive`): "off" turns it off, a path puts it there.
+CLASS_ARCHIVE_ENV = "MILLSTREAM_JVM_CLASS_ARCHIVE"
+#: The JVM's class-sharing messages (the classes an archive leaves out, an archive of another
+#: JVM) are not the user's business: the JVM runs without an archive it cannot use.
+QUIET_CLASS_SHARING = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+#: A half-written archive (a run killed while its JVM wrote it) is removed after this long.
+STALE_ARCHIVE_SECONDS = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClassArchive:
+    """The driver JVM's classes as loaded by an earlier ``--available-now`` run, mapped from
+    one file (the JVM's class data sharing, ``-XX:SharedArchiveFile``) instead of read from
+    Spark's jars, verified and parsed again at every start: Spark's session start loads some
+    ten thousand classes, and with the archive the JVM's CPU to start a session, run a job and
+    stop fell by about 40% (docs/performance.md, "The batch run's fixed cost"). The first run
+    of a JVM and Spark version writes the archive when its JVM exits (a few seconds once,
+    ``-XX:ArchiveClassesAtExit``), to a file of its own that :meth:`settle` renames into
+    place: runs that write at once never see each other's half-written file. The JVM checks
+    the archive against itself and the class path, and runs without one it cannot use; the
+    file's name holds the Java binary and Spark's version, so a new one of either writes its
+    own. A run whose JVM wrote no archive (a class path the JVM cannot archive) leaves a
+    marker, so later runs do not pay for writing one again."""
+
+    path: Path
+
+    @classmethod
+    def default(cls) -> ClassArchive | None:
+        """The archive of this machine's Java and Spark under the user's cache directory, or
+        :data:`CLASS_ARCHIVE_ENV`'s path; None if that says ``off`` or no Java is found."""
+        chosen = os.environ.get(CLASS_ARCHIVE_ENV, "")
+        if chosen.lower() == "off":
+            return None
+        if chosen:
+            return cls(Path(chosen))
+        java_home = os.environ.get("JAVA_HOME")
+        java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+        if java is None:
+            return None
+        binary = Path(java).resolve()
+        try:
+            stat = binary.stat()
+        except OSError:
+            return None
+        key = f"{binary}:{stat.st_size}:{stat.st_mtime_ns}:{Path(pyspark.__file__).parent}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        return cls(cache / "millstream" / f"spark-{pyspark.__version__}-jvm-{digest}.jsa")
+
+    @property
+    def pending(self) -> Path:
+        """The file this process's JVM writes the archive to (renamed by :meth:`settle`)."""
+        return self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+
+    @property
+    def failed(self) -> Path:
+        """The marker of a run whose JVM wrote no archive."""
+        return self.path.with_name(f"{self.path.name}.failed")
+
+    def java_options(self) -> str:
+        """Use the archive, or write it at exit if there is none yet (and no run failed to)."""
+        if self.path.exists():
+            return f"-XX:SharedArchiveFile={self.path} {QUIET_CLASS_SHARING}"
+        if self.failed.exists():
+            return ""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            for old in self.path.parent.glob(f"{self.path.name}.*.tmp"):
+                if time.time() - old.stat().st_mtime > STALE_ARCHIVE_SECONDS:
+                    old.unlink(missing_ok=True)
+        except OSError as exc:  # a read-only cache: run without
+            log.debug("no JVM class archive at %s: %s", self.path, exc)
+            return ""
+        return f"-XX:ArchiveClassesAtExit={self.pending} {QUIET_CLASS_SHARING}"
+
+    def settle(self, exit_code: int | None) -> None:
+        """After the JVM that was to write the archive exited (``exit_code``): put what it
+        wrote in place, or mark that it wrote none."""
+        pending = self.pending
+        try:
+            if pending.exists():
+                if exit_code == 0:
+                    os.replace(pending, self.path)
+                else:  # it may have died half-way through writing it
+                    pending.unlink()
+            elif exit_code == 0 and not self.path.exists():
+                self.failed.touch()
+        except OSError as exc:
+            log.debug("JVM class archive %s: %s", self.path, exc)
+
+
+def batch_run_settings(archive: ClassArchive | None) -> dict[str, str]:
+    """:data:`BATCH_RUN_SETTINGS`, with the JVM's class archive (:class:`ClassArchive`)."""
+    settings = dict(BATCH_RUN_SETTINGS)
+    options = archive.java_options() if archive is not None else ""
+    if options:
+        key = "spark.driver.defaultJavaOptions"
+        settings[key] = f"{settings[key]} {options}"
+    return settings
 
 
 #: The driver's log4j configuration (this package's ``log4j2.properties``).
@@ -129,7 +237,34 @@ def spark_session(
     return spark
 
 
-def end_jvm(spark: Any, *, timeout: float = 30.0) -> None:
+class SessionStart:
+    """A SparkSession (:func:`spark_session`'s arguments) started on a thread of its own: the
+    JVM's launch and the session's start are seconds of waiting on another process, and
+    ``millstream run --available-now`` does meanwhile what needs no Spark (its remaining
+    imports, opening the metadata store, creating the tables; docs/performance.md, "The
+    batch run's fixed cost"). :meth:`result` waits for the session and returns it, or raises
+    what starting it raised. On this thread PySpark installs no SIGINT handler (it does so
+    only on the main thread): Ctrl-C stays the caller's."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._session: Future[Any] = Future()
+        self._thread = threading.Thread(
+            target=self._start, kwargs=kwargs, name="spark-session-start", daemon=True
+        )
+        self._thread.start()
+
+    def _start(self, **kwargs: Any) -> None:
+        try:
+            self._session.set_result(spark_session(**kwargs))
+        except BaseException as exc:  # the caller's result() raises it
+            self._session.set_exception(exc)
+
+    def result(self) -> Any:
+        """The started session (waits for it), or what starting it raised."""
+        return self._session.result()
+
+
+def end_jvm(spark: Any, *, timeout: float = 30.0, archive: ClassArchive | None = None) -> None:
     """Stop ``spark`` and end the JVM this process started for it now, not when this process
     exits. ``spark.stop()`` stops the SparkContext only: PySpark keeps its JVM (the heap, the
     loaded classes, ~0.35 GB of RSS) for a next session until the Python process ends.
@@ -138,7 +273,18 @@ def end_jvm(spark: Any, *, timeout: float = 30.0) -> None:
     (docs/performance.md, "Peak RSS under 1 GB"). The JVM exits at the end of its standard input,
     as it does when this process exits (killed after ``timeout`` seconds); a later
     :func:`spark_session` starts a new one. A JVM this process did not start (a gateway it
-    was given) is left running."""
+    was given) is left running. ``archive``: the class archive this JVM was started with,
+    settled once it exited (:meth:`ClassArchive.settle`)."""
+    # PySpark's stop() waits for its accumulator server's loop to see the shutdown (0.88 s of
+    # its ~1 s, docs/performance.md, "The batch run's fixed cost"); every job is done, so
+    # nothing is left for it to receive: it stops on a thread of its own while the JVM ends.
+    sc = spark.sparkContext
+    server = getattr(sc, "_accumulatorServer", None)
+    if server is not None:
+        sc._accumulatorServer = None
+        threading.Thread(
+            target=server.shutdown, name="accumulator-server-stop", daemon=True
+        ).start()
     spark.stop()
     with SparkContext._lock:
         gateway = SparkContext._gateway
@@ -156,6 +302,8 @@ def end_jvm(spark: Any, *, timeout: float = 30.0) -> None:
         log.warning("the Spark JVM (pid %d) did not exit within %g s: killed", proc.pid, timeout)
         proc.kill()
         proc.wait()
+    if archive is not None:
+        archive.settle(proc.returncode)
 
 
 def quiet_accumulator_server(spark: SparkSession) -> None:
