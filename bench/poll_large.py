@@ -20,6 +20,7 @@ against a new reader's uncached read. Run from the repository root::
     .venv/bin/python bench/poll_large.py --keys 2000000 --baseline HEAD~3
     .venv/bin/python bench/poll_large.py --keys 200000 --batches 8          # quicker
     .venv/bin/python bench/poll_large.py --keys 2000000 --profile           # where a poll's time goes
+    .venv/bin/python bench/poll_large.py --keys 2000000 --hot 50000         # updates of recent keys
 
 ``--profile`` runs this tree alone under cProfile and prints, for the polls after a commit and
 those after a seal separately, the functions with the most cumulative time.
@@ -127,6 +128,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         sent = 0
         for i in range(args.batches):
             recs = wl.records(SEED, args.keys, sent, args.batch_rows, wl.STREAM_SEQ_BASE)
+            if args.hot:  # the keys among the newest --hot ones (recent orders updated)
+                hot = args.keys - 1 - recs.id % args.hot
+                recs = wl.Records(hot, recs.seq, recs.amount, recs.status, recs.deleted)
             sent += len(recs)
             commit(cat, spec, recs, offsets)
             kind = "commit"
@@ -188,7 +192,8 @@ def run_tree(src: Path, home: Path, args: argparse.Namespace, work: Path) -> dic
     cmd = [sys.executable, str(HERE / "poll_large.py"), "--child", str(copy)]
     cmd += ["--keys", str(args.keys), "--batches", str(args.batches)]
     cmd += ["--batch-rows", str(args.batch_rows), "--seal-every", str(args.seal_every)]
-    cmd += ["--cache-mb", str(args.cache_mb)] + (["--profile"] if args.profile else [])
+    cmd += ["--cache-mb", str(args.cache_mb), "--hot", str(args.hot)]
+    cmd += ["--profile"] if args.profile else []
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=HERE)
     shutil.rmtree(copy)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -208,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-rows", type=int, default=5_000)
     parser.add_argument("--seal-every", type=int, default=4, help="0: never seal")
     parser.add_argument("--cache-mb", type=float, default=2048)
+    parser.add_argument(
+        "--hot", type=int, default=0, help="stream keys among the newest N only (0: all keys)"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="rounds per tree, alternating")
     parser.add_argument("--baseline", default="", help="git revision of the code before")
     parser.add_argument("--src", default="", help="the code before: a tree's src directory")

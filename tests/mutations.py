@@ -3149,6 +3149,23 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_the_class_archive_is_used_once_written_and_written_once",
         ),
     ),
+    Guard(
+        name="poll-chunk-kept-only-without-a-new-key",
+        file=POLL_FILE,
+        what="_take_out: a chunk of the previous winners is kept as it is (not copied) only if "
+        "it holds none of the new rows' keys; a chunk holding one is filtered",
+        old="""\
+        if not pc.any(hit).as_py():
+""",
+        new="""\
+        if pc.sum(hit).as_py() <= 1:  # MUTATION: a chunk with one new key is kept as it is
+""",
+        tests=(
+            f"{POLL_TEST}::test_a_poll_copies_only_the_chunks_holding_a_new_key",
+            f"{POLL_TEST}::"
+            "test_a_cached_poll_over_many_small_chunks_reads_what_a_new_uncached_reader_reads",
+        ),
+    ),
 )
 
 

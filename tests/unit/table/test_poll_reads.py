@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pyarrow as pa
 import pytest
@@ -28,6 +29,7 @@ from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.sealer import Sealer
 from millstream.spec import TableSpec
+from millstream.table import poll
 from millstream.table.writer import commit_staged, stage_rows
 
 PARTITIONS = 3
@@ -170,6 +172,66 @@ def test_a_cached_poll_reads_what_a_new_uncached_reader_reads(seed: int) -> None
     key columns): every cached poll equals a new uncached read of the same version."""
     with tempfile.TemporaryDirectory(prefix="millstream-poll-") as d:
         play(seed, Path(d))
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(seed=SEEDS)
+def test_a_cached_poll_over_many_small_chunks_reads_what_a_new_uncached_reader_reads(
+    seed: int,
+) -> None:
+    """The same histories with the winners kept in chunks of 2 rows and the small chunks
+    joined past 3: polls that keep chunks holding none of the new keys as they are, filter the
+    others, and join small chunks, as a poll of a large table does."""
+    with (
+        mock.patch.object(poll, "CHUNK_ROWS", 2),
+        mock.patch.object(poll, "MAX_SMALL_CHUNKS", 3),
+        tempfile.TemporaryDirectory(prefix="millstream-poll-") as d,
+    ):
+        play(seed, Path(d))
+
+
+def test_a_poll_copies_only_the_chunks_holding_a_new_key(home: Path) -> None:
+    """Keys 0-7 in chunks of 2 rows; a commit updating key 5 (and a delete of key 0, in
+    another chunk) then a key updated twice in one commit, a key made again after its delete
+    and a smaller comparison value that must lose: each poll equals an uncached read, and
+    the chunks holding none of the new keys are the same buffers as before."""
+    with mock.patch.object(poll, "CHUNK_ROWS", 2), mock.patch.object(poll, "MAX_SMALL_CHUNKS", 8):
+        t, cached = _history(home, "upsert-cmp")
+        try:
+            _commit(t, {0: [(k, 1, False) for k in range(8)]})
+            t.sealer.seal_partition(0, force=True)
+            cached.read_table("t")
+            _commit(t, {0: [(5, 2, False), (0, 2, True)]})
+            before = cached.read_table("t")
+            _same(cached, home)
+            assert sorted(before.column("k").to_pylist()) == [1, 2, 3, 4, 5, 6, 7]
+            _commit(t, {0: [(3, 4, False)]})
+            after = cached.read_table("t")
+            _same(cached, home)
+            untouched = {
+                _data_start(c) for c in before.column("k").chunks if 3 not in c.to_pylist()
+            }
+            assert len(untouched) >= 2
+            assert untouched <= {_data_start(c) for c in after.column("k").chunks}
+            _commit(t, {0: [(3, 4, False), (3, 6, False), (0, 3, False), (2, 0, False)]})
+            _same(cached, home)
+            got = {r["k"]: r["v"] for r in cached.read_table("t").to_pylist()}
+            assert got == {0: 3, 1: 1, 2: 1, 3: 6, 4: 1, 5: 2, 6: 1, 7: 1}
+            t.sealer.seal_partition(0, force=True)
+            _commit(t, {1: [(6, 9, False)]})
+            _same(cached, home)
+        finally:
+            cached.close()
+            t.close()
+
+
+def _data_start(chunk: pa.Array) -> int:
+    """Where an int64 chunk's values start in memory: the same for a chunk kept as it was."""
+    return int(chunk.buffers()[1].address) + chunk.offset * 8
 
 
 def _history(home: Path, kind: str) -> tuple[Table, Catalog]:
