@@ -175,7 +175,9 @@ def test_the_class_archive_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) ->
     assert session.batch_run_settings(None) == session.BATCH_RUN_SETTINGS
 
 
-def test_ending_the_jvm_does_not_wait_for_the_accumulator_server() -> None:
+def test_ending_the_jvm_does_not_wait_for_the_accumulator_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """``end_jvm`` does not wait for PySpark's accumulator server to stop (its stop() waits for
     the server's loop to see the shutdown, ~0.9 s of a run's end): the server is still told to
     stop, on a thread of its own. The stand-ins do what PySpark's do: ``stop()`` shuts the
@@ -198,6 +200,8 @@ def test_ending_the_jvm_does_not_wait_for_the_accumulator_server() -> None:
             if server is not None:
                 server.shutdown()
 
+    # No JVM to end: the suite's own session (a process-wide gateway) must outlive this test.
+    monkeypatch.setattr(session.SparkContext, "_gateway", None)
     ended = threading.Event()
     thread = threading.Thread(target=lambda: (session.end_jvm(Spark()), ended.set()), daemon=True)
     thread.start()

@@ -106,6 +106,7 @@ def run(
         starting = SessionStart(
             master=master, config=batch_run_settings(archive) if available_now else None
         )
+        # lazy: imported while the JVM starts on its thread (above), not before it
         from millstream.cli.progress import ProgressView
         from millstream.spark.runner import DatastreamRunner
 
