@@ -529,10 +529,15 @@ def _operator(sch: Schedule, name: str, rng: random.Random) -> None:
             time.sleep(rng.uniform(0.02, 0.2))
             live = catalog.manifest(sch.table).entries
             while not live:
-                # Nothing to roll back yet; once the writers are done nothing will come.
-                if sch.stop.is_set() or sch.writers_done.wait(0.05):
+                # Nothing to roll back yet (or a rollback emptied the table); once the writers
+                # are done nothing more will come, but what they left is read once more: they
+                # may have committed again since the last look (a loaded machine).
+                if sch.stop.is_set():
                     return
+                done = sch.writers_done.wait(0.05)
                 live = catalog.manifest(sch.table).entries
+                if done and not live:
+                    return
             if sch.stop.is_set():
                 return
             entry = rng.choice(live[-4:])
