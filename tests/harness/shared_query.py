@@ -6,11 +6,13 @@ start, join and leave, and runs until stopped. ``refuse`` makes joins and leaves
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from millstream.control import worker as worker_module
+from millstream.datastream import DatastreamSpec
 from millstream.storage.statedir import StateDirectory
 
 
@@ -57,3 +59,32 @@ class FakeSharedQuery:
 
     def status(self) -> dict[str, Any]:
         return {"members": sorted(self.members)}
+
+
+def append_files_spec(
+    root: Path,
+    name: str,
+    *,
+    partitions: int,
+    lines: int,
+    max_records_per_batch: int,
+    trigger: str,
+) -> DatastreamSpec:
+    """An append datastream ``name`` over a files source under ``root`` of ``partitions``
+    partitions of ``lines`` JSON lines each (ids unique across partitions, written here): a
+    member of a shared query in which a duplicate would be a second row."""
+    for p in range(partitions):
+        (root / name / str(p)).mkdir(parents=True)
+        (root / name / str(p) / "00000.jsonl").write_text(
+            "".join(f'{{"id": {p * 1000 + i}, "v": "{name}{i}"}}\n' for i in range(lines))
+        )
+    return DatastreamSpec.parse(
+        {
+            "name": name,
+            "source": {"kind": "files", "path": str(root / name)},
+            "schema": {"id": "long", "v": "string"},
+            "table": {"mode": "append"},  # a duplicate would be a second row
+            "max_records_per_batch": max_records_per_batch,
+            "trigger_interval": trigger,
+        }
+    )

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from pyspark.errors import PySparkRuntimeError
 
+from harness.shared_query import append_files_spec
 from millstream import faults
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
@@ -58,20 +59,8 @@ if _dir and _module and _module in sys.orig_argv:
 
 
 def _spec(root: Path, name: str) -> DatastreamSpec:
-    for p in range(PARTITIONS):
-        (root / name / str(p)).mkdir(parents=True)
-        (root / name / str(p) / "00000.jsonl").write_text(
-            "".join(f'{{"id": {p * 1000 + i}, "v": "{name}{i}"}}\n' for i in range(LINES))
-        )
-    return DatastreamSpec.parse(
-        {
-            "name": name,
-            "source": {"kind": "files", "path": str(root / name)},
-            "schema": {"id": "long", "v": "string"},
-            "table": {"mode": "append"},  # a duplicate would be a second row
-            "max_records_per_batch": 20,
-            "trigger_interval": "200ms",
-        }
+    return append_files_spec(
+        root, name, partitions=PARTITIONS, lines=LINES, max_records_per_batch=20, trigger="200ms"
     )
 
 

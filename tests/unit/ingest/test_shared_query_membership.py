@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.shared_query import append_files_spec
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.ingest.sources.files import FilesReader
@@ -42,20 +43,8 @@ SPARK = SimpleNamespace(sparkContext=SimpleNamespace(defaultParallelism=2))
 
 
 def _spec(root: Path, name: str, trigger: str = "500ms") -> DatastreamSpec:
-    for p in range(PARTITIONS):
-        (root / name / str(p)).mkdir(parents=True)
-        (root / name / str(p) / "00000.jsonl").write_text(
-            "".join(f'{{"id": {p * 1000 + i}, "v": "{name}{i}"}}\n' for i in range(LINES))
-        )
-    return DatastreamSpec.parse(
-        {
-            "name": name,
-            "source": {"kind": "files", "path": str(root / name)},
-            "schema": {"id": "long", "v": "string"},
-            "table": {"mode": "append"},  # a duplicate would be a second row
-            "max_records_per_batch": 4,
-            "trigger_interval": trigger,
-        }
+    return append_files_spec(
+        root, name, partitions=PARTITIONS, lines=LINES, max_records_per_batch=4, trigger=trigger
     )
 
 
