@@ -113,6 +113,7 @@ def main() -> None:
     ap.add_argument("--memory", action="store_true", help="what grew, and what an allocator kept")
     ap.add_argument("--memory-from", type=int, default=20, help="the round --memory compares from")
     ap.add_argument("--top", type=int, default=15, help="lines --memory prints")
+    ap.add_argument("--frames", type=int, default=1, help="--memory: frames of each allocation")
     ap.add_argument("--profile", default="", help="batches whose round is profiled: 15,70")
     ap.add_argument("--profile-dir", default="", help="also save each profile there (.prof)")
     ap.add_argument("--src", action="append", default=[], metavar="NAME=DIR")
@@ -176,7 +177,7 @@ def main() -> None:
     publisher = Publisher(cat, interval=15.0, clock=clock)
     handed = {n: [n, dead_letter_spec(n).name] for n in names}
     sealers = {n: Sealer(cat, n, clock=clock) for n in names} if args.worker_sealer else {}
-    tracemalloc.start()
+    tracemalloc.start(args.frames)
     base: tracemalloc.Snapshot | None = None
     marks: list[tuple[int, float, float, float]] = []  # (round, RSS, heap, Arrow) by round
     rounds = 0
@@ -244,12 +245,14 @@ def main() -> None:
             f"-> {last[2]:.1f} MB ({(last[2] - first[2]) * per:+.1f}), Arrow {first[3]:.1f} -> "
             f"{last[3]:.1f} MB ({(last[3] - first[3]) * per:+.1f})"
         )
-        stats = tracemalloc.take_snapshot().compare_to(base, "lineno")
-        common.log(f"the Python heap's growth by line, top {args.top}:")
+        by = "lineno" if args.frames == 1 else "traceback"
+        stats = tracemalloc.take_snapshot().compare_to(base, by)
+        common.log(f"the Python heap's growth by {by}, top {args.top}:")
         for st in stats[: args.top]:
-            common.log(
-                f"  {st.size_diff / 2**10:+9.1f} KiB {st.count_diff:+7d} blocks  {st.traceback}"
-            )
+            where = st.traceback.format() if args.frames > 1 else [str(st.traceback)]
+            common.log(f"  {st.size_diff / 2**10:+9.1f} KiB {st.count_diff:+7d} blocks")
+            for line in where:
+                common.log(f"      {line}")
         for what, rss, arrow in released():
             common.log(f"RSS {rss:.0f} MB, Arrow {arrow:.1f} MB {what}")
         if args.child:
@@ -296,7 +299,7 @@ def compare(args: argparse.Namespace) -> None:
                 rss[name].setdefault(row["batch"], []).append(row["rss"])
                 heap[name].setdefault(row["batch"], []).append(row["heap"])
                 entries[row["batch"]] = row["entries"]
-            elif args.memory and ("KiB" in line or line.startswith(("from round", "RSS"))):
+            elif args.memory and line.startswith(("  ", "from round", "RSS", "the Python")):
                 common.log(f"  [{name}] {line}")
 
     for r in range(args.repeat):
