@@ -54,6 +54,7 @@ import io
 import json
 import os
 import pstats
+import re
 import statistics
 import subprocess
 import sys
@@ -78,6 +79,27 @@ def arrow_mb() -> float:
 def heap_mb() -> float:
     """The Python heap tracemalloc traces, without tracemalloc's own bookkeeping."""
     return tracemalloc.get_traced_memory()[0] / 2**20
+
+
+def pymalloc_mb() -> tuple[float, float]:
+    """Python's small-object allocator: MB of its arenas mapped, and MB of blocks in use in
+    them (``sys._debugmallocstats``, which writes to the C stderr)."""
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        sys.stderr.flush()
+        os.dup2(out.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode()
+    mapped = re.search(r"^\d+ arenas \* \d+ bytes/arena\s+=\s+([\d,]+)", text, re.M)
+    used = re.search(r"^# bytes in allocated blocks\s+=\s+([\d,]+)", text, re.M)
+    arenas = int(mapped.group(1).replace(",", "")) if mapped else 0
+    in_use = int(used.group(1).replace(",", "")) if used else 0
+    return arenas / 2**20, in_use / 2**20
 
 
 def released() -> list[tuple[str, float, float]]:
@@ -253,6 +275,10 @@ def main() -> None:
             common.log(f"  {st.size_diff / 2**10:+9.1f} KiB {st.count_diff:+7d} blocks")
             for line in where:
                 common.log(f"      {line}")
+        arenas, used = pymalloc_mb()
+        common.log(
+            f"pymalloc: {arenas:.1f} MB of arenas mapped, {used:.1f} MB of blocks in use in them"
+        )
         for what, rss, arrow in released():
             common.log(f"RSS {rss:.0f} MB, Arrow {arrow:.1f} MB {what}")
         if args.child:
@@ -299,7 +325,7 @@ def compare(args: argparse.Namespace) -> None:
                 rss[name].setdefault(row["batch"], []).append(row["rss"])
                 heap[name].setdefault(row["batch"], []).append(row["heap"])
                 entries[row["batch"]] = row["entries"]
-            elif args.memory and line.startswith(("  ", "from round", "RSS", "the Python")):
+            elif args.memory and line.startswith(("  ", "from", "RSS", "the Python", "pymalloc")):
                 common.log(f"  [{name}] {line}")
 
     for r in range(args.repeat):
