@@ -275,6 +275,7 @@ def main() -> None:
             common.log(f"  {st.size_diff / 2**10:+9.1f} KiB {st.count_diff:+7d} blocks")
             for line in where:
                 common.log(f"      {line}")
+        tracemalloc.stop()  # pymalloc's statistics are empty while tracemalloc hooks it
         arenas, used = pymalloc_mb()
         common.log(
             f"pymalloc: {arenas:.1f} MB of arenas mapped, {used:.1f} MB of blocks in use in them"
