@@ -135,6 +135,11 @@ def main() -> None:
     ap.add_argument("--memory", action="store_true", help="what grew, and what an allocator kept")
     ap.add_argument("--memory-from", type=int, default=20, help="the round --memory compares from")
     ap.add_argument("--top", type=int, default=15, help="lines --memory prints")
+    ap.add_argument(
+        "--no-tracemalloc",
+        action="store_true",
+        help="--memory: pymalloc's arenas at --memory-from and at the end instead",
+    )
     ap.add_argument("--frames", type=int, default=1, help="--memory: frames of each allocation")
     ap.add_argument("--profile", default="", help="batches whose round is profiled: 15,70")
     ap.add_argument("--profile-dir", default="", help="also save each profile there (.prof)")
@@ -199,7 +204,8 @@ def main() -> None:
     publisher = Publisher(cat, interval=15.0, clock=clock)
     handed = {n: [n, dead_letter_spec(n).name] for n in names}
     sealers = {n: Sealer(cat, n, clock=clock) for n in names} if args.worker_sealer else {}
-    tracemalloc.start(args.frames)
+    if not args.no_tracemalloc:
+        tracemalloc.start(args.frames)
     base: tracemalloc.Snapshot | None = None
     marks: list[tuple[int, float, float, float]] = []  # (round, RSS, heap, Arrow) by round
     rounds = 0
@@ -243,7 +249,10 @@ def main() -> None:
             )
             if args.memory and rounds == args.memory_from:
                 gc.collect()
-                base = tracemalloc.take_snapshot()
+                if args.no_tracemalloc:
+                    arenas, used = pymalloc_mb()
+                    common.log(f"pymalloc: {arenas:.1f} MB of arenas mapped, {used:.1f} MB used")
+                base = tracemalloc.take_snapshot() if tracemalloc.is_tracing() else None
             if args.child:
                 row = {"batch": b + 1, "entries": entries, "cpu": cpu, "rss": rss, "heap": heap}
                 print(json.dumps(row), flush=True)
@@ -256,6 +265,12 @@ def main() -> None:
                     common.log(f"-- round after batch {b + 1}, by {order}:\n{out.getvalue()}")
     if rounds:
         common.log(f"{rounds} rounds, {c_all / rounds:.3f} CPU-s a round on average")
+    if args.memory and args.no_tracemalloc:
+        gc.collect()
+        arenas, used = pymalloc_mb()
+        common.log(f"pymalloc: {arenas:.1f} MB of arenas mapped, {used:.1f} MB used")
+        for what, rss, arrow in released():
+            common.log(f"RSS {rss:.0f} MB, Arrow {arrow:.1f} MB {what}")
     if args.memory and base is not None:
         gc.collect()
         last = marks[-1]
