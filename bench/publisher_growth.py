@@ -317,6 +317,7 @@ def compare(args: argparse.Namespace) -> None:
         *("--seal-every", str(args.seal_every), "--memory-from", str(args.memory_from)),
         *(["--memory"] if args.memory else []),
         *(["--worker-sealer"] if args.worker_sealer else []),
+        *(["--no-tracemalloc"] if args.no_tracemalloc else []),
     ]
     rounds: dict[str, dict[int, list[float]]] = {n: {} for n in trees}
     rss: dict[str, dict[int, list[float]]] = {n: {} for n in trees}
