@@ -194,9 +194,10 @@ def release_freed_memory() -> None:
     of each thread's arena for later: a long-lived publisher over 20 busy tables (in process,
     ``bench/publisher_growth.py --memory``) grew 213 -> 249 MB from round 10 to 80 while its
     Python heap grew 5.6 MB and Arrow's allocations 0.7 MB; at the end ``malloc_trim(0)`` gave
-    20 MB back, the Arrow pool's ``release_unused()`` (mimalloc) 3 MB. Trimmed after every
-    round, the same publisher ran 6-15 MB lower at each round than without (257 against 266 MB
-    after 80 rounds), at the same CPU a round (2.15 against 2.18 s)."""
+    20 MB back, the Arrow pool's ``release_unused()`` (mimalloc) 3 MB. Given back after every
+    round, the same publisher (without tracemalloc) ran 8-13 MB lower at each round than
+    without (207 against 215 MB after 60 rounds), at the same CPU a round (0.64 against 0.67
+    s)."""
     pa.default_memory_pool().release_unused()
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
