@@ -297,7 +297,7 @@ def window(
     """Produce at ``rate`` for ``args.seconds`` and split the batches of that window."""
     load0 = load_text()
     sealer = runner.sealer
-    seals0 = len(sealer.durations) if sealer is not None else 0
+    seals0 = sealer.seals if sealer is not None else 0
     compactions0 = len(sealer.compactions) if sealer is not None else 0
     produced = base / f"produced-{i}.npz"
     producer = multiprocessing.get_context("spawn").Process(
@@ -323,7 +323,8 @@ def window(
     every_commit = runner.commits()
     commits = [c for c in every_commit if w0 <= c.get("at", 0) <= w1 + 5 and c.get("rows")]
     lat = to_commit(prod, [c for c in every_commit if c.get("at", 0) >= w0])
-    seals = list(sealer.durations[seals0:]) if sealer is not None else []
+    new_seals = sealer.seals - seals0 if sealer is not None else 0
+    seals = list(sealer.durations[max(0, len(sealer.durations) - new_seals) :]) if new_seals else []
     compactions = [c.seconds for c in sealer.compactions[compactions0:]] if sealer else []
     segments = len(catalog.manifest("peers").entries)
     t_read = time.perf_counter()

@@ -8,7 +8,9 @@ Run from the repository root (not part of CI; 5-20 minutes, by the load)::
     .venv/bin/python bench/publisher_growth.py --src before=/tmp/old/src --src after=src \
         --tables 30 --batches 70 --seal-at 0 --repeat 2     # A/B: each tree in its own process
     .venv/bin/python bench/publisher_growth.py --tables 30 --batches 70 --profile 15,70
-    # options: --tables N --batches B --every E --seal-at S (0: never) --profile B1,B2
+    .venv/bin/python bench/publisher_growth.py --tables 20 --rounds 120 --seal-every 100 --memory
+    # options: --tables N --batches B | --rounds R --every E --seal-at S (0: never)
+    #          --seal-every S --profile B1,B2 --memory --memory-from R
 
 The production publisher (:class:`~millstream.sealing.maintenance.Publisher`, ``run_due``,
 the step a worker's publisher process runs) over ``--tables`` small upsert tables (each with
@@ -21,6 +23,20 @@ would). Per round: the unsealed entries a table holds, the round's CPU seconds
 (``time.process_time``), the process's RSS, the Python heap (``tracemalloc``) and the
 publisher cache's entries and the bytes of Arrow buffers it counts.
 
+``--rounds R`` runs ``R * --every`` batches; ``--seal-every S`` seals every table's unsealed run
+every ``S`` batches (as a worker's ``flush_seconds`` does, several times in a long window).
+``--worker-sealer``: as a worker's sealing thread, a long-lived
+:class:`~millstream.sealing.sealer.Sealer` per table (the process's key-index cache, the
+default thresholds: a run seals 300 s after it starts) runs ``seal_due()`` after every batch,
+the bench's clock advancing 2.5 s a batch besides 20 s a round: the worker's own (driver)
+process's sealing pass and the publisher's round, in one process.
+``--memory``: each round also prints the bytes Arrow's memory pool holds allocated
+(``pyarrow.total_allocated_bytes()``) and its backend, and at the end what grew from round
+``--memory-from`` (20) to the last, as ``tracemalloc`` sees it by line (the Python heap: real
+retention, a cache or a dict that only grows), then RSS after ``gc.collect()``, after the Arrow
+pool's ``release_unused()`` and after glibc's ``malloc_trim(0)``: memory that comes back then
+was freed and kept by an allocator, not held by the publisher.
+
 ``--profile B1,B2``: the rounds after those batches run under cProfile, and the functions
 with the most own time and the most cumulative time are printed. ``--src NAME=DIR``
 (repeated): each tree's ``src`` runs the same in a fresh process of its own (alternating,
@@ -32,10 +48,13 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import ctypes
+import gc
 import io
 import json
 import os
 import pstats
+import re
 import statistics
 import subprocess
 import sys
@@ -53,20 +72,84 @@ def rss_mb() -> float:
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def arrow_mb() -> float:
+    return pa.total_allocated_bytes() / 2**20
+
+
+def heap_mb() -> float:
+    """The Python heap tracemalloc traces, without tracemalloc's own bookkeeping."""
+    return tracemalloc.get_traced_memory()[0] / 2**20
+
+
+def pymalloc_mb() -> tuple[float, float]:
+    """Python's small-object allocator: MB of its arenas mapped, and MB of blocks in use in
+    them (``sys._debugmallocstats``, which writes to the C stderr)."""
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        sys.stderr.flush()
+        os.dup2(out.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode()
+    mapped = re.search(r"^\d+ arenas \* \d+ bytes/arena\s+=\s+([\d,]+)", text, re.M)
+    used = re.search(r"^# bytes in allocated blocks\s+=\s+([\d,]+)", text, re.M)
+    arenas = int(mapped.group(1).replace(",", "")) if mapped else 0
+    in_use = int(used.group(1).replace(",", "")) if used else 0
+    return arenas / 2**20, in_use / 2**20
+
+
+def released() -> list[tuple[str, float, float]]:
+    """RSS and Arrow's allocated MB after each step that returns freed memory to the system."""
+    out = [("as it is", rss_mb(), arrow_mb())]
+    gc.collect()
+    out.append(("after gc.collect()", rss_mb(), arrow_mb()))
+    pa.default_memory_pool().release_unused()
+    out.append(("after the Arrow pool's release_unused()", rss_mb(), arrow_mb()))
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        out.append(("after glibc's malloc_trim(0)", rss_mb(), arrow_mb()))
+    except (OSError, AttributeError):  # not glibc
+        pass
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tables", type=int, default=20)
     ap.add_argument("--batches", type=int, default=60)
+    ap.add_argument("--rounds", type=int, default=0, help="publish rounds (batches = R x every)")
     ap.add_argument("--every", type=int, default=5, help="batches between publish rounds")
     ap.add_argument(
         "--seal-at", type=int, default=40, help="the batch after which all seal (0: never)"
     )
+    ap.add_argument("--seal-every", type=int, default=0, help="seal every S batches (0: never)")
+    ap.add_argument(
+        "--worker-sealer",
+        action="store_true",
+        help="a long-lived Sealer per table runs its seal_due() after every batch",
+    )
+    ap.add_argument("--memory", action="store_true", help="what grew, and what an allocator kept")
+    ap.add_argument("--memory-from", type=int, default=20, help="the round --memory compares from")
+    ap.add_argument("--top", type=int, default=15, help="lines --memory prints")
+    ap.add_argument(
+        "--no-tracemalloc",
+        action="store_true",
+        help="--memory: pymalloc's arenas at --memory-from and at the end instead",
+    )
+    ap.add_argument("--frames", type=int, default=1, help="--memory: frames of each allocation")
     ap.add_argument("--profile", default="", help="batches whose round is profiled: 15,70")
     ap.add_argument("--profile-dir", default="", help="also save each profile there (.prof)")
     ap.add_argument("--src", action="append", default=[], metavar="NAME=DIR")
     ap.add_argument("--repeat", type=int, default=1, help="alternations with --src")
+    ap.add_argument("--together", action="store_true", help="with --src: the trees at once")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.rounds:
+        args.batches = args.rounds * args.every
     if args.src:
         compare(args)
         return
@@ -82,6 +165,9 @@ def main() -> None:
     from millstream.table.writer import commit_staged, stage_rows
 
     common.log(f"tree {Path(millstream.__file__).parent.parent}, load {common.load_text()}")
+    # As the publisher's process runs it (millstream.sealing.publishing.serve).
+    pa.set_cpu_count(1)
+    common.log(f"Arrow's memory pool: {pa.default_memory_pool().backend_name}")
     cat = Catalog.open(home=Path(tempfile.mkdtemp(prefix="ms-publisher-growth-")))
     names = [f"t{i:03d}" for i in range(args.tables)]
     upper = dict.fromkeys(names, 0)
@@ -117,10 +203,23 @@ def main() -> None:
     clock = ManualClock(time.time())
     publisher = Publisher(cat, interval=15.0, clock=clock)
     handed = {n: [n, dead_letter_spec(n).name] for n in names}
-    tracemalloc.start()
+    sealers = {n: Sealer(cat, n, clock=clock) for n in names} if args.worker_sealer else {}
+    if not args.no_tracemalloc:
+        tracemalloc.start(args.frames)
+    base: tracemalloc.Snapshot | None = None
+    marks: list[tuple[int, float, float, float]] = []  # (round, RSS, heap, Arrow) by round
+    rounds = 0
+    c_all = 0.0
     for b in range(args.batches):
         for n in names:
             commit(n)
+        if sealers:
+            clock.advance(2.5)
+            for sealer in sealers.values():
+                sealer.seal_due()
+        if args.seal_every and (b + 1) % args.seal_every == 0:
+            for n in names:
+                Sealer(cat, n, index_cache=IndexCache()).seal_partition(0, force=True)
         if args.seal_at and b + 1 == args.seal_at:
             c0 = time.process_time()
             for n in names:
@@ -136,17 +235,27 @@ def main() -> None:
             if profiler is not None:
                 profiler.disable()
             cpu = time.process_time() - c0
+            rounds += 1
+            c_all += cpu
             entries = len(cat.manifest(names[0]).entries)
-            traced, _ = tracemalloc.get_traced_memory()
             cache = publisher.cache.columns
+            rss, heap, arrow = rss_mb(), heap_mb(), arrow_mb()
+            marks.append((rounds, rss, heap, arrow))
             common.log(
-                f"batch {b + 1}: {entries} entries a table, a publish round {cpu:.2f} CPU-s "
-                f"({cpu / args.tables * 1000:.0f} ms a table), RSS {rss_mb():.0f} MB, Python heap "
-                f"{traced / 2**20:.1f} MB, cache {len(cache)} entries ({cache.bytes / 2**20:.1f} "
-                "MB of Arrow buffers)"
+                f"round {rounds} (batch {b + 1}): {entries} entries a table, {cpu:.2f} CPU-s "
+                f"({cpu / args.tables * 1000:.0f} ms a table), RSS {rss:.0f} MB, Python heap "
+                f"{heap:.1f} MB, Arrow {arrow:.1f} MB, cache {len(cache)} entries "
+                f"({cache.bytes / 2**20:.1f} MB of Arrow buffers)"
             )
+            if args.memory and rounds == args.memory_from:
+                gc.collect()
+                if args.no_tracemalloc:
+                    arenas, used = pymalloc_mb()
+                    common.log(f"pymalloc: {arenas:.1f} MB of arenas mapped, {used:.1f} MB used")
+                base = tracemalloc.take_snapshot() if tracemalloc.is_tracing() else None
             if args.child:
-                print(json.dumps({"batch": b + 1, "entries": entries, "cpu": cpu}), flush=True)
+                row = {"batch": b + 1, "entries": entries, "cpu": cpu, "rss": rss, "heap": heap}
+                print(json.dumps(row), flush=True)
             if profiler is not None:
                 if args.profile_dir:
                     profiler.dump_stats(Path(args.profile_dir) / f"round-{b + 1}.prof")
@@ -154,11 +263,49 @@ def main() -> None:
                     out = io.StringIO()
                     pstats.Stats(profiler, stream=out).sort_stats(order).print_stats(30)
                     common.log(f"-- round after batch {b + 1}, by {order}:\n{out.getvalue()}")
+    if rounds:
+        common.log(f"{rounds} rounds, {c_all / rounds:.3f} CPU-s a round on average")
+    if args.memory and args.no_tracemalloc:
+        gc.collect()
+        arenas, used = pymalloc_mb()
+        common.log(f"pymalloc: {arenas:.1f} MB of arenas mapped, {used:.1f} MB used")
+        for what, rss, arrow in released():
+            common.log(f"RSS {rss:.0f} MB, Arrow {arrow:.1f} MB {what}")
+    if args.memory and base is not None:
+        gc.collect()
+        last = marks[-1]
+        first = next(m for m in marks if m[0] == args.memory_from)
+        per = 100 / max(1, last[0] - first[0])
+        common.log(
+            f"from round {first[0]} to {last[0]}: RSS {first[1]:.0f} -> {last[1]:.0f} MB "
+            f"({(last[1] - first[1]) * per:+.1f} MB a 100 rounds), Python heap {first[2]:.1f} "
+            f"-> {last[2]:.1f} MB ({(last[2] - first[2]) * per:+.1f}), Arrow {first[3]:.1f} -> "
+            f"{last[3]:.1f} MB ({(last[3] - first[3]) * per:+.1f})"
+        )
+        by = "lineno" if args.frames == 1 else "traceback"
+        stats = tracemalloc.take_snapshot().compare_to(base, by)
+        common.log(f"the Python heap's growth by {by}, top {args.top}:")
+        for st in stats[: args.top]:
+            where = st.traceback.format() if args.frames > 1 else [str(st.traceback)]
+            common.log(f"  {st.size_diff / 2**10:+9.1f} KiB {st.count_diff:+7d} blocks")
+            for line in where:
+                common.log(f"      {line}")
+        tracemalloc.stop()  # pymalloc's statistics are empty while tracemalloc hooks it
+        arenas, used = pymalloc_mb()
+        common.log(
+            f"pymalloc: {arenas:.1f} MB of arenas mapped, {used:.1f} MB of blocks in use in them"
+        )
+        for what, rss, arrow in released():
+            common.log(f"RSS {rss:.0f} MB, Arrow {arrow:.1f} MB {what}")
+        if args.child:
+            print(json.dumps({"released": released()[-1][1]}), flush=True)
     cat.close()
 
 
 def compare(args: argparse.Namespace) -> None:
-    """Each ``--src`` tree in a fresh process, alternating; each round's CPU-s side by side."""
+    """Each ``--src`` tree in a fresh process, alternating (``--together``: all at once, so
+    they share the machine's load); each round's CPU-s side by side, and with ``--memory``
+    each tree's RSS and Python heap growth."""
     trees = dict(s.split("=", 1) for s in args.src)
     common.log(f"trees {trees}, load {common.load_text()}")
     child = [
@@ -167,31 +314,78 @@ def compare(args: argparse.Namespace) -> None:
         "--child",
         *("--tables", str(args.tables), "--batches", str(args.batches)),
         *("--every", str(args.every), "--seal-at", str(args.seal_at)),
+        *("--seal-every", str(args.seal_every), "--memory-from", str(args.memory_from)),
+        *(["--memory"] if args.memory else []),
+        *(["--worker-sealer"] if args.worker_sealer else []),
+        *(["--no-tracemalloc"] if args.no_tracemalloc else []),
     ]
     rounds: dict[str, dict[int, list[float]]] = {n: {} for n in trees}
+    rss: dict[str, dict[int, list[float]]] = {n: {} for n in trees}
+    heap: dict[str, dict[int, list[float]]] = {n: {} for n in trees}
+    trimmed: dict[str, list[float]] = {n: [] for n in trees}
     entries: dict[int, int] = {}
+
+    def start(name: str) -> subprocess.Popen[str]:
+        env = {**os.environ, "PYTHONPATH": str(Path(trees[name]).resolve())}
+        return subprocess.Popen(child, env=env, stdout=subprocess.PIPE, text=True)
+
+    def collect(name: str, proc: subprocess.Popen[str]) -> None:
+        out, _ = proc.communicate()
+        if proc.returncode:
+            raise SystemExit(f"tree {name}: exit {proc.returncode}")
+        for line in out.splitlines():
+            if line.startswith('{"released"'):
+                trimmed[name].append(json.loads(line)["released"])
+            elif line.startswith("{"):
+                row = json.loads(line)
+                rounds[name].setdefault(row["batch"], []).append(row["cpu"])
+                rss[name].setdefault(row["batch"], []).append(row["rss"])
+                heap[name].setdefault(row["batch"], []).append(row["heap"])
+                entries[row["batch"]] = row["entries"]
+            elif args.memory and line.startswith(("  ", "from", "RSS", "the Python", "pymalloc")):
+                common.log(f"  [{name}] {line}")
+
     for r in range(args.repeat):
-        for name in list(trees) if r % 2 == 0 else list(reversed(trees)):
-            env = {**os.environ, "PYTHONPATH": str(Path(trees[name]).resolve())}
-            out = subprocess.run(child, env=env, check=True, capture_output=True, text=True)
-            for line in out.stdout.splitlines():
-                if line.startswith("{"):
-                    row = json.loads(line)
-                    rounds[name].setdefault(row["batch"], []).append(row["cpu"])
-                    entries[row["batch"]] = row["entries"]
-            common.log(f"repeat {r + 1}: {name} done, load {common.load_text()}")
+        order = list(trees) if r % 2 == 0 else list(reversed(trees))
+        if args.together:
+            procs = [(name, start(name)) for name in order]
+            for name, proc in procs:
+                collect(name, proc)
+        else:
+            for name in order:
+                collect(name, start(name))
+        common.log(f"repeat {r + 1} done, load {common.load_text()}")
     first = next(iter(trees))
+    med = statistics.median
     common.log(
-        f"CPU-s a publish round over {args.tables} tables (median of {args.repeat} per tree):"
+        f"CPU-s a publish round over {args.tables} tables, RSS MB after it "
+        f"(median of {args.repeat} per tree):"
     )
     common.log("| after batch | entries a table | " + " | ".join(trees) + " |")
-    for b in sorted(entries):
+    every = max(1, len(entries) // 12)
+    for i, b in enumerate(sorted(entries)):
+        if i % every and b != max(entries):
+            continue
         cells = []
         for name in trees:
-            med = statistics.median(rounds[name][b])
-            base = statistics.median(rounds[first][b])
-            cells.append(f"{med:.2f}" + ("" if name == first else f" ({med / base:.2f}x)"))
+            cpu, base = med(rounds[name][b]), med(rounds[first][b])
+            ratio = "" if name == first else f" ({cpu / base:.2f}x)"
+            cells.append(f"{cpu:.2f}{ratio}, {med(rss[name][b]):.0f} MB")
         common.log(f"| {b} | {entries[b]} | " + " | ".join(cells) + " |")
+    batches = sorted(entries)
+    b0 = batches[min(args.memory_from, len(batches)) - 1]
+    b1 = batches[-1]
+    per = 100 / max(1, (b1 - b0) / args.every)
+    for name in trees:
+        cpu = [med(v) for v in rounds[name].values()]
+        grow = (med(rss[name][b1]) - med(rss[name][b0])) * per
+        hgrow = (med(heap[name][b1]) - med(heap[name][b0])) * per
+        after = f", {med(trimmed[name]):.0f} MB after a trim" if trimmed[name] else ""
+        common.log(
+            f"{name}: {sum(cpu) / len(cpu):.3f} CPU-s a round; RSS {med(rss[name][b0]):.0f} MB "
+            f"at batch {b0}, {med(rss[name][b1]):.0f} at {b1} ({grow:+.1f} MB a 100 rounds; "
+            f"Python heap {hgrow:+.1f}){after}"
+        )
 
 
 if __name__ == "__main__":

@@ -2455,10 +2455,10 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         "while the file's segments are the ones that mask was computed for (a seal of one "
         "partition of a shared micro-batch file changes them)",
         old="""\
-        if known is not None and known[0] == ranges:
+            if known is not None and known[0] == ranges:
 """,
         new="""\
-        if known is not None:  # MUTATION: a file's mask kept whatever its segments now are
+            if known is not None:  # MUTATION: a file's mask kept whatever its segments now are
 """,
         tests=(
             "tests/unit/sealing/test_iceberg_publish_growth.py::"

@@ -39,7 +39,7 @@ class ProgressView:
         last = log.last_at
         # A writer this view saw start has committed only since then; one that committed
         # before the view existed (a view made mid-run) is measured over the whole window.
-        first = min((at for at, _ in log.recent), default=None)
+        first = log.first_at
         since = self.started if first is None or first >= self.started else None
         rate = log.rows_per_second(now, window=RATE_WINDOW_S, since=since)
         parts = sorted(set(shards) | set(self.latest))

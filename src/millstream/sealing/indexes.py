@@ -17,6 +17,10 @@ from millstream.metastore.models import Manifest
 from millstream.sealing.compaction import CompactionPlan
 from millstream.sealing.keyindex import CACHE, IndexCache, KeyIndex, Reflects, indexed
 
+#: The newest timings a sealer keeps (seal seconds, key-index merge seconds): a list of every
+#: one grew a float a seal for the life of the worker.
+TIMES_KEPT = 100
+
 log = logging.getLogger(__name__)
 
 
@@ -42,7 +46,8 @@ class SealerIndexes:
         self.owner: str | None = None  # set from the manifest when an index is used
         #: Key indexes rebuilt by reading sealed segments.
         self.rebuilds = 0
-        #: Seconds of key-index maintenance (run merges) after each seal.
+        #: Seconds of key-index maintenance (run merges) after the newest seals
+        #: (:data:`TIMES_KEPT`).
         self.seconds: list[float] = []
 
     def checkpoint_path(self, partition: int) -> Path:
@@ -133,6 +138,7 @@ class SealerIndexes:
         t0 = time.monotonic()
         self.cache.put(self.where, self.table, index.compacted())
         self.seconds.append(time.monotonic() - t0)
+        del self.seconds[:-TIMES_KEPT]
 
     def forget(self, partition: int) -> None:
         """Drop the partition's in-memory index (it may no longer match the manifest)."""

@@ -66,7 +66,7 @@ from millstream.sealing.compaction import (
     merge_window,
     plan_compaction,
 )
-from millstream.sealing.indexes import SealerIndexes
+from millstream.sealing.indexes import TIMES_KEPT, SealerIndexes
 from millstream.sealing.keyindex import IndexCache, KeyIndex, Reflects
 from millstream.sealing.planning import due, pending_run, shortfall
 from millstream.sealing.thresholds import Thresholds
@@ -206,6 +206,9 @@ class Sealer:
         self.claims_lost = 0
         self.failures: dict[int, int] = {}
         self.last_error: dict[int, str] = {}
+        #: Seals this sealer made, and the seconds of the newest (at most
+        #: :data:`TIMES_KEPT`: a list a sealer of months would grow a float a seal).
+        self.seals = 0
         self.durations: list[float] = []
         #: Per partition, the row versions this sealer's seals resolved away (a counter for
         #: the life of the sealer): rows of each run its engine did not keep, plus the older
@@ -489,7 +492,7 @@ class Sealer:
             "failures": {str(p): n for p, n in self.failures.items()},
             "last_error": {str(p): e for p, e in self.last_error.items()},
             "last_seal_seconds": self.durations[-1] if self.durations else None,
-            "seals": len(self.durations),
+            "seals": self.seals,
             "compactions": len(self.compactions),
             "last_compaction": None
             if last is None
@@ -717,7 +720,9 @@ class Sealer:
             + len(dropped)
         )
         seconds = time.monotonic() - started
+        self.seals += 1
         self.durations.append(seconds)
+        del self.durations[:-TIMES_KEPT]
         result = SealResult(
             self.table,
             partition,

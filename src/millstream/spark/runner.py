@@ -824,6 +824,10 @@ LOST_RANGES_KEPT = 20
 
 #: The window of progress output's rows/s (:meth:`CommitLogTotals.rows_per_second`).
 RATE_WINDOW_S = 10.0
+#: Seconds of a writer's newest commits :class:`CommitLogTotals` keeps for
+#: :meth:`~CommitLogTotals.rows_per_second` (its window must not be longer): the worker keeps
+#: one per table, and 4,096 commits each held ~0.5 MB a table for nothing (issue 38).
+RATE_KEPT_S = 60.0
 
 
 class CommitLogTotals:
@@ -852,10 +856,12 @@ class CommitLogTotals:
         self.batches = 0
         self.rows = 0
         self.lost_races = 0
-        #: when the last batch read was committed (epoch seconds), None before any
+        #: when the first and the last batch read were committed (epoch seconds), None before any
+        self.first_at: float | None = None
         self.last_at: float | None = None
-        #: (commit time, rows) of the latest batches read, for :meth:`rows_per_second`
-        self.recent: deque[tuple[float, int]] = deque(maxlen=4096)
+        #: (commit time, rows) of the batches read that were committed within
+        #: :data:`RATE_KEPT_S` of the last one, for :meth:`rows_per_second`
+        self.recent: deque[tuple[float, int]] = deque()
 
     def update(self, path: Path) -> dict[int, dict[str, int]]:
         try:
@@ -875,9 +881,10 @@ class CommitLogTotals:
     def rows_per_second(
         self, now: float, *, window: float = RATE_WINDOW_S, since: float | None = None
     ) -> float:
-        """Rows committed per second over the last ``window`` seconds (by each batch's commit
-        time), or since ``since`` when that is later (a writer started 3 s ago has committed
-        for 3 s): what ingestion achieves, whatever Spark counts as a batch's input."""
+        """Rows committed per second over the last ``window`` seconds (at most
+        :data:`RATE_KEPT_S`; by each batch's commit time), or since ``since`` when that is
+        later (a writer started 3 s ago has committed for 3 s): what ingestion achieves,
+        whatever Spark counts as a batch's input."""
         start = now - window if since is None else max(now - window, since)
         if now <= start:
             return 0.0
@@ -913,7 +920,11 @@ class CommitLogTotals:
             at = entry.get("at")
             if isinstance(at, int | float):
                 self.last_at = float(at)
+                if self.first_at is None:
+                    self.first_at = self.last_at
                 self.recent.append((float(at), rows))
+                while self.recent[0][0] < self.last_at - RATE_KEPT_S:
+                    self.recent.popleft()
             for kind in ("consumed", "dead_lettered", "lost"):
                 for p, n in (entry.get(kind) or {}).items():
                     counts = self.partitions.setdefault(int(p), {"consumed": 0, "dead_lettered": 0})

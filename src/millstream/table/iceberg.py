@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Hashable, Iterable
 from copy import copy
 from dataclasses import dataclass, field
@@ -402,19 +402,30 @@ class PublishCache:
     published view still lists it (:meth:`retain`, after each publish): a seal or compaction
     that replaces a table's micro-batch files frees their columns, so what the cache holds
     follows the tables' live files, not every file they ever had; least recently used evicted
-    past ``max_bytes`` besides."""
+    past ``max_bytes`` besides. The per-file masks of :meth:`in_segments` (a byte a row of
+    each live file) are bounded the same way, by ``max_mask_bytes``."""
 
-    def __init__(self, max_bytes: int = 512 * 1024 * 1024) -> None:
+    def __init__(
+        self, max_bytes: int = 512 * 1024 * 1024, max_mask_bytes: int = 64 * 1024 * 1024
+    ) -> None:
         self.columns = ReadCache(max_bytes)
+        self.max_mask_bytes = max_mask_bytes
+        #: Bytes of the masks :attr:`_masks` holds.
+        self.mask_bytes = 0
         self._views: dict[tuple[str, str], ViewState] = {}
         #: Per table, the last metadata file it read or wrote and its parsed content (a
         #: metadata file never changes: a publish writes a new one under a new name).
         self._metadata: dict[tuple[str, str], tuple[str, TableMetadata]] = {}
         #: Per table, the file each cached entry of :attr:`columns` was read from, by key.
         self._keys: dict[tuple[str, str], dict[Hashable, str]] = {}
-        #: Per table and data file: which of its rows lie in its segments, and the segments
-        #: (partition, start, end) that mask was computed for (:meth:`in_segments`).
-        self._masks: dict[tuple[str, str], dict[str, tuple[frozenset[Any], np.ndarray]]] = {}
+        #: Per (deep store, table, data file): which of its rows lie in its segments, and the
+        #: segments (partition, start, end) that mask was computed for (:meth:`in_segments`),
+        #: least recently used first.
+        self._masks: OrderedDict[tuple[str, str, str], tuple[frozenset[Any], np.ndarray]] = (
+            OrderedDict()
+        )
+        #: Per table, the data files :attr:`_masks` holds a mask of (for :meth:`retain`).
+        self._masked: dict[tuple[str, str], set[str]] = {}
         self._lock = threading.Lock()
 
     def view(self, deep: DeepStore, table: str) -> ViewState | None:
@@ -486,14 +497,29 @@ class PublishCache:
         segments ``entries``: computed once per file and segments, and computed again when
         its segments change (a seal of one partition of a shared file, a trim)."""
         ranges = _ranges(entries)
+        key = (deep.uri, table, path)
         with self._lock:
-            known = self._masks.get((deep.uri, table), {}).get(path)
-        if known is not None and known[0] == ranges:
-            return known[1]
+            known = self._masks.get(key)
+            if known is not None and known[0] == ranges:
+                self._masks.move_to_end(key)
+                return known[1]
         mask = _in_entries(data, entries)
         with self._lock:
-            self._masks.setdefault((deep.uri, table), {})[path] = (ranges, mask)
+            self._drop_mask(key)
+            if mask.nbytes <= self.max_mask_bytes:
+                self._masks[key] = (ranges, mask)
+                self._masked.setdefault(key[:2], set()).add(path)
+                self.mask_bytes += mask.nbytes
+            while self.mask_bytes > self.max_mask_bytes:  # least recently used out first
+                self._drop_mask(next(iter(self._masks)))
         return mask
+
+    def _drop_mask(self, key: tuple[str, str, str]) -> None:
+        """Forget the mask under ``key`` (if held); the caller holds the lock."""
+        old = self._masks.pop(key, None)
+        if old is not None:
+            self.mask_bytes -= old[1].nbytes
+            self._masked[key[:2]].discard(key[2])
 
     def delete_vector(self, deep: DeepStore, path: str, table: str) -> pa.Table:
         key = ("iceberg-vector", deep.uri, path)
@@ -514,9 +540,9 @@ class PublishCache:
             gone = [k for k, path in known.items() if path not in keep]
             for k in gone:
                 del known[k]
-            masks = self._masks.get((deep.uri, table), {})
-            for path in [p for p in masks if p not in keep]:
-                del masks[path]
+            masked = self._masked.get((deep.uri, table), set())
+            for path in [p for p in masked if p not in keep]:
+                self._drop_mask((deep.uri, table, path))
         return self.columns.discard(gone)
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from harness.iceberg_readers import pyiceberg_rows
 from millstream.catalog import Catalog
+from millstream.clock import ManualClock
 from millstream.metastore.models import Manifest
 from millstream.reference.model import canonical
 from millstream.sealing.keyindex import IndexCache
@@ -129,3 +130,51 @@ def test_a_failed_publish_keeps_the_columns_its_retry_needs(
         expected = canonical(cat.read_table("t").to_pylist())
         assert (("k", 1), ("v", "old")) in expected
         assert _view_rows(cat, "t") == expected
+
+
+def test_the_segment_masks_stay_within_their_bound_and_the_view_stays_exact(
+    tmp_path: Path,
+) -> None:
+    """Which rows of each data file lie in its segments (a byte a row, kept per file to spare
+    an incremental publish recomputing it) is bounded by bytes, not only by the table's live
+    files, which a table with many unsealed files holds plenty of: past the bound the least
+    recently used masks go, and a publish needing one computes it again. Every view still
+    reads as the table."""
+    with Catalog.open(home=tmp_path) as cat:
+        _create(cat, "t")
+        cache = PublishCache(max_mask_bytes=200)  # five 40-row files' masks
+        lo = _commit(cat, "t", [(k, "a") for k in range(40)], 0)
+        assert publish(cat.store, cat.deep, "t", cache=cache).published
+        for i in range(12):
+            # a key of the first file updated, 39 new: a publish with touched keys asks the
+            # mask of every file of the version
+            rows = [(i, f"v{i}")] + [(1000 * (i + 1) + k, "new") for k in range(39)]
+            lo = _commit(cat, "t", rows, lo)
+            assert publish(cat.store, cat.deep, "t", cache=cache).stats["incremental"] == 1
+            assert _view_rows(cat, "t") == canonical(cat.read_table("t").to_pylist())
+            held = sum(mask.nbytes for _, mask in cache._masks.values())
+            assert held == cache.mask_bytes <= 200, f"masks hold {held} bytes after batch {i}"
+        assert len(live_files(cat.manifest("t"))) == 13
+
+
+def test_a_publish_round_gives_back_the_memory_it_freed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a round that published, the publisher returns to the system what the round freed
+    and glibc kept (``malloc_trim``: 20 MB of a 20-table publisher's growth, issue 38); a call
+    with nothing due trims nothing."""
+    import millstream.sealing.maintenance as maintenance
+
+    trims: list[int] = []
+    monkeypatch.setattr(maintenance, "_MALLOC_TRIM", trims.append)
+    with Catalog.open(home=tmp_path) as cat:
+        _create(cat, "t")
+        _commit(cat, "t", [(1, "a")], 0)
+        clock = ManualClock(1000.0)
+        publisher = Publisher(cat, interval=15.0, clock=clock)
+        publisher.run_due({"ds": ["t"]})
+        assert publisher.status()["t"]["publishes"] == 1
+        assert trims == [0]
+        clock.advance(5)
+        publisher.run_due({"ds": ["t"]})  # not due yet
+        assert trims == [0]

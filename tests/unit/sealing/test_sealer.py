@@ -331,3 +331,25 @@ def test_a_force_commit_is_honoured_at_the_next_pass(
     store.submit_force_commit(store.manifest("t"), now=store.clock.now())
     assert sorted(r.partition for r in sealer.seal_due()) == list(range(PARTITIONS))
     feed.assert_table_equals_model()
+
+
+def test_a_long_lived_sealer_keeps_the_newest_seal_timings_and_counts_every_seal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's sealer lives as long as the worker: its seal and key-index timings are
+    the newest few only (a list of every one grew a float a seal, issue 38), while its
+    status still counts every seal and the table reads as its model."""
+    import millstream.sealing.indexes as indexes_mod
+    import millstream.sealing.sealer as sealer_mod
+
+    monkeypatch.setattr(sealer_mod, "TIMES_KEPT", 3)
+    monkeypatch.setattr(indexes_mod, "TIMES_KEPT", 3)
+    feed = _setup(tmp_path, "upsert")
+    sealer = Sealer(feed.cat, "t", thresholds=Thresholds(flush_rows=5))
+    for _ in range(6):
+        feed.batch(0, 6)
+        assert len(sealer.seal_due()) == 1
+    assert sealer.status()["seals"] == 6
+    assert len(sealer.durations) == 3
+    assert 0 < len(sealer.index_seconds) <= 3
+    feed.assert_table_equals_model()
