@@ -137,6 +137,24 @@ def test_each_member_plans_with_its_share_of_a_tasks_memory() -> None:
     assert slow.trigger_seconds == 60.0
 
 
+def test_a_backlog_of_many_small_members_is_caught_up_in_one_batch_within_a_tasks_memory() -> None:
+    """100 one-partition members with 10,000 records each behind (1M records in 100 topics):
+    each member plans its whole backlog at once, where a share of a task's memory among all
+    100 planned 2,621 records a member a batch (4 batches of ~256,000 records, each paying
+    every table's per-batch cost). A task writes at most MEMBER_THREADS members at once, so
+    what it holds at once stays within one task's memory, as for one datastream alone."""
+    from millstream.spark.sources import MEMBER_THREADS, StreamReader
+
+    alone = SourceOptions("kafka", {"bootstrap_servers": "127.0.0.1:1", "topic": "t"}, tasks=2)
+    member = member_source(alone, members=100, trigger=0.5, shortest=0.5)
+    reader = StreamReader(member)
+
+    end = reader.latestOffset({"0": 0}, reader.getDefaultReadLimit(), {0: 10_000})
+
+    assert end == {"0": 10_000}, "the member's whole backlog in one batch"
+    assert MEMBER_THREADS * reader.budget() <= StreamReader(alone).budget() // alone.tasks
+
+
 def test_a_members_small_batch_is_written_by_one_task_and_a_large_one_is_spread() -> None:
     source = SourceOptions("generator", {"seed": 1, "partitions": 4}, tasks=2)
     reader = GroupStreamReader(GroupSourceOptions({"a": source, "b": source, "c": source}))
