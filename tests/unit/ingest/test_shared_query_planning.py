@@ -188,7 +188,8 @@ def test_a_plan_asks_each_datastreams_standby_gate_once_and_each_follows_its_own
     from millstream.spark import sources
     from millstream.spark.options import CommitGate
 
-    settings = Settings(home=tmp_path, metadata_url="sqlite:///gates", deep_store=str(tmp_path))
+    url = f"sqlite:///{tmp_path / 'metadata.db'}"
+    settings = Settings(home=tmp_path, metadata_url=url, deep_store=str(tmp_path))
 
     class _Store:
         url = settings.metadata_url
