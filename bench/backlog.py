@@ -7,6 +7,7 @@ Run from the repository root (not part of CI)::
     .venv/bin/python bench/backlog.py                            # 1,000,000 records, 100 topics
     .venv/bin/python bench/backlog.py --rows 100000 --topics 20  # a small run
     .venv/bin/python bench/backlog.py --rounds 3 --json /tmp/backlog.json
+    .venv/bin/python bench/backlog.py --rounds 2 --src new=. --src before=/path/to/old/tree
 
 **Input.** ``--rows`` (1,000,000) records of the generator's orders stream (``ORDERS_SCHEMA``,
 seed 7, keys partition-affine, updates, deletes as tombstones, duplicates) generated over
@@ -32,6 +33,12 @@ alternating order (a new datastream and tables each round) and the figure is the
 first round's tables are read back: each must hold as many rows as its records' model (its
 topic's distinct live keys, ``millstream.reference.oracle``) and no dead letter.
 
+**A/B.** With ``--src NAME=DIR`` (repeated), each round runs every tree's worker in turn
+(alternating order; the other trees' workers stopped): worker ``w1`` started with ``DIR/src``
+first on its ``PYTHONPATH`` (which Spark's Python workers inherit), its own warm-ups, then
+both variants; the controller, broker and records are the same. Each tree's ratio and its
+first batch's commit (the last table of it, from the create) are printed, per tree.
+
 Prints the ratio (100 topics / one 4-partition topic) against the 0.8x target. Waits up to
 3 minutes for a quiet machine (``--no-wait`` skips it), stops what it started, removes its
 temporary directory unless ``--keep``. Results go to ``bench/results/backlog-<time>.json`` and
@@ -44,6 +51,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -257,6 +265,123 @@ def verify(home: Path, url: str, tables: dict[str, int], log: Any) -> dict[str, 
     return {"tables": len(tables), "wrong": wrong}
 
 
+def controller_only(cluster: Any) -> tuple[Any, str]:
+    """Start ``cluster``'s controller; wait until it leads. Returns its API client."""
+    from harness.cluster import Api, wait_until
+
+    ctl = cluster.controller()
+    api = Api(ctl.url)
+    wait_until("the controller leads", lambda: api.get("/health")["leader"], timeout=120)
+    return api, ctl.url
+
+
+def start_worker(cluster: Any, api: Any, url: str, src: Path) -> Any:
+    """Worker ``w1`` running the code of the tree ``src`` (its ``src`` first on PYTHONPATH,
+    which Spark's Python workers inherit); returns once it heartbeats."""
+    from harness.cluster import wait_until
+
+    worker = cluster.worker("w1", url, env={"PYTHONPATH": str(src / "src")})
+    wait_until(
+        "the worker heartbeats",
+        lambda: api.workers().get("w1", {}).get("alive"),
+        timeout=300,
+        diagnostics=cluster.diagnostics,
+    )
+    return worker
+
+
+def warm_up(
+    api: Any,
+    store: Any,
+    worker: Any,
+    home: Path,
+    base_spec: dict[str, Any],
+    ends: dict[tuple[str, int], int],
+    tag: str,
+    timeout: float,
+    diag: Any,
+) -> None:
+    """A one-topic and a two-topic datastream of a few records each, caught up and deleted,
+    so neither measured variant pays the worker's first query."""
+    for spec, tables in (
+        (
+            {
+                **base_spec,
+                "name": f"warm1{tag}",
+                "table": {**base_spec["table"], "name": f"warm1{tag}"},
+                "source": {**base_spec["source"], "topic": "w0"},
+            },
+            {f"warm1{tag}": ("w0", 1)},
+        ),
+        (
+            {
+                **base_spec,
+                "name": f"warm2{tag}",
+                "table": {**base_spec["table"], "name": f"warm2{tag}{{topic}}"},
+                "source": {
+                    k: v
+                    for k, v in {**base_spec["source"], "topics": ["w1", "w2"]}.items()
+                    if k != "topic"
+                },
+            },
+            {f"warm2{tag}w1": ("w1", 1), f"warm2{tag}w2": ("w2", 1)},
+        ),
+    ):
+        w = catch_up(api, store, worker, home, spec, tables, ends, 1, timeout, diag)
+        common.log_stamped(f"warm-up {spec['name']}: {w['seconds']:.1f}s")
+
+
+def measure(
+    api: Any,
+    store: Any,
+    worker: Any,
+    home: Path,
+    url: str,
+    base_spec: dict[str, Any],
+    ends: dict[tuple[str, int], int],
+    expected: list[int],
+    topics: list[str],
+    variant: str,
+    r: int,
+    tag: str,
+    args: argparse.Namespace,
+    diag: Any,
+) -> dict[str, Any]:
+    """One variant's catch-up (``topics``: one datastream of every topic, a table each;
+    ``single``: the 4-partition topic); the first round's tables are read back."""
+    if variant == "topics":
+        name = f"many{r}{tag}"
+        spec = {
+            **base_spec,
+            "name": name,
+            "table": {**base_spec["table"], "name": f"r{r}{tag}m{{topic}}"},
+        }
+        spec["source"] = {**base_spec["source"], "topics": topics}
+        del spec["source"]["topic"]
+        tables = {f"r{r}{tag}m{t}": (t, 1) for t in topics}
+        model = {f"r{r}{tag}m{t}": expected[i] for i, t in enumerate(topics)}
+        rows = args.rows
+    else:
+        name = f"one{r}{tag}"
+        spec = {**base_spec, "name": name, "table": {**base_spec["table"], "name": name}}
+        spec["source"] = {**base_spec["source"], "topic": SINGLE}
+        tables = {name: (SINGLE, SINGLE_PARTITIONS)}
+        model = {name: sum(expected)}
+        rows = args.rows
+    out = catch_up(api, store, worker, home, spec, tables, ends, rows, args.timeout, diag)
+    common.log_stamped(
+        f"round {r}, {variant:>6}{f' ({tag})' if tag else ''}: {out['rows_s']:>8,.0f} rows/s ({out['seconds']:.1f}s), worker "
+        f"{out['worker_cpu_s']:.0f} CPU-s, peak RSS {out['worker_rss_mb_peak']:,.0f} MB, "
+        f"{out['batches']} batches (rows/batch median {out['rows_per_batch_median']:,.0f}, "
+        f"tables/batch median {out['tables_per_batch_median']}), load {out['load'][0]}"
+        f"; batches committed at {out['batch_commit_at_s']} s, "
+        f"commit {out['commit_s_per_batch']} s"
+    )
+    if r == 1:
+        out["verify"] = verify(home, url, model, common.log_stamped)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000, help="records in all")
@@ -266,7 +391,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
+    ap.add_argument(
+        "--src",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="A/B: run the worker from the tree DIR (its src/ first on PYTHONPATH); repeat "
+        "it, each round runs every tree's worker in turn (alternating order), both variants "
+        "on each",
+    )
     args = ap.parse_args(argv)
+    trees: list[tuple[str, Path | None]] = [("", None)]
+    if args.src:
+        trees = []
+        for item in args.src:
+            name, sep, where = item.partition("=")
+            tree = re.sub(r"[^a-z0-9]", "", name.lower())
+            if not sep or not tree or not (Path(where) / "src" / "millstream").is_dir():
+                ap.error(f"--src {item!r}: NAME=DIR, DIR a tree with src/millstream")
+            trees.append((tree, Path(where).resolve()))
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     log = common.log_stamped
@@ -278,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_wait_s": waited,
         "rows": args.rows,
         "topics": args.topics,
+        "trees": {name: str(src) if src else None for name, src in trees},
     }
     from harness.cluster import Cluster, orders_spec
     from millstream.local.tansu import TansuBroker
@@ -317,7 +461,6 @@ def main(argv: list[str] | None = None) -> int:
             )
 
             diag = cluster.diagnostics
-            api, worker = scale.controller_and_worker(cluster, leader_timeout=120)
             base_spec = orders_spec("x", broker.bootstrap, "x")
             base_spec["source"]["starting_offsets"] = "earliest"
             base_spec.pop("max_records_per_batch")  # default (adaptive) batch sizes
@@ -330,72 +473,44 @@ def main(argv: list[str] | None = None) -> int:
             for t in warm:
                 broker.create_topic(t, 1)
             ends |= produce(broker.bootstrap, [(t, 0, recs) for t, recs in warm.items()])
-            for spec, tables in (
-                (
-                    {
-                        **base_spec,
-                        "name": "warm1",
-                        "table": {**base_spec["table"], "name": "warm1"},
-                        "source": {**base_spec["source"], "topic": "w0"},
-                    },
-                    {"warm1": ("w0", 1)},
-                ),
-                (
-                    {
-                        **base_spec,
-                        "name": "warm2",
-                        "table": {**base_spec["table"], "name": "warm2{topic}"},
-                        "source": {
-                            k: v
-                            for k, v in {**base_spec["source"], "topics": ["w1", "w2"]}.items()
-                            if k != "topic"
-                        },
-                    },
-                    {"warm2w1": ("w1", 1), "warm2w2": ("w2", 1)},
-                ),
-            ):
-                w = catch_up(api, store, worker, home, spec, tables, ends, 1, args.timeout, diag)
-                log(f"warm-up {spec['name']}: {w['seconds']:.1f}s")
             runs: list[dict[str, Any]] = []
+            if trees == [("", None)]:  # this process's code, one worker for every round
+                api, worker = scale.controller_and_worker(cluster, leader_timeout=120)
+            else:
+                (api, ctl_url), worker = controller_only(cluster), None
             for r in range(1, args.rounds + 1):
-                order = ["topics", "single"] if r % 2 else ["single", "topics"]
-                for variant in order:
-                    if variant == "topics":
-                        name = f"many{r}"
-                        spec = {
-                            **base_spec,
-                            "name": name,
-                            "table": {**base_spec["table"], "name": f"r{r}m{{topic}}"},
-                        }
-                        spec["source"] = {**base_spec["source"], "topics": topics}
-                        del spec["source"]["topic"]
-                        tables = {f"r{r}m{t}": (t, 1) for t in topics}
-                        model = {f"r{r}m{t}": expected[i] for i, t in enumerate(topics)}
-                    else:
-                        name = f"one{r}"
-                        spec = {
-                            **base_spec,
-                            "name": name,
-                            "table": {**base_spec["table"], "name": name},
-                        }
-                        spec["source"] = {**base_spec["source"], "topic": SINGLE}
-                        tables = {name: (SINGLE, SINGLE_PARTITIONS)}
-                        model = {name: sum(expected)}
-                    out = catch_up(
-                        api, store, worker, home, spec, tables, ends, args.rows, args.timeout, diag
-                    )
-                    out |= {"variant": variant, "round": r}
-                    log(
-                        f"round {r}, {variant:>6}: {out['rows_s']:>8,.0f} rows/s ({out['seconds']:.1f}s), worker "
-                        f"{out['worker_cpu_s']:.0f} CPU-s, peak RSS {out['worker_rss_mb_peak']:,.0f} MB, "
-                        f"{out['batches']} batches (rows/batch median {out['rows_per_batch_median']:,.0f}, "
-                        f"tables/batch median {out['tables_per_batch_median']}), load {out['load'][0]}"
-                        f"; batches committed at {out['batch_commit_at_s']} s, "
-                        f"commit {out['commit_s_per_batch']} s"
-                    )
-                    if r == 1:
-                        out["verify"] = verify(home, url, model, log)
-                    runs.append(out)
+                for name, src in trees if r % 2 else trees[::-1]:
+                    tag = f"{name}{r}" if src is not None else ""
+                    if src is not None:  # this tree's worker: the only one running
+                        if worker is not None:
+                            worker.terminate()
+                        worker = start_worker(cluster, api, ctl_url, src)
+                        log(f"round {r}: worker of tree {name} ({src}) started")
+                    assert worker is not None
+                    if src is not None or r == 1:
+                        warm_up(api, store, worker, home, base_spec, ends, tag, args.timeout, diag)
+                    order = ["topics", "single"] if r % 2 else ["single", "topics"]
+                    for variant in order:
+                        out = measure(
+                            api,
+                            store,
+                            worker,
+                            home,
+                            url,
+                            base_spec,
+                            ends,
+                            expected,
+                            topics,
+                            variant,
+                            r,
+                            tag,
+                            args,
+                            diag,
+                        )
+                        out |= {"variant": variant, "round": r, "tree": name}
+                        runs.append(out)
+            if worker is not None:
+                worker.terminate()
             api.close()
         except BaseException:
             print(cluster.diagnostics(), file=sys.stderr)
@@ -404,35 +519,52 @@ def main(argv: list[str] | None = None) -> int:
             cluster.close()
             store.dispose()
             broker.stop()
-    med = {
-        v: statistics.median(x["rows_s"] for x in runs if x["variant"] == v)
-        for v in ("topics", "single")
-    }
-    ratio = common.ratio(med["topics"], med["single"])
-    per_round = [
-        common.ratio(
-            next(x["rows_s"] for x in runs if x["variant"] == "topics" and x["round"] == r),
-            next(x["rows_s"] for x in runs if x["variant"] == "single" and x["round"] == r),
-        )
-        for r in range(1, args.rounds + 1)
-    ]
-    res |= {
-        "runs": runs,
-        "median_rows_s": med,
-        "ratio": ratio,
-        "ratio_per_round": per_round,
-        "load_end": common.load(),
-    }
+    res |= {"runs": runs, "load_end": common.load()}
     log("")
     log(f"machine: {res['machine']}")
     log(f"load average at start {res['load_start']}, at end {res['load_end']}")
     log(f"catch-up of {args.rows:,} records, median of {args.rounds} round(s):")
-    log(f"  {args.topics} one-partition topics, one datastream: {med['topics']:,.0f} rows/s")
-    log(f"  one {SINGLE_PARTITIONS}-partition topic:              {med['single']:,.0f} rows/s")
-    log(
-        f"ratio {args.topics} topics / one topic: {ratio:.2f} (per round: {', '.join(f'{x:.2f}' for x in per_round)})"
-    )
-    log(f"target >= {TARGET_RATIO}: {common.verdict(ratio >= TARGET_RATIO)} ({ratio:.2f})")
+    summary: dict[str, Any] = {}
+    for name, _ in trees:
+        mine = [x for x in runs if x["tree"] == name]
+        med = {
+            v: statistics.median(x["rows_s"] for x in mine if x["variant"] == v)
+            for v in ("topics", "single")
+        }
+        per_round = [
+            common.ratio(
+                next(x["rows_s"] for x in mine if x["variant"] == "topics" and x["round"] == r),
+                next(x["rows_s"] for x in mine if x["variant"] == "single" and x["round"] == r),
+            )
+            for r in range(1, args.rounds + 1)
+        ]
+        first = {
+            v: statistics.median(
+                x["batch_commit_at_s"][0][1] for x in mine if x["variant"] == v and x["batches"]
+            )
+            for v in ("topics", "single")
+        }
+        ratio = common.ratio(med["topics"], med["single"])
+        summary[name] = {
+            "median_rows_s": med,
+            "ratio": ratio,
+            "ratio_per_round": per_round,
+            "first_batch_committed_s": first,
+        }
+        label = f"tree {name}: " if name else ""
+        log(
+            f"{label}{args.topics} one-partition topics, one datastream: {med['topics']:,.0f} rows/s; "
+            f"one {SINGLE_PARTITIONS}-partition topic: {med['single']:,.0f} rows/s"
+        )
+        log(
+            f"{label}ratio {args.topics} topics / one topic: {ratio:.2f} (per round: "
+            f"{', '.join(f'{x:.2f}' for x in per_round)}); target >= {TARGET_RATIO}: "
+            f"{common.verdict(ratio >= TARGET_RATIO)}; first batch committed (its last table) "
+            f"{first['topics']:.1f} s after the create against {first['single']:.1f} s"
+        )
+    res["by_tree"] = summary
+    if "" in summary:  # one tree: the figures at the top level, as before
+        res |= {k: v for k, v in summary[""].items() if k != "first_batch_committed_s"}
     ok = all(not x["verify"]["wrong"] for x in runs if "verify" in x)
     log(f"row counts: {'every table holds its model' if ok else 'MISMATCH'}")
     common.save_results("backlog", res, args.json, log)

@@ -3150,6 +3150,45 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         ),
     ),
     Guard(
+        name="probe-settles-only-at-a-known-fetched-watermark",
+        file="src/millstream/ingest/sources/kafka.py",
+        what="KafkaReader._probe: a partition is settled at the high watermark its fetch "
+        "answered only when that watermark is known and not below what was read; otherwise "
+        "the probe reads on to the partition's end (settled short, the records past it were "
+        "never planned while the lag said 0)",
+        old="""\
+                        if high is None or high < end:
+                            reached[tp] = (end, False)  # read on to its end (EOF)
+                            continue
+                        reached[tp] = (high, True)
+""",
+        new="""\
+                        reached[tp] = (max(high or end, end), True)  # MUTATION: settled at once
+""",
+        tests=(
+            "tests/unit/ingest/test_kafka_latest_offsets.py::"
+            "test_a_probe_settles_at_the_watermark_its_first_fetch_answers",
+        ),
+    ),
+    Guard(
+        name="gate-answer-only-for-its-own-datastream",
+        file="src/millstream/spark/sources.py",
+        what="StreamReader._follow_shards: a plan reuses a standby gate's answer (may this "
+        "worker commit?) only for members of the same datastream, worker and takeover TTL; "
+        "a member of another datastream asks its own (a standby planned past its shard "
+        "uppers on an active's answer)",
+        old="""\
+        key = (store.url, gate.datastream, gate.worker, gate.takeover_ttl)
+""",
+        new="""\
+        key = (store.url, "", gate.worker, gate.takeover_ttl)  # MUTATION: any datastream's
+""",
+        tests=(
+            "tests/unit/ingest/test_shared_query_planning.py::"
+            "test_a_plan_asks_each_datastreams_standby_gate_once_and_each_follows_its_own",
+        ),
+    ),
+    Guard(
         name="poll-chunk-kept-only-without-a-new-key",
         file=POLL_FILE,
         what="_take_out: a chunk of the previous winners is kept as it is (not copied) only if "

@@ -69,7 +69,7 @@ from millstream.spark.runner import (
     TransientRestarts,
     _restartable,
 )
-from millstream.spark.sources import GROUP_FORMAT, each_member
+from millstream.spark.sources import GROUP_FORMAT, MEMBER_THREADS, each_member
 from millstream.spark.table_source import GROUP_SINK_FORMAT, register
 from millstream.storage.statedir import StateDirectory
 
@@ -91,13 +91,22 @@ def member_source(
     """A member's source options in a shared query of ``members`` datastreams whose shortest
     trigger is ``shortest``:
 
-    * a task may write every member's part at once (a thread each), so each member plans with
-      its share of a task's memory (``task_memory_mb``), and a task holds one budget in all;
+    * a task writes up to :data:`~millstream.spark.sources.MEMBER_THREADS` members' parts at
+      once (a thread each; a member's part is staged and freed before the next one starts on
+      that thread), and a member's batch, planned over ``tasks`` tasks, may be one piece in
+      one task; so each member plans with its share of a task's memory (``task_memory_mb``)
+      among the members, but among no more than ``MEMBER_THREADS * tasks`` of them: what a
+      task holds at once stays within its memory however many members there are. Shared among
+      every member, the 100 small tables of one datastream caught a backlog up in batches of
+      1/100 of a task's memory each (256,000 records of 1M in 100 topics), paying each table's
+      per-batch cost (a read, a staged file, a commit entry) once per such batch
+      (docs/performance.md, "(c) Catch-up of a 100-topic backlog");
     * a member whose own ``trigger`` is longer than the query's is planned once per its own
       trigger, not at every trigger of the query."""
+    at_once = max(1, min(members, MEMBER_THREADS * max(1, source.tasks)))
     return replace(
         source,
-        task_memory_mb=max(1, source.task_memory_mb // max(1, members)),
+        task_memory_mb=max(1, source.task_memory_mb // at_once),
         trigger_seconds=trigger if trigger > shortest else 0.0,
     )
 

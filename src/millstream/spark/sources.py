@@ -19,6 +19,7 @@ batch's offsets, so a replayed batch re-reads exactly the same records.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -72,6 +73,10 @@ GROUP_DDL = RAW_DDL + ", member string"
 GROUP_SCHEMA = RAW_SCHEMA.append(pa.field("member", pa.string()))
 #: Members of a shared query planned, or written by one task, at once (each on a thread).
 MEMBER_THREADS = 8
+#: A gated (standby) source's metadata store, one per process and URL (:meth:`StreamReader.
+#: _follow_shards`), and the lock that makes it.
+_GATE_STORES: dict[str, Any] = {}
+_GATE_LOCK = threading.Lock()
 #: The note a member's error carries out of a shared query (its Python worker's traceback
 #: reaches the driver as text), so the worker knows whose error it was.
 MEMBER_NOTE = "in the shared query's member datastream {!r}"
@@ -163,11 +168,15 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self.source.latest_offsets()
 
     def latestOffset(
-        self, start: dict[str, Any], limit: ReadLimit, latest: dict[int, int] | None = None
+        self,
+        start: dict[str, Any],
+        limit: ReadLimit,
+        latest: dict[int, int] | None = None,
+        gates: dict[tuple[str, str, str, float], bool] | None = None,
     ) -> dict[str, int]:
         """The end of the next batch from ``start``; ``latest`` is the source's latest
         offsets if the caller asked for them already (a shared query asks for every member's
-        at once), else they are asked here."""
+        at once), else they are asked here; ``gates`` as :meth:`_follow_shards`."""
         known = decode_offsets(start)
         if self._target is not None:
             latest = self._target
@@ -191,7 +200,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # which lacks it, so a range for it here would never be read, and the next batch
         # would start past it (its first records lost). It is read from the next batch on.
         end = {p: begin[p] if p not in known else o for p, o in end.items()}
-        return encode_offsets(self._follow_shards(begin, end))
+        return encode_offsets(self._follow_shards(begin, end, gates))
 
     def _refuse_rewound(self, begin: dict[int, int], latest: dict[int, int]) -> None:
         """A partition whose source ends below where the batch begins (the shard upper) had
@@ -216,11 +225,18 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     begin[p],
                 )
 
-    def _follow_shards(self, begin: dict[int, int], end: dict[int, int]) -> dict[int, int]:
+    def _follow_shards(
+        self,
+        begin: dict[int, int],
+        end: dict[int, int],
+        gates: dict[tuple[str, str, str, float], bool] | None = None,
+    ) -> dict[int, int]:
         """A warm standby (a source with a commit gate) that may not commit plans no further
         than what the active has committed. So it stays warm but never runs ahead of the shard
         upper, and the first batch it plans once the active is gone starts at the upper and
-        commits directly: no gap, no restart."""
+        commits directly: no gap, no restart. ``gates``: the answers of the plan's gates so
+        far (a shared query's plan asks each datastream's gate once for all its tables: 100
+        tables of one datastream asked the same question 100 times a plan)."""
         gate = self.opts.gate
         if gate is None:
             return end
@@ -230,11 +246,21 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         if self._gate_store is None:
             assert self.opts.settings is not None
-            self._gate_store = MetadataStore(self.opts.settings.metadata_url)
+            url = self.opts.settings.metadata_url
+            with _GATE_LOCK:  # one store per process and URL: a member's own cost 100 engines
+                if url not in _GATE_STORES:
+                    _GATE_STORES[url] = MetadataStore(url)
+                self._gate_store = _GATE_STORES[url]
         store = self._gate_store
-        if store.may_commit(
-            gate.datastream, gate.worker, takeover_ttl=gate.takeover_ttl, now=time.time()
-        ):
+        key = (store.url, gate.datastream, gate.worker, gate.takeover_ttl)
+        allowed = gates.get(key) if gates is not None else None
+        if allowed is None:
+            allowed = store.may_commit(
+                gate.datastream, gate.worker, takeover_ttl=gate.takeover_ttl, now=time.time()
+            )
+            if gates is not None:
+                gates[key] = allowed
+        if allowed:
             return end
         uppers = {sh.partition: sh.upper for sh in store.list_shards(gate.table)}
         return {p: max(begin.get(p, e), min(e, uppers.get(p, e))) for p, e in end.items()}
@@ -455,11 +481,12 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 got = asked.get(n)
                 if isinstance(got, Exception):
                     raise got
-                end = r.latestOffset(begin, r.getDefaultReadLimit(), got)
+                end = r.latestOffset(begin, r.getDefaultReadLimit(), got, gates)
                 if end != begin:
                     self._planned_at[n] = now
                 return end
 
+        gates: dict[tuple[str, str, str, float], bool] = {}  # this plan's answers
         ends = each_member(list(self.members), latest, "member-plan")
         for n in entering:
             self._entering[n] = ends[n]

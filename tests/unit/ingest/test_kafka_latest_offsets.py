@@ -50,6 +50,11 @@ class _Consumer:
         self.arriving: Any = None
         #: records served of a partition after it answered its end, per partition
         self.after_end: dict[tuple[str, int], int] = {}
+        #: whether a fetch answers the partition's high watermark (what it serves up to), as
+        #: a Kafka fetch response does; False: none is known (librdkafka's -1001)
+        self.fetch_watermark = True
+        #: records served (polled) per partition
+        self.served_records: dict[tuple[str, int], int] = {}
 
     def assign(self, tps: list[TopicPartition]) -> None:
         self._fetching = {(tp.topic, tp.partition): tp.offset for tp in tps}
@@ -76,6 +81,7 @@ class _Consumer:
             end = self.served.get(t, {}).get(p, self.topics[t][p])
             if at < end:
                 self._fetching[(t, p)] = at + 1
+                self.served_records[(t, p)] = self.served_records.get((t, p), 0) + 1
                 if (t, p) in self._ended:
                     self.after_end[(t, p)] = self.after_end.get((t, p), 0) + 1
                 return _Message(t, p, at, None)
@@ -83,6 +89,20 @@ class _Consumer:
                 self._ended.add((t, p))
                 return _Message(t, p, at, KafkaError(KafkaError._PARTITION_EOF))
         return None
+
+    def get_watermark_offsets(
+        self, tp: TopicPartition, timeout: float | None = None, cached: bool = False
+    ) -> tuple[int, int]:
+        """``cached``: the high watermark the partition's last fetch answered (what it serves
+        up to), once fetched in this assignment."""
+        assert cached, "the probe reads the fetched watermark, it sends no request"
+        key = (tp.topic, tp.partition)
+        if not self.fetch_watermark or key not in self._fetching:
+            return (-1001, -1001)
+        return (
+            0,
+            self.served.get(tp.topic, {}).get(tp.partition, self.topics[tp.topic][tp.partition]),
+        )
 
     def list_topics(self, topic: str, timeout: float) -> Any:
         self.metadata += 1
@@ -408,6 +428,7 @@ def test_a_partition_that_reached_its_end_is_fetched_no_more_while_the_probe_run
     the one it reached; what arrives after is the next request's."""
     broker = _Consumer({"t": {0: 1, 1: 1}})
     broker.served = {"t": {0: 3, 1: 6}}
+    broker.fetch_watermark = False  # each partition read to its end (EOF)
 
     def arriving(b: _Consumer) -> None:  # records arrive on partition 0 after its end
         if ("t", 0) in b._ended and b.served["t"][0] < 20:
@@ -433,3 +454,27 @@ def test_a_probes_pause_does_not_outlive_it() -> None:
     broker.served["t"][0] = 6
     assert reader.latest_offsets() == {0: 4}  # moving: probed once it holds still
     assert reader.latest_offsets() == {0: 6}
+
+
+def test_a_probe_settles_at_the_watermark_its_first_fetch_answers() -> None:
+    """A broker whose ListOffsets answer lags its last produce batch (Tansu: the batch's base
+    offset + 1) hides a backlog's last batch from the watermark: the probe read it record by
+    record, and 100 topics produced in one batch each took the probe's whole timeout at a
+    datastream's start. A fetch answers the partition's high watermark with its first
+    records: the probe settles there (the end its EOF would report), one record read. Where
+    no fetched watermark is known, it reads on to the end, as before."""
+    broker = _Consumer({"t": {0: 1, 1: 4}})
+    broker.served = {"t": {0: 3000, 1: 9}}
+    (reader,) = _readers(broker, "t").values()
+
+    assert reader.latest_offsets() == {0: 3000, 1: 9}
+    assert broker.served_records == {("t", 0): 1, ("t", 1): 1}
+    assert not broker.paused
+
+    unknown = _Consumer({"t": {0: 1, 1: 4}})
+    unknown.served = {"t": {0: 3000, 1: 9}}
+    unknown.fetch_watermark = False
+    (reader,) = _readers(unknown, "t").values()
+
+    assert reader.latest_offsets() == {0: 3000, 1: 9}, "read to the end, not settled short"
+    assert unknown.served_records == {("t", 0): 2999, ("t", 1): 5}

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -137,6 +139,24 @@ def test_each_member_plans_with_its_share_of_a_tasks_memory() -> None:
     assert slow.trigger_seconds == 60.0
 
 
+def test_a_backlog_of_many_small_members_is_caught_up_in_one_batch_within_a_tasks_memory() -> None:
+    """100 one-partition members with 10,000 records each behind (1M records in 100 topics):
+    each member plans its whole backlog at once, where a share of a task's memory among all
+    100 planned 2,621 records a member a batch (4 batches of ~256,000 records, each paying
+    every table's per-batch cost). A task writes at most MEMBER_THREADS members at once, so
+    what it holds at once stays within one task's memory, as for one datastream alone."""
+    from millstream.spark.sources import MEMBER_THREADS, StreamReader
+
+    alone = SourceOptions("kafka", {"bootstrap_servers": "127.0.0.1:1", "topic": "t"}, tasks=2)
+    member = member_source(alone, members=100, trigger=0.5, shortest=0.5)
+    reader = StreamReader(member)
+
+    end = reader.latestOffset({"0": 0}, reader.getDefaultReadLimit(), {0: 10_000})
+
+    assert end == {"0": 10_000}, "the member's whole backlog in one batch"
+    assert MEMBER_THREADS * reader.budget() <= StreamReader(alone).budget() // alone.tasks
+
+
 def test_a_members_small_batch_is_written_by_one_task_and_a_large_one_is_spread() -> None:
     source = SourceOptions("generator", {"seed": 1, "partitions": 4}, tasks=2)
     reader = GroupStreamReader(GroupSourceOptions({"a": source, "b": source, "c": source}))
@@ -154,3 +174,55 @@ def test_a_members_small_batch_is_written_by_one_task_and_a_large_one_is_spread(
         (mine,) = [p[name] for p in parts if name in p]
         assert sorted(p for p, _, _ in mine) == [0, 1, 2, 3]
     assert all("c" in p and len(p["c"]) == 2 for p in parts), "a catch-up uses both tasks"
+
+
+def test_a_plan_asks_each_datastreams_standby_gate_once_and_each_follows_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A shared query's plan asks whether a standby may commit once per datastream, not once
+    per table (100 tables of one datastream asked the metadata store the same question 100
+    times a plan, each through a store of its own); each member still follows its own
+    datastream's answer: a standby that may not commit plans no further than its table's
+    shard uppers, while the active beside it plans its backlog."""
+    from millstream.config import Settings
+    from millstream.spark import sources
+    from millstream.spark.options import CommitGate
+
+    url = f"sqlite:///{tmp_path / 'metadata.db'}"
+    settings = Settings(home=tmp_path, metadata_url=url, deep_store=str(tmp_path))
+
+    class _Store:
+        url = settings.metadata_url
+        asked: list[str] = []
+
+        def may_commit(self, datastream: str, worker: str, **_: object) -> bool:
+            self.asked.append(datastream)
+            return datastream == "active"
+
+        def list_shards(self, table: str) -> list[SimpleNamespace]:
+            return [SimpleNamespace(partition=p, upper=7) for p in range(2)]
+
+    monkeypatch.setitem(sources._GATE_STORES, settings.metadata_url, _Store())
+
+    def member(datastream: str, table: str) -> SourceOptions:
+        return SourceOptions(
+            "generator",
+            {"seed": 1, "partitions": 2},
+            tasks=2,
+            gate=CommitGate(datastream, "w1", table),
+            settings=settings,
+        )
+
+    members = {f"standby.t{i}": member("standby", f"t{i}") for i in range(5)}
+    members |= {f"active.t{i}": member("active", f"u{i}") for i in range(5)}
+    reader = GroupStreamReader(GroupSourceOptions(members))
+    start = {n: {"0": 0, "1": 0} for n in members}
+
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+
+    assert sorted(_Store.asked) == ["active", "standby"], "one question per datastream"
+    for n in members:
+        if n.startswith("standby"):
+            assert end[n] == {"0": 7, "1": 7}, f"{n} planned past its shard uppers"
+        else:
+            assert all(o > 7 for o in end[n].values()), f"{n} did not plan its backlog"

@@ -500,7 +500,18 @@ class KafkaReader(PartitionReader):
         offset reached (a record, or the end), and whether the end was reached within
         :data:`PROBE_TIMEOUT_S`. A broker whose watermark is exact answers the end at once
         (one fetch's wait, ``fetch.wait.max.ms``); a partition the probe cannot fetch (an
-        error) is settled where it is, as its watermark says."""
+        error) is settled where it is, as its watermark says.
+
+        A partition whose first fetch brings records is settled at the high watermark that
+        fetch answered (:meth:`_fetched_end`) when it is known and not below what was read:
+        the end its EOF would report once every record up to it were fetched (librdkafka
+        answers EOF where a fetch reaches that watermark), without reading them one by one.
+        A broker whose ListOffsets answer lags its last produce batch (Tansu: that batch's
+        base offset + 1) made a probe of a backlog read the whole last batch of every
+        partition: 100 topics produced in one batch each took the whole
+        :data:`PROBE_TIMEOUT_S` at a datastream's start, twice (its entries and its query's
+        first offsets), unsettled (docs/performance.md, "(c) Catch-up of a 100-topic
+        backlog")."""
         conf = {**self.conf, "enable.partition.eof": True, "auto.offset.reset": "error"}
         reached = {tp: (o, False) for tp, o in at.items()}
         with self._pool.lease(conf) as c:
@@ -520,9 +531,13 @@ class KafkaReader(PartitionReader):
                     err = m.error()
                     end, _ = reached[tp]
                     if err is None:
-                        reached[tp] = (max(end, m.offset() + 1), False)
-                        continue
-                    if err.code() == KafkaError._PARTITION_EOF:
+                        end = max(end, m.offset() + 1)
+                        high = self._fetched_end(c, tp)
+                        if high is None or high < end:
+                            reached[tp] = (end, False)  # read on to its end (EOF)
+                            continue
+                        reached[tp] = (high, True)
+                    elif err.code() == KafkaError._PARTITION_EOF:
                         reached[tp] = (max(end, m.offset()), True)
                     elif m.partition() is not None and m.partition() >= 0:
                         reached[tp] = (end, True)  # cannot fetch it: its watermark stands
@@ -537,6 +552,13 @@ class KafkaReader(PartitionReader):
                 c.resume(tps)  # a pooled consumer keeps a partition's pause past unassign()
                 c.unassign()
         return reached
+
+    @staticmethod
+    def _fetched_end(c: Any, tp: tuple[str, int]) -> int | None:
+        """The high watermark the last fetch of ``tp`` answered (librdkafka keeps it per
+        partition: ``get_watermark_offsets(cached=True)``), or None while none is known."""
+        _, high = c.get_watermark_offsets(TopicPartition(*tp), cached=True)
+        return int(high) if high is not None and high >= 0 else None
 
     def _ends(self, answers: dict[tuple[str, int], Any]) -> dict[int, int] | Exception:
         assert self._partitions is not None
