@@ -104,6 +104,14 @@ class Retention(BaseModel):
 
     time: str = Field(default="24h", description="Time travel window, like 30m, 24h or 7d.")
     min_versions: int = Field(default=10, ge=1, description="Versions always kept.")
+    iceberg_snapshots: int = Field(
+        default=240,
+        ge=1,
+        description="Snapshots the table's Iceberg view lists at most: the newest ones of the "
+        "versions kept (240: an hour at the publisher's 15 s interval). Older kept versions "
+        "stay readable through Millstream; each publish rewrites the view's metadata, so its "
+        "size is bounded by this, not by the time window.",
+    )
 
     @field_validator("time")
     @classmethod

@@ -208,4 +208,8 @@ def check_evolution(old: TableSpec, new: TableSpec) -> list[Change]:
 
 
 def _retention(spec: TableSpec) -> str:
-    return f"{spec.retention.time}/{spec.retention.min_versions} versions"
+    r = spec.retention
+    snapshots = r.iceberg_snapshots
+    default = type(r).model_fields["iceberg_snapshots"].default
+    extra = f"/{snapshots} Iceberg snapshots" if snapshots != default else ""
+    return f"{r.time}/{r.min_versions} versions{extra}"

@@ -1305,6 +1305,22 @@ def write_snapshot(
     return metadata_path, expired, new_state, metadata
 
 
+def view_floor(previous: TableMetadata, kept: int) -> int:
+    """The oldest snapshot a new snapshot's metadata lists beside it when ``previous`` lists
+    its earlier ones and the view lists at most ``kept`` (``table.retention.iceberg_snapshots``):
+    the newest ``kept - 1`` of ``previous``'s. Every publish rewrites the whole metadata (and a
+    long-lived publisher copies it), so a view listing a snapshot per publish for a day's
+    retention (5,760 at 15 s) grew a publisher's memory and each metadata file without bound
+    within that day. Only the view's list is shortened: GC keeps every file of a kept
+    version's snapshot and metadata file, so a reader holding an older metadata location
+    still reads it."""
+    ids = sorted(s.snapshot_id for s in previous.snapshots)
+    drop = len(ids) - (kept - 1)  # how many of the earlier ones go
+    if not ids or drop <= 0:
+        return 0
+    return ids[drop] if drop < len(ids) else ids[-1] + 1
+
+
 def publish(
     store: MetadataStore, deep: DeepStore, table: str, *, cache: PublishCache | None = None
 ) -> PublishResult:
@@ -1360,6 +1376,9 @@ def publish(
     else:
         view = full_view(deep, manifest)
     committed_at = store.version_committed_at(table, v)
+    floor = oldest
+    if view is not None and previous is not None:
+        floor = max(floor, view_floor(previous, manifest.table.spec.retention.iceberg_snapshots))
     metadata_path, expired, new_state, metadata = write_snapshot(
         deep,
         manifest.table.spec,
@@ -1368,7 +1387,7 @@ def publish(
         previous_location=location(deep, pointer.metadata_location) if pointer else None,
         created_at=manifest.table.created_at,
         committed_at=committed_at,
-        oldest_kept=oldest,
+        oldest_kept=floor,
         state=state,
     )
     now = store.clock.now()
