@@ -143,6 +143,12 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=1, help="--memory: frames of each allocation")
     ap.add_argument("--profile", default="", help="batches whose round is profiled: 15,70")
     ap.add_argument("--profile-dir", default="", help="also save each profile there (.prof)")
+    ap.add_argument(
+        "--view-snapshots",
+        type=int,
+        default=0,
+        help="the tables' retention.iceberg_snapshots (0: the default)",
+    )
     ap.add_argument("--src", action="append", default=[], metavar="NAME=DIR")
     ap.add_argument("--repeat", type=int, default=1, help="alternations with --src")
     ap.add_argument("--together", action="store_true", help="with --src: the trees at once")
@@ -179,6 +185,11 @@ def main() -> None:
                 "schema": {"k": "long", "v": "double", "s": "string"},
                 "mode": "upsert",
                 "primary_key": ["k"],
+                **(
+                    {"retention": {"iceberg_snapshots": args.view_snapshots}}
+                    if args.view_snapshots
+                    else {}
+                ),
             }
         ).spec
         cat.create_table(dead_letter_spec(specs[n]))
@@ -318,6 +329,7 @@ def compare(args: argparse.Namespace) -> None:
         *(["--memory"] if args.memory else []),
         *(["--worker-sealer"] if args.worker_sealer else []),
         *(["--no-tracemalloc"] if args.no_tracemalloc else []),
+        *(["--view-snapshots", str(args.view_snapshots)] if args.view_snapshots else []),
     ]
     rounds: dict[str, dict[int, list[float]]] = {n: {} for n in trees}
     rss: dict[str, dict[int, list[float]]] = {n: {} for n in trees}
