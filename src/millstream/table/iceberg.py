@@ -854,7 +854,8 @@ class PublishResult:
     pointer: IcebergPointer | None
     #: Whether this call published a new snapshot.
     published: bool
-    #: Snapshots removed because their versions expired.
+    #: Snapshots removed: their versions expired, or the view lists at most the newest
+    #: ``retention.iceberg_snapshots``.
     expired: tuple[int, ...] = ()
     #: What the publish reused and wrote (see :class:`ViewState`): ``incremental`` (1 when it
     #: built on the previous snapshot), ``read_in_full`` (1 when it read every data file of
