@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
 from harness.iceberg_readers import pyiceberg_rows
+from harness.publish_support import commit_keys
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.datastream import dead_letter_spec
@@ -20,29 +20,8 @@ from millstream.reference.model import canonical
 from millstream.sealing.maintenance import Publisher
 from millstream.table import iceberg
 from millstream.table.iceberg import current_location, load_metadata, view_prefix
-from millstream.table.writer import commit_staged, stage_rows
 
 TABLES = 50
-
-
-def _commit(cat: Catalog, table: str, keys: list[int], lo: int) -> None:
-    spec = cat.table(table).spec
-    rows = pa.Table.from_pylist(
-        [
-            {
-                "k": k,
-                "v": f"at {lo + i}",
-                "_ms_partition": 0,
-                "_ms_offset": lo + i,
-                "_ms_tombstone": False,
-            }
-            for i, k in enumerate(keys)
-        ],
-        schema=spec.arrow_schema(system_columns=True),
-    )
-    commit_staged(
-        cat.store, cat.deep, table, stage_rows(cat.deep, spec, rows), {0: (lo, lo + len(keys))}, {}
-    )
 
 
 def _view_files(cat: Catalog, names: list[str]) -> dict[str, set[str]]:
@@ -66,7 +45,7 @@ def test_a_round_where_one_of_fifty_tables_changed_reads_and_writes_that_table_o
                 }
             )
             cat.create_table(dead_letter_spec(cat.table(n).spec))
-            _commit(cat, n, [1, 2, 1], 0)
+            commit_keys(cat, n, [1, 2, 1], 0)
         # As a worker hands them over: a datastream per table, with its dead-letter table.
         tables = {n: [n, dead_letter_spec(n).name] for n in names}
         publisher = Publisher(cat, interval=15.0, clock=clock)
@@ -76,7 +55,7 @@ def test_a_round_where_one_of_fifty_tables_changed_reads_and_writes_that_table_o
         )
 
         # One table gets a commit; the next round reads and writes that table's view only.
-        _commit(cat, "t07", [2, 3], 3)
+        commit_keys(cat, "t07", [2, 3], 3)
         manifests: list[str] = []
         metadata_reads: list[str] = []
         read_manifest = cat.store.manifest
@@ -105,7 +84,7 @@ def test_a_round_where_one_of_fifty_tables_changed_reads_and_writes_that_table_o
 
         # Retention expires t03's first version (t03 has nothing new): the next round still
         # drops its snapshot, and publishes nothing else.
-        _commit(cat, "t03", [4], 3)
+        commit_keys(cat, "t03", [4], 3)
         clock.advance(20)
         publisher.run_due(tables)
         clock.advance(3600)

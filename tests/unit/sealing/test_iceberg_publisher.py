@@ -7,35 +7,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pyarrow as pa
-
 from harness.iceberg_readers import pyiceberg_rows
+from harness.publish_support import commit_keys
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.reference.model import canonical
 from millstream.sealing.maintenance import Maintainer
 from millstream.table.iceberg import current_location
-from millstream.table.writer import commit_staged, stage_rows
-
-
-def _commit(cat: Catalog, keys: list[int], lo: int) -> None:
-    spec = cat.table("kv").spec
-    rows = pa.Table.from_pylist(
-        [
-            {
-                "k": k,
-                "v": f"at {lo + i}",
-                "_ms_partition": 0,
-                "_ms_offset": lo + i,
-                "_ms_tombstone": False,
-            }
-            for i, k in enumerate(keys)
-        ],
-        schema=spec.arrow_schema(system_columns=True),
-    )
-    commit_staged(
-        cat.store, cat.deep, "kv", stage_rows(cat.deep, spec, rows), {0: (lo, lo + len(keys))}, {}
-    )
 
 
 def test_each_written_table_is_published_every_interval_and_a_failing_one_is_supervised(
@@ -51,7 +29,7 @@ def test_each_written_table_is_published_every_interval_and_a_failing_one_is_sup
                 "primary_key": ["k"],
             }
         )
-        _commit(cat, [1, 2, 1], 0)
+        commit_keys(cat, "kv", [1, 2, 1], 0)
         maintainer = Maintainer(cat, clock=clock, publish_interval=30.0)
         tables = {"orders": ["kv"], "broken": ["no_such_table"]}
 
@@ -63,7 +41,7 @@ def test_each_written_table_is_published_every_interval_and_a_failing_one_is_sup
         maintainer.run_due(tables)
         assert view() == canonical(cat.read_table("kv").to_pylist())
         assert maintainer.status()["kv"]["iceberg"]["manifest_version"] == 1
-        _commit(cat, [2, 3], 3)
+        commit_keys(cat, "kv", [2, 3], 3)
         clock.advance(10)
         maintainer.run_due(tables)  # not due yet: the view still shows version 1
         assert maintainer.status()["kv"]["iceberg"]["manifest_version"] == 1

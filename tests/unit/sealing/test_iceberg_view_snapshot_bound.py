@@ -12,38 +12,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pyarrow as pa
-
 from harness.iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows
+from harness.publish_support import commit_keys
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.reference.model import canonical
 from millstream.sealing.maintenance import Publisher
 from millstream.table.iceberg import current_location, load_metadata, location, publish
 from millstream.table.maintain import maintain
-from millstream.table.writer import commit_staged, stage_rows
 
 KEPT = 3
-
-
-def _commit(cat: Catalog, keys: list[int], lo: int) -> None:
-    spec = cat.table("kv").spec
-    rows = pa.Table.from_pylist(
-        [
-            {
-                "k": k,
-                "v": f"at {lo + i}",
-                "_ms_partition": 0,
-                "_ms_offset": lo + i,
-                "_ms_tombstone": False,
-            }
-            for i, k in enumerate(keys)
-        ],
-        schema=spec.arrow_schema(system_columns=True),
-    )
-    commit_staged(
-        cat.store, cat.deep, "kv", stage_rows(cat.deep, spec, rows), {0: (lo, lo + len(keys))}, {}
-    )
 
 
 def _create(cat: Catalog) -> None:
@@ -76,7 +54,7 @@ def test_a_publisher_lists_the_newest_snapshots_only_and_every_listed_one_reads(
         publisher = Publisher(cat, interval=15.0, clock=clock)
         published: dict[int, str] = {}
         for i in range(8):
-            _commit(cat, [i % 3, 10 + i], 2 * i)
+            commit_keys(cat, "kv", [i % 3, 10 + i], 2 * i)
             clock.advance(20)
             publisher.run_due({"kv": ["kv"]})
             pointer = cat.store.read_pointer("kv")
@@ -105,7 +83,7 @@ def test_a_publish_without_a_cache_keeps_the_same_bound(tmp_path: Path) -> None:
     with Catalog.open(home=tmp_path) as cat:
         _create(cat)
         for i in range(5):
-            _commit(cat, [i], i)
+            commit_keys(cat, "kv", [i], i)
             publish(cat.store, cat.deep, "kv")
         assert _snapshot_ids(cat) == [3, 4, 5]
         where = current_location(cat.deep, cat.store, "kv")
