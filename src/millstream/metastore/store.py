@@ -668,3 +668,32 @@ class MetadataStore:
             return assignments.may_commit(
                 conn, datastream, worker_id, takeover_ttl=takeover_ttl, now=now
             )
+
+
+class StoreRegistry:
+    """The metadata stores of one process, by URL. Spark builds a fresh sink object (and a
+    source reader) for every micro-batch, in a Python worker it reuses across batches; keeping the store (its
+    engine, connection pool and migration check) for the process saves ~6 ms per batch on
+    SQLite and a new connection per batch on PostgreSQL. ``held`` are stores this process
+    has open already (a driver's catalog store, which an ``available_now`` run commits with)."""
+
+    def __init__(self, *held: MetadataStore) -> None:
+        self._lock = threading.Lock()
+        self._stores: dict[str, MetadataStore] = {s.url: s for s in held}
+
+    def get(self, url: str) -> MetadataStore:
+        with self._lock:
+            store = self._stores.get(url)
+            if store is None:
+                store = self._stores[url] = MetadataStore(url)
+            return store
+
+    def close(self) -> None:
+        with self._lock:
+            stores, self._stores = list(self._stores.values()), {}
+        for store in stores:
+            store.dispose()
+
+
+#: The stores of this process; a sink uses them unless it is given its own registry.
+STORES = StoreRegistry()

@@ -38,7 +38,7 @@ from millstream.errors import (
     transient_spark_failure,
 )
 from millstream.ingest.sources import config_for, spec_reader
-from millstream.metastore.store import MetadataStore
+from millstream.metastore.store import MetadataStore, StoreRegistry
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.maintenance import DEFAULT_MAINTENANCE_INTERVAL, Maintainer, Publisher
 from millstream.sealing.publishing import PublisherProcess
@@ -46,7 +46,7 @@ from millstream.sealing.sealer import Sealer
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.catch_up import BatchDone, catch_up
 from millstream.spark.options import CommitGate, SinkOptions, SourceOptions
-from millstream.spark.sink import SegmentSink, StoreRegistry, rotated_log
+from millstream.spark.sink import SegmentSink, rotated_log
 from millstream.spark.sources import FORMAT as SOURCE_FORMAT
 from millstream.spark.sources import StreamReader
 from millstream.spark.table_source import register

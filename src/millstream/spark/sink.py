@@ -18,7 +18,6 @@ import functools
 import json
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from millstream.errors import (
 from millstream.ingest.decode import Decoded, dead_letter_rows, decode_records
 from millstream.ingest.formats import absorber, decoder_for
 from millstream.ingest.sources.base import RAW_SCHEMA
-from millstream.metastore.store import MetadataStore
+from millstream.metastore.store import STORES, MetadataStore, StoreRegistry
 from millstream.spark.membership import Member, Membership
 from millstream.spark.options import GroupSinkOptions, SinkOptions
 from millstream.spark.sources import (
@@ -149,35 +148,6 @@ def _coalesced(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Table]:
             pending, rows = [], 0
     if pending:
         yield from _slices(pa.Table.from_batches(pending))
-
-
-class StoreRegistry:
-    """The metadata stores of one process, by URL. Spark builds a fresh sink object for every
-    micro-batch's commit, in a Python worker it reuses across batches; keeping the store (its
-    engine, connection pool and migration check) for the process saves ~6 ms per batch on
-    SQLite and a new connection per batch on PostgreSQL. ``held`` are stores this process
-    has open already (a driver's catalog store, which an ``available_now`` run commits with)."""
-
-    def __init__(self, *held: MetadataStore) -> None:
-        self._lock = threading.Lock()
-        self._stores: dict[str, MetadataStore] = {s.url: s for s in held}
-
-    def get(self, url: str) -> MetadataStore:
-        with self._lock:
-            store = self._stores.get(url)
-            if store is None:
-                store = self._stores[url] = MetadataStore(url)
-            return store
-
-    def close(self) -> None:
-        with self._lock:
-            stores, self._stores = list(self._stores.values()), {}
-        for store in stores:
-            store.dispose()
-
-
-#: The stores of this process; a sink uses them unless it is given its own registry.
-STORES = StoreRegistry()
 
 
 @functools.lru_cache(maxsize=16)

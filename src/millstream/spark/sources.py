@@ -19,7 +19,6 @@ batch's offsets, so a replayed batch re-reads exactly the same records.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -73,10 +72,6 @@ GROUP_DDL = RAW_DDL + ", member string"
 GROUP_SCHEMA = RAW_SCHEMA.append(pa.field("member", pa.string()))
 #: Members of a shared query planned, or written by one task, at once (each on a thread).
 MEMBER_THREADS = 8
-#: A gated (standby) source's metadata store, one per process and URL (:meth:`StreamReader.
-#: _follow_shards`), and the lock that makes it.
-_GATE_STORES: dict[str, Any] = {}
-_GATE_LOCK = threading.Lock()
 #: The note a member's error carries out of a shared query (its Python worker's traceback
 #: reaches the driver as text), so the worker knows whose error it was.
 MEMBER_NOTE = "in the shared query's member datastream {!r}"
@@ -242,15 +237,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return end
         # lazy: only a gated (standby) source needs the metadata store; importing SQLAlchemy
         # in every query's source process would slow every query start by ~0.3 s.
-        from millstream.metastore.store import MetadataStore
+        from millstream.metastore.store import STORES
 
         if self._gate_store is None:
             assert self.opts.settings is not None
-            url = self.opts.settings.metadata_url
-            with _GATE_LOCK:  # one store per process and URL: a member's own cost 100 engines
-                if url not in _GATE_STORES:
-                    _GATE_STORES[url] = MetadataStore(url)
-                self._gate_store = _GATE_STORES[url]
+            # the process's store of that URL: one engine a member cost 100 of them
+            self._gate_store = STORES.get(self.opts.settings.metadata_url)
         store = self._gate_store
         key = (store.url, gate.datastream, gate.worker, gate.takeover_ttl)
         allowed = gates.get(key) if gates is not None else None

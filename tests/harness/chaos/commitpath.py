@@ -105,6 +105,7 @@ from millstream.ingest.sources import config_for
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
 from millstream.metastore.iceberg import IcebergPointer
 from millstream.metastore.models import Manifest, SegmentState
+from millstream.metastore.store import StoreRegistry
 from millstream.reference.model import Row, canonical
 from millstream.reference.oracle import RawRecord, expected_table
 from millstream.sealing.compaction import CompactionPolicy
@@ -114,7 +115,7 @@ from millstream.sealing.sealer import Sealer
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.options import SPLIT_MIN_RECORDS, SinkOptions, SourceOptions
 from millstream.spark.runner import bootstrap
-from millstream.spark.sink import SegmentSink, SinkMessage, StoreRegistry
+from millstream.spark.sink import SegmentSink, SinkMessage
 from millstream.spark.sources import StreamReader
 from millstream.storage.deepstore import table_data_prefix
 from millstream.table.gc import collect_garbage

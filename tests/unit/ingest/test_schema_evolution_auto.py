@@ -37,8 +37,9 @@ from millstream.datastream import DatastreamSpec, dead_letter_spec
 from millstream.errors import CommitStateUnknownError, IncompatibleChangeError
 from millstream.ingest.sources import config_for
 from millstream.local.tansu import TansuBroker
+from millstream.metastore.store import StoreRegistry
 from millstream.spark.options import SinkOptions
-from millstream.spark.sink import DECODE_ROWS, SegmentSink, StoreRegistry
+from millstream.spark.sink import DECODE_ROWS, SegmentSink
 from millstream.spark.sources import markers_batch
 
 SCHEMA = {"id": "long", "customer": "string", "qty": "int"}

@@ -185,7 +185,7 @@ def test_a_plan_asks_each_datastreams_standby_gate_once_and_each_follows_its_own
     datastream's answer: a standby that may not commit plans no further than its table's
     shard uppers, while the active beside it plans its backlog."""
     from millstream.config import Settings
-    from millstream.spark import sources
+    from millstream.metastore import store
     from millstream.spark.options import CommitGate
 
     url = f"sqlite:///{tmp_path / 'metadata.db'}"
@@ -202,7 +202,7 @@ def test_a_plan_asks_each_datastreams_standby_gate_once_and_each_follows_its_own
         def list_shards(self, table: str) -> list[SimpleNamespace]:
             return [SimpleNamespace(partition=p, upper=7) for p in range(2)]
 
-    monkeypatch.setitem(sources._GATE_STORES, settings.metadata_url, _Store())
+    monkeypatch.setattr(store, "STORES", store.StoreRegistry(_Store()))  # type: ignore[arg-type]
 
     def member(datastream: str, table: str) -> SourceOptions:
         return SourceOptions(
