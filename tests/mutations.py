@@ -3205,6 +3205,23 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_a_cached_poll_over_many_small_chunks_reads_what_a_new_uncached_reader_reads",
         ),
     ),
+    Guard(
+        name="restarts-bounded-in-a-row",
+        file="src/millstream/spark/runner.py",
+        what="DatastreamRunner.run: a writer whose commits are fenced, gapped or expired again "
+        "and again without a commit in between fails past MAX_RESTARTS in a row instead of "
+        "restarting forever",
+        old="""\
+                elif not _restartable(error) or self._count_restart() > MAX_RESTARTS:
+""",
+        new="""\
+                elif not _restartable(error) or self._count_restart() < 0:  # MUTATION: unbounded
+""",
+        tests=(
+            "tests/integration/test_restarts_in_a_row.py::"
+            "test_a_writer_fenced_again_and_again_without_a_commit_fails_at_the_bound",
+        ),
+    ),
 )
 
 
