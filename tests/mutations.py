@@ -3222,6 +3222,39 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_a_writer_fenced_again_and_again_without_a_commit_fails_at_the_bound",
         ),
     ),
+    Guard(
+        name="local-file-fsynced-before-its-commit",
+        file="src/millstream/storage/deepstore.py",
+        what="DeepStore._make_durable: a file written to a local deep store is fsynced before "
+        "the write returns, so the manifest commit that references it (durable in the "
+        "metadata store) never names a file whose data is only in the page cache",
+        old="""\
+        _fsync(full)
+""",
+        new="""\
+        pass  # MUTATION: the file's data is left in the page cache
+""",
+        tests=(
+            "tests/unit/table/test_staged_files_durable.py::"
+            "test_a_staged_file_and_its_directory_are_fsynced_before_the_commit_referencing_it",
+        ),
+    ),
+    Guard(
+        name="row-stager-syncs-before-it-returns",
+        file="src/millstream/table/writer.py",
+        what="RowStager.finish: a write task's file staged a row group at a time (the sink's "
+        "path) is made durable before the task returns it for the commit",
+        old="""\
+        self.deep.sync(self.path)  # before any commit references it
+""",
+        new="""\
+        pass  # MUTATION: not synced
+""",
+        tests=(
+            "tests/unit/table/test_staged_files_durable.py::"
+            "test_a_staged_file_and_its_directory_are_fsynced_before_the_commit_referencing_it",
+        ),
+    ),
 )
 
 
