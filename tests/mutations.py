@@ -3255,6 +3255,22 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_a_staged_file_and_its_directory_are_fsynced_before_the_commit_referencing_it",
         ),
     ),
+    Guard(
+        name="class-archive-pruned-only-when-unused",
+        file="src/millstream/spark/session.py",
+        what="ClassArchive.prune: a new class archive removes only the other archives no run "
+        "used for an hour, never one a run marked used lately (its JVM may be mapping it)",
+        old="""\
+                if now - other.stat().st_mtime > STALE_ARCHIVE_SECONDS:
+""",
+        new="""\
+                if other.exists():  # MUTATION: every other archive, used or not
+""",
+        tests=(
+            "tests/unit/test_cli_run_session.py::"
+            "test_a_new_class_archive_removes_the_others_no_run_used_for_an_hour",
+        ),
+    ),
 )
 
 
