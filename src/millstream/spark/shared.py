@@ -469,10 +469,14 @@ class SharedQueryRunner:
                     if member is not None:
                         raise SharedQueryMemberError(member, error) from error
                     raise error
+                counted = self.restarts[key]
                 log.warning(
-                    "shared query %s restarts every member from its shard uppers (%s): %s",
+                    "shared query %s restarts every member from its shard uppers (%s, %d in a "
+                    "row, %d in all): %s",
                     self.state_dir.path.name,
                     f"datastream {member!r}" if member else "the query",
+                    counted.in_a_row,
+                    counted.total,
                     str(error).splitlines()[0],
                 )
         finally:
