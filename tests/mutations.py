@@ -3205,6 +3205,72 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_a_cached_poll_over_many_small_chunks_reads_what_a_new_uncached_reader_reads",
         ),
     ),
+    Guard(
+        name="restarts-bounded-in-a-row",
+        file="src/millstream/spark/runner.py",
+        what="DatastreamRunner.run: a writer whose commits are fenced, gapped or expired again "
+        "and again without a commit in between fails past MAX_RESTARTS in a row instead of "
+        "restarting forever",
+        old="""\
+                elif not _restartable(error) or self._count_restart() > MAX_RESTARTS:
+""",
+        new="""\
+                elif not _restartable(error) or self._count_restart() < 0:  # MUTATION: unbounded
+""",
+        tests=(
+            "tests/integration/test_restarts_in_a_row.py::"
+            "test_a_writer_fenced_again_and_again_without_a_commit_fails_at_the_bound",
+        ),
+    ),
+    Guard(
+        name="local-file-fsynced-before-its-commit",
+        file="src/millstream/storage/deepstore.py",
+        what="DeepStore._make_durable: a file written to a local deep store is fsynced before "
+        "the write returns, so the manifest commit that references it (durable in the "
+        "metadata store) never names a file whose data is only in the page cache",
+        old="""\
+        _fsync(full)
+""",
+        new="""\
+        pass  # MUTATION: the file's data is left in the page cache
+""",
+        tests=(
+            "tests/unit/table/test_staged_files_durable.py::"
+            "test_a_staged_file_and_its_directory_are_fsynced_before_the_commit_referencing_it",
+        ),
+    ),
+    Guard(
+        name="row-stager-syncs-before-it-returns",
+        file="src/millstream/table/writer.py",
+        what="RowStager.finish: a write task's file staged a row group at a time (the sink's "
+        "path) is made durable before the task returns it for the commit",
+        old="""\
+        self.deep.sync(self.path)  # before any commit references it
+""",
+        new="""\
+        pass  # MUTATION: not synced
+""",
+        tests=(
+            "tests/unit/table/test_staged_files_durable.py::"
+            "test_a_staged_file_and_its_directory_are_fsynced_before_the_commit_referencing_it",
+        ),
+    ),
+    Guard(
+        name="class-archive-pruned-only-when-unused",
+        file="src/millstream/spark/session.py",
+        what="ClassArchive.prune: a new class archive removes only the other archives no run "
+        "used for an hour, never one a run marked used lately (its JVM may be mapping it)",
+        old="""\
+                if now - other.stat().st_mtime > STALE_ARCHIVE_SECONDS:
+""",
+        new="""\
+                if other.exists():  # MUTATION: every other archive, used or not
+""",
+        tests=(
+            "tests/unit/test_cli_run_session.py::"
+            "test_a_new_class_archive_removes_the_others_no_run_used_for_an_hour",
+        ),
+    ),
 )
 
 

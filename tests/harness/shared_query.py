@@ -30,6 +30,7 @@ class FakeSharedQuery:
 
     def __init__(self, members: list[Any], spark: Any, state_dir: StateDirectory, **_: Any) -> None:
         self.members = {m.member: m for m in members}
+        self.restarts: dict[str, Any] = {}  # none: it never meets a fenced commit
         self._stop = threading.Event()
         FakeSharedQuery.starts.append(sorted(self.members))
 

@@ -87,6 +87,12 @@ def test_an_available_now_run_publishes_before_it_exits_and_duckdb_reads_it(
         version = cat.manifest("shop").version
         expected = canonical(cat.read_table("shop").select(["id", "status"]).to_pylist())
     assert len(expected) == 60 and version >= 1
+    # the summary says how often the run restarted from the shard uppers, of each kind
+    assert (summary["restarts"], summary["restarts_in_a_row"], summary["transient_restarts"]) == (
+        0,
+        0,
+        0,
+    )
     view = summary["iceberg"]["shop"]
     assert view["manifest_version"] == version
     assert _duckdb_rows(view["metadata_location"]) == expected

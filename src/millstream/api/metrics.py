@@ -270,7 +270,9 @@ class MillstreamCollector:
         yield from (lag, publishes)
 
     @staticmethod
-    def _health_families() -> tuple[GaugeMetricFamily, CounterMetricFamily, CounterMetricFamily]:
+    def _health_families() -> tuple[
+        GaugeMetricFamily, CounterMetricFamily, CounterMetricFamily, GaugeMetricFamily
+    ]:
         return (
             GaugeMetricFamily(
                 "millstream_datastream_stalled",
@@ -291,13 +293,21 @@ class MillstreamCollector:
                 "its JVM in time: an overloaded machine); the writer did not fail.",
                 labels=["datastream", "worker"],
             ),
+            GaugeMetricFamily(
+                "millstream_writer_restarts_in_a_row",
+                "Restarts in a row of a writer's query from its shard uppers after fenced, "
+                "gapped or expired commits (a rollback, another writer), with no commit in "
+                "between: 0 once it commits again; the writer fails when they pass 10.",
+                labels=["datastream", "worker"],
+            ),
         )
 
     def _health_metrics(self, records: list[Any], workers: list[Any]) -> Iterator[Any]:
-        stalled, restarts, transient = self._health_families()
+        stalled, restarts, transient, in_a_row = self._health_families()
         for name, h in sorted(writer_health(self.ctx, records).items()):
             stalled.add_metric([name], 1.0 if h.status == "stalled" else 0.0)
         transients: Counter[tuple[str, str]] = Counter()
+        rows: Counter[tuple[str, str]] = Counter()  # a datastream's worst table
         for w in workers:
             for wr in w.info.get("writers") or []:
                 n = (wr.get("health") or {}).get("stall_restarts")
@@ -307,10 +317,15 @@ class MillstreamCollector:
                 t = int((wr.get("health") or {}).get("transient_restarts") or 0)
                 key = (str(wr["datastream"]), w.id)
                 transients[key] = max(transients[key], t)
+                rows[key] = max(
+                    rows[key], int((wr.get("health") or {}).get("restarts_in_a_row") or 0)
+                )
         for (ds, worker), n in sorted(transients.items()):
             if n:
                 transient.add_metric([ds, worker], n)
-        yield from (stalled, restarts, transient)
+        for (ds, worker), n in sorted(rows.items()):
+            in_a_row.add_metric([ds, worker], n)
+        yield from (stalled, restarts, transient, in_a_row)
 
     @staticmethod
     def _claim_metrics(workers: list[Any]) -> Iterator[Any]:

@@ -57,6 +57,16 @@ class WriterHealthOut(_Out):
     transient_error: str | None = Field(
         default=None, description="The last of those failures, as Spark said it."
     )
+    restarts: int = Field(
+        default=0,
+        description="Restarts of its query from the shard uppers after a fenced, gapped or "
+        "expired commit (a rollback, another writer), over the running query's life.",
+    )
+    restarts_in_a_row: int = Field(
+        default=0,
+        description="The last of those restarts in a row with no commit in between; the writer "
+        "fails when they pass 10.",
+    )
 
 
 class DatastreamOut(_Out):

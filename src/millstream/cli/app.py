@@ -176,7 +176,12 @@ def run(
         stop.finish()
         summary = view.snapshot()
         if stats is not None:
+            # restarts from the shard uppers: after fenced, gapped or expired commits (in all,
+            # and the last row of them without a commit between), and after Spark's transient
+            # failures
             summary["restarts"] = stats.restarts
+            summary["restarts_in_a_row"] = stats.restarts_in_a_row
+            summary["transient_restarts"] = stats.transient_restarts
             summary["discarded_checkpoints"] = stats.discarded_checkpoints
         summary["dead_letter_rows"] = catalog.read_table(spec.dead_letter_table).num_rows
         summary["stopped"] = stop.requested

@@ -651,6 +651,8 @@ class Worker:
         else:
             status = "starting"
         retry_at = w.failed_at + self._backoff(w) if w.error is not None and w.failed_at else None
+        shared = self.shared
+        counted = shared.restarts.get(w.datastream) if shared is not None else None
         return {
             "status": status,
             "error": w.last_error,
@@ -663,6 +665,10 @@ class Worker:
             # this writer, which kept running through them
             "transient_restarts": self.transient_restarts.get(w.datastream, (0, ""))[0],
             "transient_error": self.transient_restarts.get(w.datastream, (0, None))[1] or None,
+            # restarts of its shared query after its fenced, gapped or expired commits: in all
+            # (the query's life) and in a row without a commit (it fails past MAX_RESTARTS)
+            "restarts": counted.total if counted is not None else 0,
+            "restarts_in_a_row": counted.in_a_row if counted is not None else 0,
         }
 
     def _stop_writer(self, ds: str) -> None:

@@ -56,6 +56,9 @@ from millstream.table.gc import DEFAULT_GRACE_SECONDS, MAX_STAGED_AGE_SECONDS
 
 log = logging.getLogger(__name__)
 
+#: Restarts in a row after a fenced, gapped or expired commit (:data:`RESTARTABLE`) with no
+#: progress between them (:func:`moved_past`), after which the writer (or a shared query's
+#: member) fails with the last error.
 MAX_RESTARTS = 10
 SIDECAR = "millstream.json"
 
@@ -131,6 +134,33 @@ class TransientRestarts:
             "last_transient_error": self.last_error,
             "last_transient_at": self.last_at,
         }
+
+
+def moved_past(started: dict[int, int], uppers: dict[int, int]) -> bool:
+    """True when some partition's shard upper in ``uppers`` is past where it was at a start
+    (``started``): a batch committed since that start, and stayed committed."""
+    return any(uppers.get(p, at) > at for p, at in started.items())
+
+
+class RestartsInARow:
+    """The restarts of a writer (or of a shared query's member) after a fenced, gapped or
+    expired commit, counted in all (``total``) and in a row (``in_a_row``, the one bounded by
+    :data:`MAX_RESTARTS`): a restart whose writer committed past where the last start began
+    (:func:`moved_past`) begins a new row. A writer that recovers from each of its rollbacks
+    runs on however many it meets over its life; one that restarts without progress fails."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.in_a_row = 0
+
+    def failed(self, progressed: bool) -> int:
+        """Count a restart; ``progressed``: the writer committed since its last start. Returns
+        the restarts in a row, this one included."""
+        if progressed:
+            self.in_a_row = 0
+        self.total += 1
+        self.in_a_row += 1
+        return self.in_a_row
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +275,10 @@ def checkpoint_verdict(checkpoint: Path, boot: Bootstrap) -> str | None:
 
 @dataclass
 class RunStats:
+    #: restarts after a fenced, gapped or expired commit, in all over the run
     restarts: int = 0
+    #: the last of them in a row with no commit in between (bounded by MAX_RESTARTS)
+    restarts_in_a_row: int = 0
     #: restarts after Spark's transient failures (not counted in ``restarts``)
     transient_restarts: int = 0
     discarded_checkpoints: list[str] = field(default_factory=list)
@@ -339,6 +372,10 @@ class DatastreamRunner:
         self._catching_up = False  # an available-now run's jobs run (stop() cancels them)
         #: Restarts after Spark's transient failures, and the wait before one (stop() ends it).
         self.transient = TransientRestarts(f"writer {self.writer_id} of {spec.name}")
+        #: restarts after a fenced, gapped or expired commit (bounded in a row)
+        self.restarts = RestartsInARow()
+        #: the shard uppers the last start began at (:meth:`start`, :meth:`_catch_up`)
+        self.started_uppers: dict[int, int] = {}
         self._wake = threading.Event()
 
     # -- bootstrap -------------------------------------------------------------------------
@@ -402,6 +439,7 @@ class DatastreamRunner:
         self._open()
         boot = self.bootstrap()
         self.transient.started_at(boot.uppers)
+        self.started_uppers = dict(boot.uppers)
         self.prepare_checkpoint(boot)
         source, sink = self.query_options(boot)
         writer = (
@@ -509,12 +547,15 @@ class DatastreamRunner:
                 if transient is not None:
                     if not self._wait_transient(transient, error):
                         return self.stats  # stopped while waiting
-                elif not _restartable(error) or self.stats.restarts >= MAX_RESTARTS:
+                elif not _restartable(error) or self._count_restart() > MAX_RESTARTS:
                     raise error
                 else:
-                    self.stats.restarts += 1
                     log.warning(
-                        "writer %s restarts from the shard uppers: %s", self.writer_id, error
+                        "writer %s restarts from the shard uppers (%d in a row, %d in all): %s",
+                        self.writer_id,
+                        self.restarts.in_a_row,
+                        self.restarts.total,
+                        error,
                     )
                 # The checkpoint is ahead of (or behind) the truth; make it re-verify.
                 shutil.rmtree(self.checkpoint, ignore_errors=True)
@@ -529,6 +570,18 @@ class DatastreamRunner:
                 self.publisher.close()  # after the publish in progress
             if owns_lock:
                 self.state_dir.unlock()
+
+    def committed_uppers(self) -> dict[int, int]:
+        """The table's shard uppers as committed now."""
+        return {s.partition: s.upper for s in self.catalog.store.list_shards(self.table_spec.name)}
+
+    def _count_restart(self) -> int:
+        """Count a restart after a fenced, gapped or expired commit: a new row when a batch
+        committed since the last start (:class:`RestartsInARow`). Returns the restarts in a
+        row."""
+        n = self.restarts.failed(moved_past(self.started_uppers, self.committed_uppers()))
+        self.stats.restarts, self.stats.restarts_in_a_row = self.restarts.total, n
+        return n
 
     def _start_transiently(self) -> Exception | None:
         """:meth:`start` the query; returns the error of a start that failed on one of Spark's
@@ -574,6 +627,7 @@ class DatastreamRunner:
         from then on."""
         boot = self.bootstrap()
         self.transient.started_at(boot.uppers)
+        self.started_uppers = dict(boot.uppers)
         self.state_dir.lock()
         source, sink = self.query_options(boot)
 

@@ -3,6 +3,7 @@ here, configured for streaming ingestion."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -63,8 +64,12 @@ CLASS_ARCHIVE_ENV = "MILLSTREAM_JVM_CLASS_ARCHIVE"
 #: The JVM's class-sharing messages (the classes an archive leaves out, an archive of another
 #: JVM) are not the user's business: the JVM runs without an archive it cannot use.
 QUIET_CLASS_SHARING = "-Xlog:cds=off -Xlog:cds+dynamic=off"
-#: A half-written archive (a run killed while its JVM wrote it) is removed after this long.
+#: A half-written archive (a run killed while its JVM wrote it) is removed after this long,
+#: and so is another Java's or Spark's archive that no run used for as long.
 STALE_ARCHIVE_SECONDS = 3600.0
+#: The names :meth:`ClassArchive.default` gives its archives (what :meth:`ClassArchive.prune`
+#: may remove).
+ARCHIVE_GLOB = "spark-*-jvm-*.jsa"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +85,12 @@ class ClassArchive:
     the archive against itself and the class path, and runs without one it cannot use; the
     file's name holds the Java binary and Spark's version, so a new one of either writes its
     own. A run whose JVM wrote no archive (a class path the JVM cannot archive) leaves a
-    marker, so later runs do not pay for writing one again."""
+    marker, so later runs do not pay for writing one again.
+
+    Each archive is ~116 MB, and the key changes with every new virtualenv (a CI run's fresh
+    clone), Java update or Spark version: when a run puts a new one in place it removes the
+    others that no run used for :data:`STALE_ARCHIVE_SECONDS` (:meth:`prune`; a run that maps
+    one marks it used)."""
 
     path: Path
 
@@ -120,6 +130,8 @@ class ClassArchive:
     def java_options(self) -> str:
         """Use the archive, or write it at exit if there is none yet (and no run failed to)."""
         if self.path.exists():
+            with contextlib.suppress(OSError):  # its last use, which prune() keeps it by
+                os.utime(self.path)
             return f"-XX:SharedArchiveFile={self.path} {QUIET_CLASS_SHARING}"
         if self.failed.exists():
             return ""
@@ -141,12 +153,38 @@ class ClassArchive:
             if pending.exists():
                 if exit_code == 0:
                     os.replace(pending, self.path)
+                    self.prune()
                 else:  # it may have died half-way through writing it
                     pending.unlink()
             elif exit_code == 0 and not self.path.exists():
                 self.failed.touch()
         except OSError as exc:
             log.debug("JVM class archive %s: %s", self.path, exc)
+
+    def prune(self) -> list[Path]:
+        """Remove the other archives in this one's directory (another Java binary, Spark
+        version or pyspark install: :data:`ARCHIVE_GLOB`), and their markers, that no run
+        used for :data:`STALE_ARCHIVE_SECONDS`; returns what it removed. A run maps an
+        archive it found within seconds of marking it used, and a JVM that still maps one
+        removed later keeps its pages (unlinking a file removes its name, not a mapping);
+        a JVM given a path that is gone starts without an archive."""
+        removed: list[Path] = []
+        now = time.time()
+        for other in [
+            *self.path.parent.glob(ARCHIVE_GLOB),
+            *self.path.parent.glob(f"{ARCHIVE_GLOB}.failed"),
+        ]:
+            if other in (self.path, self.failed):
+                continue
+            try:
+                if now - other.stat().st_mtime > STALE_ARCHIVE_SECONDS:
+                    other.unlink()
+                    removed.append(other)
+            except OSError as exc:  # another run removed it first, a read-only cache
+                log.debug("JVM class archive %s: %s", other, exc)
+        if removed:
+            log.info("removed %d unused JVM class archives: %s", len(removed), removed)
+        return removed
 
 
 def batch_run_settings(archive: ClassArchive | None) -> dict[str, str]:

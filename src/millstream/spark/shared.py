@@ -66,8 +66,10 @@ from millstream.spark.options import (
 from millstream.spark.runner import (
     MAX_RESTARTS,
     DatastreamRunner,
+    RestartsInARow,
     TransientRestarts,
     _restartable,
+    moved_past,
 )
 from millstream.spark.sources import GROUP_FORMAT, MEMBER_THREADS, each_member
 from millstream.spark.table_source import GROUP_SINK_FORMAT, register
@@ -146,8 +148,10 @@ class SharedQueryRunner:
         self.members = {m.member: m for m in sorted(members, key=lambda m: m.member)}
         self.spark = spark
         self.state_dir = state_dir
-        #: restarts after a restartable error, per member (``*``: the query's own)
-        self.restarts: dict[str, int] = {}
+        #: restarts after a restartable error (fenced, gapped, expired), per member (``*``: the
+        #: query's own), in all and in a row (bounded by MAX_RESTARTS; a row ends when the
+        #: member committed past where it last started: :class:`RestartsInARow`)
+        self.restarts: dict[str, RestartsInARow] = {}
         #: restarts after Spark's transient failures (see :meth:`run`), and the wait before one
         self.transient = TransientRestarts(f"shared query {state_dir.path.name}")
         #: Called with the members and the error at each such restart (a worker counts them
@@ -461,20 +465,53 @@ class SharedQueryRunner:
                     continue
                 member = member_of(error)
                 key = member or "*"
-                self.restarts[key] = self.restarts.get(key, 0) + 1
-                if not _restartable(error) or self.restarts[key] > MAX_RESTARTS:
+                if not _restartable(error) or self._count_restart(key) > MAX_RESTARTS:
                     if member is not None:
                         raise SharedQueryMemberError(member, error) from error
                     raise error
+                counted = self.restarts[key]
                 log.warning(
-                    "shared query %s restarts every member from its shard uppers (%s): %s",
+                    "shared query %s restarts every member from its shard uppers (%s, %d in a "
+                    "row, %d in all): %s",
                     self.state_dir.path.name,
                     f"datastream {member!r}" if member else "the query",
+                    counted.in_a_row,
+                    counted.total,
                     str(error).splitlines()[0],
                 )
         finally:
             if owns_lock:
                 self.state_dir.unlock()
+
+    def _count_restart(self, key: str) -> int:
+        """Count a restart of ``key`` (a member, or ``*``: the query as a whole) after a
+        restartable error; returns its restarts in a row. A row ends when the member (for
+        ``*``, any member) committed past the shard uppers its entry started at."""
+        names = list(self.entries) if key == "*" else [key]
+        progressed = False
+        for name in names:
+            entry, m = self.entries.get(name), self.members.get(name)
+            if entry is None or m is None:
+                continue
+            started = SourceOptions.from_options(entry.source).start_offsets
+            try:
+                progressed = moved_past(started, m.committed_uppers())
+            except Exception:  # a store that does not answer: no progress seen
+                log.warning(
+                    "shared query %s: reading %s's shard uppers failed",
+                    self.state_dir.path.name,
+                    name,
+                    exc_info=True,
+                )
+            if progressed:
+                break
+        return self.restarts.setdefault(key, RestartsInARow()).failed(progressed)
+
+    def restarts_in_a_row(self, member: str) -> int:
+        """``member``'s restarts in a row after a fenced, gapped or expired commit (0 when
+        it committed since its last one)."""
+        counted = self.restarts.get(member)
+        return counted.in_a_row if counted is not None else 0
 
     def _start_transiently(self) -> Exception | None:
         """:meth:`start` the query; returns the error of a start that failed on one of Spark's

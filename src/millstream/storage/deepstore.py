@@ -4,6 +4,12 @@ Paths recorded in the manifest are *relative* to the deep store root, so a deplo
 its root without rewriting metadata. A data file is written once under a unique name; it is
 "staged" until a manifest entry references it, and garbage once nothing does (see
 :mod:`millstream.table.gc`). Both backends go through ``pyarrow.fs``.
+
+A file written to a local store is fsynced, with the directories from its own up to the root
+(its new name and any directory created for it), before the write returns: the manifest
+commit that references it comes after, in a metadata store that is durable, and a power loss
+must not leave it referencing a file whose data was only in the page cache. An S3 put is
+durable once it returns.
 """
 
 from __future__ import annotations
@@ -62,6 +68,9 @@ class DeepStore:
         self.fs = fs
         self.root = root.rstrip("/")
         self.uri = uri
+        #: fsync each file written (and its directories) before the write returns: a local
+        #: store's files (see the module's docstring)
+        self.durable_writes = isinstance(fs, pafs.LocalFileSystem)
 
     @classmethod
     def from_uri(cls, uri: str, *, s3_endpoint: str | None = None) -> DeepStore:
@@ -124,6 +133,7 @@ class DeepStore:
             compression="zstd",
             use_dictionary=dictionary if isinstance(dictionary, bool) else list(dictionary),
         )
+        self._make_durable(full)
         return int(self.fs.get_file_info(full).size or 0)
 
     def parquet_writer(self, path: str, schema: pa.Schema) -> pq.ParquetWriter:
@@ -132,6 +142,21 @@ class DeepStore:
         full = self._abs(path)
         self.fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
         return pq.ParquetWriter(full, schema, filesystem=self.fs, compression="zstd")
+
+    def sync(self, path: str) -> None:
+        """Make the file at ``path``, written and closed through :meth:`parquet_writer`,
+        durable before a commit references it (a local store's: see the module's docstring)."""
+        self._make_durable(self._abs(path))
+
+    def _make_durable(self, full: str) -> None:
+        if not self.durable_writes:
+            return
+        _fsync(full)
+        # its name in its directory, and each directory's name in its parent up to the root:
+        # one of them may have been created for this file (by this process or another)
+        parts = full[len(self.root) + 1 :].split("/")[:-1]
+        for i in range(len(parts), -1, -1):
+            _fsync("/".join([self.root, *parts[:i]]))
 
     def size(self, path: str) -> int:
         return int(self.fs.get_file_info(self._abs(path)).size or 0)
@@ -181,6 +206,15 @@ class DeepStore:
             rel = info.path[len(self.root) + 1 :] if info.path.startswith(self.root) else info.path
             out.append(StoredFile(rel, int(info.size or 0), info.mtime))
         return out
+
+
+def _fsync(path: str) -> None:
+    """fsync the file or directory at ``path``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def table_data_prefix(table: str) -> str:

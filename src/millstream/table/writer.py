@@ -160,6 +160,7 @@ class RowStager:
         self._writer.close()
         self._writer = None
         assert self.path is not None
+        self.deep.sync(self.path)  # before any commit references it
         return StagedFile(self.path, self.deep.size(self.path), dict(self._counts))
 
     def abort(self) -> None:

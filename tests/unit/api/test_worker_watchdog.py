@@ -28,6 +28,7 @@ from millstream.control.workers import heartbeat
 from millstream.datastream import DatastreamSpec
 from millstream.errors import InvalidSpecError
 from millstream.metastore.models import ShardAppend
+from millstream.spark.runner import RestartsInARow
 from millstream.storage.statedir import StateDirectory
 
 STALL = 300.0
@@ -41,6 +42,7 @@ class WedgedQuery:
 
     def __init__(self, members: list[Any], spark: Any, state_dir: StateDirectory, **_: Any) -> None:
         self.members = {m.spec.name: m for m in members}
+        self.restarts: dict[str, RestartsInARow] = {}
         self._stop = threading.Event()
         for m in members:
             m.ensure_tables()
@@ -202,6 +204,8 @@ def test_a_wedged_writer_is_reported_and_restarted_with_backoff(
         "stall_restarts": 2,
         "transient_restarts": 0,
         "transient_error": None,
+        "restarts": 0,
+        "restarts_in_a_row": 0,
     }
     assert _stalled_metric(api) == "0.0"
 
@@ -295,3 +299,34 @@ def test_a_shared_querys_transient_restart_is_counted_without_failing_its_writer
     assert debug["transient_restarts"] == 1 and debug["status"] == "running"
     worker.tick()  # nothing to restart: the worker did not fail the writer
     assert TransientQuery.starts == [["orders"]]
+
+
+class RolledBackQuery(WedgedQuery):
+    """A shared query whose member ``orders`` was fenced twice in a row (a rollback, say) and
+    restarted each time, as :meth:`SharedQueryRunner.run` counts it."""
+
+    def run(self) -> None:
+        counted = self.restarts.setdefault("orders", RestartsInARow())
+        counted.failed(False)
+        counted.failed(False)
+        self._stop.wait(60)
+
+
+def test_a_members_restarts_in_a_row_show_in_its_health_and_metrics(
+    cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _catalog, _clock, _source, api, make_worker = cluster
+    monkeypatch.setattr(worker_module, "SharedQueryRunner", RolledBackQuery)
+    worker = make_worker()
+    worker.tick()
+    assert worker.shared_thread is not None
+    worker.shared_thread.join(0.5)  # its run() counted the restarts and runs on
+    worker._heartbeat()
+    health = _health(api)
+    assert health["restarts"] == 2 and health["restarts_in_a_row"] == 2, health
+    assert (
+        'millstream_writer_restarts_in_a_row{datastream="orders",worker="w"} 2.0'
+        in api.get("/metrics").text
+    )
+    debug = api.get("/tables/orders/debugInfo").json()["writer_health"]
+    assert debug["restarts_in_a_row"] == 2
