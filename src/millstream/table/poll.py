@@ -153,9 +153,10 @@ Lookup = Callable[[pa.RecordBatch], np.ndarray]
 
 
 def _dense_lookup(name: str, keys: pa.Array, rows: int) -> Lookup | None:
-    """The lookup of ``keys`` (of the one key column ``name``: integers, distinct) by an array of flags over their
-    range, for ``rows`` winners; None if they are not integers without nulls or their range
-    is too wide for the flags to pay (:data:`DENSE_SPAN_PER_ROW`)."""
+    """The lookup of ``keys`` (distinct values of the one key column ``name``) by an array of
+    flags over their range, for ``rows`` winners; None if they are not integers without nulls
+    or their range is too wide for the flags to pay (:data:`DENSE_SPAN_PER_ROW`). A chunk
+    whose key column holds a null is hashed (a null is no new key: ``keys`` hold none)."""
     if keys.type not in (pa.int64(), pa.int32()) or keys.null_count:  # long, int
         return None
     new = keys.to_numpy().astype(np.int64, copy=False)
