@@ -3194,10 +3194,10 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         what="_take_out: a chunk of the previous winners is kept as it is (not copied) only if "
         "it holds none of the new rows' keys; a chunk holding one is filtered",
         old="""\
-        if not pc.any(hit).as_py():
+        if not hit.any():
 """,
         new="""\
-        if pc.sum(hit).as_py() <= 1:  # MUTATION: a chunk with one new key is kept as it is
+        if hit.sum() <= 1:  # MUTATION: a chunk with one new key is kept as it is
 """,
         tests=(
             f"{POLL_TEST}::test_a_poll_copies_only_the_chunks_holding_a_new_key",
@@ -3269,6 +3269,22 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         tests=(
             "tests/unit/test_cli_run_session.py::"
             "test_a_new_class_archive_removes_the_others_no_run_used_for_an_hour",
+        ),
+    ),
+    Guard(
+        name="poll-key-flags-only-within-their-range",
+        file=POLL_FILE,
+        what="_dense_lookup: a winner's integer key is looked up in the flags over the new "
+        "keys' range only if it lies in that range; any other key reads the flag 'not new'",
+        old="""\
+        outside = (found < lo) | (found > hi)
+""",
+        new="""\
+        outside = found > hi  # MUTATION: a key below the range reads a flag from its end
+""",
+        tests=(
+            f"{POLL_TEST}::test_a_poll_looks_up_keys_below_and_above_the_new_keys_range",
+            f"{POLL_TEST}::test_a_cached_poll_reads_what_a_new_uncached_reader_reads",
         ),
     ),
 )

@@ -185,10 +185,13 @@ def test_a_cached_poll_over_many_small_chunks_reads_what_a_new_uncached_reader_r
 ) -> None:
     """The same histories with the winners kept in chunks of 2 rows and the small chunks
     joined past 3: polls that keep chunks holding none of the new keys as they are, filter the
-    others, and join small chunks, as a poll of a large table does."""
+    others, and join small chunks, as a poll of a large table does; and an integer key looked
+    up by hashing, as keys spread wider than the flags pay for are."""
     with (
         mock.patch.object(poll, "CHUNK_ROWS", 2),
         mock.patch.object(poll, "MAX_SMALL_CHUNKS", 3),
+        mock.patch.object(poll, "DENSE_MIN_SPAN", 0),
+        mock.patch.object(poll, "DENSE_SPAN_PER_ROW", 0),
         tempfile.TemporaryDirectory(prefix="millstream-poll-") as d,
     ):
         play(seed, Path(d))
@@ -229,6 +232,29 @@ def test_a_poll_copies_only_the_chunks_holding_a_new_key(home: Path) -> None:
             t.close()
 
 
+def test_a_poll_looks_up_keys_below_and_above_the_new_keys_range(home: Path) -> None:
+    """Keys 0-11, 1,000 and a null key; commits updating keys 5 and 6, then 2 and 9, each key
+    looked up in the flags over the new keys' range: every key outside that range keeps its
+    winner (key 3, two below 5, is not read as a flag of the range's end; the null key is no
+    new key), each poll equals an uncached read."""
+    t, cached = _history(home, "upsert-cmp")
+    try:
+        _commit(t, {0: [(k, 1, False) for k in [*range(12), 1000, None]]})
+        t.sealer.seal_partition(0, force=True)
+        cached.read_table("t")
+        _commit(t, {0: [(5, 2, False), (6, 2, False)]})
+        got = {r["k"]: r["v"] for r in cached.read_table("t").to_pylist()}
+        assert got == {k: 1 for k in [*range(12), 1000, None]} | {5: 2, 6: 2}
+        _same(cached, home)
+        _commit(t, {1: [(9, 3, False), (2, 3, True)]})
+        got = {r["k"]: r["v"] for r in cached.read_table("t").to_pylist()}
+        assert got == {k: 1 for k in [0, 1, 3, 4, 7, 8, 10, 11, 1000, None]} | {5: 2, 6: 2, 9: 3}
+        _same(cached, home)
+    finally:
+        cached.close()
+        t.close()
+
+
 def _data_start(chunk: pa.Array) -> int:
     """Where an int64 chunk's values start in memory: the same for a chunk kept as it was."""
     return int(chunk.buffers()[1].address) + chunk.offset * 8
@@ -247,7 +273,7 @@ def _same(cached: Catalog, home: Path) -> None:
     assert canonical(got.to_pylist()) == canonical(want.to_pylist())
 
 
-def _commit(t: Table, rows: dict[int, list[tuple[int, int | None, bool]]]) -> None:
+def _commit(t: Table, rows: dict[int, list[tuple[int | None, int | None, bool]]]) -> None:
     out, ranges = [], {}
     for p, values in rows.items():
         lo = t.pos.get(p, 0)
