@@ -3208,6 +3208,23 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         ),
     ),
     Guard(
+        name="publish-builds-on-an-offered-read-only-of-its-manifest",
+        file="src/millstream/table/iceberg.py",
+        what="PublishCache.take_read: a full view builds on the read an --available-now run's "
+        "final seal offered only when that read is of the manifest published (its merged "
+        "copy's digest); the read of another manifest is dropped and the view merges",
+        old="""\
+        return rows if digest == copy_path(manifest) else None
+""",
+        new="""\
+        return rows  # MUTATION: the read of any manifest of the table
+""",
+        tests=(
+            "tests/unit/sealing/test_iceberg_publisher.py::"
+            "test_a_publish_builds_on_the_final_seals_read_only_for_the_manifest_it_was_read_from",
+        ),
+    ),
+    Guard(
         name="poll-chunk-kept-only-without-a-new-key",
         file=POLL_FILE,
         what="_take_out: a chunk of the previous winners is kept as it is (not copied) only if "
