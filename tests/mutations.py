@@ -3189,6 +3189,42 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         ),
     ),
     Guard(
+        name="seal-reads-every-row-group-that-may-hold-its-rows",
+        file="src/millstream/table/read.py",
+        what="row_groups_holding: read_entries skips a data file's row group only when its "
+        "footer statistics prove it holds no row of the entries (a group shared by two "
+        "partitions of a micro-batch file is read for each)",
+        old="""\
+                    parts.min <= e.partition <= parts.max
+                    and offs.min < e.end
+                    and offs.max >= e.start
+""",
+        new="""\
+                    parts.min == e.partition == parts.max  # MUTATION: a shared group is skipped
+""",
+        tests=(
+            "tests/unit/sealing/test_sealer.py::"
+            "test_a_seal_of_one_partition_of_a_shared_file_keeps_its_rows_in_a_row_group_it_shares",
+        ),
+    ),
+    Guard(
+        name="publish-builds-on-an-offered-read-only-of-its-manifest",
+        file="src/millstream/table/iceberg.py",
+        what="PublishCache.take_read: a full view builds on the read an --available-now run's "
+        "final seal offered only when that read is of the manifest published (its merged "
+        "copy's digest); the read of another manifest is dropped and the view merges",
+        old="""\
+        return rows if digest == copy_path(manifest) else None
+""",
+        new="""\
+        return rows  # MUTATION: the read of any manifest of the table
+""",
+        tests=(
+            "tests/unit/sealing/test_iceberg_publisher.py::"
+            "test_a_publish_builds_on_the_final_seals_read_only_for_the_manifest_it_was_read_from",
+        ),
+    ),
+    Guard(
         name="poll-chunk-kept-only-without-a-new-key",
         file=POLL_FILE,
         what="_take_out: a chunk of the previous winners is kept as it is (not copied) only if "

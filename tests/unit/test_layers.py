@@ -32,7 +32,10 @@ LAZY_IMPORT_MODULES = {
     "__init__.py": "PEP 562 lazy attributes: Spark starts a Python process per query",
     "cli/*": "the CLI imports Spark, SQLAlchemy and FastAPI only for the commands that use them",
     "spark/sources.py": "the query's source process loads SQLAlchemy only for a gated standby",
-    "spark/sink.py": "the sealer (and pandas) load only where the sink seals inline",
+    "spark/sink.py": "the sealer (and pandas) load only where the sink seals inline, the "
+    "metadata store (SQLAlchemy) only in the driver, not in a write task's worker",
+    "table/commit.py": "the metadata store's append (SQLAlchemy) loads only where a batch "
+    "commits (the driver), not in a write task's worker that stages files",
     "ingest/formats/avro.py": "polars (0.3-1 s to import) loads only where Avro is decoded",
     "spark/options.py": "the query's source process loads pydantic (the spec) only if gated",
     "ingest/sources/files.py": "the decoders' libraries load where a spec is read, not in the "

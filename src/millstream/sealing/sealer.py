@@ -70,7 +70,7 @@ from millstream.sealing.indexes import TIMES_KEPT, SealerIndexes
 from millstream.sealing.keyindex import IndexCache, KeyIndex, Reflects
 from millstream.sealing.planning import due, pending_run, shortfall
 from millstream.sealing.thresholds import Thresholds
-from millstream.spec import OFFSET_COL
+from millstream.spec import OFFSET_COL, SYSTEM_COLUMNS
 from millstream.storage.deepstore import dictionary_columns, table_data_prefix
 from millstream.table import merged
 from millstream.table.read import read_entries, read_manifest
@@ -228,6 +228,10 @@ class Sealer:
         self._last_read: _LastRead | None = None
         #: Passes that skipped the table's manifest read (nothing can have become due).
         self.passes_skipped = 0
+        #: The read (with system columns) the last merged copy was written from, and the
+        #: manifest it is the read of: an ``--available-now`` run's Iceberg publish of that
+        #: manifest builds its view on it instead of merging the table again.
+        self.final_read: tuple[Manifest, pa.Table] | None = None
         #: The key indexes of the table's partitions (lookup, rebuild, checkpoints).
         self.indexes = SealerIndexes(
             catalog, table, checkpoint_seconds=checkpoint_seconds, cache=index_cache
@@ -341,8 +345,15 @@ class Sealer:
                 return None
             if manifest.row_count > merged.MAX_ROWS:
                 return {"skipped": f"{manifest.row_count} rows, over {merged.MAX_ROWS}"}
-            rows = read_manifest(self.catalog.deep, manifest)
-            written = merged.write_copy(self.catalog.deep, manifest, rows)
+            # With the system columns: the Iceberg view of this manifest needs them (each
+            # winner's partition and offset); the copy is the same rows without them.
+            rows = read_manifest(self.catalog.deep, manifest, include_system_columns=True)
+            written = merged.write_copy(
+                self.catalog.deep,
+                manifest,
+                rows.drop_columns([c for c in SYSTEM_COLUMNS if c in rows.column_names]),
+            )
+            self.final_read = (manifest, rows)
         except Exception as exc:
             log.warning(
                 "table %s: the merged copy of version %s was not written (reads merge instead): %s",

@@ -10,6 +10,7 @@ epochs (see :func:`checkpoint_verdict`); otherwise it is discarded with a warnin
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from pyspark.errors import StreamingQueryException
 
 from millstream.catalog import Catalog
@@ -38,6 +40,7 @@ from millstream.errors import (
     transient_spark_failure,
 )
 from millstream.ingest.sources import config_for, spec_reader
+from millstream.metastore.models import Manifest
 from millstream.metastore.store import MetadataStore, StoreRegistry
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.maintenance import DEFAULT_MAINTENANCE_INTERVAL, Maintainer, Publisher
@@ -338,6 +341,9 @@ class DatastreamRunner:
         #: thresholds too, and compacts what is due (``millstream run --available-now``: no
         #: sealer outlives it); False, only what is due (see :meth:`_seal_before_exit`).
         self.seal_all_on_exit = False
+        #: The final seal pass's read of the table (its manifest, the rows with system
+        #: columns), for the Iceberg publish right after it; dropped once offered.
+        self._final_read: tuple[Manifest, pa.Table] | None = None
         #: Called once an ``available_now`` run has caught up, before its final seal pass:
         #: ``millstream run --available-now`` ends its Spark JVM there (the seal needs no
         #: Spark), so the seal does not run beside it.
@@ -539,6 +545,15 @@ class DatastreamRunner:
                 if error is None and available_now and not self._stopping:
                     if self.before_final_seal is not None:
                         self.before_final_seal()
+                    if self.publish_interval is not None:
+                        # The publish after the seal imports pyiceberg (~0.3-0.8 s): on a
+                        # thread meanwhile (the seal is mostly Arrow's work, off the GIL).
+                        threading.Thread(
+                            target=importlib.import_module,
+                            args=("millstream.table.iceberg",),
+                            name="import-iceberg",
+                            daemon=True,
+                        ).start()
                     self.stats.sealing = self._seal_before_exit()
                     self.stats.iceberg = self._publish_before_exit()
                 if error is None or self._stopping:
@@ -687,7 +702,11 @@ class DatastreamRunner:
             compaction=CompactionPolicy.of(seg),
         )
         try:
-            return sealer.seal_what_is_due(everything=self.seal_all_on_exit)
+            report = sealer.seal_what_is_due(everything=self.seal_all_on_exit)
+            # The read its merged copy was written from: the publish after it builds the
+            # table's Iceberg view on it rather than merging the table a second time.
+            self._final_read = sealer.final_read
+            return report
         except Exception as exc:  # ingestion succeeded; the next run seals what is left
             log.warning("the final seal pass of %s failed: %s", self.table_spec.name, exc)
             return {"sealed": {}, "not_due": {}, "failed": {"*": str(exc).splitlines()[0]}}
@@ -736,6 +755,9 @@ class DatastreamRunner:
         # done, so a publisher process of its own only added its start (an interpreter and its
         # imports, ~2-3 s) to the run's end. A table that fails does not stop the others.
         publisher = Publisher(self.catalog, interval=self.publish_interval)
+        if self._final_read is not None:
+            publisher.cache.offer_read(self.catalog.deep, *self._final_read)
+            self._final_read = None
         for names in self.tables.values():
             for name in names:
                 try:

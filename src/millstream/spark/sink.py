@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,7 +41,6 @@ from millstream.errors import (
 from millstream.ingest.decode import Decoded, dead_letter_rows, decode_records
 from millstream.ingest.formats import absorber, decoder_for
 from millstream.ingest.sources.base import RAW_SCHEMA
-from millstream.metastore.store import STORES, MetadataStore, StoreRegistry
 from millstream.spark.membership import Member, Membership
 from millstream.spark.options import GroupSinkOptions, SinkOptions
 from millstream.spark.sources import (
@@ -63,6 +62,11 @@ from millstream.table.commit import (
 )
 from millstream.table.read import conform
 from millstream.table.writer import RowStager, stage_rows
+
+# Annotations only: a write task (it stages files; the driver commits) loads no metadata
+# store, SQLAlchemy included (~35 MiB a Python worker).
+if TYPE_CHECKING:
+    from millstream.metastore.store import MetadataStore, StoreRegistry
 
 log = logging.getLogger(__name__)
 
@@ -303,6 +307,9 @@ class SegmentSink(DataSourceStreamArrowWriter):
         return info.spec
 
     def _store(self) -> MetadataStore:
+        # lazy: the driver's; a write task's worker commits nothing and loads no store
+        from millstream.metastore.store import STORES
+
         return (self.stores if self.stores is not None else STORES).get(self.settings.metadata_url)
 
     def _deep(self) -> DeepStore:

@@ -175,19 +175,26 @@ class DeepStore:
         return pq.read_table(self._abs(path), filesystem=self.fs, columns=columns)
 
     def read_parquet_choosing(
-        self, path: str, choose: Callable[[pq.FileMetaData], Sequence[str] | None]
+        self,
+        path: str,
+        choose: Callable[[pq.FileMetaData], Sequence[str] | None],
+        row_groups: Callable[[pq.FileMetaData], list[int] | None] | None = None,
     ) -> pa.Table:
         """The file's rows, of the columns ``choose`` picks once it has seen the file's footer
         (None: every column), with one open of the file (on S3 the footer costs no request of
         its own). Of the chosen columns, those the file lacks (written before its table gained
-        them) are left out, as with ``missing_ok``."""
+        them) are left out, as with ``missing_ok``. ``row_groups``, if given, picks the row
+        groups to read from the same footer (None: all of them)."""
         with self.fs.open_input_file(self._abs(path)) as f:
             pf = pq.ParquetFile(f)
             chosen = choose(pf.metadata)
-            if chosen is None:
-                return pf.read()
-            have = set(pf.schema_arrow.names)
-            return pf.read(columns=[c for c in chosen if c in have])
+            groups = None if row_groups is None else row_groups(pf.metadata)
+            if chosen is not None:
+                have = set(pf.schema_arrow.names)
+                chosen = [c for c in chosen if c in have]
+            if groups is None:
+                return pf.read(columns=chosen)
+            return pf.read_row_groups(groups, columns=chosen)
 
     def exists(self, path: str) -> bool:
         return bool(self.fs.get_file_info(self._abs(path)).type == pafs.FileType.File)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.core.frontier import decide
@@ -46,12 +47,17 @@ from millstream.errors import (
     MillstreamError,
     StagedFileExpiredError,
 )
-from millstream.metastore.append import BatchAppends, dead_letter_upper
 from millstream.metastore.models import AppendResult, ShardAppend, ShardResult
-from millstream.metastore.store import MetadataStore
 from millstream.spec import DEAD_LETTER_SUFFIX
 from millstream.storage.deepstore import DeepStore
 from millstream.table.gc import MAX_STAGED_AGE_SECONDS
+
+# Annotations only (the commit functions import what they run): a write task, which
+# stages files and imports this module for them, loads no metadata store, SQLAlchemy
+# included (~35 MiB a Python worker); the driver commits.
+if TYPE_CHECKING:
+    from millstream.metastore.append import BatchAppends
+    from millstream.metastore.store import MetadataStore
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +258,9 @@ def commit_many(
     an unknown outcome reconciled by re-reading its shards), and one that fails is rolled back
     alone, its error in its place, while the others commit. Gaps are not raised: the caller
     raises each table's (``BatchCommit.raise_for_gaps``)."""
+    # lazy: SQLAlchemy loads where a batch commits, not in a write task's worker
+    from millstream.metastore.append import BatchAppends
+
     out: dict[str, BatchCommit | MillstreamError] = {}
     planned: dict[str, tuple[list[ShardAppend], list[ShardAppend], int, set[str]]] = {}
     appends: dict[str, BatchAppends] = {}
@@ -313,6 +322,9 @@ def _persisted(store: MetadataStore, changes: Mapping[str, Sequence[ShardAppend]
     """Whether every range of ``changes`` is below its shard's upper now (re-read). A
     dead-letter table's range is covered by its table's upper too (its shard moves only with a
     dead letter: :func:`~millstream.metastore.append.dead_letter_upper`)."""
+    # lazy: as in commit_many
+    from millstream.metastore.append import dead_letter_upper
+
     try:
         read = {name: {sh.partition: sh for sh in store.list_shards(name)} for name in changes}
         for name, appends in changes.items():

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from millstream.clock import SYSTEM_CLOCK, Clock
-from millstream.metastore.store import MetadataStore
 from millstream.storage.deepstore import DeepStore, StoredFile, table_data_prefix
 from millstream.table.limits import DEFAULT_GRACE_SECONDS as DEFAULT_GRACE_SECONDS
 from millstream.table.limits import MAX_STAGED_AGE_SECONDS as MAX_STAGED_AGE_SECONDS
+
+# Annotations only: a write task (which stages files; the driver commits) loads no metadata
+# store, SQLAlchemy included (~35 MiB a Python worker).
+if TYPE_CHECKING:
+    from millstream.metastore.store import MetadataStore
 
 
 def collect_garbage(

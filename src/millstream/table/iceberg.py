@@ -96,6 +96,7 @@ from millstream.metastore.tables import find_table
 from millstream.spec import OFFSET_COL, PARTITION_COL, SYSTEM_COLUMNS, TableSpec
 from millstream.storage.deepstore import DeepStore, StoredFile
 from millstream.table.cache import ReadCache
+from millstream.table.merged import copy_path
 from millstream.table.read import (
     conform,
     drop_deleted,
@@ -250,11 +251,15 @@ def _rows_equal(a: pa.Table, b: pa.Table) -> np.ndarray:
     return same
 
 
-def version_view(deep: DeepStore, manifest: Manifest) -> VersionView:
+def version_view(
+    deep: DeepStore, manifest: Manifest, winners: pa.Table | None = None
+) -> VersionView:
     """The Iceberg view of ``manifest``: per data file, the positions of the rows Millstream's
-    read of that version does not return, and the merged rows no physical row holds."""
+    read of that version does not return, and the merged rows no physical row holds.
+    ``winners``: that read (with system columns), if the caller has it already."""
     spec: TableSpec = manifest.table.spec
-    winners = read_manifest(deep, manifest, include_system_columns=True)
+    if winners is None:
+        winners = read_manifest(deep, manifest, include_system_columns=True)
     user = spec.arrow_schema()
     full = spec.arrow_schema(system_columns=True)
     won: dict[int, pa.Array] = {}
@@ -376,9 +381,9 @@ def _ranges(entries: list[Entry]) -> frozenset[tuple[int, int, int]]:
     return frozenset((e.partition, e.start, e.end) for e in entries)
 
 
-def full_view(deep: DeepStore, manifest: Manifest) -> ComputedView:
+def full_view(deep: DeepStore, manifest: Manifest, winners: pa.Table | None = None) -> ComputedView:
     """:func:`version_view` as a :class:`ComputedView` (every file read)."""
-    view = version_view(deep, manifest)
+    view = version_view(deep, manifest, winners)
     by_file = _ranges_of(manifest)
     files = {
         f.path: FileFacts(f.rows, f.size, _ranges(by_file[f.path]), f.deleted) for f in view.files
@@ -432,6 +437,8 @@ class PublishCache:
         )
         #: Per table, the data files :attr:`_masks` holds a mask of (for :meth:`retain`).
         self._masked: dict[tuple[str, str], set[str]] = {}
+        #: Per table, a read offered for one full view (:meth:`offer_read`).
+        self._reads: dict[tuple[str, str], tuple[str, pa.Table]] = {}
         self._lock = threading.Lock()
 
     def view(self, deep: DeepStore, table: str) -> ViewState | None:
@@ -455,6 +462,27 @@ class PublishCache:
         metadata = load_metadata(deep, path)
         self.remember_metadata(deep, table, path, metadata)
         return metadata
+
+    def offer_read(self, deep: DeepStore, manifest: Manifest, rows: pa.Table) -> None:
+        """``rows``: ``manifest``'s read with system columns, which a caller has at hand (an
+        ``--available-now`` run's final seal pass merged the table for its merged copy): the
+        next full view of that manifest (:func:`publish`) is built on it instead of merging
+        the table again. Kept for a manifest that has a merged copy only, under its copy's
+        digest (the same entries, delete vectors and definition give the same read)."""
+        digest = copy_path(manifest)
+        if digest is not None:
+            with self._lock:
+                self._reads[(deep.uri, manifest.table.name)] = (digest, rows)
+
+    def take_read(self, deep: DeepStore, manifest: Manifest) -> pa.Table | None:
+        """The read :meth:`offer_read` was given for ``manifest`` (once), or None when it was
+        given none or the read of another manifest (the table changed since)."""
+        with self._lock:
+            offered = self._reads.pop((deep.uri, manifest.table.name), None)
+        if offered is None:
+            return None
+        digest, rows = offered
+        return rows if digest == copy_path(manifest) else None
 
     def remember_metadata(
         self, deep: DeepStore, table: str, path: str, metadata: TableMetadata
@@ -1381,7 +1409,7 @@ def publish(
     elif state is not None and cache is not None and state.version < v:
         view = incremental_view(deep, manifest, state, cache)
     else:
-        view = full_view(deep, manifest)
+        view = full_view(deep, manifest, cache.take_read(deep, manifest) if cache else None)
     committed_at = store.version_committed_at(table, v)
     floor = oldest
     if view is not None and previous is not None:

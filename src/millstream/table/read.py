@@ -132,19 +132,56 @@ def conform(data: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def row_groups_holding(entries: Sequence[Entry]) -> Callable[[pq.FileMetaData], list[int] | None]:
+    """Of a data file's row groups, those that may hold a row of ``entries``: every group but
+    one whose footer statistics prove it holds none (its partitions' range misses every
+    entry's partition, or its offsets' range misses the offsets of every entry whose partition
+    it may hold). A group without both statistics is read. A micro-batch file holds its
+    task's partitions one after another, so the seal of one partition reads its own groups
+    (and one it shares with the next partition), not the whole file. None (read every group)
+    when the file has no such statistics at all."""
+
+    def choose(metadata: pq.FileMetaData) -> list[int] | None:
+        names = metadata.schema.names
+        if PARTITION_COL not in names or OFFSET_COL not in names:
+            return None
+        pi, oi = names.index(PARTITION_COL), names.index(OFFSET_COL)
+        groups = []
+        for g in range(metadata.num_row_groups):
+            group = metadata.row_group(g)
+            parts, offs = group.column(pi).statistics, group.column(oi).statistics
+            if (
+                parts is None
+                or offs is None
+                or not parts.has_min_max
+                or not offs.has_min_max
+                or any(
+                    parts.min <= e.partition <= parts.max
+                    and offs.min < e.end
+                    and offs.max >= e.start
+                    for e in entries
+                )
+            ):
+                groups.append(g)
+        return groups
+
+    return choose
+
+
 def _decode(
     deep: DeepStore,
     spec: TableSpec,
     path: str,
     entry: Entry,
     choose: Callable[[pq.FileMetaData], Sequence[str] | None],
+    row_groups: Callable[[pq.FileMetaData], list[int] | None] | None = None,
 ) -> pa.Table:
     """``entry``'s data file, of the columns ``choose`` picks from its footer (see
-    :func:`conform`); a file that cannot be read raises :class:`SegmentUnavailableError`
-    naming the segment."""
+    :func:`conform`), of the row groups ``row_groups`` picks (all if None); a file that
+    cannot be read raises :class:`SegmentUnavailableError` naming the segment."""
     try:
         # A file written under an older schema may lack some of the columns.
-        data = deep.read_parquet_choosing(path, choose)
+        data = deep.read_parquet_choosing(path, choose, row_groups)
     except (OSError, pa.ArrowInvalid) as exc:
         raise SegmentUnavailableError(
             spec.name, entry.name, path, str(exc).splitlines()[0]
@@ -180,13 +217,23 @@ def read_entries(
     # was conformed to the older schema.
     shape = schema_key(schema)
 
-    def decode(path: str, e: Entry) -> pa.Table:
-        return conform(_decode(deep, spec, path, e, lambda _: wanted_columns), schema)
+    def decode(path: str, file_entries: list[Entry]) -> pa.Table:
+        # Only the row groups that may hold the entries' rows: a seal of one partition of a
+        # micro-batch file shared by several decodes little more than its own rows.
+        rows = _decode(
+            deep,
+            spec,
+            path,
+            file_entries[0],
+            lambda _: wanted_columns,
+            row_groups_holding(file_entries),
+        )
+        return conform(rows, schema)
 
     def load(item: tuple[str, list[Entry]]) -> pa.Table:
         path, file_entries = item
         if cache is None:
-            return _valid_rows(decode(path, file_entries[0]), file_entries)
+            return _valid_rows(decode(path, file_entries), file_entries)
         # Keyed by the ranges too: when a partition's segment leaves a shared micro-batch
         # file (sealed), the file's other rows are read again, once.
         key = (
@@ -195,7 +242,7 @@ def read_entries(
             shape,
             tuple(sorted((e.partition, e.start, e.end) for e in file_entries)),
         )
-        return cache.get(key, lambda: _valid_rows(decode(path, file_entries[0]), file_entries))
+        return cache.get(key, lambda: _valid_rows(decode(path, file_entries), file_entries))
 
     return pa.concat_tables(_parallel_map("files", load, sorted(by_file.items())))
 

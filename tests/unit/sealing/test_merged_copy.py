@@ -128,9 +128,9 @@ def files_opened() -> Iterator[list[str]]:
         opened.append(path)
         return read(self, path, **kw)
 
-    def counted_choosing(self: DeepStore, path: str, choose: Any) -> pa.Table:
+    def counted_choosing(self: DeepStore, path: str, choose: Any, *a: Any) -> pa.Table:
         opened.append(path)
-        return choosing(self, path, choose)
+        return choosing(self, path, choose, *a)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(DeepStore, "read_parquet", counted_read)

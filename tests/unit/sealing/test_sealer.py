@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from harness.fault_points import at_sealer
@@ -21,6 +22,7 @@ from millstream.reference.model import canonical, model_rows
 from millstream.sealing.sealer import Sealer
 from millstream.sealing.thresholds import Thresholds
 from millstream.spec import TableSpec
+from millstream.storage.deepstore import DeepStore
 from millstream.table.writer import commit_staged, stage_rows
 
 ENGINES: dict[str, dict[str, Any]] = {
@@ -352,4 +354,48 @@ def test_a_long_lived_sealer_keeps_the_newest_seal_timings_and_counts_every_seal
     assert sealer.status()["seals"] == 6
     assert len(sealer.durations) == 3
     assert 0 < len(sealer.index_seconds) <= 3
+    feed.assert_table_equals_model()
+
+
+def test_a_seal_of_one_partition_of_a_shared_file_keeps_its_rows_in_a_row_group_it_shares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write task stages its partitions one after another in one file; a seal of one of
+    them reads only the row groups that may hold its rows (by their footer statistics), and
+    still every row of its range, those in the group it shares with the other partition too."""
+    feed = _setup(tmp_path, "upsert")
+    cat, spec = feed.cat, feed.spec
+    write = DeepStore.write_parquet
+
+    def small_groups(self: DeepStore, path: str, table: pa.Table, **kw: Any) -> int:
+        if kw.get("row_group_size") is None:
+            kw["row_group_size"] = 128  # a micro-batch file of several row groups
+        return write(self, path, table, **kw)
+
+    monkeypatch.setattr(DeepStore, "write_parquet", small_groups)
+    rnd = random.Random(7)
+    rows = [
+        {
+            "k": rnd.randrange(40),
+            "v": rnd.randrange(10),
+            "s": "a",
+            "d": rnd.random() < 0.1,
+            "_ms_partition": p,
+            "_ms_offset": o,
+            "_ms_tombstone": False,
+        }
+        for p, n in ((0, 300), (2, 200))
+        for o in range(n)
+    ]
+    table = pa.Table.from_pylist(rows, schema=spec.arrow_schema(system_columns=True))
+    staged = stage_rows(cat.deep, spec, table)
+    assert staged.path is not None
+    groups = pq.ParquetFile(cat.deep._abs(staged.path), filesystem=cat.deep.fs).metadata
+    assert groups.num_row_groups == 4  # [0, 128) [128, 256) of 0; [256, 384) of 0 and 2; ...
+    commit_staged(cat.store, cat.deep, "t", staged, {0: (0, 300), 2: (0, 200)}, {0: 0, 2: 0})
+    feed.rows += rows
+    sealer = Sealer(cat, "t")
+    sealed = {p: sealer.seal_partition(p, force=True) for p in (2, 0)}
+    assert {p: r.rows_in for p, r in sealed.items() if r is not None} == {2: 200, 0: 300}
+    assert all(e.state is SegmentState.ONLINE for e in cat.manifest("t").entries)
     feed.assert_table_equals_model()

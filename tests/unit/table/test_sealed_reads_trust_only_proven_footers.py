@@ -188,8 +188,8 @@ def test_a_sealed_read_decodes_no_offsets_its_footers_prove_unneeded(
     read: list[list[str]] = []
     original = DeepStore.read_parquet_choosing
 
-    def recording(self: DeepStore, path: str, choose: Any) -> pa.Table:
-        table = original(self, path, choose)
+    def recording(self: DeepStore, path: str, choose: Any, *a: Any) -> pa.Table:
+        table = original(self, path, choose, *a)
         read.append(table.column_names)
         return table
 
