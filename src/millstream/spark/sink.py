@@ -599,7 +599,7 @@ class GroupSink(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> GroupMessage:
         """Each member's part of the task, written by its own sink on a thread of its own:
         a member's read waits for its source (a Kafka fetch that a broker holds for
-        ``fetch.wait.max.ms``, 100 ms on Tansu, however few its records), and one member
+        ``fetch.wait.max.ms``, 50 ms on Tansu, however few its records), and one member
         after another made a task's time grow with its members, not with its records
         (bench/scale.py (b): 8 datastreams of 1,000 rows/s in batches of ~3 s, the worker's
         CPU 0.6 cores). The decoding and staging release the GIL for most of their time."""

@@ -146,13 +146,16 @@ class KafkaConfig:
             "session.timeout.ms": 6000,
             # A range is read only below the high watermark, so its records exist: a fetch
             # never needs to wait for data. With librdkafka's default (500 ms) a broker that
-            # holds a fetch until the wait is up (Tansu does) added ~0.5 s per range read.
-            # Not much lower than 100 ms, though: a broker that needs longer than the wait to
-            # gather a fetch answers empty every time, and the reader never moves. At 10 ms,
-            # Tansu did so once its partitions held ~85k records under load (the process
-            # campaign's third long run: a range of 1000 records read nothing in 15 s, while
-            # 50-500 ms read it in 0.05-0.09 s).
-            "fetch.wait.max.ms": 100,
+            # holds a fetch until the wait is up (Tansu does) added ~0.5 s per range read, and
+            # at 100 ms a streaming write task's read of 10,000 records took 105-110 ms, of
+            # which ~10 ms was the read's CPU: the wait was the largest fixed part of a
+            # micro-batch at 20,000 records/s (at 50 ms: 56-58 ms; docs/performance.md,
+            # "Ingest (e): the time of a micro-batch"). Not much lower than 50 ms, though: a
+            # broker that needs longer than the wait to gather a fetch answers empty every
+            # time, and the reader never moves. At 10 ms, Tansu did so once its partitions held ~85k records
+            # under load (the process campaign's third long run: a range of 1000 records read
+            # nothing in 15 s, while 50-500 ms read it in 0.05-0.09 s).
+            "fetch.wait.max.ms": 50,
             "log.connection.close": False,
             "bootstrap.servers": self.bootstrap_servers,
             **self.client_options,
@@ -664,6 +667,14 @@ class KafkaReader(PartitionReader):
             left = sum(max(0, hi - position[p]) for p, (_, hi) in bounds.items())
             msgs = c.consume(num_messages=min(CONSUME_BATCH, left), timeout=0.5)
             done_before = {p for p, (_, hi) in bounds.items() if position[p] >= hi}
+            # The per-record loop of a read (a write task's largest part at 20,000 records/s,
+            # docs/performance.md, "Ingest (e): the time of a micro-batch"): a partition's
+            # bounds and column lists are looked up when the partition changes (a fetch
+            # brings each partition's records in runs), not for every record, and a record
+            # goes into them inline (what _append does) instead of through a call.
+            cur = -1
+            lo = hi = 0
+            offsets, keys, values, stamps, headers = _NO_COLUMNS
             for m in msgs:
                 p = m.partition()
                 if m.error() is not None:
@@ -674,15 +685,26 @@ class KafkaReader(PartitionReader):
                         f"kafka topic {self.topic!r}", str(m.error()), partition=p, topic=self.topic
                     )
                 o = m.offset()
-                lo, hi = bounds.get(p, (0, 0))
+                if p != cur:
+                    cur = p
+                    lo, hi = bounds.get(p, (0, 0))
+                    if p in rows:
+                        offsets, keys, values, stamps, headers = rows[p]
                 if o < lo or o >= hi:
                     if p in position:
                         position[p] = max(position[p], o + 1)
                     continue
-                _append(m, *rows[p])
+                offsets.append(o)
+                keys.append(m.key())
+                values.append(m.value())
+                kind, stamp = m.timestamp()
+                stamps.append(None if kind == _NO_TIMESTAMP else int(stamp))
+                if headers is not None:
+                    headers.append(headers_json(m.headers()))
                 position[p] = o + 1
-                if len(rows[p][0]) >= CONSUME_BATCH:
+                if len(offsets) >= CONSUME_BATCH:
                     flush(p)
+                    offsets, keys, values, stamps, headers = rows[p]
             done = [
                 p for p, (_, hi) in bounds.items() if position[p] >= hi and p not in done_before
             ]
@@ -830,6 +852,17 @@ def list_topics(
     return sorted(
         name for name, t in md.topics.items() if t.error is None and not name.startswith("__")
     )
+
+
+#: The column lists a read holds before its first record of a partition (never appended to:
+#: a record outside every bound is skipped before they are).
+_NO_COLUMNS: tuple[list[int], list[Any], list[Any], list[Any], list[str | None] | None] = (
+    [],
+    [],
+    [],
+    [],
+    None,
+)
 
 
 def _append(
