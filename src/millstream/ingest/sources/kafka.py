@@ -849,6 +849,10 @@ def _as_read(
 TOGETHER_STALL_S = 10.0
 
 
+#: The topics each pooled consumer (by ``id``) was given the metadata of for a read together.
+_KNOWN_TOPICS: dict[int, set[str]] = {}
+
+
 @dataclass(slots=True)
 class TogetherRead:
     """What :func:`read_together` read for one reader: the batches its
@@ -932,6 +936,16 @@ def _read_group(
         rows[tp] = fresh(tp[0])
     tps = [TopicPartition(t, p, lo) for (t, p), (lo, _) in bounds.items()]
     with first._pool.lease(first.conf) as c:
+        topics = {t for t, _ in bounds}
+        known = _KNOWN_TOPICS.setdefault(id(c), set())
+        if not topics <= known:
+            # librdkafka starts fetching a topic it has no metadata for only when its
+            # broker thread next wakes, up to a second later (ConsumerPool): a task's group
+            # of topics changes from batch to batch, and a read together that waited so for
+            # one new topic took 0.7-1 s against 10-70 ms. One request for every topic's
+            # metadata; later groups of topics it knows ask none.
+            c.list_topics(timeout=10)
+            known |= topics
         c.assign(tps)
         try:
             last_progress = time.monotonic()
