@@ -14,9 +14,8 @@ then the probe past the watermarks that moved) and then each topic's read of wha
 (``read_records``). Per variant, in a process of its own against the same broker and producer:
 the broker's CPU seconds, the reading process's CPU seconds and the wall time per batch, for
 the ends and for the reads apart. Variants: ``no-probe`` (the ends without the probe past the
-watermarks: the floor), ``this`` (this checkout), ``together`` (this checkout, the topics' reads
-through one consumer as a shared query's write task reads them, ``read_together``), and one
-per ``--src NAME=DIR``; the ratios are against ``no-probe`` in the same run.
+watermarks: the floor), ``this`` (this checkout), and one per ``--src NAME=DIR``; the ratios
+are against ``no-probe`` in the same run.
 """
 
 from __future__ import annotations
@@ -47,15 +46,9 @@ def _own_cpu() -> float:
 
 
 def child(
-    bootstrap: str,
-    broker_pid: int,
-    topics: list[str],
-    seconds: float,
-    every: float,
-    probe: bool,
-    together: bool = False,
+    bootstrap: str, broker_pid: int, topics: list[str], seconds: float, every: float, probe: bool
 ) -> None:
-    from millstream.ingest.sources.kafka import KafkaConfig, KafkaReader, read_together
+    from millstream.ingest.sources.kafka import KafkaConfig, KafkaReader
 
     if not probe:
         KafkaReader._probe_past = lambda self, answered: None  # type: ignore[method-assign]
@@ -72,18 +65,11 @@ def child(
         b0, m0, w0 = _cpu(broker_pid), _own_cpu(), time.perf_counter()
         ends = KafkaReader.latest_offsets_of(readers)
         b1, m1, w1 = _cpu(broker_pid), _own_cpu(), time.perf_counter()
-        reads: dict[str, tuple[Any, list[tuple[int, int, int]]]] = {}
         for r, e in zip(readers, ends, strict=True):
             assert isinstance(e, dict), e
-            reads[r.topic] = (r, [(0, pos[r.topic], e[0])])
-            pos[r.topic] = e[0]
-        got = read_together(reads) if together else {}
-        for topic, (r, ranges) in reads.items():
-            if topic in got:
-                rows += sum(b.num_rows for b in got[topic].batches)
-                continue
-            for batch in r.read_records(ranges):
+            for batch in r.read_records([(0, pos[r.topic], e[0])]):
                 rows += batch.num_rows
+            pos[r.topic] = e[0]
         b2, m2, w2 = _cpu(broker_pid), _own_cpu(), time.perf_counter()
         for k, d in {
             "ends": (b1 - b0, m1 - m0, w1 - w0),
@@ -112,15 +98,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         bootstrap, pid, topics, seconds, every, probe = args.child
-        child(
-            bootstrap,
-            int(pid),
-            topics.split(","),
-            float(seconds),
-            float(every),
-            probe != "0",
-            together=probe == "2",
-        )
+        child(bootstrap, int(pid), topics.split(","), float(seconds), float(every), probe == "1")
         return
 
     import common
@@ -128,15 +106,10 @@ def main() -> None:
 
     from millstream.local.tansu import TansuBroker
 
-    #: (name, tree, mode): mode 0 no probe, 1 the probe, 2 the probe and the reads together
-    variants: list[tuple[str, str | None, str]] = [
-        ("no-probe", None, "0"),
-        ("this", None, "1"),
-        ("together", None, "2"),
-    ]
+    variants: list[tuple[str, str | None, bool]] = [("no-probe", None, False), ("this", None, True)]
     for v in args.src:
         name, _, src = v.partition("=")
-        variants.append((name, src, "1"))
+        variants.append((name, src, True))
     topics = [f"p{i:03d}" for i in range(args.topics)]
     print(f"load {common.load()}; {args.topics} topics at {args.rate:g} records/s each")
     results: dict[str, Any] = {}
@@ -162,7 +135,7 @@ def main() -> None:
                     ",".join(topics),
                     str(args.seconds),
                     str(args.every),
-                    probe,
+                    "1" if probe else "0",
                 ]
                 out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
                 results[name] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -171,8 +144,7 @@ def main() -> None:
                     f"{name:>10}: {r['batches']} batches; per batch: ends broker "
                     f"{r['ends_broker_cpu_s']:.3f} CPU-s, reader {r['ends_reader_cpu_s']:.3f}, "
                     f"wall {r['ends_wall_s']:.3f} s; reads broker {r['reads_broker_cpu_s']:.3f} "
-                    f"CPU-s, reader {r['reads_reader_cpu_s']:.3f}, wall {r['reads_wall_s']:.3f} s "
-                    f"(load {common.load()[0]})"
+                    f"CPU-s, wall {r['reads_wall_s']:.3f} s (load {common.load()[0]})"
                 )
         finally:
             producer.stop()

@@ -1195,9 +1195,11 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         what="a shared query's write task reads its members' specs in one read and each member "
         "decodes and stages under its own table's spec (guard 310)",
         old="""\
-                    current=current.get(sink.spec.name),
+                    iter(parts[name].to_batches()), batch_id, current=current.get(sink.spec.name)
 """,
         new="""\
+                    iter(parts[name].to_batches()),
+                    batch_id,
                     current=next(iter(current.values()), None),  # MUTATION: any member's spec
 """,
         tests=(
@@ -3184,44 +3186,6 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         tests=(
             "tests/unit/ingest/test_shared_query_planning.py::"
             "test_a_plan_asks_each_datastreams_standby_gate_once_and_each_follows_its_own",
-        ),
-    ),
-    Guard(
-        name="read-together-keeps-each-range-its-own",
-        file="src/millstream/ingest/sources/kafka.py",
-        what="_read_group: a write task's topics read together through one consumer give each "
-        "member only the records of its own ranges; the records a fetch brings past a range's "
-        "end (a later batch's) are not its own",
-        old="""\
-                    if o < lo or o >= hi:  # a range's bounds: nothing outside it is its own
-""",
-        new="""\
-                    if o < lo:  # MUTATION: records past the range's end kept
-""",
-        tests=(
-            "tests/unit/ingest/test_kafka_read_together.py::"
-            "test_many_topics_read_together_give_each_exactly_its_own_read",
-        ),
-    ),
-    Guard(
-        name="read-together-failure-leaves-each-to-read-alone",
-        file="src/millstream/ingest/sources/kafka.py",
-        what="read_together: a group of topics that cannot be read together (an error record, "
-        "a range the broker no longer holds, no progress) answers none of its members, so "
-        "each reads on its own, where its error, losses and stall stay its own",
-        old="""\
-        except Exception as exc:
-            log.warning(
-                "kafka topics %s: their read together failed, each reads on its own: %s",
-""",
-        new="""\
-        except ZeroDivisionError as exc:  # MUTATION: the group's failure fails every member
-            log.warning(
-                "kafka topics %s: their read together failed, each reads on its own: %s",
-""",
-        tests=(
-            "tests/unit/ingest/test_kafka_read_together.py::"
-            "test_a_group_that_cannot_be_read_together_is_left_to_read_alone",
         ),
     ),
     Guard(

@@ -41,7 +41,6 @@ from millstream.errors import (
 from millstream.ingest.decode import Decoded, dead_letter_rows, decode_records
 from millstream.ingest.formats import absorber, decoder_for
 from millstream.ingest.sources.base import RAW_SCHEMA
-from millstream.ingest.sources.kafka import TogetherRead, read_together
 from millstream.metastore.store import STORES, MetadataStore, StoreRegistry
 from millstream.spark.membership import Member, Membership
 from millstream.spark.options import GroupSinkOptions, SinkOptions
@@ -181,19 +180,13 @@ class SegmentSink(DataSourceStreamArrowWriter):
         raw: pa.Table,
         stamps: dict[int, int],
         lost: list[tuple[int, int, int]] | None = None,
-        records: TogetherRead | None = None,
     ) -> Iterator[pa.Table]:
         """The records of the task's ranges (its markers, :func:`marked_ranges`), read from
         the source in pieces of at most :data:`DECODE_ROWS`, one chunk at a time. ``stamps``
         receives the source's timestamp of each partition's last record, where the source
-        has one. ``records``: those ranges as the task already read them with other members'
-        (:func:`~millstream.ingest.sources.kafka.read_together`)."""
+        has one."""
         ranges = marked_ranges(raw)
         if not ranges:
-            return
-        if records is not None:
-            stamps.update(records.last_record_ms)
-            yield from _coalesced(records.batches)
             return
         # with the reader's optional columns (timestamp, headers) for metadata columns
         reader = self.opts.source_reader()
@@ -219,7 +212,6 @@ class SegmentSink(DataSourceStreamArrowWriter):
         raw: pa.Table,
         stamps: dict[int, int],
         lost: list[tuple[int, int, int]] | None = None,
-        records: TogetherRead | None = None,
     ) -> tuple[TableSpec, Decoded]:
         """Decode the task's records piece by piece: a small working set that the allocator
         reuses, instead of fresh memory for the whole task (which costs kernel time).
@@ -233,7 +225,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
         dead: list[tuple[int, int, bytes | None, bytes | None, str]] = []
         fmt = decoder_for(self.opts.source_config)  # the source's format; None: JSON
         auto = absorber(self.opts.source_config)
-        for piece in self._record_pieces(raw, stamps, lost, records):
+        for piece in self._record_pieces(raw, stamps, lost):
             if auto is not None:
                 values = piece.column("value").combine_chunks()
                 if auto.absorbing(spec, values) != spec:
@@ -261,7 +253,6 @@ class SegmentSink(DataSourceStreamArrowWriter):
         stamps: dict[int, int],
         lost: list[tuple[int, int, int]],
         hint: str,
-        records: TogetherRead | None = None,
     ) -> tuple[StagedFile, list[tuple[int, int, bytes | None, bytes | None, str]]]:
         """Decode the task's records piece by piece and stage each piece's rows as it is
         decoded (:class:`~millstream.table.writer.RowStager`): the task holds a row group's
@@ -271,7 +262,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
         fmt = decoder_for(self.opts.source_config)  # the source's format; None: JSON
         stager = RowStager(deep, spec, name_hint=hint)
         try:
-            for piece in self._record_pieces(raw, stamps, lost, records):
+            for piece in self._record_pieces(raw, stamps, lost):
                 decoded = decode_records(spec, piece, fmt)
                 dead.extend(decoded.dead)
                 self._refuse_bad(dead)
@@ -326,13 +317,11 @@ class SegmentSink(DataSourceStreamArrowWriter):
         batch_id: int | str | None,
         *,
         current: TableSpec | None = None,
-        records: TogetherRead | None = None,
     ) -> SinkMessage:
         """One write task of batch ``batch_id``: of a streaming query (:meth:`write`) or of
         an ``available_now`` run's Spark job (:mod:`millstream.spark.catch_up`). ``current``:
         the table's spec as the task read it already (a shared query's task reads every
-        member's at once), else it is read here (:meth:`current_spec`). ``records``: the task's
-        ranges of this table already read (:meth:`_record_pieces`)."""
+        member's at once), else it is read here (:meth:`current_spec`)."""
         ctx = TaskContext.get()
         hint = (
             f"b{batch_id}-t{ctx.partitionId() if ctx else 0}-a{ctx.attemptNumber() if ctx else 0}"
@@ -345,9 +334,9 @@ class SegmentSink(DataSourceStreamArrowWriter):
         lost: list[tuple[int, int, int]] = []
         deep = self._deep()
         if absorber(self.opts.source_config) is None:
-            data, bad = self._stage_as_decoded(deep, spec, raw, stamps, lost, hint, records)
+            data, bad = self._stage_as_decoded(deep, spec, raw, stamps, lost, hint)
         else:  # the spec may grow mid-task: earlier pieces are conformed to it, then staged
-            spec, decoded = self._decode(spec, raw, stamps, lost, records)
+            spec, decoded = self._decode(spec, raw, stamps, lost)
             self._refuse_bad(decoded.dead)
             data, bad = stage_rows(deep, spec, decoded.rows, name_hint=hint), decoded.dead
         read_ms = round(time.time() * 1000)  # the ingestion time of records without a stamp
@@ -627,7 +616,6 @@ class GroupSink(DataSourceStreamArrowWriter):
                 log.warning("datastream %s: its part of a write task failed: %s", name, exc)
                 sinks[name] = _member_failure(exc)
         current = self._current_specs([s for s in sinks.values() if isinstance(s, SegmentSink)])
-        together = self._read_together(sinks, parts)
         batch_id = _batch_id()
 
         def write(name: str) -> SinkMessage | str:
@@ -639,10 +627,7 @@ class GroupSink(DataSourceStreamArrowWriter):
                 return sink
             try:
                 return sink.write_batch(
-                    iter(parts[name].to_batches()),
-                    batch_id,
-                    current=current.get(sink.spec.name),
-                    records=together.get(name),
+                    iter(parts[name].to_batches()), batch_id, current=current.get(sink.spec.name)
                 )
             except Exception as exc:
                 log.warning("datastream %s: its part of a write task failed: %s", name, exc)
@@ -655,25 +640,6 @@ class GroupSink(DataSourceStreamArrowWriter):
             {n: joined[n].since if n in joined else self.since.get(n, 0) for n in done},
             {n: joined[n] for n in done if n in joined},
         )
-
-    @staticmethod
-    def _read_together(
-        sinks: Mapping[str, SegmentSink | str], parts: Mapping[str, pa.Table]
-    ) -> dict[str, TogetherRead]:
-        """The members' ranges of the task read together where their sources allow it
-        (:func:`~millstream.ingest.sources.kafka.read_together`: the Kafka members of one
-        client config through one consumer, one fetch session, instead of a consumer and a
-        fetch session each). A member left out, or whose reader cannot be made here, reads
-        on its own in its part (its error stays its own)."""
-        reads: dict[str, tuple[Any, list[tuple[int, int, int]]]] = {}
-        for name, sink in sinks.items():
-            if not isinstance(sink, SegmentSink) or sink.opts.source_kind != "kafka":
-                continue
-            try:
-                reads[name] = (sink.opts.source_reader(), marked_ranges(parts[name]))
-            except Exception:
-                continue
-        return read_together(reads) if len(reads) > 1 else {}
 
     @staticmethod
     def _current_specs(sinks: list[SegmentSink]) -> dict[str, TableSpec]:

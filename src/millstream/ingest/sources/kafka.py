@@ -625,7 +625,19 @@ class KafkaReader(PartitionReader):
             finally:
                 c.resume(tps)  # a pooled consumer keeps a partition's pause past unassign()
                 c.unassign()
-        yield from _as_read(got, todo, last_record_ms)
+        for p, _, _ in todo:
+            for batch in got[p]:
+                if last_record_ms is not None:
+                    stamp = last_timestamp(batch)
+                    if stamp is not None:
+                        last_record_ms[p] = stamp
+                yield pa.RecordBatch.from_arrays(
+                    [
+                        *raw_columns(batch),
+                        *(batch.column(n) for n in EXTRA_NAMES if n in batch.schema.names),
+                    ],
+                    names=[*RECORD_NAMES, *(n for n in EXTRA_NAMES if n in batch.schema.names)],
+                )
 
     def _consume_all(
         self, c: Any, ranges: list[tuple[int, int, int]]
@@ -818,184 +830,6 @@ def list_topics(
     return sorted(
         name for name, t in md.topics.items() if t.error is None and not name.startswith("__")
     )
-
-
-def _as_read(
-    got: dict[int, list[pa.RecordBatch]],
-    todo: list[tuple[int, int, int]],
-    last_record_ms: dict[int, int] | None,
-) -> Iterator[pa.RecordBatch]:
-    """The batches ``got`` per partition as :meth:`KafkaReader.read_records` yields them: per
-    range in the order of ``todo``, the raw schema's types; ``last_record_ms`` receives each
-    partition's last record's timestamp."""
-    for p, _, _ in todo:
-        for batch in got[p]:
-            if last_record_ms is not None:
-                stamp = last_timestamp(batch)
-                if stamp is not None:
-                    last_record_ms[p] = stamp
-            yield pa.RecordBatch.from_arrays(
-                [
-                    *raw_columns(batch),
-                    *(batch.column(n) for n in EXTRA_NAMES if n in batch.schema.names),
-                ],
-                names=[*RECORD_NAMES, *(n for n in EXTRA_NAMES if n in batch.schema.names)],
-            )
-
-
-#: How long a read of several topics together (:func:`read_together`) waits without progress
-#: before it gives up and each topic is read on its own (which handles records the broker no
-#: longer holds and reports a stall naming its topic).
-TOGETHER_STALL_S = 10.0
-
-
-#: The topics each pooled consumer (by ``id``) was given the metadata of for a read together.
-_KNOWN_TOPICS: dict[int, set[str]] = {}
-
-
-@dataclass(slots=True)
-class TogetherRead:
-    """What :func:`read_together` read for one reader: the batches its
-    :meth:`KafkaReader.read_records` would have yielded, and each partition's last record's
-    timestamp."""
-
-    batches: list[pa.RecordBatch]
-    last_record_ms: dict[int, int]
-
-
-def read_together(
-    reads: dict[str, tuple[Any, list[tuple[int, int, int]]]],
-) -> dict[str, TogetherRead]:
-    """The ranges of many small Kafka reads, ``{name: (reader, ranges)}``, read through ONE
-    consumer per client config: a shared query's write task over 100 one-partition topics
-    leased, assigned and consumed with a consumer per topic, a fetch session each, and the
-    broker answered ~50 fetches a task for ~10 records each (docs/performance.md, "(c) A
-    task's topics read together").
-
-    Only plain reads go together: a Kafka reader (not a subclass) whose ranges are one per
-    partition. A group that fails in any way (an error record, a range the broker no longer
-    holds, no progress for :data:`TOGETHER_STALL_S`) is logged and left out of the answer:
-    each of its readers then reads on its own, where its error, its losses
-    (``on_data_loss``) and its stall stay its own. A name missing from the answer reads on
-    its own likewise."""
-    groups: dict[tuple[str, int], list[tuple[str, KafkaReader, list[tuple[int, int, int]]]]] = {}
-    for name, (reader, ranges) in reads.items():
-        if type(reader) is not KafkaReader:
-            continue
-        todo = [(p, lo, hi) for p, lo, hi in ranges if hi > lo]
-        if not todo or len({p for p, _, _ in todo}) != len(todo):
-            continue
-        key = (json.dumps(reader.conf, sort_keys=True), id(reader._pool))
-        groups.setdefault(key, []).append((name, reader, todo))
-    out: dict[str, TogetherRead] = {}
-    for group in groups.values():
-        if len({r.topic for _, r, _ in group}) != len(group) or len(group) < 2:
-            continue  # one topic twice, or nothing to share: each reads on its own
-        try:
-            got = _read_group(group)
-        except Exception as exc:
-            log.warning(
-                "kafka topics %s: their read together failed, each reads on its own: %s",
-                sorted(r.topic for _, r, _ in group),
-                exc,
-            )
-            continue
-        for name, reader, todo in group:
-            stamps: dict[int, int] = {}
-            batches = list(_as_read(got[reader.topic], todo, stamps))
-            out[name] = TogetherRead(batches, stamps)
-    return out
-
-
-def _read_group(
-    group: list[tuple[str, KafkaReader, list[tuple[int, int, int]]]],
-) -> dict[str, dict[int, list[pa.RecordBatch]]]:
-    """Every range of ``group`` (readers of one client config and pool, a topic each) through
-    one assignment of one consumer; per topic and partition the record batches, as
-    :meth:`KafkaReader._consume_all` gives them. Any error record raises."""
-    first = group[0][1]
-    bounds = {(r.topic, p): (lo, hi) for _, r, todo in group for p, lo, hi in todo}
-    position = {tp: lo for tp, (lo, _) in bounds.items()}
-    headers = {r.topic: r.headers for _, r, _ in group}
-    Columns = tuple[list[Any], list[Any], list[Any], list[Any], list[str | None] | None]
-    rows: dict[tuple[str, int], Columns] = {}
-    got: dict[str, dict[int, list[pa.RecordBatch]]] = {
-        r.topic: {p: [] for p, _, _ in todo} for _, r, todo in group
-    }
-
-    def fresh(topic: str) -> Columns:
-        return ([], [], [], [], [] if headers[topic] else None)
-
-    def flush(tp: tuple[str, int]) -> None:
-        offsets, keys, values, stamps, hdrs = rows[tp]
-        if offsets:
-            got[tp[0]][tp[1]].append(records_batch(tp[1], offsets, keys, values, stamps, hdrs))
-            rows[tp] = fresh(tp[0])
-
-    for tp in bounds:
-        rows[tp] = fresh(tp[0])
-    tps = [TopicPartition(t, p, lo) for (t, p), (lo, _) in bounds.items()]
-    with first._pool.lease(first.conf) as c:
-        topics = {t for t, _ in bounds}
-        known = _KNOWN_TOPICS.setdefault(id(c), set())
-        if not topics <= known:
-            # librdkafka starts fetching a topic it has no metadata for only when its
-            # broker thread next wakes, up to a second later (ConsumerPool): a task's group
-            # of topics changes from batch to batch, and a read together that waited so for
-            # one new topic took 0.7-1 s against 10-70 ms. One request for every topic's
-            # metadata; later groups of topics it knows ask none.
-            c.list_topics(timeout=10)
-            known |= topics
-        c.assign(tps)
-        try:
-            last_progress = time.monotonic()
-            while any(position[tp] < hi for tp, (_, hi) in bounds.items()):
-                left = sum(max(0, hi - position[tp]) for tp, (_, hi) in bounds.items())
-                msgs = c.consume(num_messages=min(CONSUME_BATCH, left), timeout=0.5)
-                done_before = {tp for tp, (_, hi) in bounds.items() if position[tp] >= hi}
-                for m in msgs:
-                    if m.error() is not None:
-                        raise SourceReadError(
-                            f"kafka topic {m.topic()!r}", str(m.error()), partition=m.partition()
-                        )
-                    tp = (m.topic(), m.partition())
-                    o = m.offset()
-                    lo, hi = bounds.get(tp, (0, 0))
-                    if o < lo or o >= hi:  # a range's bounds: nothing outside it is its own
-                        if tp in position:
-                            position[tp] = max(position[tp], o + 1)
-                        continue
-                    _append(m, *rows[tp])
-                    position[tp] = o + 1
-                    if len(rows[tp][0]) >= CONSUME_BATCH:
-                        flush(tp)
-                done = [
-                    tp
-                    for tp, (_, hi) in bounds.items()
-                    if position[tp] >= hi and tp not in done_before
-                ]
-                if done:  # no more fetches of what is read: the others' fetches get the bytes
-                    c.pause([TopicPartition(*tp) for tp in done])
-                if msgs:
-                    last_progress = time.monotonic()
-                    continue
-                open_ = [tp for tp, (_, hi) in bounds.items() if position[tp] < hi]
-                for at in c.position([TopicPartition(*tp) for tp in open_]):
-                    # the rest of a range is control records (transaction markers)
-                    tp = (at.topic, at.partition)
-                    if at.offset >= bounds[tp][1]:
-                        position[tp] = bounds[tp][1]
-                if time.monotonic() - last_progress > TOGETHER_STALL_S:
-                    raise SourceReadError(
-                        f"kafka topics {sorted({t for t, _ in open_})}",
-                        f"no progress for {TOGETHER_STALL_S:.0f}s",
-                    )
-        finally:
-            c.resume(tps)  # a pooled consumer keeps a partition's pause past unassign()
-            c.unassign()
-    for tp in bounds:
-        flush(tp)
-    return got
 
 
 def _append(
