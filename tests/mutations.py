@@ -3295,7 +3295,7 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         name="class-archive-pruned-only-when-unused",
         file="src/millstream/spark/session.py",
         what="ClassArchive.prune: a new class archive removes only the other archives no run "
-        "used for an hour, never one a run marked used lately (its JVM may be mapping it)",
+        "used for a day, never one a run marked used lately (its JVM may be mapping it)",
         old="""\
                 if now - other.stat().st_mtime > STALE_ARCHIVE_SECONDS:
 """,
@@ -3304,7 +3304,57 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
 """,
         tests=(
             "tests/unit/test_cli_run_session.py::"
-            "test_a_new_class_archive_removes_the_others_no_run_used_for_an_hour",
+            "test_a_new_class_archive_removes_the_others_no_run_used_for_a_day",
+        ),
+    ),
+    Guard(
+        name="iceberg-files-synced-before-the-pointer",
+        file="src/millstream/table/iceberg.py",
+        what="_SyncedOnClose.close: a file of a local deep store written through pyiceberg (a "
+        "manifest, the manifest list, metadata.json) is fsynced when its stream closes, before "
+        "the pointer's compare-and-set names it (a torn metadata.json would stick the view)",
+        old="""\
+            self._deep.sync(self._path)  # before the pointer names it
+""",
+        new="""\
+            pass  # MUTATION: left in the page cache
+""",
+        tests=(
+            "tests/unit/table/test_staged_files_durable.py::"
+            "test_an_iceberg_publishs_files_are_fsynced_before_its_pointer_names_them",
+        ),
+    ),
+    Guard(
+        name="new-directory-name-synced",
+        file="src/millstream/storage/deepstore.py",
+        what="DeepStore._make_durable: a directory whose name this process has not made durable "
+        "(one created for the file) has its parent fsynced before the write returns",
+        old="""\
+            _fsync_dir(dirs[i - 1])
+""",
+        new="""\
+            pass  # MUTATION: a new directory's name left in the page cache
+""",
+        tests=(
+            "tests/unit/table/test_staged_files_durable.py::"
+            "test_an_iceberg_publishs_files_are_fsynced_before_its_pointer_names_them",
+        ),
+    ),
+    Guard(
+        name="restart-counted-when-the-store-blips",
+        file="src/millstream/spark/runner.py",
+        what="DatastreamRunner._count_restart: the shard uppers that say whether the writer "
+        "committed since its start are read guarded; a store that does not answer reads as no "
+        "progress and the fenced writer restarts instead of failing with the store's error",
+        old="""\
+        except Exception:  # a store that does not answer: no progress seen, still restartable
+""",
+        new="""\
+        except ZeroDivisionError:  # MUTATION: the store's error fails the writer
+""",
+        tests=(
+            "tests/integration/test_restarts_in_a_row.py::"
+            "test_a_fenced_writer_restarts_when_its_shard_uppers_cannot_be_read",
         ),
     ),
     Guard(

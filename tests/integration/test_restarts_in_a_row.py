@@ -90,9 +90,10 @@ def test_a_writer_that_commits_between_rollbacks_runs_on_past_the_bound(
             stats = runner.run(available_now=True)
 
         assert len(rollbacks) == 3, rollbacks
-        # each rollback fenced the commit after it: three restarts, none of them in a row
+        # each rollback fenced the commit after it: three restarts, none of them in a row, and
+        # the writer committed after the last one: no restart in a row left
         assert stats.restarts == 3, stats
-        assert stats.restarts_in_a_row == 1, stats
+        assert stats.restarts_in_a_row == 0, stats
         assert _uppers(catalog, spec) == {p: LINES for p in range(PARTITIONS)}
         assert _rows(catalog, spec) == sorted(
             (p * 1000 + i, f"rr{i}") for p in range(PARTITIONS) for i in range(LINES)
@@ -182,10 +183,41 @@ def test_a_shared_query_member_that_commits_between_rollbacks_is_not_failed(
         assert not errors, f"the shared query raised (the member would fail): {errors[0]!r}"
         assert sorted(shared.members) == ["ma", "mb"]
         assert shared.restarts["ma"].total == 3
-        assert shared.restarts_in_a_row("ma") == 1
+        # it committed after its last restart: no restart in a row left
+        assert shared.restarts_in_a_row("ma") == 0
         assert _uppers(catalog, rolled) == {p: end for p in range(PARTITIONS)}
         assert _rows(catalog, rolled) == sorted(
             (p * 1000 + i, f"ma{i}") for p in range(PARTITIONS) for i in range(end)
         )
         for m in members:
             m.state_dir.unlock()
+
+
+def test_a_fenced_writer_restarts_when_its_shard_uppers_cannot_be_read(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counting the restart reads the shard uppers (did the writer commit since its start?):
+    a metadata store that does not answer that read reads as no progress, and the fenced
+    commit still restarts the writer instead of failing it with the store's error."""
+    spec = _spec(tmp_path / "sources", "ru")
+    fenced = [0]
+
+    def fence_once(point: str, key: Any) -> None:
+        if point == "before_commit" and not fenced[0]:
+            fenced[0] += 1
+            raise WriterFencedError(spec.table_name, 0, 1, 2)
+
+    def unreadable() -> dict[int, int]:
+        raise OSError("the metadata store does not answer")
+
+    with Catalog.open(home=tmp_path / "home") as catalog:
+        runner = DatastreamRunner(spec, catalog, spark, writer_id="w1")
+        monkeypatch.setattr(runner, "committed_uppers", unreadable)
+        with faults.installed(faults.call("before_commit", fence_once)):
+            stats = runner.run(available_now=True)
+        assert fenced == [1]
+        assert (stats.restarts, stats.restarts_in_a_row) == (1, 1), stats
+        assert _uppers(catalog, spec) == {p: LINES for p in range(PARTITIONS)}
+        assert _rows(catalog, spec) == sorted(
+            (p * 1000 + i, f"ru{i}") for p in range(PARTITIONS) for i in range(LINES)
+        )

@@ -170,19 +170,20 @@ def test_the_class_archive_is_used_once_written_and_written_once(tmp_path: Path)
     assert other.failed.exists() and other.java_options() == ""
 
 
-def test_a_new_class_archive_removes_the_others_no_run_used_for_an_hour(
+def test_a_new_class_archive_removes_the_others_no_run_used_for_a_day(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each Java, Spark or pyspark install (a fresh virtualenv) writes an archive of its own,
-    ~116 MB: the one put in place removes the others no run used for an hour, and keeps one
-    a run used lately (it may be mapping it) and files not its own."""
+    ~116 MB: the one put in place removes the others no run used for a day, and keeps one
+    a run used lately (it may be mapping it), the marker of an install a run used lately (no
+    archive to write for it) and files not its own."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv(session.CLASS_ARCHIVE_ENV, raising=False)
     archive = session.ClassArchive.default()
     assert archive is not None, "no java on this machine"
     cache = archive.path.parent
     cache.mkdir(parents=True)
-    hour_ago = time.time() - session.STALE_ARCHIVE_SECONDS - 60
+    day_ago = time.time() - session.STALE_ARCHIVE_SECONDS - 60
 
     def made(name: str, *, at: float | None = None) -> Path:
         path = cache / name
@@ -191,12 +192,15 @@ def test_a_new_class_archive_removes_the_others_no_run_used_for_an_hour(
             os.utime(path, (at, at))
         return path
 
-    unused = made("spark-4.0.0-jvm-0123456789abcdef.jsa", at=hour_ago)
-    unused_marker = made("spark-4.0.0-jvm-fedcba9876543210.jsa.failed", at=hour_ago)
-    in_use = made("spark-4.0.0-jvm-1111111111111111.jsa", at=hour_ago)
-    not_ours = made("notes.txt", at=hour_ago)
+    unused = made("spark-4.0.0-jvm-0123456789abcdef.jsa", at=day_ago)
+    unused_marker = made("spark-4.0.0-jvm-fedcba9876543210.jsa.failed", at=day_ago)
+    in_use = made("spark-4.0.0-jvm-1111111111111111.jsa", at=day_ago)
+    used_marker = made("spark-4.0.0-jvm-2222222222222222.jsa.failed", at=day_ago)
+    not_ours = made("notes.txt", at=day_ago)
     # a run of that install maps its archive now: marked used
     assert session.ClassArchive(in_use).java_options().startswith("-XX:SharedArchiveFile=")
+    # a run of an install whose JVM wrote no archive: it runs without, and writes none again
+    assert session.ClassArchive(cache / "spark-4.0.0-jvm-2222222222222222.jsa").java_options() == ""
 
     assert archive.java_options().startswith("-XX:ArchiveClassesAtExit=")
     archive.pending.write_bytes(b"new archive")
@@ -204,7 +208,7 @@ def test_a_new_class_archive_removes_the_others_no_run_used_for_an_hour(
 
     assert archive.path.read_bytes() == b"new archive"
     assert sorted(p.name for p in cache.iterdir()) == sorted(
-        [archive.path.name, in_use.name, not_ours.name]
+        [archive.path.name, in_use.name, used_marker.name, not_ours.name]
     )
     assert not unused.exists() and not unused_marker.exists()
     # the archive in place is used from then on, and the next one written keeps it

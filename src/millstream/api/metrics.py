@@ -297,7 +297,8 @@ class MillstreamCollector:
                 "millstream_writer_restarts_in_a_row",
                 "Restarts in a row of a writer's query from its shard uppers after fenced, "
                 "gapped or expired commits (a rollback, another writer), with no commit in "
-                "between: 0 once it commits again; the writer fails when they pass 10.",
+                "between: 0 once it committed past where it started after the last one; the "
+                "writer fails when they pass 10.",
                 labels=["datastream", "worker"],
             ),
         )

@@ -64,8 +64,9 @@ class WriterHealthOut(_Out):
     )
     restarts_in_a_row: int = Field(
         default=0,
-        description="The last of those restarts in a row with no commit in between; the writer "
-        "fails when they pass 10.",
+        description="The last of those restarts in a row with no commit in between, 0 once it "
+        "committed past where it started after the last one; the writer fails when they pass "
+        "10.",
     )
 
 

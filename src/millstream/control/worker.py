@@ -666,9 +666,14 @@ class Worker:
             "transient_restarts": self.transient_restarts.get(w.datastream, (0, ""))[0],
             "transient_error": self.transient_restarts.get(w.datastream, (0, None))[1] or None,
             # restarts of its shared query after its fenced, gapped or expired commits: in all
-            # (the query's life) and in a row without a commit (it fails past MAX_RESTARTS)
+            # (the query's life) and in a row without a commit (it fails past MAX_RESTARTS; 0
+            # once it committed past where it started after the last one)
             "restarts": counted.total if counted is not None else 0,
-            "restarts_in_a_row": counted.in_a_row if counted is not None else 0,
+            "restarts_in_a_row": (
+                counted.shown(w.runner.committed_uppers if w.runner is not None else dict)
+                if counted is not None
+                else 0
+            ),
         }
 
     def _stop_writer(self, ds: str) -> None:

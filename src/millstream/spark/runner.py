@@ -149,21 +149,53 @@ class RestartsInARow:
     """The restarts of a writer (or of a shared query's member) after a fenced, gapped or
     expired commit, counted in all (``total``) and in a row (``in_a_row``, the one bounded by
     :data:`MAX_RESTARTS`): a restart whose writer committed past where the last start began
-    (:func:`moved_past`) begins a new row. A writer that recovers from each of its rollbacks
-    runs on however many it meets over its life; one that restarts without progress fails."""
+    (:func:`moved_past`, or a commit seen since: :meth:`saw`) begins a new row. A writer that
+    recovers from each of its rollbacks runs on however many it meets over its life; one that
+    restarts without progress fails. The row shown (:meth:`shown`) is 0 once the writer
+    committed past where the start after its last restart began."""
 
     def __init__(self) -> None:
         self.total = 0
         self.in_a_row = 0
+        #: a commit past where the start after the last restart began was seen (:meth:`saw`):
+        #: the row is over (a rollback below that start later does not hide it)
+        self.committed = False
+        #: the shard uppers the start after the last restart began at (None until it did)
+        self._since: dict[int, int] | None = None
+
+    def began(self, uppers: dict[int, int]) -> None:
+        """A start (of the query, or the member's entry in it) at the shard ``uppers``."""
+        self._since = dict(uppers)
+
+    def saw(self, uppers: dict[int, int]) -> None:
+        """The shard uppers as committed now: past where the last start began, the row is
+        over."""
+        if self._since is not None and moved_past(self._since, uppers):
+            self.committed = True
 
     def failed(self, progressed: bool) -> int:
         """Count a restart; ``progressed``: the writer committed since its last start. Returns
         the restarts in a row, this one included."""
-        if progressed:
+        if progressed or self.committed:
             self.in_a_row = 0
         self.total += 1
         self.in_a_row += 1
+        self.committed, self._since = False, None
         return self.in_a_row
+
+    def shown(self, uppers: Callable[[], dict[int, int]]) -> int:
+        """The restarts in a row as a writer's health and metrics report them: 0 once it
+        committed past where the start after its last restart began. ``uppers`` (the shard
+        uppers as committed now) is read only while that may change the answer; a store that
+        does not answer reads as no commit."""
+        if self.in_a_row and not self.committed and self._since is not None:
+            try:
+                self.saw(uppers())
+            except Exception:
+                log.warning(
+                    "reading the shard uppers for the restarts in a row failed", exc_info=True
+                )
+        return 0 if self.committed else self.in_a_row
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,6 +478,7 @@ class DatastreamRunner:
         boot = self.bootstrap()
         self.transient.started_at(boot.uppers)
         self.started_uppers = dict(boot.uppers)
+        self.restarts.began(boot.uppers)
         self.prepare_checkpoint(boot)
         source, sink = self.query_options(boot)
         writer = (
@@ -594,9 +627,24 @@ class DatastreamRunner:
         """Count a restart after a fenced, gapped or expired commit: a new row when a batch
         committed since the last start (:class:`RestartsInARow`). Returns the restarts in a
         row."""
-        n = self.restarts.failed(moved_past(self.started_uppers, self.committed_uppers()))
+        try:
+            progressed = moved_past(self.started_uppers, self.committed_uppers())
+        except Exception:  # a store that does not answer: no progress seen, still restartable
+            log.warning(
+                "writer %s: reading the shard uppers of %s failed",
+                self.writer_id,
+                self.table_spec.name,
+                exc_info=True,
+            )
+            progressed = False
+        n = self.restarts.failed(progressed)
         self.stats.restarts, self.stats.restarts_in_a_row = self.restarts.total, n
         return n
+
+    def _show_restarts(self) -> None:
+        """The restarts in a row in :attr:`stats` as of now: 0 once the writer committed past
+        where the start after its last restart began."""
+        self.stats.restarts_in_a_row = self.restarts.shown(self.committed_uppers)
 
     def _start_transiently(self) -> Exception | None:
         """:meth:`start` the query; returns the error of a start that failed on one of Spark's
@@ -643,6 +691,7 @@ class DatastreamRunner:
         boot = self.bootstrap()
         self.transient.started_at(boot.uppers)
         self.started_uppers = dict(boot.uppers)
+        self.restarts.began(boot.uppers)
         self.state_dir.lock()
         source, sink = self.query_options(boot)
 
@@ -655,6 +704,7 @@ class DatastreamRunner:
                     self.checkpoint,
                 )
                 shutil.rmtree(self.checkpoint, ignore_errors=True)
+            self._show_restarts()  # a commit since the last restart ends its row
             if on_tick is not None:
                 on_tick(self)
 
@@ -838,7 +888,9 @@ class DatastreamRunner:
         try:
             while not self.query.awaitTermination(tick):
                 if on_tick is not None:
+                    self._show_restarts()
                     on_tick(self)
+            self._show_restarts()
             if on_tick is not None:
                 on_tick(self)
             return None

@@ -65,8 +65,10 @@ CLASS_ARCHIVE_ENV = "MILLSTREAM_JVM_CLASS_ARCHIVE"
 #: JVM) are not the user's business: the JVM runs without an archive it cannot use.
 QUIET_CLASS_SHARING = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 #: A half-written archive (a run killed while its JVM wrote it) is removed after this long,
-#: and so is another Java's or Spark's archive that no run used for as long.
-STALE_ARCHIVE_SECONDS = 3600.0
+#: and so is another Java's or Spark's archive (or marker) that no run used for as long: a
+#: day, so that a run lasting hours keeps the archive its JVM maps (its use is marked when it
+#: starts and when it ends), and its next start finds it.
+STALE_ARCHIVE_SECONDS = 86400.0
 #: The names :meth:`ClassArchive.default` gives its archives (what :meth:`ClassArchive.prune`
 #: may remove).
 ARCHIVE_GLOB = "spark-*-jvm-*.jsa"
@@ -89,8 +91,8 @@ class ClassArchive:
 
     Each archive is ~116 MB, and the key changes with every new virtualenv (a CI run's fresh
     clone), Java update or Spark version: when a run puts a new one in place it removes the
-    others that no run used for :data:`STALE_ARCHIVE_SECONDS` (:meth:`prune`; a run that maps
-    one marks it used)."""
+    others that no run used for :data:`STALE_ARCHIVE_SECONDS` (:meth:`prune`; a run marks the
+    archive, or the marker, it uses when it starts and the archive again when it ends)."""
 
     path: Path
 
@@ -134,6 +136,8 @@ class ClassArchive:
                 os.utime(self.path)
             return f"-XX:SharedArchiveFile={self.path} {QUIET_CLASS_SHARING}"
         if self.failed.exists():
+            with contextlib.suppress(OSError):  # used: prune() keeps it
+                os.utime(self.failed)
             return ""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -158,6 +162,8 @@ class ClassArchive:
                     pending.unlink()
             elif exit_code == 0 and not self.path.exists():
                 self.failed.touch()
+            elif self.path.exists():  # it mapped the archive until now: its last use
+                os.utime(self.path)
         except OSError as exc:
             log.debug("JVM class archive %s: %s", self.path, exc)
 

@@ -262,6 +262,7 @@ class SharedQueryRunner:
             self.transient.started_at({n: e.source.get("startOffsets") for n, e in entries.items()})
             self.generation += 1
             self.entries = entries
+            self._began(entries)
             self.membership.write(self.generation, entries)
             since = {n: self.generation for n in entries}
             path = str(self.membership.path)
@@ -345,6 +346,7 @@ class SharedQueryRunner:
                 return out
             self.generation += 1
             self.entries = {**self.entries, **joined}
+            self._began(joined)
             self.members = dict(sorted({**self.members, **{n: new[n] for n in joined}}.items()))
             self.membership.write(self.generation, self.entries)
             for name in joined:
@@ -507,11 +509,21 @@ class SharedQueryRunner:
                 break
         return self.restarts.setdefault(key, RestartsInARow()).failed(progressed)
 
+    def _began(self, entries: dict[str, Member]) -> None:
+        """Members that restarted before start now at their entries' start offsets: a commit
+        past them ends their rows (:class:`RestartsInARow`)."""
+        for name, entry in entries.items():
+            counted = self.restarts.get(name)
+            if counted is not None:
+                counted.began(SourceOptions.from_options(entry.source).start_offsets)
+
     def restarts_in_a_row(self, member: str) -> int:
-        """``member``'s restarts in a row after a fenced, gapped or expired commit (0 when
-        it committed since its last one)."""
-        counted = self.restarts.get(member)
-        return counted.in_a_row if counted is not None else 0
+        """``member``'s restarts in a row after a fenced, gapped or expired commit (0 once it
+        committed past where it started after the last one)."""
+        counted, m = self.restarts.get(member), self.members.get(member)
+        if counted is None:
+            return 0
+        return counted.shown(m.committed_uppers if m is not None else dict)
 
     def _start_transiently(self) -> Exception | None:
         """:meth:`start` the query; returns the error of a start that failed on one of Spark's

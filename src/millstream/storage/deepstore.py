@@ -5,16 +5,19 @@ its root without rewriting metadata. A data file is written once under a unique 
 "staged" until a manifest entry references it, and garbage once nothing does (see
 :mod:`millstream.table.gc`). Both backends go through ``pyarrow.fs``.
 
-A file written to a local store is fsynced, with the directories from its own up to the root
-(its new name and any directory created for it), before the write returns: the manifest
-commit that references it comes after, in a metadata store that is durable, and a power loss
-must not leave it referencing a file whose data was only in the page cache. An S3 put is
-durable once it returns.
+A file written to a local store is fsynced, with its directory (its new name) and the
+directories above it up to the root whose names this process has not made durable yet (any
+directory created for it), before the write returns: the manifest commit that references it
+comes after, in a metadata store that is durable, and a power loss must not leave it
+referencing a file whose data was only in the page cache. A file system that cannot sync a
+directory (EINVAL, ENOTSUP...) has it skipped, as PostgreSQL does. An S3 put is durable once
+it returns.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -71,6 +74,9 @@ class DeepStore:
         #: fsync each file written (and its directories) before the write returns: a local
         #: store's files (see the module's docstring)
         self.durable_writes = isinstance(fs, pafs.LocalFileSystem)
+        #: (directory, inode) whose name in its parent this process made durable (synced the
+        #: parent since): :meth:`_make_durable` syncs such a parent no more
+        self._named_dirs: set[tuple[str, int]] = set()
 
     @classmethod
     def from_uri(cls, uri: str, *, s3_endpoint: str | None = None) -> DeepStore:
@@ -152,11 +158,21 @@ class DeepStore:
         if not self.durable_writes:
             return
         _fsync(full)
-        # its name in its directory, and each directory's name in its parent up to the root:
-        # one of them may have been created for this file (by this process or another)
+        # its name in its directory always; then each directory's name in its parent, up to
+        # the root, unless this process synced that parent since the directory (this very
+        # one: same inode) was there: one may have been created for this file, by this
+        # process or another. A batch's files share their directories: one sync each.
         parts = full[len(self.root) + 1 :].split("/")[:-1]
-        for i in range(len(parts), -1, -1):
-            _fsync("/".join([self.root, *parts[:i]]))
+        dirs = ["/".join([self.root, *parts[:i]]) for i in range(len(parts) + 1)]
+        _fsync_dir(dirs[-1])
+        named: list[tuple[str, int]] = []
+        for i in range(len(dirs) - 1, 0, -1):
+            entry = (dirs[i], os.stat(dirs[i]).st_ino)
+            if entry in self._named_dirs:
+                break  # and its parents' names were durable before it was counted
+            _fsync_dir(dirs[i - 1])
+            named.append(entry)
+        self._named_dirs.update(named)  # only once all of them are
 
     def size(self, path: str) -> int:
         return int(self.fs.get_file_info(self._abs(path)).size or 0)
@@ -222,6 +238,23 @@ def _fsync(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+#: A directory's open or fsync failing with one of these means the file system cannot sync
+#: directories (as PostgreSQL's ``fsync_fname`` takes them): ignored, else every commit on it
+#: would fail forever.
+DIR_SYNC_UNSUPPORTED = frozenset(
+    {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF, errno.EACCES, errno.EISDIR}
+)
+
+
+def _fsync_dir(path: str) -> None:
+    """fsync the directory at ``path``, where the file system can."""
+    try:
+        _fsync(path)
+    except OSError as exc:
+        if exc.errno not in DIR_SYNC_UNSUPPORTED:
+            raise
 
 
 def table_data_prefix(table: str) -> str:

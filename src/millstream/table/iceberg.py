@@ -43,13 +43,14 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Hashable, Iterable
 from copy import copy
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, Final, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-from pyiceberg.io import FileIO, InputFile, OutputFile
+from pyiceberg.io import FileIO, InputFile, OutputFile, OutputStream
 from pyiceberg.io.pyarrow import PyArrowFile, _pyarrow_to_schema_without_ids
 from pyiceberg.manifest import (
     DataFile,
@@ -154,9 +155,69 @@ def relative(deep: DeepStore, uri: str) -> str | None:
 
 def _file(deep: DeepStore, path: str, *, create: bool = False) -> PyArrowFile:
     full = deep._abs(path)
-    if create:
-        deep.fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
-    return PyArrowFile(location(deep, path), full, deep.fs)
+    if not create:
+        return PyArrowFile(location(deep, path), full, deep.fs)
+    deep.fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
+    return (
+        _DurableFile(deep, path)
+        if deep.durable_writes
+        else PyArrowFile(location(deep, path), full, deep.fs)
+    )
+
+
+class _DurableFile(PyArrowFile):
+    """A file of a local deep store written through pyiceberg (a manifest, a manifest list,
+    a ``metadata.json``): made durable when its stream closes (:meth:`DeepStore.sync`), before
+    the pointer's compare-and-set can name it. Else a power loss after a publish could leave
+    the pointer naming a torn ``metadata.json``, and every later publish, which loads it,
+    would fail: the view would be stuck."""
+
+    def __init__(self, deep: DeepStore, path: str) -> None:
+        super().__init__(location(deep, path), deep._abs(path), deep.fs)
+        self._deep = deep
+        self._relative = path
+
+    def create(self, overwrite: bool = False) -> OutputStream:
+        return _SyncedOnClose(super().create(overwrite), self._deep, self._relative)
+
+
+class _SyncedOnClose:
+    """An output stream that syncs its file once closed after a complete write."""
+
+    def __init__(self, stream: OutputStream, deep: DeepStore, path: str) -> None:
+        self._stream = stream
+        self._deep = deep
+        self._path = path
+        self._synced = False
+
+    def write(self, b: bytes) -> int:
+        return self._stream.write(b)
+
+    def tell(self) -> int:
+        return self._stream.tell()
+
+    def close(self) -> None:
+        self._stream.close()
+        if not self._synced:
+            self._synced = True
+            self._deep.sync(self._path)  # before the pointer names it
+
+    def __enter__(self) -> _SyncedOnClose:
+        return self
+
+    def __exit__(
+        self,
+        exctype: type[BaseException] | None,
+        excinst: BaseException | None,
+        exctb: TracebackType | None,
+    ) -> None:
+        if exctype is None:
+            self.close()
+        else:
+            self._stream.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 class DeepStoreIO(FileIO):

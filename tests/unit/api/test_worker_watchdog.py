@@ -330,3 +330,45 @@ def test_a_members_restarts_in_a_row_show_in_its_health_and_metrics(
     )
     debug = api.get("/tables/orders/debugInfo").json()["writer_health"]
     assert debug["restarts_in_a_row"] == 2
+
+
+class RestartedThenCommittingQuery(WedgedQuery):
+    """A shared query whose member ``orders`` was fenced twice in a row and restarted each
+    time, its entry starting again at the shard uppers (10), as :meth:`SharedQueryRunner.run`
+    counts and starts it."""
+
+    def run(self) -> None:
+        counted = self.restarts.setdefault("orders", RestartsInARow())
+        counted.failed(False)
+        counted.failed(False)
+        counted.began({0: 10})
+        self._stop.wait(60)
+
+
+def test_a_members_restarts_in_a_row_show_0_once_it_commits_after_them(
+    cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    catalog, _clock, _source, api, make_worker = cluster
+    monkeypatch.setattr(worker_module, "SharedQueryRunner", RestartedThenCommittingQuery)
+    worker = make_worker()
+    worker.tick()
+    assert worker.shared_thread is not None
+    worker.shared_thread.join(0.5)
+    worker._heartbeat()
+    assert _health(api)["restarts_in_a_row"] == 2  # no commit since its last start
+
+    catalog.store.compare_and_append(
+        "orders", [ShardAppend(0, 10, 15, 0, "data/orders/x.parquet", 5, 100)]
+    )
+    worker._heartbeat()
+    health = _health(api)
+    assert health["restarts"] == 2 and health["restarts_in_a_row"] == 0, health
+    assert (
+        'millstream_writer_restarts_in_a_row{datastream="orders",worker="w"} 0.0'
+        in api.get("/metrics").text
+    )
+    assert api.get("/tables/orders/debugInfo").json()["writer_health"]["restarts_in_a_row"] == 0
+    # a rollback below where it started (its uppers back under 10) fences its next commit: the
+    # commit seen in between still ends the row, so this restart is the first of a new one
+    assert worker.shared is not None
+    assert worker.shared.restarts["orders"].failed(False) == 1

@@ -7,7 +7,9 @@ the table fails). Here every ``os.fsync`` of this process is recorded beside the
 store's commits (its ``before_metadata_commit`` fault point), through the production paths: a
 write task's staging (:class:`RowStager`, the sink's; :func:`stage_rows`, its dead letters'),
 the commit (:func:`commit_staged`, the sink's commit path) and a seal (its segment, before its
-manifest swap: the seal's ``before_swap`` point).
+manifest swap: the seal's ``before_swap`` point). An Iceberg publish's files (its manifests,
+manifest list and ``metadata.json``, written through pyiceberg) are likewise on disk before
+the pointer's compare-and-set names them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.sealer import Sealer
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL, TableSpec
+from millstream.table.iceberg import load_metadata, publish, view_prefix
 from millstream.table.writer import RowStager, commit_staged, stage_rows
 
 
@@ -108,3 +111,50 @@ def test_a_staged_file_and_its_directory_are_fsynced_before_the_commit_referenci
     assert len(sealed) == 1 and sealed[0] is not None
     assert _synced_before(events, root, sealed[0], "before_swap") == (True, True), events
     assert cat.read_table("t").num_rows == 20
+
+
+def test_an_iceberg_publishs_files_are_fsynced_before_its_pointer_names_them(
+    tmp_path: Path, events: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A power loss after the pointer moved must not leave it naming a torn ``metadata.json``
+    (every later publish loads it, and would fail: the view stuck) or manifests that are not
+    on disk."""
+    cat = Catalog.open(home=tmp_path / "home")
+    spec = cat.create_table(
+        TableSpec.parse(
+            {
+                "name": "t",
+                "schema": {"k": "long", "v": "string"},
+                "primary_key": ["k"],
+                "mode": "upsert",
+            }
+        )
+    ).spec
+    root = Path(cat.deep.root)
+    staged = stage_rows(cat.deep, spec, _rows(spec, 0, 10))
+    commit_staged(cat.store, cat.deep, "t", staged, {0: (0, 10)}, {})
+    swap = cat.store.swap_pointer
+
+    def recorded_swap(*args: Any, **kwargs: Any) -> Any:
+        events.append(("commit", ""))
+        return swap(*args, **kwargs)
+
+    monkeypatch.setattr(cat.store, "swap_pointer", recorded_swap)
+    events.clear()
+    result = publish(cat.store, cat.deep, "t")
+    assert result.published and result.pointer is not None
+
+    written = [f.path for f in cat.deep.list_files(view_prefix("t"))]
+    assert result.pointer.metadata_location in written
+    assert any(p.endswith(".avro") for p in written), written  # manifests, manifest list
+    for path in written:
+        assert _synced_before(events, root, path) == (True, True), (path, events)
+    # the view's directories are new: each one's name is on disk too (its parent synced), up
+    # to the table's directory, which already had its name
+    synced = {p for kind, p in events[: events.index(("commit", ""))] if kind == "fsync"}
+    for path in written:
+        parent = (root / path).parent
+        while parent != root / "tables":
+            assert str(parent) in synced, (parent, events)
+            parent = parent.parent
+    assert load_metadata(cat.deep, result.pointer.metadata_location).current_snapshot_id
