@@ -485,6 +485,7 @@ def tree_summary(procs: list[dict[str, Any]]) -> dict[str, Any]:
         "processes": len(procs),
         "python_processes": sum(1 for p in procs if p["python"]),
         "kinds": kinds,
+        "pid_cpu": {p["pid"]: (p["kind"], p["cpu_s"]) for p in procs},
     }
 
 
@@ -518,7 +519,10 @@ def jvm_heap_mb(procs: list[dict[str, Any]]) -> dict[str, float] | None:
 
 def by_minute(samples: list[tuple[float, dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per minute of a window, from its samples (each with ``cpu_s`` of the tree and
-    ``batches``, the last committed batch): the batches committed and the tree's CPU-s each."""
+    ``batches``, the last committed batch, and ``pid_cpu``, pid -> (kind, CPU-s)): the batches
+    committed, the tree's CPU-s each, and each process kind's (a process's CPU-s counted from
+    the minute's first sample, or from 0 when it started within the minute; a process that
+    exited within the minute loses its last CPU-s)."""
     out = []
     prev_t, prev = 0.0, samples[0][1] if samples else None
     for minute in range(1, int(samples[-1][0] // 60) + 2 if samples else 0):
@@ -528,6 +532,10 @@ def by_minute(samples: list[tuple[float, dict[str, Any]]]) -> list[dict[str, Any
         t, last = within[-1]
         batches = last["batches"] - prev["batches"]
         cpu = last["cpu_s"] - prev["cpu_s"]
+        before = prev.get("pid_cpu", {})
+        kinds: dict[str, float] = {}
+        for pid, (kind, spent) in last.get("pid_cpu", {}).items():
+            kinds[kind] = kinds.get(kind, 0.0) + spent - before.get(pid, (kind, 0.0))[1]
         out.append(
             {
                 "minute": minute,
@@ -535,6 +543,11 @@ def by_minute(samples: list[tuple[float, dict[str, Any]]]) -> list[dict[str, Any
                 "batches": batches,
                 "cpu_s_per_batch": round(cpu / batches, 3) if batches > 0 else None,
                 "rss_mb": round(last["rss_mb"]),
+                "cpu_s_per_batch_by_kind": {
+                    k: round(v / batches, 3) for k, v in sorted(kinds.items())
+                }
+                if batches > 0
+                else {},
             }
         )
         prev_t, prev = t, last
@@ -985,7 +998,8 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
         for m in out["by_minute"]:
             log(
                 f"(c) {variant}: minute {m['minute']}: {m['batches']} batches, "
-                f"{m['cpu_s_per_batch']} CPU-s a batch, RSS {m['rss_mb']:,} MB"
+                f"{m['cpu_s_per_batch']} CPU-s a batch, RSS {m['rss_mb']:,} MB; CPU-s a batch "
+                f"by process: {m['cpu_s_per_batch_by_kind']}"
             )
         return out
 
