@@ -240,10 +240,24 @@ def worker(
                     f"worker {w.id} joined the controller at {controller}. Ctrl-C stops.",
                 )
                 group.wait()
+                _quiet_jvm_log(spark)
         finally:
+            _quiet_jvm_log(spark)
             spark.stop()
             catalog.close()
         _finish(group)
+
+
+def _quiet_jvm_log(spark: Any) -> None:
+    """The JVM's log off once the process stops: a query stopped under a running batch (by
+    the worker's stop, or by Spark's stop after the wait for the worker ran out) has the JVM
+    log the batch's cancellation ("Aborting task", a TaskKilledException's stack) at ERROR on
+    the user's terminal; expected at a stop, as a stopped ``millstream run``'s is. What the
+    stop itself meets is logged in Python."""
+    try:
+        spark.sparkContext.setLogLevel("OFF")
+    except Exception as exc:  # Spark already stopped
+        logging.getLogger(__name__).debug("the JVM's log level not set at the stop: %r", exc)
 
 
 def up(
@@ -354,6 +368,8 @@ def up(
                 )
                 group.wait()
         finally:
+            if spark is not None:
+                _quiet_jvm_log(spark)
             group.close()
             if spark is not None:
                 spark.stop()
