@@ -1,7 +1,8 @@
 """A stand-in for the worker's shared Spark query (``SharedQueryRunner``), for tests of the
 worker's membership decisions without Spark: it records its members by member key, every
 start, join and leave, and runs until stopped. ``refuse`` makes joins and leaves answer False
-(the runner's answer when a change needs a restart)."""
+(the runner's answer when a change needs a restart). :func:`members_as_a_worker_holds_them`
+makes a real shared query's members."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from millstream.catalog import Catalog
 from millstream.control import worker as worker_module
 from millstream.datastream import DatastreamSpec
+from millstream.spark.runner import DatastreamRunner
 from millstream.storage.statedir import StateDirectory
 
 
@@ -89,3 +92,19 @@ def append_files_spec(
             "trigger_interval": trigger,
         }
     )
+
+
+def members_as_a_worker_holds_them(
+    specs: list[DatastreamSpec], catalog: Catalog, spark: Any, state_root: Path
+) -> list[DatastreamRunner]:
+    """A real shared query's members: a runner of writer ``w1`` per spec, each holding its
+    state directory under ``state_root`` as a worker holds its members'."""
+    members = [
+        DatastreamRunner(
+            s, catalog, spark, writer_id="w1", state_dir=StateDirectory(state_root, s.name)
+        )
+        for s in specs
+    ]
+    for m in members:
+        m.state_dir.lock()
+    return members

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from harness.shared_query import append_files_spec
+from harness.shared_query import append_files_spec, members_as_a_worker_holds_them
 from millstream import faults
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
@@ -130,18 +130,7 @@ def test_a_shared_query_member_that_commits_between_rollbacks_is_not_failed(
     specs = [_spec(tmp_path / "sources", n) for n in ("ma", "mb")]
     rolled = specs[0]
     with Catalog.open(home=tmp_path / "home") as catalog:
-        members = [
-            DatastreamRunner(
-                s,
-                catalog,
-                spark,
-                writer_id="w1",
-                state_dir=StateDirectory(tmp_path / "state", s.name),
-            )
-            for s in specs
-        ]
-        for m in members:
-            m.state_dir.lock()  # as a worker holds its members' state directories
+        members = members_as_a_worker_holds_them(specs, catalog, spark, tmp_path / "state")
         shared = SharedQueryRunner(members, spark, StateDirectory(tmp_path / "state", "_shared"))
         errors: list[BaseException] = []
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from pyspark.errors import PySparkRuntimeError
 
-from harness.shared_query import append_files_spec
+from harness.shared_query import append_files_spec, members_as_a_worker_holds_them
 from millstream import faults
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
@@ -151,18 +151,7 @@ def test_a_shared_query_restarts_its_members_on_a_transient_failure_and_commits_
     specs = [_spec(tmp_path / "sources", n) for n in ("sa", "sb", "sc")]
     done = {p: LINES for p in range(PARTITIONS)}
     with Catalog.open(home=tmp_path / "home") as catalog:
-        members = [
-            DatastreamRunner(
-                s,
-                catalog,
-                session,
-                writer_id="w1",
-                state_dir=StateDirectory(tmp_path / "state", s.name),
-            )
-            for s in specs
-        ]
-        for m in members:
-            m.state_dir.lock()  # as a worker holds its members' state directories
+        members = members_as_a_worker_holds_them(specs, catalog, session, tmp_path / "state")
         restarted: list[tuple[list[str], str]] = []
         shared = SharedQueryRunner(
             members,

@@ -45,6 +45,22 @@ def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     return out
 
 
+def _upsert_table(tmp_path: Path) -> tuple[Catalog, TableSpec]:
+    """A local home's catalog and its upsert table ``t`` (k long, v string)."""
+    cat = Catalog.open(home=tmp_path / "home")
+    spec = cat.create_table(
+        TableSpec.parse(
+            {
+                "name": "t",
+                "schema": {"k": "long", "v": "string"},
+                "primary_key": ["k"],
+                "mode": "upsert",
+            }
+        )
+    ).spec
+    return cat, spec
+
+
 def _rows(spec: TableSpec, lo: int, hi: int) -> pa.Table:
     return pa.Table.from_pylist(
         [
@@ -70,17 +86,7 @@ def _synced_before(
 def test_a_staged_file_and_its_directory_are_fsynced_before_the_commit_referencing_it(
     tmp_path: Path, events: list[tuple[str, str]]
 ) -> None:
-    cat = Catalog.open(home=tmp_path / "home")
-    spec = cat.create_table(
-        TableSpec.parse(
-            {
-                "name": "t",
-                "schema": {"k": "long", "v": "string"},
-                "primary_key": ["k"],
-                "mode": "upsert",
-            }
-        )
-    ).spec
+    cat, spec = _upsert_table(tmp_path)
     root = Path(cat.deep.root)
 
     def mark(point: str, key: Any) -> None:
@@ -119,17 +125,7 @@ def test_an_iceberg_publishs_files_are_fsynced_before_its_pointer_names_them(
     """A power loss after the pointer moved must not leave it naming a torn ``metadata.json``
     (every later publish loads it, and would fail: the view stuck) or manifests that are not
     on disk."""
-    cat = Catalog.open(home=tmp_path / "home")
-    spec = cat.create_table(
-        TableSpec.parse(
-            {
-                "name": "t",
-                "schema": {"k": "long", "v": "string"},
-                "primary_key": ["k"],
-                "mode": "upsert",
-            }
-        )
-    ).spec
+    cat, spec = _upsert_table(tmp_path)
     root = Path(cat.deep.root)
     staged = stage_rows(cat.deep, spec, _rows(spec, 0, 10))
     commit_staged(cat.store, cat.deep, "t", staged, {0: (0, 10)}, {})
