@@ -253,10 +253,12 @@ class GracefulStop:
             os._exit(130)
 
     def _stop(self, *, force: bool) -> None:
+        # lazy: only a run imports Spark's session module (loaded by now: Spark runs)
+        from millstream.spark.session import quiet_jvm_log
+
         logging.getLogger("py4j").setLevel(logging.CRITICAL)
         try:
-            # The stopped query's batch logs "aborting" and its interruption at ERROR.
-            self._spark.sparkContext.setLogLevel("OFF")
+            quiet_jvm_log(self._spark)
             if force:
                 self._runner.stop()
             else:

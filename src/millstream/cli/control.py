@@ -210,7 +210,7 @@ def worker(
     from millstream.catalog import Catalog
     from millstream.control.controller import ControlSettings
     from millstream.control.worker import Worker
-    from millstream.spark.session import spark_session
+    from millstream.spark.session import quiet_jvm_log, spark_session
 
     _logging()
     with handle_errors(output):
@@ -240,24 +240,12 @@ def worker(
                     f"worker {w.id} joined the controller at {controller}. Ctrl-C stops.",
                 )
                 group.wait()
-                _quiet_jvm_log(spark)
+                quiet_jvm_log(spark)
         finally:
-            _quiet_jvm_log(spark)
+            quiet_jvm_log(spark)
             spark.stop()
             catalog.close()
         _finish(group)
-
-
-def _quiet_jvm_log(spark: Any) -> None:
-    """The JVM's log off once the process stops: a query stopped under a running batch (by
-    the worker's stop, or by Spark's stop after the wait for the worker ran out) has the JVM
-    log the batch's cancellation ("Aborting task", a TaskKilledException's stack) at ERROR on
-    the user's terminal; expected at a stop, as a stopped ``millstream run``'s is. What the
-    stop itself meets is logged in Python."""
-    try:
-        spark.sparkContext.setLogLevel("OFF")
-    except Exception as exc:  # Spark already stopped
-        logging.getLogger(__name__).debug("the JVM's log level not set at the stop: %r", exc)
 
 
 def up(
@@ -304,7 +292,7 @@ def up(
     from millstream.control.worker import Worker
     from millstream.local.process import ServerStartError
     from millstream.local.tansu import TansuBroker, start_home_broker
-    from millstream.spark.session import spark_session
+    from millstream.spark.session import quiet_jvm_log, spark_session
 
     _logging()
     with handle_errors(output):
@@ -369,7 +357,7 @@ def up(
                 group.wait()
         finally:
             if spark is not None:
-                _quiet_jvm_log(spark)
+                quiet_jvm_log(spark)
             group.close()
             if spark is not None:
                 spark.stop()

@@ -218,6 +218,17 @@ def worker_python(config: Mapping[str, str] | None = None) -> str:
     return chosen or sys.executable
 
 
+def quiet_jvm_log(spark: Any) -> None:
+    """The JVM's log off once a process stops: a query stopped under a running batch (by a
+    stop, or by Spark's stop after the wait for its writer ran out) has the JVM log the
+    batch's cancellation ("Aborting task", a TaskKilledException's stack) at ERROR on the
+    user's terminal; expected at a stop. What the stop itself meets is logged in Python."""
+    try:
+        spark.sparkContext.setLogLevel("OFF")
+    except Exception as exc:  # Spark already stopped
+        log.debug("the JVM's log level not set at the stop: %r", exc)
+
+
 def spark_session(
     *,
     master: str | None = None,
