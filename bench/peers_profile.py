@@ -24,6 +24,12 @@ status store), the latency from each record's acknowledgement to the commit that
 and one read of the table at the end. ``--rates`` runs one window per rate, one after the
 other, on the same query.
 
+``--reader`` also runs bench/peers.py's reader beside the query (``peers_worker.py reader``, a
+process of its own holding the read cache, reading the whole table in a loop from the settle
+on), and adds per window its reads' wall and CPU seconds (p50, p90, max), the reader's share of
+the window's CPU, and each record's latency from its acknowledgement to the end of the first
+read whose shard uppers (listed right after the read) pass its offset.
+
     .venv/bin/python bench/peers_profile.py --keys 200000 --rates 1000,5000 --seconds 60
 """
 
@@ -36,6 +42,8 @@ import multiprocessing
 import os
 import re
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime
@@ -46,6 +54,8 @@ import numpy as np
 import peers
 from common import load_text, log, percentile, workdir, write_json
 from ingest_observe import progress
+
+HERE = Path(__file__).resolve().parent
 
 STEPS = (
     "latestOffset",
@@ -98,6 +108,8 @@ def cpu_by_process() -> dict[int, tuple[str, float]]:
             # the module: pyspark.worker (the write tasks), the streaming source's runner,
             # the sink's commit runner, ...
             kind = "Python " + cmd.split()[-1].rsplit(".", 1)[-1]
+        elif "peers_worker" in cmd:
+            kind = "reader"
         elif "tansu" in cmd:
             kind = "broker"
         elif "publish" in cmd:
@@ -208,6 +220,7 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--reader", action="store_true", help="a whole-table reader beside the query")
     args = ap.parse_args()
 
     from millstream.catalog import Catalog
@@ -224,6 +237,7 @@ def main() -> None:
         broker = TansuBroker(base / "broker")
         broker.start()
         spark = None
+        reader: subprocess.Popen[bytes] | None = None
         try:
             broker.create_topic(peers.TOPIC, peers.PARTITIONS)
             t0 = time.perf_counter()
@@ -260,6 +274,8 @@ def main() -> None:
 
             peers.wait_until(caught_up, 1800, "the pre-load's catch-up")
             log(f"caught up {time.perf_counter() - t0:.0f} s; settling {args.settle:.0f} s")
+            if args.reader:
+                reader = start_reader(base)
             time.sleep(max(0.0, args.settle - 10))
             idle0 = cpu_by_process()
             time.sleep(min(10.0, args.settle))
@@ -273,6 +289,13 @@ def main() -> None:
             runner.stop()
             thread.join(60)
         finally:
+            if reader is not None:
+                (base / "STOP-READER").write_text("stop")
+                try:
+                    reader.wait(120)
+                except subprocess.TimeoutExpired:
+                    reader.kill()
+                    reader.wait()
             CONSUMERS.close()
             if spark is not None:
                 spark.stop()
@@ -282,6 +305,51 @@ def main() -> None:
     if args.json:
         write_json(args.json, outs)
     write_json(peers.RESULTS / f"peers-profile-{time.strftime('%H%M%S')}.json", outs)
+
+
+def start_reader(base: Path) -> subprocess.Popen[bytes]:
+    """bench/peers.py's Millstream reader on ``base``'s home, once its first read (a merge of
+    the whole table) is done."""
+    argv = [sys.executable, str(HERE / "peers_worker.py"), "reader", "millstream"]
+    argv += ["--work", str(base), "--out", str(base / "reader.json")]
+    argv += ["--stop", str(base / "STOP-READER"), "--log", str(base / "reads.jsonl")]
+    argv += ["--pause", "0.1"]
+    proc = subprocess.Popen(argv, cwd=HERE)
+    t0 = time.perf_counter()
+    peers.wait_until(lambda: bool(peers.read_log(base / "reads.jsonl")), 1800, "the first read")
+    log(f"the reader's first read done in {time.perf_counter() - t0:.0f} s")
+    return proc
+
+
+def reads_in(base: Path, prod: Any, w0: float, w1: float) -> dict[str, Any]:
+    """The reader's reads that ended in ``[w0, w1]``: wall and CPU seconds, and each record's
+    latency to the first read whose uppers passed its offset."""
+    every = [r for r in peers.read_log(base / "reads.jsonl") if isinstance(r, list)]
+    mine = [r for r in every if w0 <= r[0] <= w1]
+    if not mine:
+        return {"reads": 0}
+    wall = [r[2] for r in mine]
+    cpu = [r[4] for r in mine]
+    lat = to_commit(prod, [{"at": r[0], "uppers": r[5]} for r in every if r[0] >= w0])
+    done = lat[~np.isnan(lat)]
+
+    def spread(xs: list[float]) -> dict[str, float]:
+        return {
+            "p50": round(percentile(xs, 50), 3),
+            "p90": round(percentile(xs, 90), 3),
+            "max": round(max(xs), 3),
+        }
+
+    return {
+        "reads": len(mine),
+        "read_wall_s": spread(wall),
+        "read_cpu_s": spread(cpu),
+        "to_read_s": {
+            "p50": round(float(np.percentile(done, 50)), 3) if len(done) else None,
+            "p99": round(float(np.percentile(done, 99)), 3) if len(done) else None,
+            "not_read": int(np.isnan(lat).sum()),
+        },
+    }
 
 
 def window(
@@ -378,6 +446,8 @@ def window(
         table_rows=rows,
         sent=int(prod["sent"]),
     )
+    if args.reader:
+        out["reader"] = reads_in(base, prod, w0, w1)
     return out
 
 

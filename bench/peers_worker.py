@@ -419,21 +419,22 @@ def stream(args: argparse.Namespace) -> None:
 
 def reader(args: argparse.Namespace) -> None:
     """Read the whole current table in a loop; log (end of read, newest seq seen, read
-    seconds[, Millstream's shard uppers]) until the stop file appears."""
+    seconds, rows, the read's CPU seconds in this process[, Millstream's shard uppers]) until
+    the stop file appears."""
     system = SYSTEMS[args.system](Path(args.work))
     stop = Path(args.stop)
     log = open(args.log, "a")  # noqa: SIM115
     while not stop.exists():
-        t0 = time.time()
+        t0, c0 = time.time(), time.process_time()
         try:
             table = system.read()
         except Exception as exc:  # a table being created, a file a commit just replaced
             log.write(json.dumps({"error": repr(exc)[:200], "t": t0}) + "\n")
             time.sleep(0.2)
             continue
-        t1 = time.time()
+        t1, c1 = time.time(), time.process_time()
         newest = int(pc.max(table.column("seq")).as_py()) if table.num_rows else -1
-        rec: list[Any] = [t1, newest, t1 - t0, table.num_rows]
+        rec: list[Any] = [t1, newest, t1 - t0, table.num_rows, c1 - c0]
         if isinstance(system, MillstreamReader):
             rec.append(system.uppers())
         log.write(json.dumps(rec) + "\n")

@@ -34,6 +34,7 @@ import io
 import json
 import os
 import pstats
+import resource
 import shutil
 import statistics
 import subprocess
@@ -117,14 +118,20 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     offsets = {int(p): o for p, o in json.loads((home / "offsets.json").read_text()).items()}
     profiles = {"commit": cProfile.Profile(), "seal": cProfile.Profile()}
     polls: dict[str, list[float]] = {"commit": [], "seal": []}
+    # CPU seconds of the process a poll, of them in the kernel, and its minor page faults
+    cpus: dict[str, list[float]] = {"commit": [], "seal": []}
+    sys_s: dict[str, list[float]] = {"commit": [], "seal": []}
+    faults: dict[str, list[int]] = {"commit": [], "seal": []}
     plain: list[float] = []
     live = home.parent / f"live-{os.getpid()}.parquet"
     with Catalog.open(home=home) as cat, Catalog.open(home=home, read_cache_mb=args.cache_mb) as r:
         spec = cat.table(TABLE).spec
         sealer = Sealer(cat, TABLE, compaction=CompactionPolicy())
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         current = r.read_table(TABLE)  # the first read fills the cache
         first = time.perf_counter() - t0
+        c1 = resource.getrusage(resource.RUSAGE_SELF)
+        first_cpu = c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime
         sent = 0
         for i in range(args.batches):
             recs = wl.records(SEED, args.keys, sent, args.batch_rows, wl.STREAM_SEQ_BASE)
@@ -140,13 +147,17 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                 sealer.compact_partition(p)
                 kind = "seal"
             prof = profiles[kind] if args.profile else None
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
             if prof is not None:
                 prof.enable()
             current = r.read_table(TABLE)
             if prof is not None:
                 prof.disable()
             polls[kind].append(time.perf_counter() - t0)
+            c1 = resource.getrusage(resource.RUSAGE_SELF)
+            cpus[kind].append(c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime)
+            sys_s[kind].append(c1.ru_stime - c0.ru_stime)
+            faults[kind].append(c1.ru_minflt - c0.ru_minflt)
             if i % 10 == 0:
                 pq.write_table(current, live, compression="zstd")
             t0 = time.perf_counter()
@@ -157,7 +168,11 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     live.unlink(missing_ok=True)
     out: dict[str, Any] = {
         "first_s": first,
+        "first_cpu_s": first_cpu,
         "polls_s": polls,
+        "poll_cpu_s": cpus,
+        "poll_sys_s": sys_s,
+        "poll_minor_faults": faults,
         "plain_s": plain,
         "rows": current.num_rows,
         "same_as_uncached": same,
@@ -252,16 +267,26 @@ def main(argv: list[str] | None = None) -> int:
         commit_polls = [x for r in runs for x in r["polls_s"]["commit"]]
         seal_polls = [x for r in runs for x in r["polls_s"]["seal"]]
         plain = [x for r in runs for x in r["plain_s"]]
+        commit_cpu = [x for r in runs for x in r["poll_cpu_s"]["commit"]]
+        seal_cpu = [x for r in runs for x in r["poll_cpu_s"]["seal"]]
+        commit_sys = [x for r in runs for x in r["poll_sys_s"]["commit"]]
+        commit_faults = [x for r in runs for x in r["poll_minor_faults"]["commit"]]
         same = all(r["same_as_uncached"] for r in runs)
         console.print(
-            f"{name}: {runs[-1]['rows']:,} live rows; first read {runs[-1]['first_s']:.2f} s; "
+            f"{name}: {runs[-1]['rows']:,} live rows; first read {runs[-1]['first_s']:.2f} s "
+            f"({statistics.median(r['first_cpu_s'] for r in runs):.2f} CPU-s, median); "
             f"poll after a {args.batch_rows:,}-row commit {ms(commit_polls)}; after a seal "
-            f"{ms(seal_polls)}; plain Parquet of the live rows {ms(plain)}; "
+            f"{ms(seal_polls)}; CPU a poll after a commit {ms(commit_cpu)}, after a seal "
+            f"{ms(seal_cpu)} (after a commit: in the kernel {ms(commit_sys)}, minor page faults "
+            f"{statistics.median(commit_faults) if commit_faults else 0:,.0f}); "
+            f"plain Parquet of the live rows {ms(plain)}; "
             f"same as an uncached read: {common.verdict(same)}"
         )
         summary[name] = {
             "commit_ms": statistics.median(commit_polls) * 1000 if commit_polls else None,
             "seal_ms": statistics.median(seal_polls) * 1000 if seal_polls else None,
+            "commit_cpu_ms": statistics.median(commit_cpu) * 1000 if commit_cpu else None,
+            "seal_cpu_ms": statistics.median(seal_cpu) * 1000 if seal_cpu else None,
             "plain_ms": statistics.median(plain) * 1000,
             "same_as_uncached": same,
             "runs": runs,
@@ -276,6 +301,12 @@ def main(argv: list[str] | None = None) -> int:
             if now and old:
                 console.print(
                     f"poll after a {kind}: this tree / before {common.ratio(now, old):.2f}x"
+                )
+            now, old = summary["this tree"][f"{kind}_cpu_ms"], summary["before"][f"{kind}_cpu_ms"]
+            if now and old:
+                console.print(
+                    f"CPU of a poll after a {kind}: this tree / before "
+                    f"{common.ratio(now, old):.2f}x"
                 )
     if args.json is not None:
         common.write_json(

@@ -3373,6 +3373,20 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             f"{POLL_TEST}::test_a_cached_poll_reads_what_a_new_uncached_reader_reads",
         ),
     ),
+    Guard(
+        name="poll-winner-by-neighbours-only-without-null-keys",
+        file=POLL_FILE,
+        what="_last_of_runs: each key's winner is picked where the sorted key changes only for "
+        "an integer key without nulls; a null key (a key of its own) goes to the hash "
+        "aggregation",
+        old="""\
+    if not pa.types.is_integer(key.type) or key.null_count:
+""",
+        new="""\
+    if not pa.types.is_integer(key.type):  # MUTATION: null keys compared as neighbours
+""",
+        tests=(f"{POLL_TEST}::test_a_null_key_keeps_one_winner_through_a_full_merge_and_a_poll",),
+    ),
 )
 
 

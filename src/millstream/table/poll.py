@@ -118,6 +118,25 @@ def _mergeable(spec: TableSpec, rows: pa.Table) -> bool:
     return True
 
 
+def _last_of_runs(key: pa.ChunkedArray, order: pa.Array) -> np.ndarray | None:
+    """The positions, among ``order`` (rows sorted by one integer key column first), of each
+    key's last row: where the sorted key changes. Only the key column is taken in that order
+    (the rows are taken once, the winners only, instead of all of them, then a hash
+    aggregation of the key). None when the key is not integers without nulls: a null key is a
+    key of its own, which no comparison of neighbours tells (``group_by`` does)."""
+    if not pa.types.is_integer(key.type) or key.null_count:
+        return None
+    sorted_keys: np.ndarray = key.take(order).to_numpy()
+    positions: np.ndarray = order.to_numpy()
+    if not len(positions):
+        return positions
+    last = np.empty(len(positions), dtype=bool)
+    np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=last[:-1])
+    last[-1] = True
+    picked: np.ndarray = positions[last]
+    return picked
+
+
 def _last_of_each_key(spec: TableSpec, rows: pa.Table) -> tuple[pa.Table, pa.Table]:
     """Each key's greatest row in the order key (``rows`` carry the effective value as
     :data:`EFF` when the table has a comparison column), as (live winners, delete winners)."""
@@ -126,9 +145,14 @@ def _last_of_each_key(spec: TableSpec, rows: pa.Table) -> tuple[pa.Table, pa.Tab
     if spec.comparison_column is not None:
         sort.append((EFF, "ascending", "at_start"))
     sort += [(PARTITION_COL, "ascending", "at_end"), (OFFSET_COL, "ascending", "at_end")]
-    ordered = rows.take(pc.sort_indices(rows, sort_keys=sort))
-    ordered = ordered.append_column(IDX, pa.array(np.arange(ordered.num_rows, dtype=np.int64)))
-    won = take_by_group(ordered, keys, "max").drop_columns([IDX])
+    order = pc.sort_indices(rows, sort_keys=sort)
+    last = _last_of_runs(rows.column(keys[0]), order) if len(keys) == 1 else None
+    if last is not None:
+        won = rows.take(last)
+    else:
+        ordered = rows.take(order)
+        ordered = ordered.append_column(IDX, pa.array(np.arange(ordered.num_rows, dtype=np.int64)))
+        won = take_by_group(ordered, keys, "max").drop_columns([IDX])
     dead = deletes(spec, won)
     return won.filter(pc.invert(dead)), won.filter(dead)
 

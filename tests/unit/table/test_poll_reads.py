@@ -340,3 +340,29 @@ def test_a_schema_change_between_polls_shows_the_new_column(home: Path) -> None:
     finally:
         cached.close()
         t.close()
+
+
+def test_a_null_key_keeps_one_winner_through_a_full_merge_and_a_poll(home: Path) -> None:
+    """A null key is a key of its own: its rows in three partitions (a first read, merged in
+    full) leave one winner, the greatest by comparison value, and so does a newer null-key
+    row merged onto it by a poll. Keys 1-3 beside it keep theirs; each read equals an
+    uncached one. (Each key's winner is picked where the sorted key changes, for an integer
+    key without nulls only.)"""
+    t, cached = _history(home, "upsert-cmp")
+    try:
+        _commit(t, {0: [(None, 1, False), (1, 1, False)], 1: [(None, 3, False), (2, 1, False)]})
+        _commit(t, {2: [(None, 2, False), (3, 1, False)]})
+        got = sorted(
+            (r["k"] is None, r["k"] or 0, r["v"]) for r in cached.read_table("t").to_pylist()
+        )
+        assert got == [(False, 1, 1), (False, 2, 1), (False, 3, 1), (True, 0, 3)]
+        _same(cached, home)
+        _commit(t, {1: [(None, 4, False), (2, 5, False)]})
+        got = sorted(
+            (r["k"] is None, r["k"] or 0, r["v"]) for r in cached.read_table("t").to_pylist()
+        )
+        assert got == [(False, 1, 1), (False, 2, 5), (False, 3, 1), (True, 0, 4)]
+        _same(cached, home)
+    finally:
+        cached.close()
+        t.close()
