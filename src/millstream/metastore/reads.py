@@ -11,7 +11,14 @@ from sqlalchemy import Connection, and_, func, or_, select
 
 from millstream.errors import InvalidSpecError, VersionExpiredError
 from millstream.metastore import schema as s
-from millstream.metastore.models import DeleteVector, Entry, Manifest, SegmentState, TableInfo
+from millstream.metastore.models import (
+    DeleteVector,
+    Entry,
+    Manifest,
+    ManifestChanges,
+    SegmentState,
+    TableInfo,
+)
 
 # -- rows ----------------------------------------------------------------------------------
 
@@ -128,6 +135,32 @@ def manifest_at(conn: Connection, info: TableInfo, version: int) -> Manifest:
     )
     dvs = tuple(delete_vector_of(r) for r in conn.execute(q).mappings())
     return Manifest(info, version, entries, dvs)
+
+
+def changes_since(conn: Connection, table: str, after: int, version: int) -> ManifestChanges:
+    """What changed in ``table``'s manifest in versions ``(after, version]``: the entries added
+    in them (by partition and sequence number) and how many entries were removed in them. Both
+    bounded by ``version`` (the table row's, read in the same transaction), so a commit landing
+    meanwhile is left for the next read rather than seen twice."""
+    e = s.entries
+    if version <= after:
+        return ManifestChanges(version)
+    q = (
+        select(e)
+        .where(e.c.table_name == table, e.c.added_version > after, e.c.added_version <= version)
+        .order_by(e.c.partition, e.c.seq)
+    )
+    added = tuple(entry_of(r) for r in conn.execute(q).mappings())
+    removed = conn.execute(
+        select(func.count())
+        .select_from(e)
+        .where(
+            e.c.table_name == table,
+            e.c.removed_version > after,
+            e.c.removed_version <= version,
+        )
+    ).scalar()
+    return ManifestChanges(version, added, int(removed or 0))
 
 
 def resolve_version(conn: Connection, info: TableInfo, as_of: int | float | datetime | None) -> int:
