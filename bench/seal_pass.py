@@ -18,6 +18,10 @@ timed: a busy table's manifest version moves every batch, so a pass cannot skip 
 unchanged version) and a timed pass over every table. Printed per level: each tree's CPU ms a
 pass (median) and manifest reads a pass, and the ratio to the first tree's.
 
+``--seal-cost 12,100,300``: instead, the CPU of one seal (``seal_partition``) of a run of that
+many entries of 10 rows each, one upsert table of one partition per seal (median of 3): what a
+seal costs as its run grows.
+
 A SQLite metadata store with a local deep store; N upsert tables, each with E committed
 batches per partition (a busy table's unsealed run, below every threshold). One
 :class:`~millstream.sealing.sealer.Sealer` a table, as a worker has; a pass is ``seal_due``
@@ -163,6 +167,49 @@ def _compare(args: argparse.Namespace) -> None:
     cat.close()
 
 
+def _seal_cost(levels: list[int]) -> None:
+    cat = Catalog.open(home=Path(tempfile.mkdtemp(prefix="seal-cost-")))
+    for n in levels:
+        got = []
+        for r in range(3):
+            spec = TableSpec.parse(
+                {
+                    "name": f"t{n}_{r}",
+                    "schema": {"k": "long", "v": "long"},
+                    "mode": "upsert",
+                    "primary_key": ["k"],
+                }
+            )
+            cat.create_table(spec)
+            for b in range(n):
+                rows = pa.Table.from_pylist(
+                    [
+                        {
+                            "k": (b * 10 + k) % 500,
+                            "v": b,
+                            "_ms_partition": 0,
+                            "_ms_offset": b * 10 + k,
+                            "_ms_tombstone": False,
+                        }
+                        for k in range(10)
+                    ],
+                    schema=spec.arrow_schema(system_columns=True),
+                )
+                staged = stage_rows(cat.deep, spec, rows)
+                commit_staged(
+                    cat.store, cat.deep, spec.name, staged, {0: (b * 10, b * 10 + 10)}, {0: 0}
+                )
+            sealer = Sealer(cat, spec.name)
+            t0 = time.process_time()
+            assert sealer.seal_partition(0, force=True) is not None
+            got.append(time.process_time() - t0)
+        print(
+            f"a run of {n} entries: {statistics.median(got) * 1000:.0f} ms CPU a seal", flush=True
+        )
+    print(f"load average {os.getloadavg()[0]:.1f}")
+    cat.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tables", type=int, default=50)
@@ -172,10 +219,14 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=2, help="with --src (else 2)")
     ap.add_argument("--src", action="append", default=[], metavar="NAME=DIR")
     ap.add_argument("--repeat", type=int, default=3, help="alternations with --src")
+    ap.add_argument("--seal-cost", default="", help="entries a run, a comma list (see above)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     ap.add_argument("--deep", default="", help=argparse.SUPPRESS)
     ap.add_argument("--at", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.seal_cost:
+        _seal_cost([int(x) for x in args.seal_cost.split(",")])
+        return
     if args.child:
         _child(args)
         return
