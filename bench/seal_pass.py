@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -106,6 +107,8 @@ def _child(args: argparse.Namespace) -> None:
         cpu.append(time.process_time() - t0)
         n.append(reads[0] - before)
     print(json.dumps({"cpu": cpu, "reads": n}), flush=True)
+    cat.close()
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def _compare(args: argparse.Namespace) -> None:
@@ -165,10 +168,12 @@ def _compare(args: argparse.Namespace) -> None:
             )
         print(f"  load during the level: {min(loads):.1f}-{max(loads):.1f}", flush=True)
     cat.close()
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def _seal_cost(levels: list[int]) -> None:
-    cat = Catalog.open(home=Path(tempfile.mkdtemp(prefix="seal-cost-")))
+    home = Path(tempfile.mkdtemp(prefix="seal-cost-"))
+    cat = Catalog.open(home=home)
     for n in levels:
         got = []
         for r in range(3):
@@ -208,6 +213,7 @@ def _seal_cost(levels: list[int]) -> None:
         )
     print(f"load average {os.getloadavg()[0]:.1f}")
     cat.close()
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def main() -> None:
