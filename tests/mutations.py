@@ -2777,14 +2777,14 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
     Guard(
         name="sealskip-age-threshold-reads-again",
         file=SEALER_FILE,
-        what="Sealer._quiet: a pass skips an unchanged table's manifest read only while no "
-        "pending run reached its age threshold",
+        what="Sealer._quiet: a pass skips the table's manifest read only while no "
+        "pending run reached a threshold (its age threshold too)",
         old="""\
-        if any(now - oldest >= self.thresholds.flush_seconds for oldest in last.oldest.values()):
+        if any(run.due(self.thresholds, now, self.phase) for run in read.runs.values()):
             return False
 """,
         new="""\
-        pass  # MUTATION: the age threshold is not checked before skipping
+        pass  # MUTATION: no threshold is checked before skipping
 """,
         tests=(
             "tests/unit/sealing/test_sealer.py::"
@@ -2794,13 +2794,13 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
     Guard(
         name="sealskip-version-change-reads-again",
         file=SEALER_FILE,
-        what="Sealer._quiet: a pass skips the manifest read only at the manifest version it last "
-        "read (a commit, seal or compaction reads again)",
+        what="Sealer._quiet: a pass skips the manifest read only after judging what changed "
+        "since the version it last read (a commit that makes a run due reads again)",
         old="""\
-        return version == last.version
+        read = last.advanced(changes)
 """,
         new="""\
-        return True  # MUTATION: the manifest version is not compared
+        read = last  # MUTATION: the changes since the last read are not looked at
 """,
         tests=(
             "tests/unit/sealing/test_sealer.py::"
@@ -2813,7 +2813,7 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         what="Sealer._quiet: a force commit naming a segment of a pending run makes the pass "
         "read the manifest and seal it",
         old="""\
-        if any(p in last.first_seq and last.first_seq[p] <= seq for p, seq in forced.items()):
+        if any(p in read.runs and read.runs[p].first_seq <= seq for p, seq in forced.items()):
             return False
 """,
         new="""\
@@ -2821,6 +2821,101 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
 """,
         tests=(
             "tests/unit/sealing/test_sealer.py::test_a_force_commit_is_honoured_at_the_next_pass",
+        ),
+    ),
+    Guard(
+        name="sealpass-a-run-started-since-the-read-is-judged",
+        file=SEALER_FILE,
+        what="_LastRead.advanced: an entry appended to a partition that had nothing pending at "
+        "the last read starts a run the pass judges (else that run is sealed only when "
+        "something else makes the pass read the manifest)",
+        old="""\
+            if run is None:  # the partition had nothing pending: the entry starts its run
+                runs[e.partition] = _Run(e.seq, e.row_count, e.size_bytes, e.created_at)
+                continue
+""",
+        new="""\
+            if run is None:  # MUTATION: an entry of a partition with nothing pending is ignored
+                continue
+""",
+        tests=(
+            "tests/unit/sealing/test_sealer.py::"
+            "test_a_run_started_after_the_last_read_is_judged_and_sealed_when_due",
+        ),
+    ),
+    Guard(
+        name="sealpass-appended-rows-counted",
+        file=SEALER_FILE,
+        what="_LastRead.advanced: the rows of the entries appended since the last read add up "
+        "over passes, so a run that reaches flush_rows by many small appends is sealed",
+        old="""\
+                run.rows + e.row_count,
+""",
+        new="""\
+                run.rows,  # MUTATION: the appended rows are not counted
+""",
+        tests=(
+            "tests/unit/sealing/test_sealer.py::"
+            "test_appends_that_make_nothing_due_are_judged_without_a_manifest_read_until_one_does",
+        ),
+    ),
+    Guard(
+        name="sealpass-other-changes-read-the-manifest",
+        file=SEALER_FILE,
+        what="_LastRead.advanced: a change since the last read other than appended consuming "
+        "entries (an entry removed or a sealed one added: a seal by another sealer, a "
+        "compaction, a rollback, a re-ingest) makes the pass read the whole manifest and check "
+        "compaction",
+        old="""\
+        if (
+            changes.version < self.version
+            or changes.removed
+            or any(e.state is not SegmentState.CONSUMING for e in changes.added)
+        ):
+            return None
+""",
+        new="""\
+        if changes.version < self.version:  # MUTATION: every change taken as appends
+            return None
+""",
+        tests=(
+            "tests/unit/sealing/test_sealer.py::"
+            "test_another_sealers_seals_between_passes_are_seen_and_compacted",
+        ),
+    ),
+    Guard(
+        name="sealpass-unknown-changes-read-the-manifest",
+        file=SEALER_FILE,
+        what="Sealer._quiet: a pass whose read of the changes since its last read fails reads "
+        "the manifest as before (an unknown answer never skips a pass)",
+        old="""\
+            log.warning("cannot read the manifest changes of %s: %s", self.table, exc)
+            return False
+""",
+        new="""\
+            log.warning("cannot read the manifest changes of %s: %s", self.table, exc)
+            return True  # MUTATION: an unknown answer skips the pass
+""",
+        tests=(
+            "tests/unit/sealing/test_sealer.py::"
+            "test_a_pass_whose_changes_cannot_be_read_reads_the_manifest_and_seals_what_is_due",
+        ),
+    ),
+    Guard(
+        name="sealspread-never-later-than-flush-seconds",
+        file="src/millstream/sealing/planning.py",
+        what="due_totals: a run flush_seconds old is due whatever its table's slot: spreading "
+        "seals over time only ever seals a run earlier",
+        old="""\
+    if now - oldest >= t.flush_seconds:
+        return True  # the user's bound: a run is sealed within flush_seconds, spread or not
+""",
+        new="""\
+    pass  # MUTATION: a run's age alone does not make it due
+""",
+        tests=(
+            "tests/unit/sealing/test_seal_spread.py::"
+            "test_tables_started_together_seal_spread_over_flush_seconds_never_later",
         ),
     ),
     Guard(

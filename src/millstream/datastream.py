@@ -408,7 +408,11 @@ class SegmentsSection(_Frozen):
         description="Seal a partition's consuming segments at this many rows.",
     )
     flush_seconds: float = Field(
-        default=300, gt=0, description="... or this old (seconds, or a duration like 5m)."
+        default=300,
+        gt=0,
+        description="... or this old, at the latest (seconds, or a duration like 5m); a run a "
+        "tenth this old may seal earlier, at its table's own point of the period, so that "
+        "tables started together do not all seal at once.",
     )
     flush_bytes: int = Field(
         default=256 * 1024**2, ge=1, description="... or this large (bytes, or a size like 256MiB)."

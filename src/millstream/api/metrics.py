@@ -353,8 +353,9 @@ class MillstreamCollector:
             ),
             "passes_skipped": CounterMetricFamily(
                 "millstream_seal_passes_skipped",
-                "Sealing passes that skipped their table's manifest read: its version unchanged "
-                "since a read that found nothing due, and nothing come due by age or force commit.",
+                "Sealing passes that skipped their table's manifest read: nothing due since a read "
+                "that found nothing due (the table unchanged, or only appended to, with no run "
+                "due by rows, bytes, age or force commit).",
                 labels=["datastream", "worker"],
             ),
         }

@@ -103,6 +103,18 @@ class DeleteVector:
 
 
 @dataclass(frozen=True, slots=True)
+class ManifestChanges:
+    """What changed in a table's manifest after a version a reader remembers, up to the current
+    one (``version``): the entries added since (still live or not) and how many entries were
+    removed since. A sealing pass that remembered a read decides from this alone whether the
+    appends since made anything due (``MetadataStore.manifest_changes``)."""
+
+    version: int
+    added: tuple[Entry, ...] = ()
+    removed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Manifest:
     """The entries visible at one manifest version: a consistent snapshot of a table."""
 

@@ -7,11 +7,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, or_, select
+from sqlalchemy import Connection, and_, bindparam, func, or_, select
 
 from millstream.errors import InvalidSpecError, VersionExpiredError
 from millstream.metastore import schema as s
-from millstream.metastore.models import DeleteVector, Entry, Manifest, SegmentState, TableInfo
+from millstream.metastore.models import (
+    DeleteVector,
+    Entry,
+    Manifest,
+    ManifestChanges,
+    SegmentState,
+    TableInfo,
+)
 
 # -- rows ----------------------------------------------------------------------------------
 
@@ -128,6 +135,42 @@ def manifest_at(conn: Connection, info: TableInfo, version: int) -> Manifest:
     )
     dvs = tuple(delete_vector_of(r) for r in conn.execute(q).mappings())
     return Manifest(info, version, entries, dvs)
+
+
+_e = s.entries
+#: :func:`changes_since`'s two statements, built once (a sealing pass runs them for every busy
+#: table every pass: building them each time was a quarter of the pass's CPU).
+_ADDED_SINCE = (
+    select(_e)
+    .where(
+        _e.c.table_name == bindparam("table"),
+        _e.c.added_version > bindparam("after"),
+        _e.c.added_version <= bindparam("version"),
+    )
+    .order_by(_e.c.partition, _e.c.seq)
+)
+_REMOVED_SINCE = (
+    select(func.count())
+    .select_from(_e)
+    .where(
+        _e.c.table_name == bindparam("table"),
+        _e.c.removed_version > bindparam("after"),
+        _e.c.removed_version <= bindparam("version"),
+    )
+)
+
+
+def changes_since(conn: Connection, table: str, after: int, version: int) -> ManifestChanges:
+    """What changed in ``table``'s manifest in versions ``(after, version]``: the entries added
+    in them (by partition and sequence number) and how many entries were removed in them. Both
+    bounded by ``version`` (the table row's, read in the same transaction), so a commit landing
+    meanwhile is left for the next read rather than seen twice."""
+    if version <= after:
+        return ManifestChanges(version)
+    params = {"table": table, "after": after, "version": version}
+    added = tuple(entry_of(r) for r in conn.execute(_ADDED_SINCE, params).mappings())
+    removed = conn.execute(_REMOVED_SINCE, params).scalar()
+    return ManifestChanges(version, added, int(removed or 0))
 
 
 def resolve_version(conn: Connection, info: TableInfo, as_of: int | float | datetime | None) -> int:

@@ -71,6 +71,7 @@ from millstream.metastore.models import (
     DeleteVector,
     Entry,
     Manifest,
+    ManifestChanges,
     Shard,
     ShardAppend,
     TableInfo,
@@ -177,6 +178,14 @@ class MetadataStore:
         skips an unchanged table's manifest read on it)."""
         with self.read() as conn:
             return tables.manifest_version(conn, name)
+
+    def manifest_changes(self, name: str, *, after: int) -> ManifestChanges:
+        """The table's current manifest version and what changed after version ``after`` (the
+        entries added, how many were removed), in one read: a sealing pass that remembered
+        ``after`` judges the appends since without reading the whole manifest."""
+        with self.read() as conn:
+            version = tables.manifest_version(conn, name)
+            return reads.changes_since(conn, name, after, version)
 
     def table_specs(self, names: Sequence[str]) -> dict[str, TableSpec]:
         """The specs of the tables ``names`` that exist, in one read: a shared query's write

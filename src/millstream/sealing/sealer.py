@@ -55,7 +55,7 @@ from millstream.errors import (
     SegmentChangedError,
 )
 from millstream.metastore.claims import DEFAULT_CLAIM_TTL
-from millstream.metastore.models import Entry, Manifest
+from millstream.metastore.models import Entry, Manifest, ManifestChanges, SegmentState
 from millstream.metastore.swaps import (
     CompactedSegment,
     SealedSegment,
@@ -68,7 +68,7 @@ from millstream.sealing.compaction import (
 )
 from millstream.sealing.indexes import TIMES_KEPT, SealerIndexes
 from millstream.sealing.keyindex import IndexCache, KeyIndex, Reflects
-from millstream.sealing.planning import due, pending_run, shortfall
+from millstream.sealing.planning import due, due_totals, pending_run, shortfall, slot_phase
 from millstream.sealing.thresholds import Thresholds
 from millstream.spec import OFFSET_COL, SYSTEM_COLUMNS
 from millstream.storage.deepstore import dictionary_columns, table_data_prefix
@@ -140,14 +140,62 @@ class _ClaimRenewer:
 
 
 @dataclass(frozen=True, slots=True)
+class _Run:
+    """What a pass keeps of a partition's pending run between manifest reads: its first
+    sequence number (what a force commit names), its rows and bytes (the size thresholds) and
+    the ``created_at`` of its oldest entry (when its age threshold is reached)."""
+
+    first_seq: int
+    rows: int
+    size_bytes: int
+    oldest: float
+
+    @classmethod
+    def of(cls, run: list[Entry]) -> _Run:
+        return cls(
+            min(e.seq for e in run),
+            sum(e.row_count for e in run),
+            sum(e.size_bytes for e in run),
+            min(e.created_at for e in run),
+        )
+
+    def due(self, thresholds: Thresholds, now: float, phase: float | None) -> bool:
+        return due_totals(self.rows, self.size_bytes, self.oldest, thresholds, now, phase)
+
+
+@dataclass(frozen=True, slots=True)
 class _LastRead:
-    """A pass's manifest read in which no partition was due: its version and, per partition
-    with a pending run, the run's first sequence number (what a force commit names) and the
-    ``created_at`` of its oldest entry (when its age threshold is reached)."""
+    """A pass's manifest read in which no partition was due, as of manifest ``version``
+    (advanced by the appends since, while nothing else changed): per partition with a pending
+    run, what the pass keeps of the run."""
 
     version: int
-    first_seq: dict[int, int]
-    oldest: dict[int, float]
+    runs: dict[int, _Run]
+
+    def advanced(self, changes: ManifestChanges) -> _LastRead | None:
+        """This read as of ``changes.version``, if what changed since is consuming entries
+        appended and nothing else; None if anything else changed (a seal, a compaction, a
+        rollback, a re-ingest: the pass reads the whole manifest, whose sealed entries the
+        compaction check needs) or the version went back."""
+        if (
+            changes.version < self.version
+            or changes.removed
+            or any(e.state is not SegmentState.CONSUMING for e in changes.added)
+        ):
+            return None
+        runs = dict(self.runs)
+        for e in changes.added:
+            run = runs.get(e.partition)
+            if run is None:  # the partition had nothing pending: the entry starts its run
+                runs[e.partition] = _Run(e.seq, e.row_count, e.size_bytes, e.created_at)
+                continue
+            runs[e.partition] = _Run(
+                min(run.first_seq, e.seq),
+                run.rows + e.row_count,
+                run.size_bytes + e.size_bytes,
+                min(run.oldest, e.created_at),
+            )
+        return _LastRead(changes.version, runs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +240,11 @@ class Sealer:
         self.store = catalog.store
         self.table = table
         self.thresholds = thresholds or Thresholds()
+        #: Where in each ``flush_seconds`` this table's age seals fall, if spread (None: at
+        #: ``flush_seconds`` exactly); see :mod:`millstream.sealing.planning`.
+        self.phase = (
+            slot_phase(table, self.thresholds.flush_seconds) if self.thresholds.spread else None
+        )
         self.clock = clock
         self.max_failures = max_failures
         #: Who this sealer is in its claims, and how long a claim holds: after that, another
@@ -283,7 +336,7 @@ class Sealer:
         return pending_run(manifest or self.catalog.manifest(self.table), partition)
 
     def due(self, run: list[Entry]) -> bool:
-        return due(run, self.thresholds, self.clock)
+        return due(run, self.thresholds, self.clock, self.phase)
 
     def not_due_reason(self, run: list[Entry]) -> str | None:
         """Why ``run`` is not due for a seal (None if it is): each threshold, and how far off."""
@@ -421,35 +474,40 @@ class Sealer:
         runs = {p: run for p in partitions if (run := self.pending_run(p, manifest))}
         if any(self.due(run) for run in runs.values()):
             return
-        self._last_read = _LastRead(
-            manifest.version,
-            {p: run[0].seq for p, run in runs.items()},
-            {p: min(e.created_at for e in run) for p, run in runs.items()},
-        )
+        self._last_read = _LastRead(manifest.version, {p: _Run.of(run) for p, run in runs.items()})
 
     def _quiet(self, forced: dict[int, int]) -> bool:
-        """Whether nothing can have become due since the last pass's manifest read, so this
-        pass may skip it (and the compaction check, which depends on the manifest alone): the
-        manifest is at the same version (no commit, seal, compaction or rollback since), no
-        seal or compaction retry is pending, no force commit names a segment of a pending run,
-        and no pending run reached its age threshold by now. A skipped pass only delays a seal
-        by one pass: the manifest is read again as soon as anything changes or comes due."""
+        """Whether nothing is due since the last pass's manifest read, judged from what changed
+        since it (``MetadataStore.manifest_changes``: the entries added, how many removed), so
+        this pass may skip the manifest read (and the compaction check, which depends on the
+        sealed entries alone): only consuming entries were appended since (no seal,
+        compaction, rollback or re-ingest), no seal or compaction retry is pending, no force
+        commit names a segment of a pending run, and no pending run, with the appends since,
+        reached a threshold (rows, bytes, age) by now. The remembered read then moves to the
+        current version with the appends in it. The cost of a skipped pass grows with the
+        appends since the last pass, not with a table's unsealed entries (a busy table's
+        version moves every batch). A skipped pass only delays a seal by one pass: the manifest
+        is read as soon as anything else changes or comes due, or the changes cannot be read."""
         last = self._last_read
         if last is None or self.failures or self.compaction_failures:
             return False
         now = self.clock.now()
         if any(t > now for t in self._next_try.values()):
             return False
-        if any(p in last.first_seq and last.first_seq[p] <= seq for p, seq in forced.items()):
-            return False
-        if any(now - oldest >= self.thresholds.flush_seconds for oldest in last.oldest.values()):
-            return False
         try:
-            version = self.store.manifest_version(self.table)
+            changes = self.store.manifest_changes(self.table, after=last.version)
         except Exception as exc:  # unknown: read the manifest as before
-            log.warning("cannot read the manifest version of %s: %s", self.table, exc)
+            log.warning("cannot read the manifest changes of %s: %s", self.table, exc)
             return False
-        return version == last.version
+        read = last.advanced(changes)
+        if read is None:
+            return False  # not appends alone since the last read: read the manifest
+        if any(p in read.runs and read.runs[p].first_seq <= seq for p, seq in forced.items()):
+            return False
+        if any(run.due(self.thresholds, now, self.phase) for run in read.runs.values()):
+            return False
+        self._last_read = read
+        return True
 
     def _may_seal(self, partition: int, manifest: Manifest, force_up_to: int | None) -> bool:
         """Whether :meth:`seal_partition` may find something to do, judged from a manifest

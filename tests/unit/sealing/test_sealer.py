@@ -235,6 +235,9 @@ def test_a_pass_reads_the_manifest_once_unless_a_partition_is_due(
     feed.batch(1, 5)  # not due
     reads.clear()
     assert sealer.seal_due() == []
+    assert reads == []  # appends alone: judged from the changes since the last read
+    sealer._last_read = None  # as after a seal, a compaction or a rollback: the pass reads
+    assert sealer.seal_due() == []
     assert len(reads) == 1  # one read decided for 4 partitions, to seal and to compact
     feed.batch(2, 20)
     reads.clear()
@@ -243,10 +246,12 @@ def test_a_pass_reads_the_manifest_once_unless_a_partition_is_due(
     feed.assert_table_equals_model()
 
 
-# -- a pass skips an unchanged table's manifest read ----------------------------------------
+# -- a pass skips the manifest read of a table where nothing is due -------------------------
 # A sealing pass over a table where nothing can have become due since its last manifest read
-# skips the read (it was most of a busy worker's own CPU); it may delay a seal by one pass,
-# never skip one that is due: an age threshold reached, a commit, a force commit all read again.
+# skips the read (it was most of a busy worker's own CPU); a busy table's appends since are
+# judged from what changed (the entries added), not from its whole manifest. A pass may delay
+# a seal by one pass, never skip one that is due: an age threshold reached, a commit that
+# makes a run due, a force commit, anything but appends since, or changes it cannot read.
 
 PARTITIONS = 4
 
@@ -286,13 +291,97 @@ def test_a_pass_over_an_unchanged_table_reads_no_manifest(
     assert reads == []
     assert sealer.status()["passes_skipped"] == 5
 
-    # A failed version read is unknown: the pass reads the manifest as before.
-    def down(table: str) -> int:
+    # A failed read of the changes is unknown: the pass reads the manifest as before.
+    def down(table: str, *, after: int) -> Any:
         raise ConnectionError("metadata store unreachable")
 
-    monkeypatch.setattr(feed.cat.store, "manifest_version", down)
+    monkeypatch.setattr(feed.cat.store, "manifest_changes", down)
     assert sealer.seal_due() == []
     assert reads == ["t"]
+    feed.assert_table_equals_model()
+
+
+def test_appends_that_make_nothing_due_are_judged_without_a_manifest_read_until_one_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy table's version moves every batch: its passes judge the appends since the last
+    read (rows, bytes, age, first segment) and read the manifest only once a run is due."""
+    feed, sealer, reads = _sealer(tmp_path, monkeypatch)
+    assert isinstance(sealer.clock, ManualClock)
+    for n in (4, 5, 5):  # partition 1: 10 + 14 rows pending, below flush_rows 25
+        feed.batch(1, n)
+        feed.batch(3, 1)
+        sealer.clock.advance(10)
+        assert sealer.seal_due() == []
+    assert reads == []
+    assert sealer.status()["passes_skipped"] == 3
+    feed.batch(1, 1)  # 25 rows: due by rows, counted over the appends of four passes
+    assert [r.partition for r in sealer.seal_due()] == [1]
+    assert reads
+    feed.assert_table_equals_model()
+
+
+def test_a_run_started_after_the_last_read_is_judged_and_sealed_when_due(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition with nothing pending at the last read (all sealed) starts a run with its
+    next append: the pass judges it from the appended entries alone."""
+    feed, sealer, reads = _sealer(tmp_path, monkeypatch)
+    feed.batch(0, 20)  # 30 rows: due
+    assert [r.partition for r in sealer.seal_due()] == [0]
+    assert sealer.seal_due() == []  # reads the manifest after the seal: partition 0 empty
+    reads.clear()
+    feed.batch(0, 10)
+    assert sealer.seal_due() == []
+    assert reads == []
+    feed.batch(0, 20)  # 30 rows in the new run: due
+    assert [r.partition for r in sealer.seal_due()] == [0]
+    feed.assert_table_equals_model()
+
+
+def test_a_pass_whose_changes_cannot_be_read_reads_the_manifest_and_seals_what_is_due(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    feed, sealer, _ = _sealer(tmp_path, monkeypatch)
+
+    def down(table: str, *, after: int) -> Any:
+        raise ConnectionError("metadata store unreachable")
+
+    monkeypatch.setattr(feed.cat.store, "manifest_changes", down)
+    feed.batch(2, 20)  # 30 rows pending in partition 2: due by rows
+    assert [r.partition for r in sealer.seal_due()] == [2]
+    feed.assert_table_equals_model()
+
+
+def test_another_sealers_seals_between_passes_are_seen_and_compacted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seals of the table by another sealer (a takeover, an ``--available-now`` run) between
+    two passes are not appends: the pass reads the manifest, and compacts the sealed segments
+    they left, although no run of its own is due."""
+    from millstream.sealing.compaction import CompactionPolicy
+
+    feed = _setup(tmp_path, "append")  # two sealed segments of 10 rows: one merge due
+    feed.batch(0, 10)
+    feed.batch(1, 10)
+    clock = ManualClock(start=feed.cat.manifest("t").entries[0].created_at)
+    sealer = Sealer(
+        feed.cat,
+        "t",
+        thresholds=Thresholds(flush_rows=10**9, flush_seconds=3600),
+        clock=clock,
+        compaction=CompactionPolicy(min_segments=2),
+    )
+    assert sealer.seal_due() == []
+    other = Sealer(feed.cat, "t", compaction=CompactionPolicy(enabled=False))
+    assert other.seal_partition(0, force=True) is not None
+    feed.batch(0, 10)
+    assert other.seal_partition(0, force=True) is not None
+    feed.batch(1, 1)
+    assert sealer.seal_due() == []
+    assert [c.partition for c in sealer.compactions] == [0]
+    sealed = [e for e in feed.cat.manifest("t").entries if e.partition == 0]
+    assert [e.state for e in sealed] == [SegmentState.ONLINE]
     feed.assert_table_equals_model()
 
 
