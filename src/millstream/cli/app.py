@@ -94,7 +94,8 @@ def run(
     stop.install()  # before Spark starts: a Ctrl-C while it starts stops as cleanly
     with handle_errors(output):
         spec = DatastreamSpec.from_file(file)
-        # lazy: only the command that runs needs it; keeps `millstream --help` fast
+        # lazy: only the command that runs needs them; keeps `millstream --help` fast
+        from millstream.cli.query import hold_off_pandas
         from millstream.spark.session import (
             ClassArchive,
             SessionStart,
@@ -102,6 +103,8 @@ def run(
             end_jvm,
         )
 
+        # until the JVM has ended (end_spark)
+        allow_pandas = hold_off_pandas() if available_now else None
         # The JVM starts on a thread while this one does what needs no Spark: the imports
         # below, opening the metadata store and creating the tables (docs/performance.md,
         # "The batch run's fixed cost"). A run that ends starts it from the class archive.
@@ -113,7 +116,7 @@ def run(
         from millstream.cli.progress import ProgressView
         from millstream.spark.runner import DatastreamRunner
 
-        # What is loaded now (~130k objects: PySpark, pyarrow, SQLAlchemy, pandas, the
+        # What is loaded now (~130k objects: PySpark, pyarrow, SQLAlchemy, numpy, the
         # runner) lives as long as the process: out of the collector's way, so that its full
         # collections later (one in the publish's pyiceberg import, during the final seal)
         # scan what the run made since, not every module (docs/performance.md, "The batch
@@ -143,6 +146,8 @@ def run(
                 end_jvm(spark, archive=archive, timeout=120.0)
             except Exception as exc:  # it ends with this process instead
                 logging.getLogger(__name__).warning("could not end the Spark JVM: %s", exc)
+            if allow_pandas is not None:
+                allow_pandas()  # the final seal's key index hashes keys with it
 
         if available_now:
             runner.before_final_seal = end_spark
