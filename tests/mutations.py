@@ -3469,6 +3469,7 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         ),
     ),
     Guard(
+<<<<<<< HEAD
         name="poll-winner-by-neighbours-only-without-null-keys",
         file=POLL_FILE,
         what="_last_of_runs: each key's winner is picked where the sorted key changes only for "
@@ -3481,6 +3482,56 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
     if not pa.types.is_integer(key.type):  # MUTATION: null keys compared as neighbours
 """,
         tests=(f"{POLL_TEST}::test_a_null_key_keeps_one_winner_through_a_full_merge_and_a_poll",),
+=======
+        name="run-exits-after-closing-the-store",
+        file="src/millstream/cli/app.py",
+        what="_end_when_done: a finished run --available-now closes the metadata store's "
+        "connections (SQLite's write-ahead log into the database file) before it ends the "
+        "process with os._exit",
+        old="""\
+        for close in _WHEN_DONE:
+            close()
+""",
+        new="""\
+        for close in _WHEN_DONE:
+            pass  # MUTATION: the connections are left open
+""",
+        tests=(
+            "tests/integration/test_cli_run_exit.py::"
+            "test_a_finished_run_leaves_its_whole_summary_and_its_commits_in_the_database_file",
+        ),
+    ),
+    Guard(
+        name="run-exits-after-flushing-its-summary",
+        file="src/millstream/cli/app.py",
+        what="_exit_now: the standard streams (the run's summary) are flushed before os._exit",
+        old="""\
+            stream.flush()
+""",
+        new="""\
+            pass  # MUTATION: what is buffered is lost
+""",
+        tests=(
+            "tests/integration/test_cli_run_exit.py::"
+            "test_a_finished_run_leaves_its_whole_summary_and_its_commits_in_the_database_file",
+        ),
+    ),
+    Guard(
+        name="run-exits-at-once-only-when-no-thread-works",
+        file="src/millstream/cli/app.py",
+        what="_end_when_done: a thread still at work (not a daemon, not an idle read pool's "
+        "worker) keeps the interpreter's normal exit, which waits for it",
+        old="""\
+    if busy:
+""",
+        new="""\
+    if False:  # MUTATION: ended under a thread at work
+""",
+        tests=(
+            "tests/unit/test_cli_exit_when_done.py::"
+            "test_a_finished_run_ends_at_once_only_when_no_thread_is_still_at_work",
+        ),
+>>>>>>> batch2x
     ),
 )
 

@@ -44,6 +44,8 @@ LAZY_IMPORT_MODULES = {
     "table/maintain.py": "pyiceberg loads only where a table has an Iceberg view",
     "sealing/maintenance.py": "pyiceberg loads only in a process that publishes Iceberg views",
     "spark/runner.py": "pyiceberg loads only in an available-now run that publishes its views",
+    "sealing/keyindex.py": "pandas (its key hash) loads in an available-now run's driver only "
+    "at its final seal, not beside its write tasks",
     "metastore/evolve.py": "the datastream spec loads only where a schema changes, not in "
     "every process that opens the store (`millstream query`)",
     "metastore/schema.py": "the datastream spec loads only where a migration parses one, not "

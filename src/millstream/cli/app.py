@@ -5,15 +5,18 @@ lists them all, from :func:`millstream.cli.output.exit_codes_help`).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -91,7 +94,8 @@ def run(
     stop.install()  # before Spark starts: a Ctrl-C while it starts stops as cleanly
     with handle_errors(output):
         spec = DatastreamSpec.from_file(file)
-        # lazy: only the command that runs needs it; keeps `millstream --help` fast
+        # lazy: only the command that runs needs them; keeps `millstream --help` fast
+        from millstream.cli.query import hold_off_pandas
         from millstream.spark.session import (
             ClassArchive,
             SessionStart,
@@ -99,6 +103,8 @@ def run(
             end_jvm,
         )
 
+        # until the JVM has ended (end_spark)
+        allow_pandas = hold_off_pandas() if available_now else None
         # The JVM starts on a thread while this one does what needs no Spark: the imports
         # below, opening the metadata store and creating the tables (docs/performance.md,
         # "The batch run's fixed cost"). A run that ends starts it from the class archive.
@@ -110,6 +116,12 @@ def run(
         from millstream.cli.progress import ProgressView
         from millstream.spark.runner import DatastreamRunner
 
+        # What is loaded now (~130k objects: PySpark, pyarrow, SQLAlchemy, numpy, the
+        # runner) lives as long as the process: out of the collector's way, so that its full
+        # collections later (one in the publish's pyiceberg import, during the final seal)
+        # scan what the run made since, not every module (docs/performance.md, "The batch
+        # run's end: the process exits when its work is durable").
+        gc.freeze()
         catalog = open_catalog(home, create=True)
         runner = DatastreamRunner(
             spec,
@@ -134,6 +146,8 @@ def run(
                 end_jvm(spark, archive=archive, timeout=120.0)
             except Exception as exc:  # it ends with this process instead
                 logging.getLogger(__name__).warning("could not end the Spark JVM: %s", exc)
+            if allow_pandas is not None:
+                allow_pandas()  # the final seal's key index hashes keys with it
 
         if available_now:
             runner.before_final_seal = end_spark
@@ -212,6 +226,68 @@ def run(
                 console.print(_seal_report(stats.sealing), highlight=False)
             if stats is not None and stats.iceberg is not None:
                 console.print(_iceberg_report(stats.iceberg), highlight=False, soft_wrap=True)
+        if available_now:
+            # Done: every batch committed, the final seal and the publish returned, the JVM
+            # ended. The process ends without tearing its interpreter down (main()).
+            exit_when_done(catalog.close)
+
+
+#: What :func:`main` runs before it ends the process at once (:func:`exit_when_done`).
+_WHEN_DONE: list[Callable[[], None]] = []
+#: Threads a finished command may leave behind that hold no work: the read pools' workers
+#: (``table.read``), whose every task the reads waited for.
+IDLE_THREAD_PREFIXES = ("millstream-read-",)
+
+
+def exit_when_done(close: Callable[[], None]) -> None:
+    """Have :func:`main` end this process with ``os._exit`` once the command returned
+    successfully, after ``close`` (the metadata store's connections: SQLite moves its
+    write-ahead log into the database file as the last one closes), the log handlers and
+    the standard streams are flushed. A finished ``run --available-now`` has nothing left
+    that an interpreter's exit would do for it: its commits, seals and publish are durable
+    (files fsynced before the COMMIT that names them), its JVM has ended and no thread of
+    its own runs; the exit's collection and module teardown took ~0.3 s of CPU
+    (docs/performance.md, "The batch run's end: the process exits when its work is
+    durable"). A command run in process (a test's ``CliRunner``) never reaches it."""
+    _WHEN_DONE.append(close)
+
+
+def _busy_threads() -> list[str]:
+    """The threads an interpreter's exit would wait for: not daemons, not the main thread,
+    not an idle pool's (:data:`IDLE_THREAD_PREFIXES`)."""
+    return [
+        t.name
+        for t in threading.enumerate()
+        if not t.daemon
+        and t is not threading.main_thread()
+        and not t.name.startswith(IDLE_THREAD_PREFIXES)
+    ]
+
+
+def _end_when_done(code: int) -> None:
+    """End the process now (:func:`exit_when_done`) if a command asked for it and exits with
+    ``code`` 0; else return, and the interpreter exits as usual."""
+    if not _WHEN_DONE or code != 0:
+        return
+    busy = _busy_threads()
+    if busy:
+        logging.getLogger(__name__).debug("threads still at work, a normal exit: %s", busy)
+        return
+    try:
+        for close in _WHEN_DONE:
+            close()
+    except Exception as exc:  # the interpreter's exit closes what is left, as before
+        logging.getLogger(__name__).warning("closing before the exit: %s", exc)
+        return
+    _exit_now(code)
+
+
+def _exit_now(code: int) -> NoReturn:
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`)
+            stream.flush()
+    os._exit(code)
 
 
 class GracefulStop:
@@ -412,4 +488,9 @@ def main() -> None:
         from millstream.cli.query import skip_pandas
 
         skip_pandas()
-    app()
+    try:
+        app()
+    except SystemExit as exc:
+        _end_when_done(exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1))
+        raise
+    _end_when_done(0)

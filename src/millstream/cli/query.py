@@ -15,11 +15,13 @@ SQL only Spark speaks, or tables larger than this process's memory.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import json
 import logging
 import re
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from millstream.errors import InvalidSpecError, TableNotFoundError
@@ -121,6 +123,27 @@ class _NoPandas(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         if name == "pandas" or name.startswith("pandas."):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+def hold_off_pandas() -> Callable[[], None]:
+    """Make pandas unimportable in this process until the returned function is called (a
+    ``millstream run --available-now``, until its JVM has ended). PySpark imports pandas in
+    the driver as its session starts only to ask, in ``pyspark.testing.utils``, whether numpy
+    is there (and takes its absence in its stride), and pyarrow on its first ``pa.array()``;
+    none of the run's work before its final seal uses it, whose key index hashes keys with it.
+    Not loading it before then keeps ~36 MiB out of the driver while the write tasks run
+    beside it, the run's peak memory (docs/performance.md, "The batch run's end: the process
+    exits when its work is durable")."""
+    if "pandas" in sys.modules:
+        return lambda: None
+    finder = _NoPandas()
+    sys.meta_path.insert(0, finder)
+
+    def allow() -> None:
+        with contextlib.suppress(ValueError):  # allowed already
+            sys.meta_path.remove(finder)
+
+    return allow
 
 
 def skip_pandas() -> None:

@@ -51,7 +51,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd  # type: ignore[import-untyped]
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
@@ -75,6 +74,10 @@ def indexed(spec: TableSpec) -> bool:
 
 def key_hashes(rows: pa.Table, keys: Iterable[str]) -> np.ndarray:
     """A 64-bit hash of each row's key (nulls hash like a value of their own)."""
+    # lazy: a seal needs pandas' hash, and an --available-now run's driver loads it only
+    # once its JVM has ended (cli.query.hold_off_pandas): not beside the write tasks
+    import pandas as pd  # type: ignore[import-untyped]
+
     out = np.zeros(rows.num_rows, dtype=np.uint64)
     for k in keys:
         col = rows.column(k).combine_chunks() if rows.num_rows else rows.column(k)
