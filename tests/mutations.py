@@ -3469,7 +3469,6 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         ),
     ),
     Guard(
-<<<<<<< HEAD
         name="poll-winner-by-neighbours-only-without-null-keys",
         file=POLL_FILE,
         what="_last_of_runs: each key's winner is picked where the sorted key changes only for "
@@ -3482,7 +3481,8 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
     if not pa.types.is_integer(key.type):  # MUTATION: null keys compared as neighbours
 """,
         tests=(f"{POLL_TEST}::test_a_null_key_keeps_one_winner_through_a_full_merge_and_a_poll",),
-=======
+    ),
+    Guard(
         name="run-exits-after-closing-the-store",
         file="src/millstream/cli/app.py",
         what="_end_when_done: a finished run --available-now closes the metadata store's "
@@ -3531,7 +3531,6 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "tests/unit/test_cli_exit_when_done.py::"
             "test_a_finished_run_ends_at_once_only_when_no_thread_is_still_at_work",
         ),
->>>>>>> batch2x
     ),
 )
 
