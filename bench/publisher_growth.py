@@ -117,6 +117,25 @@ def released() -> list[tuple[str, float, float]]:
     return out
 
 
+def cache_stats(cache: object) -> dict[str, int]:
+    """What the publisher's cache holds (files, the Arrow tables they are held in, bytes) and
+    its hits and misses so far; a tree whose cache has no ``describe()`` keeps a table a file
+    in its ``columns`` (a ``ReadCache``, which counts its hits and misses)."""
+    describe = getattr(cache, "describe", None)
+    if describe is not None:
+        found: dict[str, int] = describe()
+        return found
+    columns = cache.columns  # type: ignore[attr-defined]
+    n = len(columns)
+    return {
+        "files": n,
+        "arrays": n,
+        "bytes": columns.bytes,
+        "hits": columns.hits,
+        "misses": columns.misses,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tables", type=int, default=20)
@@ -221,6 +240,7 @@ def main() -> None:
     marks: list[tuple[int, float, float, float]] = []  # (round, RSS, heap, Arrow) by round
     rounds = 0
     c_all = 0.0
+    seen = (0, 0)  # the cache's hits and misses so far
     for b in range(args.batches):
         for n in names:
             commit(n)
@@ -249,14 +269,17 @@ def main() -> None:
             rounds += 1
             c_all += cpu
             entries = len(cat.manifest(names[0]).entries)
-            cache = publisher.cache.columns
+            cache = cache_stats(publisher.cache)
+            hits, misses = cache["hits"] - seen[0], cache["misses"] - seen[1]
+            seen = (cache["hits"], cache["misses"])
             rss, heap, arrow = rss_mb(), heap_mb(), arrow_mb()
             marks.append((rounds, rss, heap, arrow))
             common.log(
                 f"round {rounds} (batch {b + 1}): {entries} entries a table, {cpu:.2f} CPU-s "
                 f"({cpu / args.tables * 1000:.0f} ms a table), RSS {rss:.0f} MB, Python heap "
-                f"{heap:.1f} MB, Arrow {arrow:.1f} MB, cache {len(cache)} entries "
-                f"({cache.bytes / 2**20:.1f} MB of Arrow buffers)"
+                f"{heap:.1f} MB, Arrow {arrow:.1f} MB, cache {cache['files']} files in "
+                f"{cache['arrays']} tables ({cache['bytes'] / 2**20:.1f} MB of Arrow buffers), "
+                f"{hits} hits, {misses} misses"
             )
             if args.memory and rounds == args.memory_from:
                 gc.collect()
@@ -265,7 +288,14 @@ def main() -> None:
                     common.log(f"pymalloc: {arenas:.1f} MB of arenas mapped, {used:.1f} MB used")
                 base = tracemalloc.take_snapshot() if tracemalloc.is_tracing() else None
             if args.child:
-                row = {"batch": b + 1, "entries": entries, "cpu": cpu, "rss": rss, "heap": heap}
+                row = {
+                    "batch": b + 1,
+                    "entries": entries,
+                    "cpu": cpu,
+                    "rss": rss,
+                    "heap": heap,
+                    "misses": misses,
+                }
                 print(json.dumps(row), flush=True)
             if profiler is not None:
                 if args.profile_dir:
@@ -334,6 +364,7 @@ def compare(args: argparse.Namespace) -> None:
     rounds: dict[str, dict[int, list[float]]] = {n: {} for n in trees}
     rss: dict[str, dict[int, list[float]]] = {n: {} for n in trees}
     heap: dict[str, dict[int, list[float]]] = {n: {} for n in trees}
+    read: dict[str, dict[int, list[float]]] = {n: {} for n in trees}
     trimmed: dict[str, list[float]] = {n: [] for n in trees}
     entries: dict[int, int] = {}
 
@@ -353,6 +384,7 @@ def compare(args: argparse.Namespace) -> None:
                 rounds[name].setdefault(row["batch"], []).append(row["cpu"])
                 rss[name].setdefault(row["batch"], []).append(row["rss"])
                 heap[name].setdefault(row["batch"], []).append(row["heap"])
+                read[name].setdefault(row["batch"], []).append(row.get("misses", 0))
                 entries[row["batch"]] = row["entries"]
             elif args.memory and line.startswith(("  ", "from", "RSS", "the Python", "pymalloc")):
                 common.log(f"  [{name}] {line}")
@@ -370,8 +402,8 @@ def compare(args: argparse.Namespace) -> None:
     first = next(iter(trees))
     med = statistics.median
     common.log(
-        f"CPU-s a publish round over {args.tables} tables, RSS MB after it "
-        f"(median of {args.repeat} per tree):"
+        f"CPU-s a publish round over {args.tables} tables, RSS MB after it, files whose "
+        f"columns it read (median of {args.repeat} per tree):"
     )
     common.log("| after batch | entries a table | " + " | ".join(trees) + " |")
     every = max(1, len(entries) // 12)
@@ -382,7 +414,9 @@ def compare(args: argparse.Namespace) -> None:
         for name in trees:
             cpu, base = med(rounds[name][b]), med(rounds[first][b])
             ratio = "" if name == first else f" ({cpu / base:.2f}x)"
-            cells.append(f"{cpu:.2f}{ratio}, {med(rss[name][b]):.0f} MB")
+            cells.append(
+                f"{cpu:.2f}{ratio}, {med(rss[name][b]):.0f} MB, {med(read[name][b]):.0f} read"
+            )
         common.log(f"| {b} | {entries[b]} | " + " | ".join(cells) + " |")
     batches = sorted(entries)
     b0 = batches[min(args.memory_from, len(batches)) - 1]

@@ -3532,6 +3532,40 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_a_finished_run_ends_at_once_only_when_no_thread_is_still_at_work",
         ),
     ),
+    Guard(
+        name="iceberg-columns-evicted-with-their-view",
+        file="src/millstream/table/iceberg.py",
+        what="PublishCache.retain: a table whose merge columns go past the cache's bytes loses "
+        "the view it built on too (its next publish reads in full): built on that view, the "
+        "next publish would find the files that left the table since neither held nor readable",
+        old="""\
+                self._views.pop(evicted, None)
+""",
+        new="""\
+                pass  # MUTATION: the view kept without the columns it needs
+""",
+        tests=(
+            "tests/unit/sealing/test_iceberg_publish_blocks.py::"
+            "test_a_table_whose_columns_were_evicted_publishes_in_full",
+        ),
+    ),
+    Guard(
+        name="iceberg-left-files-rows-never-candidates",
+        file="src/millstream/table/iceberg.py",
+        what="incremental_view: the rows of files held in the cache's blocks that left the table "
+        "since the view a publish builds on (a rollback's, a seal's) lie in no segment of the "
+        "new version: none is a candidate of a touched key",
+        old="""\
+                else np.zeros(n, dtype=bool)
+""",
+        new="""\
+                else np.ones(n, dtype=bool)  # MUTATION: a left file's rows in the version
+""",
+        tests=(
+            "tests/unit/sealing/test_iceberg_publish_blocks.py::"
+            "test_views_stay_exact_as_the_blocks_are_rebuilt_joined_and_emptied",
+        ),
+    ),
 )
 
 

@@ -228,7 +228,8 @@ class Publisher:
         self.supervisors: dict[str, Supervisor] = {}
         self._next: dict[str, float] = {}
         #: Per table: the manifest version its view shows, when it was published, what the
-        #: last publish reused, and the publishes this publisher made.
+        #: last publish reused, the publishes this publisher made and the data files whose
+        #: columns they read.
         self.published: dict[str, dict[str, Any]] = {}
         self._cache: Any = None  # a PublishCache, created at the first publish
 
@@ -279,6 +280,10 @@ class Publisher:
                 "published_at": result.pointer.published_at,
                 "metadata_location": result.pointer.metadata_location,
                 "publishes": int(before.get("publishes", 0)) + int(result.published),
+                # data files whose merge columns its publishes read from the deep store (the
+                # publish cache's misses): after the first incremental publish, the new ones
+                "files_read": int(before.get("files_read", 0))
+                + int(result.stats.get("files_read", 0) if result.published else 0),
                 "last_publish_seconds": round(time.monotonic() - started, 3)
                 if result.published
                 else before.get("last_publish_seconds"),

@@ -40,7 +40,7 @@ import logging
 import threading
 import uuid
 from collections import OrderedDict, defaultdict
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from copy import copy
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -466,28 +466,100 @@ def merge_columns(spec: TableSpec) -> pa.Schema:
     return pa.schema([f for f in full if f.name in wanted])
 
 
+#: A table's merge columns are held in at most this many blocks: past it, the blocks of fewer
+#: than :data:`SMALL_BLOCK_ROWS` rows are joined into one (every few rounds of a busy table).
+MAX_BLOCKS = 8
+SMALL_BLOCK_ROWS = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """The merge columns of some data files of one table, one file after another in one Arrow
+    table (a chunk a column). A table's files held as a few blocks cost a few Arrow tables,
+    not one each (a 26-row file's own table took ~6 KB of memory for ~0.4 KB of buffers), and
+    an incremental publish looks its touched keys up over a few chunks, not one a file."""
+
+    paths: tuple[str, ...]
+    table: pa.Table
+    lengths: tuple[int, ...]
+    starts: tuple[int, ...]
+
+    @staticmethod
+    def of(paths: Sequence[str], tables: Sequence[pa.Table]) -> _Block:
+        lengths = tuple(t.num_rows for t in tables)
+        starts = tuple(int(x) for x in np.cumsum((0, *lengths[:-1]))) if lengths else ()
+        return _Block(tuple(paths), pa.concat_tables(tables).combine_chunks(), lengths, starts)
+
+    @staticmethod
+    def join(blocks: Sequence[_Block]) -> _Block:
+        return _Block.of(
+            [p for b in blocks for p in b.paths],
+            [b.rows(i) for b in blocks for i in range(len(b.paths))],
+        )
+
+    def rows(self, i: int) -> pa.Table:
+        """The merge columns of its ``i``-th file (a slice: no copy)."""
+        return self.table.slice(self.starts[i], self.lengths[i])
+
+
+@dataclass(slots=True)
+class _TableColumns:
+    """The merge columns a publisher holds of one table's data files: those of every file its
+    last remembered view lists, in blocks (rebuilt by :meth:`PublishCache.retain`), and those
+    read since (``fresh``: the new files of a publish not yet remembered)."""
+
+    fingerprint: Hashable
+    blocks: list[_Block] = field(default_factory=list)
+    #: Each file of :attr:`blocks`: (its block's index, its index in the block).
+    where: dict[str, tuple[int, int]] = field(default_factory=dict)
+    fresh: dict[str, pa.Table] = field(default_factory=dict)
+    nbytes: int = 0
+
+    def lookup(self, path: str) -> pa.Table | None:
+        at = self.where.get(path)
+        if at is not None:
+            return self.blocks[at[0]].rows(at[1])
+        return self.fresh.get(path)
+
+    def files(self) -> set[str]:
+        return set(self.where) | set(self.fresh)
+
+
 class PublishCache:
     """What a long-lived publisher keeps between two publishes of a table: the view it last
     published (:class:`ViewState`, used only while the table's pointer still names it) and
-    the merge columns of data files and delete vectors (every file has a new name and never
-    changes, so they never go stale). A file's columns are kept while the table's last
-    published view still lists it (:meth:`retain`, after each publish): a seal or compaction
-    that replaces a table's micro-batch files frees their columns, so what the cache holds
-    follows the tables' live files, not every file they ever had; least recently used evicted
-    past ``max_bytes`` besides. The per-file masks of :meth:`in_segments` (a byte a row of
-    each live file) are bounded the same way, by ``max_mask_bytes``."""
+    the merge columns of its data files and delete vectors (every file has a new name and
+    never changes, so they never go stale). A table's data files' columns are held in a few
+    blocks (:class:`_Block`), rebuilt after each publish to the files the view just published
+    lists (:meth:`retain`): a seal or compaction that replaces a table's micro-batch files
+    frees their columns, so what the cache holds follows the tables' live files, not every
+    file they ever had, and costs a few Arrow tables a table, not one a file. Past
+    ``max_bytes`` of held columns, the least recently published tables' columns go, and with
+    them the view each built on (their next publish reads in full). The per-file masks of
+    :meth:`in_segments` (a byte a row of each live file) are bounded by ``max_mask_bytes``.
+    :attr:`hits` and :attr:`misses` count the data files' columns found held and read from the
+    deep store."""
 
     def __init__(
         self, max_bytes: int = 512 * 1024 * 1024, max_mask_bytes: int = 64 * 1024 * 1024
     ) -> None:
+        #: Delete vectors' offsets, by file.
         self.columns = ReadCache(max_bytes)
+        self.max_bytes = max_bytes
         self.max_mask_bytes = max_mask_bytes
         #: Bytes of the masks :attr:`_masks` holds.
         self.mask_bytes = 0
+        #: Bytes of the blocks :attr:`_merge` holds, and the data files' columns found held
+        #: and read.
+        self.merge_bytes = 0
+        self.hits = 0
+        self.misses = 0
         self._views: dict[tuple[str, str], ViewState] = {}
         #: Per table, the last metadata file it read or wrote and its parsed content (a
         #: metadata file never changes: a publish writes a new one under a new name).
         self._metadata: dict[tuple[str, str], tuple[str, TableMetadata]] = {}
+        #: Per table, its data files' merge columns; least recently used first.
+        self._merge: OrderedDict[tuple[str, str], _TableColumns] = OrderedDict()
         #: Per table, the file each cached entry of :attr:`columns` was read from, by key.
         self._keys: dict[tuple[str, str], dict[Hashable, str]] = {}
         #: Per (deep store, table, data file): which of its rows lie in its segments, and the
@@ -551,34 +623,81 @@ class PublishCache:
         with self._lock:
             self._metadata[(deep.uri, table)] = (path, metadata)
 
-    def _get(self, deep: DeepStore, table: str, key: Hashable, path: str, load: Any) -> pa.Table:
-        with self._lock:
-            self._keys.setdefault((deep.uri, table), {})[key] = path
-        found: pa.Table = self.columns.get(key, load)
-        return found
+    def _table_columns(self, deep: DeepStore, table: str, schema: pa.Schema) -> _TableColumns:
+        """``table``'s held columns in ``schema`` (none held if they were of another schema);
+        the caller holds the lock."""
+        key = (deep.uri, table)
+        fingerprint = schema_key(schema)
+        held = self._merge.get(key)
+        if held is None or held.fingerprint != fingerprint:
+            if held is not None:
+                self.merge_bytes -= held.nbytes
+            held = self._merge[key] = _TableColumns(fingerprint)
+        self._merge.move_to_end(key)
+        return held
 
     def file_columns(self, deep: DeepStore, path: str, schema: pa.Schema, table: str) -> pa.Table:
-        def load() -> pa.Table:
-            return conform(deep.read_parquet(path, columns=schema.names, missing_ok=True), schema)
+        """The merge columns ``schema`` of ``table``'s data file ``path``: held, or read from
+        the deep store (and held until :meth:`retain` says the table no longer has it)."""
+        with self._lock:
+            found = self._table_columns(deep, table, schema).lookup(path)
+            if found is not None:
+                self.hits += 1
+                return found
+            self.misses += 1
+        data = conform(deep.read_parquet(path, columns=schema.names, missing_ok=True), schema)
+        with self._lock:
+            self._table_columns(deep, table, schema).fresh[path] = data
+        return data
 
-        key = ("iceberg-columns", deep.uri, path, schema_key(schema))
-        return self._get(deep, table, key, path, load)
+    def merge_layout(
+        self, deep: DeepStore, table: str, schema: pa.Schema, paths: Iterable[str]
+    ) -> tuple[list[str], pa.Table, np.ndarray]:
+        """The merge columns of every data file of ``paths`` (read if not held) and of every
+        other file held for ``table`` (the files that left it since its remembered view), as
+        one table of a few chunks; the files in the order their rows come in it, and each
+        one's rows."""
+        want = set(paths)
+        with self._lock:
+            held = self._table_columns(deep, table, schema)
+            missing = sorted(want - held.files())
+        for path in missing:
+            self.file_columns(deep, path, schema, table)
+        with self._lock:
+            held = self._table_columns(deep, table, schema)
+            order = [p for b in held.blocks for p in b.paths]
+            lengths = [n for b in held.blocks for n in b.lengths]
+            tables = [b.table for b in held.blocks]
+            fresh = sorted(p for p in held.fresh if p in want)
+            order += fresh
+            lengths += [held.fresh[p].num_rows for p in fresh]
+            tables += [held.fresh[p] for p in fresh]
+            self.hits += len(want) - len(missing)
+        every = pa.concat_tables(tables) if tables else schema.empty_table()
+        return order, every, np.array(lengths, dtype=np.int64)
 
-    def files_columns(
-        self, deep: DeepStore, paths: Iterable[str], schema: pa.Schema, table: str
-    ) -> list[pa.Table]:
-        """:meth:`file_columns` of each of ``paths`` (the schema's fingerprint taken once)."""
-        fingerprint = schema_key(schema)
-        found = []
-        for path in paths:
+    def held_files(self, deep: DeepStore, table: str) -> set[str]:
+        """The data files and delete vectors whose columns are held for ``table``."""
+        with self._lock:
+            held = self._merge.get((deep.uri, table))
+            files = held.files() if held is not None else set()
+            return files | set(self._keys.get((deep.uri, table), {}).values())
 
-            def load(path: str = path) -> pa.Table:
-                data = deep.read_parquet(path, columns=schema.names, missing_ok=True)
-                return conform(data, schema)
-
-            key = ("iceberg-columns", deep.uri, path, fingerprint)
-            found.append(self._get(deep, table, key, path, load))
-        return found
+    def describe(self) -> dict[str, int]:
+        """What it holds and how often it found it (``debugInfo``, the bench)."""
+        with self._lock:
+            return {
+                "tables": len(self._merge),
+                "files": sum(len(h.where) + len(h.fresh) for h in self._merge.values()),
+                "blocks": sum(len(h.blocks) for h in self._merge.values()),
+                # the Arrow tables it holds: blocks, files read since a retain, vectors
+                "arrays": sum(len(h.blocks) + len(h.fresh) for h in self._merge.values())
+                + len(self.columns),
+                "bytes": self.merge_bytes + self.columns.bytes,
+                "hits": self.hits,
+                "misses": self.misses,
+                "mask_bytes": self.mask_bytes,
+            }
 
     def in_segments(
         self,
@@ -586,9 +705,9 @@ class PublishCache:
         table: str,
         path: str,
         entries: list[Entry],
-        data: pa.Table,
+        data: Callable[[], pa.Table],
     ) -> np.ndarray:
-        """Which rows of the data file ``path`` (its merge columns ``data``) lie in its
+        """Which rows of the data file ``path`` (its merge columns ``data()``) lie in its
         segments ``entries``: computed once per file and segments, and computed again when
         its segments change (a seal of one partition of a shared file, a trim)."""
         ranges = _ranges(entries)
@@ -598,7 +717,7 @@ class PublishCache:
             if known is not None and known[0] == ranges:
                 self._masks.move_to_end(key)
                 return known[1]
-        mask = _in_entries(data, entries)
+        mask = _in_entries(data(), entries)
         with self._lock:
             self._drop_mask(key)
             if mask.nbytes <= self.max_mask_bytes:
@@ -618,27 +737,66 @@ class PublishCache:
 
     def delete_vector(self, deep: DeepStore, path: str, table: str) -> pa.Table:
         key = ("iceberg-vector", deep.uri, path)
-        return self._get(
-            deep, table, key, path, lambda: deep.read_parquet(path, columns=[OFFSET_COL])
+        with self._lock:
+            self._keys.setdefault((deep.uri, table), {})[key] = path
+        found: pa.Table = self.columns.get(
+            key, lambda: deep.read_parquet(path, columns=[OFFSET_COL])
         )
+        return found
 
     def retain(self, deep: DeepStore, table: str, files: Iterable[str]) -> int:
-        """Drop the columns read for ``table`` of every file not in ``files`` (the data files
+        """Drop the columns held for ``table`` of every file not in ``files`` (the data files
         and delete vectors its last published view builds on: the only ones its next
-        incremental publish reads again); returns how many entries were dropped. Called only
-        once that view is remembered: an incremental publish reads the files that LEFT the
-        table since the view it builds on (their keys are the touched keys), so a file's
-        columns must stay until a view without it is the one the next publish starts from."""
+        incremental publish reads again) and hold the rest in a few blocks; returns how many
+        files' columns were dropped. Called only once that view is remembered: an incremental
+        publish reads the files that LEFT the table since the view it builds on (their keys
+        are the touched keys), so a file's columns must stay until a view without it is the
+        one the next publish starts from. Past ``max_bytes``, the least recently published
+        tables' columns go with their views."""
         keep = set(files)
+        key = (deep.uri, table)
         with self._lock:
-            known = self._keys.get((deep.uri, table), {})
+            known = self._keys.get(key, {})
             gone = [k for k, path in known.items() if path not in keep]
             for k in gone:
                 del known[k]
-            masked = self._masked.get((deep.uri, table), set())
+            masked = self._masked.get(key, set())
             for path in [p for p in masked if p not in keep]:
                 self._drop_mask((deep.uri, table, path))
-        return self.columns.discard(gone)
+            dropped = self.columns.discard(gone)
+            held = self._merge.get(key)
+            if held is None:
+                return dropped
+            blocks: list[_Block] = []
+            for b in held.blocks:
+                kept = [i for i, p in enumerate(b.paths) if p in keep]
+                if len(kept) == len(b.paths):
+                    blocks.append(b)
+                elif kept:
+                    blocks.append(_Block.of([b.paths[i] for i in kept], [b.rows(i) for i in kept]))
+                dropped += len(b.paths) - len(kept)
+            fresh = sorted(p for p in held.fresh if p in keep)
+            dropped += len(held.fresh) - len(fresh)
+            if fresh:
+                blocks.append(_Block.of(fresh, [held.fresh[p] for p in fresh]))
+            if len(blocks) > MAX_BLOCKS:
+                small = [b for b in blocks if b.table.num_rows < SMALL_BLOCK_ROWS]
+                if len(small) > 1:
+                    blocks = [b for b in blocks if b.table.num_rows >= SMALL_BLOCK_ROWS]
+                    blocks.append(_Block.join(small))
+            self.merge_bytes -= held.nbytes
+            held.blocks, held.fresh = blocks, {}
+            held.where = {p: (i, j) for i, b in enumerate(blocks) for j, p in enumerate(b.paths)}
+            held.nbytes = sum(b.table.nbytes for b in blocks)
+            self.merge_bytes += held.nbytes
+            self._merge.move_to_end(key)
+            while self.merge_bytes > self.max_bytes and self._merge:
+                # Its view goes too: the next incremental publish would need the columns of
+                # the files that left the table since, which may be gone from the deep store.
+                evicted, old = self._merge.popitem(last=False)
+                self.merge_bytes -= old.nbytes
+                self._views.pop(evicted, None)
+        return dropped
 
 
 def _key_member(rows: pa.Table, keys: list[str], touched: pa.Table) -> np.ndarray:
@@ -751,17 +909,25 @@ def incremental_view(
     found_rows = np.zeros(0, np.int64)  # the candidates' rows, numbered over all files
     found_file = np.zeros(0, np.int64)
     if touched.num_rows and order:
-        tables = cache.files_columns(deep, order, schema, spec.name)
-        lengths = np.array([t.num_rows for t in tables], np.int64)
+        # The merge columns of every file held for the table (a few blocks, no copy): the
+        # version's files and those that left it since ``previous`` (their rows are in no
+        # segment of this version, so none is a candidate).
+        order, every, lengths = cache.merge_layout(deep, spec.name, schema, by_file)
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        every = pa.concat_tables(tables)
+
+        def rows_of_file(at: int, n: int, every: pa.Table = every) -> Callable[[], pa.Table]:
+            return lambda: every.slice(at, n)
+
         # Which rows of every file lie in its segments at this version (one mask per file
         # and segments, kept by the cache: a file's rows never change).
         in_segments = np.concatenate(
             [
-                cache.in_segments(deep, spec.name, p, by_file[p], t)
-                for p, t in zip(order, tables, strict=True)
+                cache.in_segments(deep, spec.name, p, by_file[p], rows_of_file(int(a), int(n)))
+                if p in by_file
+                else np.zeros(n, dtype=bool)
+                for p, a, n in zip(order, starts, lengths, strict=True)
             ]
+            or [np.zeros(0, dtype=bool)]
         )
         file_of = np.repeat(np.arange(len(order), dtype=np.int64), lengths)
         hit = np.repeat(np.array([p in moved for p in order]), lengths)  # all its keys
@@ -869,6 +1035,8 @@ def incremental_view(
         for i, a, b in zip(again.tolist(), lo.tolist(), hi.tolist(), strict=True):
             recomputed[i] = hidden[a:b] - starts[i]
     for i, path in enumerate(order):
+        if path not in by_file:
+            continue  # it left the table since ``previous``
         if path in moved:
             a, b = np.searchsorted(shown, [starts[i], starts[i] + lengths[i]])
             kept = shown[a:b] - starts[i]
@@ -884,6 +1052,7 @@ def incremental_view(
         else:
             files[path] = before[path]  # none of its rows is of a touched key
 
+    files = {p: files[p] for p in sorted(files)}
     merged = previous.merged
     merged_changed = False
     if merged.num_rows and touched.num_rows:
@@ -956,7 +1125,8 @@ class PublishResult:
     #: built on the previous snapshot), ``read_in_full`` (1 when it read every data file of
     #: the version: not incremental, or most of the table changed), ``data_files_changed``,
     #: ``delete_files_reused``,
-    #: ``delete_files_written``, ``data_manifests_reused``.
+    #: ``delete_files_written``, ``data_manifests_reused``; with a cache, ``files_read`` (the
+    #: data files whose merge columns it read from the deep store: the cache's misses).
     stats: dict[str, int] = field(default_factory=dict)
 
 
@@ -1454,6 +1624,7 @@ def publish(
     manifest = store.manifest(table)
     v = manifest.version
     view: ComputedView | None = None
+    misses = cache.misses if cache is not None else 0
     state = cache.view(deep, table) if cache is not None else None
     if state is not None and (
         pointer is None
@@ -1486,6 +1657,8 @@ def publish(
         oldest_kept=floor,
         state=state,
     )
+    if new_state is not None and cache is not None:
+        new_state.stats["files_read"] = cache.misses - misses  # data files' columns read
     now = store.clock.now()
     try:
         moved = store.swap_pointer(

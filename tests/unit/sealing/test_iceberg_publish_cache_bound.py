@@ -21,6 +21,7 @@ from millstream.reference.model import canonical
 from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.maintenance import Publisher
 from millstream.sealing.sealer import Sealer
+from millstream.storage.deepstore import DeepStore
 from millstream.table.iceberg import PublishCache, location, publish
 from millstream.table.writer import commit_staged, stage_rows
 
@@ -46,9 +47,9 @@ def live_files(manifest: Manifest) -> set[str]:
     return files | {dv.file_path for dv in manifest.delete_vectors}
 
 
-def _cached_files(cache: PublishCache) -> set[str]:
-    """The files whose columns the cache holds (its keys name them)."""
-    return {key[2] for key in cache.columns._items}
+def _cached_files(cache: PublishCache, deep: DeepStore) -> set[str]:
+    """The files whose columns the cache holds for table ``t``."""
+    return cache.held_files(deep, "t")
 
 
 def _view_rows(cat: Catalog, table: str) -> list[object]:
@@ -82,12 +83,12 @@ def test_a_seal_frees_the_columns_of_the_files_it_replaced(tmp_path: Path) -> No
             lo = _commit(cat, "t", [(i % 4, f"v{i}"), (10 + i, "x")], lo)
             publisher.publish(["t"])  # incremental: each new file's columns cached
         before = live_files(cat.manifest("t"))
-        assert _cached_files(publisher.cache) == before  # 13 micro-batch files
+        assert _cached_files(publisher.cache, cat.deep) == before  # 13 micro-batch files
         Sealer(cat, "t", index_cache=IndexCache()).seal_partition(0, force=True)
         publisher.publish(["t"])
         after = live_files(cat.manifest("t"))
         assert not (after & before), "the seal replaced every micro-batch file"
-        cached = _cached_files(publisher.cache)
+        cached = _cached_files(publisher.cache, cat.deep)
         assert not (cached & before), f"columns of replaced files still cached: {cached & before}"
         assert cached <= after
         assert _view_rows(cat, "t") == canonical(cat.read_table("t").to_pylist())
