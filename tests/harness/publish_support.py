@@ -1,31 +1,83 @@
-"""Commits for the Iceberg publisher's tests: a ``{k: long, v: string}`` table's rows staged
-and committed as a writer's batch would be, on partition 0."""
+"""Tables and commits for the Iceberg publisher's tests: a ``{k: long, v: string}`` upsert
+table's rows staged and committed as a writer's batch would be, on partition 0, and the
+scenario of a published batch rolled back whose next publish fails at the pointer."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pyarrow as pa
+import pytest
 
 from millstream.catalog import Catalog
+from millstream.table.iceberg import PublishCache, live_files, publish
 from millstream.table.writer import commit_staged, stage_rows
+
+
+def create_kv_table(cat: Catalog, name: str) -> None:
+    """An upsert table ``name`` of ``k: long`` (the key) and ``v: string``."""
+    cat.create_table(
+        {
+            "name": name,
+            "schema": {"k": "long", "v": "string"},
+            "mode": "upsert",
+            "primary_key": ["k"],
+        }
+    )
+
+
+def commit_rows(
+    cat: Catalog, table: str, rows: list[tuple[int, str]], lo: int, epoch: int = 0
+) -> int:
+    """Commit ``rows`` (``(k, v)``) at offsets ``lo``, ``lo + 1``, ... of partition 0 (at
+    ``epoch`` if not 0); the offset after them."""
+    spec = cat.table(table).spec
+    batch = pa.Table.from_pylist(
+        [
+            {"k": k, "v": v, "_ms_partition": 0, "_ms_offset": lo + i, "_ms_tombstone": False}
+            for i, (k, v) in enumerate(rows)
+        ],
+        schema=spec.arrow_schema(system_columns=True),
+    )
+    commit_staged(
+        cat.store,
+        cat.deep,
+        table,
+        stage_rows(cat.deep, spec, batch),
+        {0: (lo, lo + len(rows))},
+        {0: epoch} if epoch else {},
+    )
+    return lo + len(rows)
 
 
 def commit_keys(cat: Catalog, table: str, keys: list[int], lo: int) -> None:
     """Commit one row per key (``v`` = ``"at <offset>"``) at offsets ``lo``, ``lo + 1``, ...
     of partition 0."""
-    spec = cat.table(table).spec
-    rows = pa.Table.from_pylist(
-        [
-            {
-                "k": k,
-                "v": f"at {lo + i}",
-                "_ms_partition": 0,
-                "_ms_offset": lo + i,
-                "_ms_tombstone": False,
-            }
-            for i, k in enumerate(keys)
-        ],
-        schema=spec.arrow_schema(system_columns=True),
-    )
-    commit_staged(
-        cat.store, cat.deep, table, stage_rows(cat.deep, spec, rows), {0: (lo, lo + len(keys))}, {}
-    )
+    commit_rows(cat, table, [(k, f"at {lo + i}") for i, k in enumerate(keys)], lo)
+
+
+def roll_back_a_published_batch_and_fail_its_publish(
+    cat: Catalog, table: str, cache: PublishCache, monkeypatch: pytest.MonkeyPatch
+) -> set[str]:
+    """On the empty upsert table ``table``: two batches, each published (the second hides
+    key 1's first row), then a rollback of the second (key 1 is "old" again) and a publish of
+    that which fails at the pointer's compare-and-set (the metadata store unreachable), so the
+    view ``cache`` holds still lists the rolled-back batch. The batch's files."""
+    lo = commit_rows(cat, table, [(1, "old"), (2, "two")], 0)
+    assert publish(cat.store, cat.deep, table, cache=cache).published
+    first = {e.seq for e in cat.manifest(table).entries}
+    commit_rows(cat, table, [(1, "new")], lo)  # hides key 1's first row
+    assert publish(cat.store, cat.deep, table, cache=cache).stats["incremental"] == 1
+    batch = live_files(cat.manifest(table)) - live_files(cat.manifest(table, as_of=1))
+    (later,) = [e.seq for e in cat.manifest(table).entries if e.seq not in first]
+    cat.store.rollback_partition(table, 0, later, dry_run=False)  # key 1 is "old" again
+    real: Callable[..., object] = cat.store.swap_pointer
+
+    def unreachable(*args: object, **kwargs: object) -> object:
+        raise ConnectionError("metadata store unreachable")
+
+    monkeypatch.setattr(cat.store, "swap_pointer", unreachable)
+    with pytest.raises(ConnectionError):
+        publish(cat.store, cat.deep, table, cache=cache)
+    monkeypatch.setattr(cat.store, "swap_pointer", real)
+    return batch

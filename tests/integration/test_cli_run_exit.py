@@ -14,13 +14,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from harness.cli_run import run_available_now
 from millstream.catalog import Catalog
 from millstream.metastore.models import SegmentState
 from millstream.reference.model import canonical
@@ -29,28 +29,9 @@ pytestmark = [pytest.mark.spark]
 
 
 def _run(spec: Path, home: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from millstream.cli.app import main; main()",
-            "run",
-            "-f",
-            str(spec),
-            "--available-now",
-            "--home",
-            str(home),
-            "--output",
-            "json",
-            "--master",
-            "local[1]",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        # stdout on a pipe is block-buffered, as under `millstream run ... | jq`
-        env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
-    )
+    # stdout on a pipe is block-buffered, as under `millstream run ... | jq`
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    return run_available_now(spec, home, env=env)
 
 
 def test_a_finished_run_leaves_its_whole_summary_and_its_commits_in_the_database_file(

@@ -6,13 +6,12 @@ publishing off."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from harness.cli_run import run_available_now
 from harness.iceberg_readers import duckdb_connection
 from millstream.catalog import Catalog
 from millstream.reference.model import canonical
@@ -26,27 +25,7 @@ def _lines(source: Path, partition: int, rows: list[dict[str, Any]]) -> None:
 
 
 def _run(spec: Path, home: Path, *extra: str) -> dict[str, Any]:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from millstream.cli.app import main; main()",
-            "run",
-            "-f",
-            str(spec),
-            "--available-now",
-            "--home",
-            str(home),
-            "--output",
-            "json",
-            "--master",
-            "local[1]",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = run_available_now(spec, home, *extra)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     # The JVM logs through the package's log4j2.properties: none of Spark's start-up noise
     # (a profile banner, a log-level hint, Hadoop's native-library warning) on the terminal.

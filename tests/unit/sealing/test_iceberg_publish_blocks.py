@@ -9,47 +9,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
 from harness.iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows
+from harness.publish_support import (
+    commit_rows,
+    create_kv_table,
+    roll_back_a_published_batch_and_fail_its_publish,
+)
 from millstream.catalog import Catalog
 from millstream.reference.model import canonical
 from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.sealer import Sealer
 from millstream.table.iceberg import MAX_BLOCKS, PublishCache, live_files, location, publish
-from millstream.table.writer import commit_staged, stage_rows
-
-
-def _create(cat: Catalog, name: str) -> None:
-    cat.create_table(
-        {
-            "name": name,
-            "schema": {"k": "long", "v": "string"},
-            "mode": "upsert",
-            "primary_key": ["k"],
-        }
-    )
-
-
-def _commit(cat: Catalog, table: str, rows: list[tuple[int, str]], lo: int, epoch: int = 0) -> int:
-    spec = cat.table(table).spec
-    batch = pa.Table.from_pylist(
-        [
-            {"k": k, "v": v, "_ms_partition": 0, "_ms_offset": lo + i, "_ms_tombstone": False}
-            for i, (k, v) in enumerate(rows)
-        ],
-        schema=spec.arrow_schema(system_columns=True),
-    )
-    commit_staged(
-        cat.store,
-        cat.deep,
-        table,
-        stage_rows(cat.deep, spec, batch),
-        {0: (lo, lo + len(rows))},
-        {0: epoch} if epoch else {},
-    )
-    return lo + len(rows)
 
 
 def _check(cat: Catalog, table: str, cache: PublishCache) -> dict[str, int]:
@@ -69,13 +41,13 @@ def test_views_stay_exact_as_the_blocks_are_rebuilt_joined_and_emptied(tmp_path:
     every view equals the read, each publish reads only the files new since the last one, the
     cache holds the live files only, in at most ``MAX_BLOCKS`` blocks."""
     with Catalog.open(home=tmp_path) as cat:
-        _create(cat, "t")
+        create_kv_table(cat, "t")
         cache = PublishCache()
-        lo = _commit(cat, "t", [(k, "a") for k in range(8)], 0)
+        lo = commit_rows(cat, "t", [(k, "a") for k in range(8)], 0)
         _check(cat, "t", cache)  # in full: reads no columns
         seqs = []
         for i in range(24):
-            lo = _commit(cat, "t", [(i % 8, f"v{i}"), (100 + i, "new")], lo)
+            lo = commit_rows(cat, "t", [(i % 8, f"v{i}"), (100 + i, "new")], lo)
             seqs.append(max(e.seq for e in cat.manifest("t").entries))
             stats = _check(cat, "t", cache)
             assert stats["incremental"] == 1
@@ -90,13 +62,13 @@ def test_views_stay_exact_as_the_blocks_are_rebuilt_joined_and_emptied(tmp_path:
         assert cache.held_files(cat.deep, "t") == live_files(cat.manifest("t"))
         lo = max(e.end for e in cat.manifest("t").entries)
         for i in range(3):
-            lo = _commit(cat, "t", [(i, f"w{i}")], lo, epoch=1)  # the rollback's epoch
+            lo = commit_rows(cat, "t", [(i, f"w{i}")], lo, epoch=1)  # the rollback's epoch
             _check(cat, "t", cache)
         Sealer(cat, "t", index_cache=IndexCache()).seal_partition(0, force=True)
         _check(cat, "t", cache)
         assert cache.held_files(cat.deep, "t") <= live_files(cat.manifest("t"))
         for i in range(3):
-            lo = _commit(cat, "t", [(i + 3, f"x{i}"), (200 + i, "y")], lo, epoch=1)
+            lo = commit_rows(cat, "t", [(i + 3, f"x{i}"), (200 + i, "y")], lo, epoch=1)
             _check(cat, "t", cache)
         assert cache.held_files(cat.deep, "t") == live_files(cat.manifest("t"))
 
@@ -111,30 +83,14 @@ def test_a_table_whose_columns_were_evicted_publishes_in_full(
     Built on the old view, the retry would find the key that batch had updated untouched (its
     columns are neither held nor readable) and keep the key's earlier row hidden."""
     with Catalog.open(home=tmp_path) as cat:
-        _create(cat, "t")
-        _create(cat, "u")
+        create_kv_table(cat, "t")
+        create_kv_table(cat, "u")
         cache = PublishCache()
-        lo = _commit(cat, "t", [(1, "old"), (2, "two")], 0)
-        assert publish(cat.store, cat.deep, "t", cache=cache).published
-        first = {e.seq for e in cat.manifest("t").entries}
-        _commit(cat, "t", [(1, "new")], lo)  # hides key 1's first row
-        assert publish(cat.store, cat.deep, "t", cache=cache).stats["incremental"] == 1
-        batch = live_files(cat.manifest("t")) - live_files(cat.manifest("t", as_of=1))
-        (later,) = [e.seq for e in cat.manifest("t").entries if e.seq not in first]
-        cat.store.rollback_partition("t", 0, later, dry_run=False)  # key 1 is "old" again
-        real = cat.store.swap_pointer
+        batch = roll_back_a_published_batch_and_fail_its_publish(cat, "t", cache, monkeypatch)
 
-        def unreachable(*args: object, **kwargs: object) -> object:
-            raise ConnectionError("metadata store unreachable")
-
-        monkeypatch.setattr(cat.store, "swap_pointer", unreachable)
-        with pytest.raises(ConnectionError):
-            publish(cat.store, cat.deep, "t", cache=cache)
-        monkeypatch.setattr(cat.store, "swap_pointer", real)
-
-        ulo = _commit(cat, "u", [(k, "u") for k in range(50)], 0)
+        ulo = commit_rows(cat, "u", [(k, "u") for k in range(50)], 0)
         assert publish(cat.store, cat.deep, "u", cache=cache).published
-        _commit(cat, "u", [(k, "u2") for k in range(50)], ulo)
+        commit_rows(cat, "u", [(k, "u2") for k in range(50)], ulo)
         cache.max_bytes = cache.merge_bytes + 1  # u's next columns push t's out
         assert publish(cat.store, cat.deep, "u", cache=cache).stats["incremental"] == 1
         assert not cache.held_files(cat.deep, "t")

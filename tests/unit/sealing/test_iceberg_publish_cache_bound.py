@@ -10,41 +10,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
 from harness.iceberg_readers import pyiceberg_rows
+from harness.publish_support import (
+    commit_rows,
+    create_kv_table,
+    roll_back_a_published_batch_and_fail_its_publish,
+)
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
-from millstream.metastore.models import Manifest
 from millstream.reference.model import canonical
 from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.maintenance import Publisher
 from millstream.sealing.sealer import Sealer
 from millstream.storage.deepstore import DeepStore
-from millstream.table.iceberg import PublishCache, location, publish
-from millstream.table.writer import commit_staged, stage_rows
-
-
-def _commit(cat: Catalog, table: str, rows: list[tuple[int, str]], lo: int) -> int:
-    spec = cat.table(table).spec
-    batch = pa.Table.from_pylist(
-        [
-            {"k": k, "v": v, "_ms_partition": 0, "_ms_offset": lo + i, "_ms_tombstone": False}
-            for i, (k, v) in enumerate(rows)
-        ],
-        schema=spec.arrow_schema(system_columns=True),
-    )
-    commit_staged(
-        cat.store, cat.deep, table, stage_rows(cat.deep, spec, batch), {0: (lo, lo + len(rows))}, {}
-    )
-    return lo + len(rows)
-
-
-def live_files(manifest: Manifest) -> set[str]:
-    """The files a manifest names: its entries' data files and its delete vectors."""
-    files = {e.file_path for e in manifest.entries if e.file_path is not None}
-    return files | {dv.file_path for dv in manifest.delete_vectors}
+from millstream.table.iceberg import PublishCache, live_files, location, publish
 
 
 def _cached_files(cache: PublishCache, deep: DeepStore) -> set[str]:
@@ -58,29 +39,18 @@ def _view_rows(cat: Catalog, table: str) -> list[object]:
     return pyiceberg_rows(location(cat.deep, pointer.metadata_location), None, {})
 
 
-def _create(cat: Catalog, name: str) -> None:
-    cat.create_table(
-        {
-            "name": name,
-            "schema": {"k": "long", "v": "string"},
-            "mode": "upsert",
-            "primary_key": ["k"],
-        }
-    )
-
-
 def test_a_seal_frees_the_columns_of_the_files_it_replaced(tmp_path: Path) -> None:
     """The worker's publisher (``Publisher.publish``) over a table that gets micro-batches,
     then a seal of all of them: after the next publish the cache holds the columns of the
     table's live files only (the sealed segment's), not those of the 12 files the seal
     replaced; the view still reads as the table."""
     with Catalog.open(home=tmp_path) as cat:
-        _create(cat, "t")
+        create_kv_table(cat, "t")
         publisher = Publisher(cat, interval=15.0)
-        lo = _commit(cat, "t", [(1, "a"), (2, "b")], 0)
+        lo = commit_rows(cat, "t", [(1, "a"), (2, "b")], 0)
         publisher.publish(["t"])  # the first publish reads in full
         for i in range(12):
-            lo = _commit(cat, "t", [(i % 4, f"v{i}"), (10 + i, "x")], lo)
+            lo = commit_rows(cat, "t", [(i % 4, f"v{i}"), (10 + i, "x")], lo)
             publisher.publish(["t"])  # incremental: each new file's columns cached
         before = live_files(cat.manifest("t"))
         assert _cached_files(publisher.cache, cat.deep) == before  # 13 micro-batch files
@@ -104,26 +74,9 @@ def test_a_failed_publish_keeps_the_columns_its_retry_needs(
     the key the batch had updated is touched (its earlier row visible again) only because the
     cache still holds the batch's columns. The view equals the read."""
     with Catalog.open(home=tmp_path) as cat:
-        _create(cat, "t")
+        create_kv_table(cat, "t")
         cache = PublishCache()
-        lo = _commit(cat, "t", [(1, "old"), (2, "two")], 0)
-        assert publish(cat.store, cat.deep, "t", cache=cache).published
-        first = {e.seq for e in cat.manifest("t").entries}
-        _commit(cat, "t", [(1, "new")], lo)  # hides key 1's first row
-        assert publish(cat.store, cat.deep, "t", cache=cache).stats["incremental"] == 1
-        batch = live_files(cat.manifest("t")) - live_files(cat.manifest("t", as_of=1))
-        (later,) = [e.seq for e in cat.manifest("t").entries if e.seq not in first]
-        cat.store.rollback_partition("t", 0, later, dry_run=False)  # key 1 is "old" again
-
-        real = cat.store.swap_pointer
-
-        def unreachable(*args: object, **kwargs: object) -> object:
-            raise ConnectionError("metadata store unreachable")
-
-        monkeypatch.setattr(cat.store, "swap_pointer", unreachable)
-        with pytest.raises(ConnectionError):
-            publish(cat.store, cat.deep, "t", cache=cache)
-        monkeypatch.setattr(cat.store, "swap_pointer", real)
+        batch = roll_back_a_published_batch_and_fail_its_publish(cat, "t", cache, monkeypatch)
         for path in batch:
             cat.deep.fs.delete_file(cat.deep._abs(path))
 
@@ -142,15 +95,15 @@ def test_the_segment_masks_stay_within_their_bound_and_the_view_stays_exact(
     recently used masks go, and a publish needing one computes it again. Every view still
     reads as the table."""
     with Catalog.open(home=tmp_path) as cat:
-        _create(cat, "t")
+        create_kv_table(cat, "t")
         cache = PublishCache(max_mask_bytes=200)  # five 40-row files' masks
-        lo = _commit(cat, "t", [(k, "a") for k in range(40)], 0)
+        lo = commit_rows(cat, "t", [(k, "a") for k in range(40)], 0)
         assert publish(cat.store, cat.deep, "t", cache=cache).published
         for i in range(12):
             # a key of the first file updated, 39 new: a publish with touched keys asks the
             # mask of every file of the version
             rows = [(i, f"v{i}")] + [(1000 * (i + 1) + k, "new") for k in range(39)]
-            lo = _commit(cat, "t", rows, lo)
+            lo = commit_rows(cat, "t", rows, lo)
             assert publish(cat.store, cat.deep, "t", cache=cache).stats["incremental"] == 1
             assert _view_rows(cat, "t") == canonical(cat.read_table("t").to_pylist())
             held = sum(mask.nbytes for _, mask in cache._masks.values())
@@ -169,8 +122,8 @@ def test_a_publish_round_gives_back_the_memory_it_freed(
     trims: list[int] = []
     monkeypatch.setattr(maintenance, "_MALLOC_TRIM", trims.append)
     with Catalog.open(home=tmp_path) as cat:
-        _create(cat, "t")
-        _commit(cat, "t", [(1, "a")], 0)
+        create_kv_table(cat, "t")
+        commit_rows(cat, "t", [(1, "a")], 0)
         clock = ManualClock(1000.0)
         publisher = Publisher(cat, interval=15.0, clock=clock)
         publisher.run_due({"ds": ["t"]})
