@@ -37,6 +37,7 @@ import socket
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,9 @@ from millstream.table.read import read_entries, read_manifest
 log = logging.getLogger(__name__)
 
 ROW_GROUP_ROWS = 128 * 1024
+#: How many partitions one pass of :meth:`Sealer.seal_what_is_due` seals at once: the cores
+#: (at most 2: a seal's Python steps hold the GIL, and each seal holds its rows in memory).
+SEAL_THREADS = max(1, min(2, os.cpu_count() or 1))
 
 
 class _ClaimRenewer:
@@ -285,6 +289,8 @@ class Sealer:
         #: manifest it is the read of: an ``--available-now`` run's Iceberg publish of that
         #: manifest builds its view on it instead of merging the table again.
         self.final_read: tuple[Manifest, pa.Table] | None = None
+        #: Held while a seal updates the counters above (seals, durations, failures).
+        self._counting = threading.Lock()
         #: The key indexes of the table's partitions (lookup, rebuild, checkpoints).
         self.indexes = SealerIndexes(
             catalog, table, checkpoint_seconds=checkpoint_seconds, cache=index_cache
@@ -354,6 +360,7 @@ class Sealer:
         not_due: dict[str, str] = {}
         failed: dict[str, str] = {}
         manifest = self.catalog.manifest(self.table)
+        to_seal: list[int] = []
         for p in self.partitions():
             run = self.pending_run(p, manifest)
             if not run:
@@ -362,12 +369,29 @@ class Sealer:
             if reason is not None:
                 not_due[str(p)] = reason
                 continue
+            to_seal.append(p)
+
+        def seal(p: int) -> tuple[int, SealResult | str | None]:
             try:
-                result = self.seal_partition(p, force=everything)
+                return p, self.seal_partition(p, force=everything)
             except Exception as exc:
-                failed[str(p)] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                continue
-            if result is None:
+                return p, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+        # The partitions' seals are independent (each claims and swaps its own run, a
+        # compare-and-set of its own in the metadata store, retried when another partition's
+        # swap moved the table's version first), and most of a seal is Arrow's work, which
+        # releases the GIL: a pass seals them on up to SEAL_THREADS threads, so the run's final
+        # pass uses the cores its ended JVM and write tasks left idle.
+        threads = min(len(to_seal), SEAL_THREADS)
+        if threads > 1:
+            with ThreadPoolExecutor(threads, thread_name_prefix=f"seal-{self.table}") as pool:
+                outcomes = list(pool.map(seal, to_seal))
+        else:
+            outcomes = [seal(p) for p in to_seal]
+        for p, result in outcomes:
+            if isinstance(result, str):
+                failed[str(p)] = result
+            elif result is None:
                 not_due[str(p)] = "another sealer holds the run, or it changed meanwhile"
             else:
                 sealed[str(p)] = {"segments": len(result.replaced), "rows": result.rows_out}
@@ -781,17 +805,18 @@ class Sealer:
             raise
         if index is not None:
             index = self.indexes.sealed(partition, index, dropped, sealed_rows, sealed.id, dv_id)
-        self.failures.pop(partition, None)
-        self.last_error.pop(partition, None)
-        self.superseded[partition] = (
-            self.superseded.get(partition, 0)
-            + (rows.num_rows - sealed_rows.num_rows)
-            + len(dropped)
-        )
         seconds = time.monotonic() - started
-        self.seals += 1
-        self.durations.append(seconds)
-        del self.durations[:-TIMES_KEPT]
+        with self._counting:  # a pass may seal partitions on several threads
+            self.failures.pop(partition, None)
+            self.last_error.pop(partition, None)
+            self.superseded[partition] = (
+                self.superseded.get(partition, 0)
+                + (rows.num_rows - sealed_rows.num_rows)
+                + len(dropped)
+            )
+            self.seals += 1
+            self.durations.append(seconds)
+            del self.durations[:-TIMES_KEPT]
         result = SealResult(
             self.table,
             partition,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+import millstream.sealing.sealer as sealer_mod
+from millstream import faults
 from millstream.catalog import Catalog
 from millstream.metastore.models import SegmentState
 from millstream.metastore.rollback import RollbackPlan
@@ -283,4 +286,52 @@ def test_a_table_over_the_limit_gets_no_copy_and_the_pass_says_so(
     assert sealed > 10
     assert report["merged_copy"] == {"skipped": f"{sealed} rows, over 10"}
     assert _copies(feed.cat) == []
+    assert feed.read() == canonical(feed.model())
+
+
+def test_the_final_pass_seals_two_partitions_at_once_and_each_swap_lands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pass seals its partitions on two threads (the run's ended JVM left the cores idle):
+    two seals are building at the same moment, each swaps its own run in (one table version
+    a seal), and the table reads as the model."""
+    monkeypatch.setattr(sealer_mod, "SEAL_THREADS", 2)
+    feed, sealer = _setup(tmp_path, "upsert-cmp", random.Random(7))
+    for p in range(PARTITIONS):
+        feed.batch(p, 40)
+    before = feed.cat.manifest("t").version
+    both_building = threading.Barrier(2)
+    met: list[int] = []
+
+    def meet(point: str, partition: Any) -> None:
+        if partition in (0, 1):  # the first two partitions wait for each other
+            both_building.wait(timeout=30)  # one at a time: it breaks
+            met.append(partition)
+
+    with faults.installed(faults.call("before_upload", meet, source=sealer)):
+        report = sealer.seal_what_is_due(everything=True)
+    assert sorted(met) == [0, 1], "two partitions' seals were building at once"
+    assert sorted(report["sealed"]) == ["0", "1", "2", "3"] and report["failed"] == {}
+    manifest = feed.cat.manifest("t")
+    assert manifest.version == before + PARTITIONS  # one version a seal, the copy none
+    assert all(e.state == SegmentState.ONLINE for e in manifest.entries)
+    assert len(manifest.entries) == PARTITIONS
+    assert feed.read() == canonical(feed.model())
+
+
+def test_a_partition_whose_seal_fails_in_the_final_pass_is_reported_and_the_others_seal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sealer_mod, "SEAL_THREADS", 2)
+    feed, sealer = _setup(tmp_path, "upsert-cmp", random.Random(8))
+    for p in range(PARTITIONS):
+        feed.batch(p, 40)
+    with faults.installed(faults.fail({"before_swap": 1}, source=sealer, key=2)):
+        report = sealer.seal_what_is_due(everything=True)
+    assert sorted(report["sealed"]) == ["0", "1", "3"]
+    assert list(report["failed"]) == ["2"] and "before_swap" in report["failed"]["2"]
+    assert report["merged_copy"] is None  # partition 2 is not all sealed: reads merge
+    assert feed.read() == canonical(feed.model())
+    # The next pass seals what the failed one left.
+    assert sorted(sealer.seal_what_is_due(everything=True)["sealed"]) == ["2"]
     assert feed.read() == canonical(feed.model())
