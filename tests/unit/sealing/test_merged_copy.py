@@ -293,8 +293,9 @@ def test_the_final_pass_seals_two_partitions_at_once_and_each_swap_lands(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pass seals its partitions on two threads (the run's ended JVM left the cores idle):
-    two seals are building at the same moment, each swaps its own run in (one table version
-    a seal), and the table reads as the model."""
+    two seals reach their swaps at the same moment, each swaps its own run in (one table
+    version a seal: the swap that lands second retries its compare-and-set on the table's
+    version), and the table reads as the model."""
     monkeypatch.setattr(sealer_mod, "SEAL_THREADS", 2)
     feed, sealer = _setup(tmp_path, "upsert-cmp", random.Random(7))
     for p in range(PARTITIONS):
@@ -304,13 +305,13 @@ def test_the_final_pass_seals_two_partitions_at_once_and_each_swap_lands(
     met: list[int] = []
 
     def meet(point: str, partition: Any) -> None:
-        if partition in (0, 1):  # the first two partitions wait for each other
+        if partition in (0, 1):  # the first two partitions swap together
             both_building.wait(timeout=30)  # one at a time: it breaks
             met.append(partition)
 
-    with faults.installed(faults.call("before_upload", meet, source=sealer)):
+    with faults.installed(faults.call("before_swap", meet, source=sealer)):
         report = sealer.seal_what_is_due(everything=True)
-    assert sorted(met) == [0, 1], "two partitions' seals were building at once"
+    assert sorted(met) == [0, 1], "two partitions' seals were at their swaps at once"
     assert sorted(report["sealed"]) == ["0", "1", "2", "3"] and report["failed"] == {}
     manifest = feed.cat.manifest("t")
     assert manifest.version == before + PARTITIONS  # one version a seal, the copy none
