@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 import uuid
 from array import array
@@ -1718,8 +1719,8 @@ def live_files(manifest: Manifest) -> set[str]:
 # -- garbage collection -----------------------------------------------------------------------
 
 
-#: References (paths and snapshot ids) :class:`ViewReferences` holds at most by default: about
-#: 16-20 bytes each, so some 20 MB (see its docstring).
+#: References (paths and snapshot ids) :class:`ViewReferences` holds at most by default: some
+#: 35 MB (see its docstring).
 DEFAULT_VIEW_REFERENCES = 1_000_000
 
 
@@ -1737,9 +1738,11 @@ class ViewReferences:
     the answers every time. A table's second collection then reads only its current metadata
     and the files published since the first, not every retained snapshot's.
 
-    Bounded by :attr:`max_refs` references (paths and snapshot ids held, about 16-20 bytes
-    each with the entries' own cost: 1,000,000 is some 20 MB); past it the least recently
-    used entries go, and a collection reads those files again. A file the collection deletes
+    Bounded by :attr:`max_refs` references (paths and snapshot ids held; with the entries'
+    own cost about 35 bytes each, ``bench/view_gc.py``: 1,000,000 is some 35 MB, the view
+    files of about 40 tables that keep 200 snapshots each, their metadata logs at 100 files);
+    past it the least recently used entries go, and a collection reads those files again
+    (a worker with more such tables than fit reads them at every pass, each manifest once). A file the collection deletes
     is forgotten (:meth:`forget`), so the entries follow the views' live files.
     :attr:`hits` and :attr:`misses` count the files found kept and read."""
 
@@ -1798,7 +1801,7 @@ class ViewReferences:
         listed = load_metadata(deep, path).snapshots
         found = _Snapshots(
             array("q", (s.snapshot_id for s in listed)),
-            tuple(relative(deep, s.manifest_list) for s in listed),
+            tuple(_interned(relative(deep, s.manifest_list)) for s in listed),
         )
         self._put(deep, path, found)
         return found
@@ -1814,7 +1817,7 @@ class ViewReferences:
         listed = _read_manifest_list(deep, path)
         if read is not None:
             read.update(listed)
-        found = tuple(listed)
+        found = tuple(sys.intern(m) for m in listed)
         self._put(deep, path, found)
         return found
 
@@ -1832,7 +1835,7 @@ class ViewReferences:
         prefix = path.rsplit("/metadata/", 1)[0] + "/"
         found = _Files(
             tuple(
-                rel
+                sys.intern(rel)
                 for e in manifest().fetch_manifest_entry(io, discard_deleted=False)
                 if (rel := relative(deep, e.data_file.file_path)) is not None
                 and rel.startswith(prefix)
@@ -1840,6 +1843,12 @@ class ViewReferences:
         )
         self._put(deep, path, found)
         return found.paths
+
+
+def _interned(path: str | None) -> str | None:
+    """``path``, one string for all equal ones: every earlier metadata file lists the same
+    manifest lists again, and each holds them."""
+    return None if path is None else sys.intern(path)
 
 
 def _read_manifest_list(deep: DeepStore, path: str) -> dict[str, ManifestFile]:
