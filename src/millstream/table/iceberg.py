@@ -1720,7 +1720,7 @@ def live_files(manifest: Manifest) -> set[str]:
 
 
 #: References (paths and snapshot ids) :class:`ViewReferences` holds at most by default: some
-#: 35 MB (see its docstring).
+#: 27-35 MB (see its docstring).
 DEFAULT_VIEW_REFERENCES = 1_000_000
 
 
@@ -1739,11 +1739,12 @@ class ViewReferences:
     and the files published since the first, not every retained snapshot's.
 
     Bounded by :attr:`max_refs` references (paths and snapshot ids held; with the entries'
-    own cost about 35 bytes each, ``bench/view_gc.py``: 1,000,000 is some 35 MB, the view
-    files of about 40 tables that keep 200 snapshots each, their metadata logs at 100 files);
-    past it the least recently used entries go, and a collection reads those files again
-    (a worker with more such tables than fit reads them at every pass, each manifest once). A file the collection deletes
-    is forgotten (:meth:`forget`), so the entries follow the views' live files.
+    own cost 27-35 bytes each, measured by ``bench/view_gc.py``: 1,000,000 is some 27-35 MB,
+    the view files of about 37 tables that list 240 snapshots each, their metadata logs at
+    100 files); past it the least recently used entries go, and a collection reads those
+    files again (a worker with more such tables than fit reads them at every pass, each
+    manifest once). A file the collection deletes is forgotten (:meth:`forget`), so the
+    entries follow the views' live files.
     :attr:`hits` and :attr:`misses` count the files found kept and read."""
 
     def __init__(self, max_refs: int = DEFAULT_VIEW_REFERENCES) -> None:
