@@ -78,6 +78,7 @@ FOOTERS_TEST = "tests/unit/table/test_sealed_reads_trust_only_proven_footers.py"
 FILES_SOURCE = "src/millstream/ingest/sources/files.py"
 SEALER_FILE = "src/millstream/sealing/sealer.py"
 DEAD_LETTERS = "tests/contract/test_dead_letters_only_with_bad_records.py::"
+VIEW_GC_TEST = "tests/contract/test_contract_iceberg_view_gc_references.py"
 SHARED_COMMIT = "tests/contract/test_postgres_shared_commit.py"
 POLL_FILE = "src/millstream/table/poll.py"
 POLL_TEST = "tests/unit/table/test_poll_reads.py"
@@ -2151,10 +2152,10 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         what="the view's GC keeps the manifest list, manifests, delete and merged-row files "
         "of every retained snapshot, not only the current one's",
         old="""\
-            if snap.snapshot_id < oldest or snap.snapshot_id in seen:
+        if snapshot_id < oldest or snapshot_id in seen:
 """,
         new="""\
-            if snap.snapshot_id != current.current_snapshot_id:  # MUTATION
+        if snapshot_id != current.current_snapshot_id:  # MUTATION
 """,
         tests=(
             "tests/contract/test_contract_iceberg_view.py::"
@@ -2388,10 +2389,10 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         what="the view's GC keeps the files of every retained snapshot (the commit-path "
         "campaign's view check finds a retained snapshot referencing a missing file)",
         old="""\
-            if snap.snapshot_id < oldest or snap.snapshot_id in seen:
+        if snapshot_id < oldest or snapshot_id in seen:
 """,
         new="""\
-            if snap.snapshot_id != current.current_snapshot_id:  # MUTATION
+        if snapshot_id != current.current_snapshot_id:  # MUTATION
 """,
         tests=(COMMIT_CAMPAIGN,),
     ),
@@ -3565,6 +3566,59 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "tests/unit/sealing/test_iceberg_publish_blocks.py::"
             "test_views_stay_exact_as_the_blocks_are_rebuilt_joined_and_emptied",
         ),
+    ),
+    Guard(
+        name="viewgc-references-keyed-by-the-deep-store",
+        file="src/millstream/table/iceberg.py",
+        what="ViewReferences: what a view file references is kept by the deep store (its URI "
+        "and root, which the relative paths held depend on) and the file's path, so a copy's "
+        "answers never stand for the original's",
+        old="""\
+        return (deep.uri, location(deep, ""), path)
+""",
+        new="""\
+        return ("", "", path)  # MUTATION: by path alone
+""",
+        tests=(f"{VIEW_GC_TEST}::test_a_copy_of_the_deep_store_does_not_answer_for_the_original",),
+    ),
+    Guard(
+        name="viewgc-expired-snapshots-filtered-after-the-lookup",
+        file="src/millstream/table/iceberg.py",
+        what="referenced_view_files: the oldest kept version is applied at every collection to "
+        "every snapshot, those the references kept for an earlier metadata file included, so "
+        "an expired snapshot's files go",
+        old="""\
+        if snapshot_id < oldest or snapshot_id in seen:
+""",
+        new="""\
+        if snapshot_id in seen:  # MUTATION: expired snapshots kept
+""",
+        tests=(
+            f"{VIEW_GC_TEST}::"
+            "test_collections_with_the_references_warm_keep_what_a_cold_collection_keeps",
+        ),
+        select="sqlite-local",
+    ),
+    Guard(
+        name="viewgc-current-metadata-read-at-every-collection",
+        file="src/millstream/table/iceberg.py",
+        what="referenced_view_files: the metadata file the pointer names is read at every "
+        "collection, never kept: a later collection keeps the snapshots published since",
+        old="""\
+    current = load_metadata(deep, pointer.metadata_location)
+    keep = {pointer.metadata_location}
+""",
+        new="""\
+    current = referenced_view_files.__dict__.setdefault(  # MUTATION: kept per table
+        (deep.uri, table), load_metadata(deep, pointer.metadata_location)
+    )
+    keep = {pointer.metadata_location}
+""",
+        tests=(
+            f"{VIEW_GC_TEST}::"
+            "test_collections_with_the_references_warm_keep_what_a_cold_collection_keeps",
+        ),
+        select="sqlite-local",
     ),
 )
 

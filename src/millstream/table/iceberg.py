@@ -36,9 +36,12 @@ that loses the race leaves its files unreferenced (garbage collection removes th
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
 import threading
 import uuid
+from array import array
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from copy import copy
@@ -61,6 +64,7 @@ from pyiceberg.manifest import (
     ManifestEntryStatus,
     ManifestFile,
     ManifestWriterV2,
+    read_manifest_list,
     write_manifest_list,
 )
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
@@ -1715,41 +1719,239 @@ def live_files(manifest: Manifest) -> set[str]:
 # -- garbage collection -----------------------------------------------------------------------
 
 
-def referenced_view_files(store: MetadataStore, deep: DeepStore, table: str) -> set[str]:
+#: References (paths and snapshot ids) :class:`ViewReferences` holds at most by default: some
+#: 27-35 MB (see its docstring).
+DEFAULT_VIEW_REFERENCES = 1_000_000
+
+
+class ViewReferences:
+    """What the immutable files of Iceberg views reference, for :func:`referenced_view_files`.
+
+    Every file a publish writes under a view's directory (a ``metadata.json``, a manifest
+    list, a manifest) has a new name and never changes, so what it references can be kept by
+    its path: an earlier metadata file's snapshots (each one's id and manifest list), a
+    manifest list's manifests, a manifest's files under the view's directory (delete files,
+    merged-row files; every entry, deleted ones too). Kept by the deep store (its URI and
+    root: the paths held are relative to it) and the file's path; nothing else is kept here
+    (not the pointer's current metadata, whose log tells which earlier files count, not
+    which snapshots are retained, not whether a file exists): the collection applies those to
+    the answers every time. A table's second collection then reads only its current metadata
+    and the files published since the first, not every retained snapshot's.
+
+    Bounded by :attr:`max_refs` references (paths and snapshot ids held; with the entries'
+    own cost 27-35 bytes each, measured by ``bench/view_gc.py``: 1,000,000 is some 27-35 MB,
+    the view files of about 37 tables that list 240 snapshots each, their metadata logs at
+    100 files); past it the least recently used entries go, and a collection reads those
+    files again (a worker with more such tables than fit reads them at every pass, each
+    manifest once). A file the collection deletes is forgotten (:meth:`forget`), so the
+    entries follow the views' live files.
+    :attr:`hits` and :attr:`misses` count the files found kept and read."""
+
+    def __init__(self, max_refs: int = DEFAULT_VIEW_REFERENCES) -> None:
+        self.max_refs = max_refs
+        #: References the entries hold (each entry counts one more for itself).
+        self.refs = 0
+        self.hits = 0
+        self.misses = 0
+        self._entries: OrderedDict[tuple[str, str, str], _Referenced] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(deep: DeepStore, path: str) -> tuple[str, str, str]:
+        return (deep.uri, location(deep, ""), path)
+
+    def _get(self, deep: DeepStore, path: str) -> _Referenced | None:
+        key = self._key(deep, path)
+        with self._lock:
+            held = self._entries.get(key)
+            if held is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            self._entries.move_to_end(key)
+            return held
+
+    def _put(self, deep: DeepStore, path: str, value: _Referenced) -> None:
+        key = self._key(deep, path)
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.refs -= _weight(old)
+            self._entries[key] = value
+            self.refs += _weight(value)
+            while self.refs > self.max_refs and len(self._entries) > 1:
+                _, gone = self._entries.popitem(last=False)
+                self.refs -= _weight(gone)
+
+    def forget(self, deep: DeepStore, path: str) -> None:
+        """Drop what is kept of ``path`` (deleted: never asked again)."""
+        with self._lock:
+            gone = self._entries.pop(self._key(deep, path), None)
+            if gone is not None:
+                self.refs -= _weight(gone)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def snapshots(self, deep: DeepStore, path: str) -> _Snapshots:
+        """The snapshots the metadata file ``path`` lists, every one: their ids and their
+        manifest lists (relative; None for one outside the deep store)."""
+        held = self._get(deep, path)
+        if isinstance(held, _Snapshots):
+            return held
+        listed = load_metadata(deep, path).snapshots
+        found = _Snapshots(
+            array("q", (s.snapshot_id for s in listed)),
+            tuple(_interned(relative(deep, s.manifest_list)) for s in listed),
+        )
+        self._put(deep, path, found)
+        return found
+
+    def manifests(
+        self, deep: DeepStore, path: str, read: dict[str, ManifestFile] | None = None
+    ) -> tuple[str, ...]:
+        """The manifests (relative paths) the manifest list ``path`` lists; when it reads
+        the list, its manifests go to ``read`` too (by relative path, for :meth:`files`)."""
+        held = self._get(deep, path)
+        if isinstance(held, tuple):
+            return held
+        listed = _read_manifest_list(deep, path)
+        if read is not None:
+            read.update(listed)
+        found = tuple(sys.intern(m) for m in listed)
+        self._put(deep, path, found)
+        return found
+
+    def files(
+        self, deep: DeepStore, path: str, manifest: Callable[[], ManifestFile]
+    ) -> tuple[str, ...]:
+        """The files (relative paths) under the view's directory (the manifest's own, the
+        part of ``path`` before ``/metadata/``) that the manifest ``path``'s entries name,
+        deleted entries too; ``manifest()`` gives the manifest list's entry of it, to read it
+        when it is not kept."""
+        held = self._get(deep, path)
+        if isinstance(held, _Files):
+            return held.paths
+        io = DeepStoreIO(deep)
+        prefix = path.rsplit("/metadata/", 1)[0] + "/"
+        found = _Files(
+            tuple(
+                sys.intern(rel)
+                for e in manifest().fetch_manifest_entry(io, discard_deleted=False)
+                if (rel := relative(deep, e.data_file.file_path)) is not None
+                and rel.startswith(prefix)
+            )
+        )
+        self._put(deep, path, found)
+        return found.paths
+
+
+def _interned(path: str | None) -> str | None:
+    """``path``, one string for all equal ones: every earlier metadata file lists the same
+    manifest lists again, and each holds them."""
+    return None if path is None else sys.intern(path)
+
+
+def _read_manifest_list(deep: DeepStore, path: str) -> dict[str, ManifestFile]:
+    """The manifests the manifest list ``path`` lists, by relative path, in its order."""
+    io = DeepStoreIO(deep)
+    return {
+        io._path(m.manifest_path): m for m in read_manifest_list(io.new_input(location(deep, path)))
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshots:
+    """An earlier metadata file's snapshots: ``ids[i]``'s manifest list is ``lists[i]``."""
+
+    ids: array[int]
+    lists: tuple[str | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Files:
+    """The view's files a manifest's entries name."""
+
+    paths: tuple[str, ...]
+
+
+_Referenced = _Snapshots | tuple[str, ...] | _Files
+
+
+def _weight(value: _Referenced) -> int:
+    if isinstance(value, _Snapshots):
+        return 1 + len(value.ids)
+    if isinstance(value, _Files):
+        return 1 + len(value.paths)
+    return 1 + len(value)
+
+
+#: The process's :class:`ViewReferences`: every table maintenance in the process
+#: (:func:`millstream.table.maintain.maintain`) collects through it.
+VIEW_REFERENCES: Final = ViewReferences()
+
+
+def referenced_view_files(
+    store: MetadataStore,
+    deep: DeepStore,
+    table: str,
+    references: ViewReferences | None = None,
+) -> set[str]:
     """Every file of ``table``'s view (relative paths under :func:`view_prefix`) that a
     retained snapshot needs: the current metadata file and the earlier ones its log lists
     whose snapshot is retained, and of every retained snapshot (manifest version at or above
     the oldest kept one) they list, its manifest list, manifests, delete files and merged-row
-    files."""
+    files.
+
+    The current metadata file is read every time (the pointer names it); what the immutable
+    files reference comes from ``references`` (a fresh :class:`ViewReferences` if None: each
+    manifest is still read once, not once per snapshot that lists it). Which earlier metadata
+    files count (their version, whether they exist) and which snapshots are retained are
+    decided here, every time, after the lookup."""
     pointer = store.read_pointer(table)
     if pointer is None:
         return set()
     oldest = store.oldest_kept_version(table)
-    io = DeepStoreIO(deep)
+    refs = references if references is not None else ViewReferences()
     current = load_metadata(deep, pointer.metadata_location)
     keep = {pointer.metadata_location}
-    metadata = [current]
+    listed: list[tuple[int, str | None]] = [
+        (s.snapshot_id, relative(deep, s.manifest_list)) for s in current.snapshots
+    ]
     for entry in current.metadata_log:
         rel = relative(deep, entry.metadata_file)
         if rel is None or _version_of(rel) < oldest or not deep.exists(rel):
             continue
         keep.add(rel)
-        metadata.append(load_metadata(deep, rel))
+        found = refs.snapshots(deep, rel)
+        listed.extend(zip(found.ids, found.lists, strict=True))
     prefix = view_prefix(table) + "/"
+    read: dict[str, ManifestFile] = {}
     seen: set[int] = set()
-    for md in metadata:
-        for snap in md.snapshots:
-            if snap.snapshot_id < oldest or snap.snapshot_id in seen:
-                continue
-            seen.add(snap.snapshot_id)
-            keep.add(io._path(snap.manifest_list))
-            for m in snap.manifests(io):
-                keep.add(io._path(m.manifest_path))
-                for e in m.fetch_manifest_entry(io, discard_deleted=False):
-                    rel = relative(deep, e.data_file.file_path)
-                    if rel is not None and rel.startswith(prefix):
-                        keep.add(rel)
+    for snapshot_id, manifest_list in listed:
+        if snapshot_id < oldest or snapshot_id in seen:
+            continue
+        seen.add(snapshot_id)
+        if manifest_list is None:
+            raise ValueError(f"a manifest list of {table} is not in the deep store {deep.uri!r}")
+        keep.add(manifest_list)
+        for m in refs.manifests(deep, manifest_list, read):
+            if m in keep:
+                continue  # listed by an earlier snapshot: its files are kept already
+            keep.add(m)
+            of = functools.partial(_manifest_of, deep, read, manifest_list, m)
+            keep.update(rel for rel in refs.files(deep, m, of) if rel.startswith(prefix))
     return keep
+
+
+def _manifest_of(
+    deep: DeepStore, read: dict[str, ManifestFile], manifest_list: str, path: str
+) -> ManifestFile:
+    """The entry of manifest ``path`` in ``manifest_list``: from ``read`` (the lists read
+    this collection), else read again (the list was kept, its manifest was not)."""
+    if path not in read:
+        read.update(_read_manifest_list(deep, manifest_list))
+    return read[path]
 
 
 def _version_of(path: str) -> int:
@@ -1767,15 +1969,17 @@ def collect_view_garbage(
     grace_seconds: float,
     now: float,
     dry_run: bool = False,
+    references: ViewReferences | None = None,
 ) -> list[StoredFile]:
     """Delete the files of ``table``'s view that no retained snapshot needs
-    (:func:`referenced_view_files`) and that are older than the grace period (a publish in
-    progress writes its files before it moves the pointer). Lists before it reads the
-    references, as :func:`millstream.table.gc.collect_garbage` does."""
+    (:func:`referenced_view_files`, through ``references``: a long-lived maintainer's, so its
+    next collection reads only what was published since) and that are older than the grace
+    period (a publish in progress writes its files before it moves the pointer). Lists before
+    it reads the references, as :func:`millstream.table.gc.collect_garbage` does."""
     files = deep.list_files(view_prefix(table))
     if not files:
         return []
-    referenced = referenced_view_files(store, deep, table)
+    referenced = referenced_view_files(store, deep, table, references)
     cutoff = now - grace_seconds
     doomed = [
         f
@@ -1785,4 +1989,6 @@ def collect_view_garbage(
     if not dry_run:
         for f in doomed:
             deep.delete(f.path)
+            if references is not None:
+                references.forget(deep, f.path)
     return doomed

@@ -62,6 +62,7 @@ def maintain(
     clock: Clock = SYSTEM_CLOCK,
     publish_cache: Any = None,
     publish_view: bool = True,
+    view_references: Any = None,
 ) -> Maintenance:
     """Expire ``table``'s old versions, then delete the files no kept version references and
     that are older than the grace period (see :func:`millstream.table.gc.collect_garbage`).
@@ -69,20 +70,28 @@ def maintain(
     ``publish_cache`` if given (a :class:`~millstream.table.iceberg.PublishCache`: the
     process's publisher's, so its next publish still builds on the snapshot); not with
     ``publish_view=False`` (a publisher of another process drops the expired snapshots at its
-    next publish)."""
+    next publish). What the view's immutable files reference is kept between two collections
+    of its garbage in ``view_references`` (a :class:`~millstream.table.iceberg.ViewReferences`;
+    None: the process's, :data:`~millstream.table.iceberg.VIEW_REFERENCES`)."""
     expiry = store.expire_versions(table, now=clock.now(), dry_run=dry_run)
     removed = collect_garbage_files(
         store, deep, table, grace_seconds=grace_seconds, clock=clock, dry_run=dry_run
     )
     if store.read_pointer(table) is not None:
         # lazy: pyiceberg (about a second to import) loads only where a table has a view
-        from millstream.table.iceberg import collect_view_garbage, publish
+        from millstream.table.iceberg import VIEW_REFERENCES, collect_view_garbage, publish
 
         if not dry_run and publish_view:
             # The Iceberg view drops the snapshots of the versions that just expired.
             publish(store, deep, table, cache=publish_cache)
         removed += collect_view_garbage(
-            store, deep, table, grace_seconds=grace_seconds, now=clock.now(), dry_run=dry_run
+            store,
+            deep,
+            table,
+            grace_seconds=grace_seconds,
+            now=clock.now(),
+            dry_run=dry_run,
+            references=VIEW_REFERENCES if view_references is None else view_references,
         )
     return Maintenance(
         table,
