@@ -6,6 +6,7 @@ in the background."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +18,14 @@ from typer.testing import CliRunner
 import millstream.spark.runner as runner_module
 import millstream.spark.session as session
 from millstream.cli.app import app
+
+
+@pytest.fixture(autouse=True)
+def _pandas_importable_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ``--available-now`` run installs its pandas hold-off, and one stopped here never
+    lifts it: restored after each test, or every later test in this process that imports
+    pandas fails."""
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
 
 
 class _Started(Exception):
