@@ -2889,12 +2889,12 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         what="Sealer._quiet: a pass whose read of the changes since its last read fails reads "
         "the manifest as before (an unknown answer never skips a pass)",
         old="""\
-            log.warning("cannot read the manifest changes of %s: %s", self.table, exc)
-            return False
+                log.warning("cannot read the manifest changes of %s: %s", self.table, exc)
+                return False
 """,
         new="""\
-            log.warning("cannot read the manifest changes of %s: %s", self.table, exc)
-            return True  # MUTATION: an unknown answer skips the pass
+                log.warning("cannot read the manifest changes of %s: %s", self.table, exc)
+                return True  # MUTATION: an unknown answer skips the pass
 """,
         tests=(
             "tests/unit/sealing/test_sealer.py::"
@@ -3564,6 +3564,23 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         tests=(
             "tests/unit/sealing/test_iceberg_publish_blocks.py::"
             "test_views_stay_exact_as_the_blocks_are_rebuilt_joined_and_emptied",
+        ),
+    ),
+    Guard(
+        name="sealing-reads-only-after-the-remembered-version",
+        file=SEALER_FILE,
+        what="_quiet: a worker-wide read of the tables' changes stands in for a pass's own "
+        "read only when it was taken after the version the pass remembered; changes after "
+        "another version would miss appends (a due run never sealed) or count them twice",
+        old="""\
+            and prefetched.after == last.version
+""",
+        new="""\
+            and True  # MUTATION: changes after any version
+""",
+        tests=(
+            "tests/unit/sealing/test_sealer.py::"
+            "test_a_worker_wide_read_after_another_version_than_the_remembered_one_is_not_used",
         ),
     ),
 )
