@@ -3583,6 +3583,23 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_a_worker_wide_read_after_another_version_than_the_remembered_one_is_not_used",
         ),
     ),
+    Guard(
+        name="commit-log-unread-only-at-the-same-size",
+        file="src/millstream/spark/runner.py",
+        what="CommitLogTotals.update: a log is left unread only while its size (with its "
+        "device, inode and modification time) is that of the last read: an append within the "
+        "file system's timestamp granularity is still counted",
+        old="""\
+        seen = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+""",
+        new="""\
+        seen = (st.st_dev, st.st_ino, 0, st.st_mtime_ns)  # MUTATION: the size not compared
+""",
+        tests=(
+            "tests/unit/api/test_api_metrics.py::"
+            "test_a_log_unchanged_since_its_last_read_is_not_opened_and_every_append_is_counted",
+        ),
+    ),
 )
 
 

@@ -277,7 +277,8 @@ class Worker:
         states = {r.name: r for r in self.registry.list()}
         self._reconcile_shared(mine, states)
         self._clean_state_dirs()
-        self._heartbeat()
+        if not self.beat_loop.alive:  # else it beats at the same interval: once is enough
+            self._heartbeat()
 
     # -- one shared query for every writer ---------------------------------------------------
 
