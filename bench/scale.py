@@ -1203,6 +1203,7 @@ def report_c_ab(ab: dict[str, Any], log: Any) -> None:
             "own_cpu_s_per_batch": one["worker_cpu_s_by_kind"].get(own, 0.0) / one["batches"]
             if one["batches"]
             else float("nan"),
+            "own_cpu_cores": one["worker_cpu_s_by_kind"].get(own, 0.0) / one["window_s"],
             "cpu_s_per_batch": one["cpu_s_per_batch"],
             "p99_s_worst": one["p99_s_worst"],
             "p99_s_median": one["p99_s_median"],
@@ -1220,7 +1221,8 @@ def report_c_ab(ab: dict[str, Any], log: Any) -> None:
         )
         log(
             f"(c) {label}: the worker's own process {figures['own_cpu_s_per_batch']:.3f} CPU-s "
-            f"a batch (by minute {minutes}), the tree {figures['cpu_s_per_batch']:.2f}, "
+            f"a batch (by minute {minutes}), {figures['own_cpu_cores']:.3f} CPU-s a second, "
+            f"the tree {figures['cpu_s_per_batch']:.2f} CPU-s a batch, "
             f"{one['batches']} batches, p99 worst {figures['p99_s_worst']:.2f}s median "
             f"{figures['p99_s_median']:.2f}s, load {one['load'][0]}{ratios}"
         )
