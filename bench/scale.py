@@ -6,6 +6,8 @@ Run from the repository root (not part of CI; about 12 minutes, ``--quick`` abou
     .venv/bin/python bench/scale.py --quick              # 200,000 rows, 1 round, 20 s steps
     .venv/bin/python bench/scale.py --skip b --json /tmp/scale.json
     .venv/bin/python bench/scale.py --skip a,b --topics 100 --topic-rate 10 --seconds 180
+    .venv/bin/python bench/scale.py --skip a,b --c-variants one --seconds 180 \
+        --c-src before=/tmp/main-checkout --c-src after=.   # A/B of the worker's own CPU
     # options: --rows N, --rounds N, --partitions 4,64,256, --streams 1,4,8,16,
     #          --rate R (per datastream), --seconds S (per step),
     #          --skip a,b,c, --keep  (the catch-up of a many-topic backlog: bench/backlog.py)
@@ -53,7 +55,10 @@ the worker JVM's heap every 5 s (``jstat -gc``: used, committed, old generation)
 batches and CPU-s a batch minute by minute.
 It is then deleted, and the same topics get a datastream each on the same worker, measured
 the same way (``--c-variants one`` stops after the first; ``--topics 200 --topic-rate 5`` is
-the issue's second case).
+the issue's second case). ``--c-src LABEL=DIR`` (repeatable) runs the first variant once per
+source tree, in order, each with fresh processes importing ``DIR/src`` (a ``git worktree add``
+of another commit), and prints the worker's own process's CPU-s a batch (over the window and
+by minute), the batches and p99 of each, with their ratios to the first's.
 
 Prints both tables and the verdicts against issue 15's targets (64 partitions catch up at
 >= 0.8x the rows/s of 4 partitions; 8 datastreams on one worker each keep p99 freshness <=
@@ -889,7 +894,9 @@ def all_caught_up(api: Any, names: list[str], producer: Producer, store: Any) ->
 # ---------------------------------------------------------------------------------------------
 
 
-def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
+def part_c(
+    args: argparse.Namespace, base: Path, log: Any, src: Path | None = None
+) -> dict[str, Any]:
     """``--topics`` topics of one partition each, ``--topic-rate`` records/s each, into ONE
     worker: first as one datastream naming them all (``source.topics``, a table each), then,
     in the same run on the same worker and topics, as a datastream per topic. Each variant
@@ -904,7 +911,13 @@ def part_c(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
     home.mkdir(parents=True)
     url = f"sqlite:///{home / 'metadata.db'}"
     broker = TansuBroker(base / "tansu-c").start()
-    cluster = Cluster(home=home, metadata_url=url)
+    # ``src``: the services (controller, worker and the processes it starts) import the
+    # millstream of that source tree (``--c-src``); this process's sampler reads the store
+    cluster = Cluster(
+        home=home,
+        metadata_url=url,
+        env={"PYTHONPATH": str(src / "src")} if src is not None else {},
+    )
     store = MetadataStore(url)
     n = args.topics
     topics = [f"c{i:03d}" for i in range(n)]
@@ -1172,6 +1185,50 @@ def report(res: dict[str, Any], log: Any) -> None:
             )
 
 
+def _label_dir(text: str) -> tuple[str, Path]:
+    label, sep, path = text.partition("=")
+    if not sep or not label or not Path(path, "src", "millstream").is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: want LABEL=DIR with DIR/src/millstream")
+    return label, Path(path).resolve()
+
+
+def report_c_ab(ab: dict[str, Any], log: Any) -> None:
+    """Per ``--c-src`` tree: the worker's own process's CPU-s a batch over the window and
+    minute by minute, the batches and p99, and their ratios to the first tree's."""
+    own = "millstream worker (driver)"
+    base: dict[str, float] | None = None
+    for label, c in ab.items():
+        one = c["one_datastream"]
+        figures = {
+            "own_cpu_s_per_batch": one["worker_cpu_s_by_kind"].get(own, 0.0) / one["batches"]
+            if one["batches"]
+            else float("nan"),
+            "own_cpu_cores": one["worker_cpu_s_by_kind"].get(own, 0.0) / one["window_s"],
+            "cpu_s_per_batch": one["cpu_s_per_batch"],
+            "p99_s_worst": one["p99_s_worst"],
+            "p99_s_median": one["p99_s_median"],
+            "batches": float(one["batches"]),
+        }
+        minutes = ", ".join(
+            str(m["cpu_s_per_batch_by_kind"].get(own, "-")) for m in one["by_minute"]
+        )
+        ratios = (
+            ""
+            if base is None
+            else " (x "
+            + ", ".join(f"{k} {v / base[k]:.2f}" for k, v in figures.items() if base[k])
+            + " of the first)"
+        )
+        log(
+            f"(c) {label}: the worker's own process {figures['own_cpu_s_per_batch']:.3f} CPU-s "
+            f"a batch (by minute {minutes}), {figures['own_cpu_cores']:.3f} CPU-s a second, "
+            f"the tree {figures['cpu_s_per_batch']:.2f} CPU-s a batch, "
+            f"{one['batches']} batches, p99 worst {figures['p99_s_worst']:.2f}s median "
+            f"{figures['p99_s_median']:.2f}s, load {one['load'][0]}{ratios}"
+        )
+        base = base or figures
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="200k rows, 1 round, 20 s steps")
@@ -1192,6 +1249,16 @@ def main(argv: list[str] | None = None) -> int:
         "--c-variants",
         default="one,each",
         help="(c) one: one datastream of every topic; each: then a datastream per topic",
+    )
+    ap.add_argument(
+        "--c-src",
+        action="append",
+        type=_label_dir,
+        default=[],
+        metavar="LABEL=DIR",
+        help="(c) run its first variant once per source tree DIR (a checkout: DIR/src), in "
+        "order, each with fresh processes, and print the worker's own CPU-s a batch and p99 "
+        "against the first's (repeatable)",
     )
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: a,b,c")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -1217,10 +1284,19 @@ def main(argv: list[str] | None = None) -> int:
             res["a"] = part_a(args, base, log)
         if "b" not in skip:
             res["b"] = part_b(args, base, log)
-        if "c" not in skip:
+        if "c" not in skip and args.c_src:
+            res["c_ab"] = {}
+            for label, src in args.c_src:
+                log(f"(c) --c-src {label}: {src}")
+                (base / label).mkdir()
+                res["c_ab"][label] = part_c(args, base / label, log, src)
+            res["c"] = res["c_ab"][args.c_src[-1][0]]
+        elif "c" not in skip:
             res["c"] = part_c(args, base, log)
     res["load_end"] = common.load()
     report(res, log)
+    if res.get("c_ab"):
+        report_c_ab(res["c_ab"], log)
     common.save_results("scale", res, args.json, log)
     return 0
 

@@ -2890,12 +2890,12 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         what="Sealer._quiet: a pass whose read of the changes since its last read fails reads "
         "the manifest as before (an unknown answer never skips a pass)",
         old="""\
-            log.warning("cannot read the manifest changes of %s: %s", self.table, exc)
-            return False
+                log.warning("cannot read the manifest changes of %s: %s", self.table, exc)
+                return False
 """,
         new="""\
-            log.warning("cannot read the manifest changes of %s: %s", self.table, exc)
-            return True  # MUTATION: an unknown answer skips the pass
+                log.warning("cannot read the manifest changes of %s: %s", self.table, exc)
+                return True  # MUTATION: an unknown answer skips the pass
 """,
         tests=(
             "tests/unit/sealing/test_sealer.py::"
@@ -3619,6 +3619,60 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_collections_with_the_references_warm_keep_what_a_cold_collection_keeps",
         ),
         select="sqlite-local",
+    ),
+    Guard(
+        name="sealing-reads-only-after-the-remembered-version",
+        file=SEALER_FILE,
+        what="_quiet: a worker-wide read of the tables' changes stands in for a pass's own "
+        "read only when it was taken after the version the pass remembered; changes after "
+        "another version would miss appends (a due run never sealed) or count them twice",
+        old="""\
+            and prefetched.after == last.version
+""",
+        new="""\
+            and True  # MUTATION: changes after any version
+""",
+        tests=(
+            "tests/unit/sealing/test_sealer.py::"
+            "test_a_worker_wide_read_after_another_version_than_the_remembered_one_is_not_used",
+        ),
+    ),
+    Guard(
+        name="commit-log-unread-only-at-the-same-size",
+        file="src/millstream/spark/runner.py",
+        what="CommitLogTotals.update: a log is left unread only while its size (with its "
+        "device, inode and modification time) is that of the last read: an append within the "
+        "file system's timestamp granularity is still counted",
+        old="""\
+        seen = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+""",
+        new="""\
+        seen = (st.st_dev, st.st_ino, 0, st.st_mtime_ns)  # MUTATION: the size not compared
+""",
+        tests=(
+            "tests/unit/api/test_api_metrics.py::"
+            "test_a_log_unchanged_since_its_last_read_is_not_opened_and_every_append_is_counted",
+        ),
+    ),
+    Guard(
+        name="sealing-reads-failure-leaves-each-pass-its-own",
+        file="src/millstream/control/worker.py",
+        what="Worker._sealing_reads: a failed read of all the tables' sealing changes leaves "
+        "each table's pass to read its own; it does not end the worker's sealing pass (no "
+        "table sealed while the store blips)",
+        old="""\
+        except Exception as exc:  # each pass reads its own (and reports its own failure)
+            log.warning("worker %s: cannot read its tables' sealing changes: %s", self.id, exc)
+            return {}
+""",
+        new="""\
+        except ZeroDivisionError:  # MUTATION: the failure ends the pass
+            return {}
+""",
+        tests=(
+            "tests/unit/control/test_worker_table_pause.py::"
+            "test_a_workers_sealing_pass_reads_its_tables_changes_at_once_or_each_on_its_own",
+        ),
     ),
 )
 

@@ -71,6 +71,7 @@ from millstream.errors import (
 from millstream.ingest.sources import spec_reader
 from millstream.ingest.sources.base import latest_offsets_of
 from millstream.metastore.engine import STORE_ERRORS
+from millstream.metastore.models import SealingReads
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.maintenance import Maintainer
 from millstream.sealing.publishing import PublisherProcess
@@ -276,7 +277,8 @@ class Worker:
         states = {r.name: r for r in self.registry.list()}
         self._reconcile_shared(mine, states)
         self._clean_state_dirs()
-        self._heartbeat()
+        if not self.beat_loop.alive:  # else it beats at the same interval: once is enough
+            self._heartbeat()
 
     # -- one shared query for every writer ---------------------------------------------------
 
@@ -799,7 +801,11 @@ class Worker:
     def seal(self) -> None:
         """Seal what is due for every datastream this worker runs actively. Runs on its own
         thread: consumption never waits for a seal (pauseless). Each table's pass is
-        supervised on its own: a failure backs off that table only."""
+        supervised on its own: a failure backs off that table only. What each table's pass
+        reads before it decides anything (its force commits, its manifest's changes since its
+        last read) is read for all the due tables at once, in one transaction; if that read
+        fails, each pass reads its own as before."""
+        due: list[tuple[str, DatastreamSpec, Supervisor]] = []
         for ds, w in list(self.writers.items()):
             if w.role != "active" or not w.running or w.runner is None or not self._made(w):
                 continue
@@ -811,8 +817,26 @@ class Worker:
                 )
                 self.seal_supervisors[ds] = supervisor
             if supervisor.due():
-                supervisor.attempt(self._seal_table, ds, spec)
+                due.append((ds, spec, supervisor))
+        reads = self._sealing_reads([(ds, spec.table_name) for ds, spec, _ in due])
+        for ds, spec, supervisor in due:
+            supervisor.attempt(self._seal_table, ds, spec, reads.get(spec.table_name))
         self.maintainer.run_due(self.active_tables())
+
+    def _sealing_reads(self, tables: list[tuple[str, str]]) -> dict[str, SealingReads]:
+        """The sealing passes' first reads of the tables ``tables`` ((datastream, table)), in
+        one store transaction (:meth:`MetadataStore.sealing_reads`), or none if it fails."""
+        if not tables:
+            return {}
+        afters = {}
+        for ds, table in tables:
+            sealer = self.sealers.get(ds)
+            afters[table] = sealer.remembered_version if sealer is not None else None
+        try:
+            return self.catalog.store.sealing_reads(afters)
+        except Exception as exc:  # each pass reads its own (and reports its own failure)
+            log.warning("worker %s: cannot read its tables' sealing changes: %s", self.id, exc)
+            return {}
 
     def active_tables(self) -> dict[str, list[str]]:
         """Per datastream this worker runs actively: its table and its dead-letter table."""
@@ -843,7 +867,7 @@ class Worker:
         if self.publisher is not None:
             self.publisher.run_due(self.active_tables())
 
-    def _seal_table(self, ds: str, spec: DatastreamSpec) -> None:
+    def _seal_table(self, ds: str, spec: DatastreamSpec, read: SealingReads | None = None) -> None:
         sealer = self.sealers.get(ds)
         if sealer is None:
             seg = spec.segments
@@ -855,7 +879,7 @@ class Worker:
                 clock=self.clock,
             )
             self.sealers[ds] = sealer
-        sealer.seal_due()
+        sealer.seal_due(read)
 
     def sealing_status(self) -> dict[str, dict[str, Any]]:
         """Per datastream: its sealer's status (per-partition failures, last seal) and, under

@@ -22,7 +22,7 @@ before then by the repair scan is skipped, an operator's start retries at once.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,14 +102,23 @@ def get_job(conn: Connection, job_id: str) -> Job:
 def force_commit_targets(conn: Connection, table: str) -> dict[int, int]:
     """Per partition, the highest segment sequence some force commit of ``table`` named: a
     sealer seals the partition now while it has an unsealed segment at or below it."""
+    return force_commit_targets_of(conn, [table]).get(table, {})
+
+
+def force_commit_targets_of(conn: Connection, tables: Sequence[str]) -> dict[str, dict[int, int]]:
+    """:func:`force_commit_targets` of each of ``tables`` (those with none left out), in ONE
+    query: a worker's sealing pass asks it of all its tables at once."""
     j = s.controller_jobs
     rows = conn.execute(
-        select(j.c.payload).where(j.c.table_name == table, j.c.kind == FORCE_COMMIT)
+        select(j.c.table_name, j.c.payload).where(
+            j.c.table_name.in_(list(tables)), j.c.kind == FORCE_COMMIT
+        )
     ).all()
-    out: dict[int, int] = {}
-    for (payload,) in rows:
+    out: dict[str, dict[int, int]] = {}
+    for table, payload in rows:
+        targets = out.setdefault(table, {})
         for p, seq in payload.get("segments", []):
-            out[int(p)] = max(out.get(int(p), -1), int(seq))
+            targets[int(p)] = max(targets.get(int(p), -1), int(seq))
     return out
 
 

@@ -115,6 +115,18 @@ class ManifestChanges:
 
 
 @dataclass(frozen=True, slots=True)
+class SealingReads:
+    """What one table's sealing pass reads of the store before it decides anything, read for
+    all of a worker's tables in one transaction (``MetadataStore.sealing_reads``): its force
+    commits' targets (partition -> the highest segment sequence named) and, when the pass
+    remembered a manifest version (``after``), what changed after it (``changes``)."""
+
+    forced: dict[int, int]
+    after: int | None = None
+    changes: ManifestChanges | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Manifest:
     """The entries visible at one manifest version: a consistent snapshot of a table."""
 

@@ -72,6 +72,7 @@ from millstream.metastore.models import (
     Entry,
     Manifest,
     ManifestChanges,
+    SealingReads,
     Shard,
     ShardAppend,
     TableInfo,
@@ -186,6 +187,23 @@ class MetadataStore:
         with self.read() as conn:
             version = tables.manifest_version(conn, name)
             return reads.changes_since(conn, name, after, version)
+
+    def sealing_reads(self, afters: Mapping[str, int | None]) -> dict[str, SealingReads]:
+        """For each table of ``afters`` that exists: its force commits' targets
+        (:meth:`force_commit_targets`) and, where ``afters`` gives the version its sealing
+        pass last read, what changed after it (:meth:`manifest_changes`), all in ONE read
+        transaction: a worker's sealing pass over 100 tables made 200 small transactions of
+        these, a fifth of its own process (issue 38). Each table's answer is the one its own
+        reads would give."""
+        with self.read() as conn:
+            versions = tables.manifest_versions(conn, list(afters))
+            forced = jobs.force_commit_targets_of(conn, list(versions))
+            out: dict[str, SealingReads] = {}
+            for name, version in versions.items():
+                after = afters[name]
+                changes = None if after is None else reads.changes_since(conn, name, after, version)
+                out[name] = SealingReads(forced.get(name, {}), after, changes)
+            return out
 
     def table_specs(self, names: Sequence[str]) -> dict[str, TableSpec]:
         """The specs of the tables ``names`` that exist, in one read: a shared query's write

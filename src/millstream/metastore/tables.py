@@ -179,6 +179,14 @@ def manifest_version(conn: Connection, name: str) -> int:
     return int(v)
 
 
+def manifest_versions(conn: Connection, names: Sequence[str]) -> dict[str, int]:
+    """:func:`manifest_version` of each of the tables ``names`` that exist, in ONE query (a
+    table missing is left out)."""
+    t = s.tables
+    rows = conn.execute(select(t.c.name, t.c.manifest_version).where(t.c.name.in_(list(names))))
+    return {str(name): int(v) for name, v in rows}
+
+
 def table_specs(conn: Connection, names: Sequence[str]) -> dict[str, TableSpec]:
     """The specs of the tables ``names`` that exist, in ONE read (a table missing is left
     out: the caller decides what its absence means)."""

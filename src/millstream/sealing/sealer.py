@@ -56,7 +56,13 @@ from millstream.errors import (
     SegmentChangedError,
 )
 from millstream.metastore.claims import DEFAULT_CLAIM_TTL
-from millstream.metastore.models import Entry, Manifest, ManifestChanges, SegmentState
+from millstream.metastore.models import (
+    Entry,
+    Manifest,
+    ManifestChanges,
+    SealingReads,
+    SegmentState,
+)
 from millstream.metastore.swaps import (
     CompactedSegment,
     SealedSegment,
@@ -448,17 +454,30 @@ class Sealer:
 
     # -- sealing ---------------------------------------------------------------------------
 
-    def seal_due(self) -> list[SealResult]:
+    @property
+    def remembered_version(self) -> int | None:
+        """The manifest version the last pass read (and later passes judged the appends
+        since): what a worker's read of all its tables' changes asks after, or None when the
+        next pass reads the manifest anyway."""
+        return self._last_read.version if self._last_read is not None else None
+
+    def seal_due(self, read: SealingReads | None = None) -> list[SealResult]:
         """Seal every partition whose thresholds are reached. Failures are recorded and the
         partition is retried with exponential backoff (capped at a minute), never raised: this
-        runs in the background beside the writers."""
+        runs in the background beside the writers. ``read`` is this table's part of a read of
+        all of a worker's tables (``MetadataStore.sealing_reads``), taken at the start of the
+        worker's pass; without it the pass reads its own."""
         out: list[SealResult] = []
-        try:
-            forced: dict[int, int] | None = self.store.force_commit_targets(self.table)
-        except Exception as exc:  # the store is down: thresholds still apply, the next pass asks
-            log.warning("cannot read force commits of %s: %s", self.table, exc)
-            forced = None
-        if forced is not None and self._quiet(forced):
+        forced: dict[int, int] | None
+        if read is not None:
+            forced = dict(read.forced)
+        else:
+            try:
+                forced = self.store.force_commit_targets(self.table)
+            except Exception as exc:  # the store is down: thresholds apply, the next pass asks
+                log.warning("cannot read force commits of %s: %s", self.table, exc)
+                forced = None
+        if forced is not None and self._quiet(forced, read):
             self.passes_skipped += 1
             return out
         forced = forced or {}
@@ -500,7 +519,7 @@ class Sealer:
             return
         self._last_read = _LastRead(manifest.version, {p: _Run.of(run) for p, run in runs.items()})
 
-    def _quiet(self, forced: dict[int, int]) -> bool:
+    def _quiet(self, forced: dict[int, int], prefetched: SealingReads | None = None) -> bool:
         """Whether nothing is due since the last pass's manifest read, judged from what changed
         since it (``MetadataStore.manifest_changes``: the entries added, how many removed), so
         this pass may skip the manifest read (and the compaction check, which depends on the
@@ -511,18 +530,28 @@ class Sealer:
         current version with the appends in it. The cost of a skipped pass grows with the
         appends since the last pass, not with a table's unsealed entries (a busy table's
         version moves every batch). A skipped pass only delays a seal by one pass: the manifest
-        is read as soon as anything else changes or comes due, or the changes cannot be read."""
+        is read as soon as anything else changes or comes due, or the changes cannot be read.
+        ``prefetched``'s changes stand in for this read only when they are the changes after the
+        version remembered: changes after another version would count appends twice or miss
+        them for good (the remembered runs move on past them)."""
         last = self._last_read
         if last is None or self.failures or self.compaction_failures:
             return False
         now = self.clock.now()
         if any(t > now for t in self._next_try.values()):
             return False
-        try:
-            changes = self.store.manifest_changes(self.table, after=last.version)
-        except Exception as exc:  # unknown: read the manifest as before
-            log.warning("cannot read the manifest changes of %s: %s", self.table, exc)
-            return False
+        if (
+            prefetched is not None
+            and prefetched.changes is not None
+            and prefetched.after == last.version
+        ):
+            changes = prefetched.changes
+        else:
+            try:
+                changes = self.store.manifest_changes(self.table, after=last.version)
+            except Exception as exc:  # unknown: read the manifest as before
+                log.warning("cannot read the manifest changes of %s: %s", self.table, exc)
+                return False
         read = last.advanced(changes)
         if read is None:
             return False  # not appends alone since the last read: read the manifest

@@ -159,6 +159,9 @@ class SharedQueryRunner:
         self.on_transient = on_transient
         self._wake = threading.Event()
         self.query: Any = None
+        #: ``self.query`` and its ids, asked of the JVM once a query (two py4j calls each
+        #: status, and the worker's heartbeat asks every tick)
+        self._ids: tuple[Any, str, str] | None = None
         self._stopping = False
         #: The running query's members (see :mod:`millstream.spark.membership`): the file,
         #: its generation (one more at each start, join and leave) and each member's entry.
@@ -404,9 +407,12 @@ class SharedQueryRunner:
         """The query's ids (a join or a leave keeps them; a restart changes the run id), its
         members and its counts of starts, joins and leaves."""
         query = self.query
+        ids = self._ids
+        if query is not None and (ids is None or ids[0] is not query):
+            ids = self._ids = (query, str(query.id), str(query.runId))
         return {
-            "query_id": str(query.id) if query is not None else None,
-            "run_id": str(query.runId) if query is not None else None,
+            "query_id": ids[1] if query is not None and ids is not None else None,
+            "run_id": ids[2] if query is not None and ids is not None else None,
             "members": sorted(self.members),
             "generation": self.generation,
             "starts": self.starts,

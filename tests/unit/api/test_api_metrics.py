@@ -6,6 +6,7 @@ is down."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -212,6 +213,37 @@ def test_only_appended_ranges_are_counted_and_a_log_is_read_once(
     newer = json.dumps({"batch_id": 7, **_row_counts(first)})
     log.write_text((newer + "\n") * 3)
     assert totals.update(log) == {0: {"consumed": 210, "dead_lettered": 10}}
+
+
+def test_a_log_unchanged_since_its_last_read_is_not_opened_and_every_append_is_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker updates every table's totals each heartbeat: a log with nothing new is not
+    opened, and a line appended within the file system's timestamp granularity (the same
+    modification time) is counted all the same."""
+    log = tmp_path / "commits.jsonl"
+    line = json.dumps({"batch_id": 0, "consumed": {"0": 5}, "dead_lettered": {}})
+    log.write_text(line + "\n")
+    totals = CommitLogTotals()
+    assert totals.update(log) == {0: {"consumed": 5, "dead_lettered": 0}}
+    opened: list[str] = []
+    real_open = Path.open
+
+    def counted(self: Path, *args: Any, **kwargs: Any) -> Any:
+        opened.append(self.name)
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", counted)
+    for _ in range(3):
+        assert totals.update(log) == {0: {"consumed": 5, "dead_lettered": 0}}
+    assert opened == []
+
+    before = log.stat()
+    with real_open(log, "a") as f:
+        f.write(line + "\n")
+    os.utime(log, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert totals.update(log) == {0: {"consumed": 10, "dead_lettered": 0}}
+    assert opened == ["commits.jsonl"]
 
 
 def _closed_port() -> int:

@@ -132,3 +132,72 @@ def test_a_patterns_table_is_not_sealed_or_maintained_before_its_writer_made_it(
     finally:
         worker._stop_shared()
         catalog.close()
+
+
+def test_a_workers_sealing_pass_reads_its_tables_changes_at_once_or_each_on_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's sealing pass reads every table's force commits and manifest changes in one
+    store read (``sealing_reads``), not two reads a table; when that read fails, each table's
+    pass reads its own and the pass goes on (none of the tables' passes fails)."""
+    FakeShared.install(monkeypatch)
+    clock = ManualClock(start=1_800_000_000.0)
+    catalog = Catalog.open(home=tmp_path / "home")
+    Registry(catalog.store, clock=clock).create(
+        DatastreamSpec.parse(
+            {
+                "name": "shop",
+                "source": {
+                    "kind": "kafka",
+                    "bootstrap_servers": "127.0.0.1:1",
+                    "topic_pattern": r"shop\..*",
+                },
+                "table": {"mode": "upsert", "primary_key": ["id"]},
+                "schema": {"id": "long", "v": "string"},
+            }
+        )
+    )
+    heartbeat(catalog.store, "w", status="RUNNING", info={}, clock=clock)
+    Controller(catalog, controller_id="c", clock=clock).tick()
+    worker = Worker(
+        catalog,
+        None,
+        worker_id="w",
+        settings=ControlSettings(),
+        clock=clock,
+        state_root=tmp_path / "state",
+    )
+    worker.topics.lister = lambda source: ["shop.alpha", "shop.beta"]
+    store = catalog.store
+    calls: list[str] = []
+    for name in ("sealing_reads", "force_commit_targets", "manifest_changes"):
+        real = getattr(store, name)
+
+        def counted(*args: object, _real: object = real, _name: str = name, **kw: object) -> object:
+            calls.append(_name)
+            return _real(*args, **kw)  # type: ignore[operator]
+
+        monkeypatch.setattr(store, name, counted)
+    try:
+        worker.tick()
+        for w in worker.writers.values():
+            assert w.runner is not None
+            w.runner.ensure_tables()
+        worker.seal()  # the first pass reads each manifest and remembers it
+        calls.clear()
+        worker.seal()
+        assert calls == ["sealing_reads"]  # not a read of each table's force commits
+
+        def down(afters: object) -> object:
+            calls.append("sealing_reads")
+            raise ConnectionError("metadata store unreachable")
+
+        monkeypatch.setattr(store, "sealing_reads", down)
+        calls.clear()
+        worker.seal()
+        assert calls == ["sealing_reads", "force_commit_targets", "force_commit_targets"]
+        assert sorted(worker.sealers) == ["shop.alpha", "shop.beta"]
+        assert all(s.status(alive=True).errors == 0 for s in worker.seal_supervisors.values())
+    finally:
+        worker._stop_shared()
+        catalog.close()

@@ -353,6 +353,49 @@ def test_a_pass_whose_changes_cannot_be_read_reads_the_manifest_and_seals_what_i
     feed.assert_table_equals_model()
 
 
+def test_a_pass_judges_the_appends_from_a_worker_wide_read_taken_after_its_remembered_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker reads all its tables' changes in one transaction (``sealing_reads``): a
+    table's pass judges its appends from that read, without reads of its own, and seals
+    when they make a run due."""
+    feed, sealer, reads = _sealer(tmp_path, monkeypatch)
+    own: list[str] = []
+    real = feed.cat.store.manifest_changes
+
+    def counted(table: str, *, after: int) -> Any:
+        own.append(table)
+        return real(table, after=after)
+
+    monkeypatch.setattr(feed.cat.store, "manifest_changes", counted)
+    feed.batch(1, 5)  # partition 1: 15 rows, below flush_rows 25
+    read = feed.cat.store.sealing_reads({"t": sealer.remembered_version, "nothere": None})
+    assert set(read) == {"t"}  # a table missing is left out
+    assert sealer.seal_due(read["t"]) == []
+    assert (reads, own) == ([], [])
+    feed.batch(1, 10)  # 25 rows: due
+    read = feed.cat.store.sealing_reads({"t": sealer.remembered_version})
+    assert [r.partition for r in sealer.seal_due(read["t"])] == [1]
+    assert own == []
+    feed.assert_table_equals_model()
+
+
+def test_a_worker_wide_read_after_another_version_than_the_remembered_one_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Changes read after a later version than the pass remembered miss the appends between:
+    judged from them, the run that those appends made due would not be sealed (nor counted
+    by any later pass, the remembered read having moved past them). The pass reads its own."""
+    feed, sealer, _ = _sealer(tmp_path, monkeypatch)
+    feed.batch(1, 15)  # partition 1: 25 rows, due by rows
+    current = feed.cat.manifest("t").version
+    stale = feed.cat.store.sealing_reads({"t": current})["t"]  # nothing after `current`
+    assert stale.changes is not None and stale.changes.added == ()
+    assert sealer.remembered_version != current
+    assert [r.partition for r in sealer.seal_due(stale)] == [1]
+    feed.assert_table_equals_model()
+
+
 def test_another_sealers_seals_between_passes_are_seen_and_compacted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
