@@ -348,7 +348,7 @@ GUARDS: tuple[Guard, ...] = (
         file="src/millstream/sealing/reingest.py",
         what="reingest_segment: the rebuilt file stays after a CommitStateUnknownError",
         old="""\
-    except (SegmentChangedError, CommitConflictError):
+    except (SegmentChangedError, CommitConflictError, StagedFileExpiredError):
 """,
         new="""\
     except BaseException:  # MUTATION: the file is deleted after an unknown outcome too
@@ -680,6 +680,24 @@ GUARDS: tuple[Guard, ...] = (
         tests=(
             _guard_test(
                 "test_a_reingestion_refuses_a_rebuilt_file_older_than_gc_could_have_deleted"
+            ),
+        ),
+    ),
+    Guard(
+        name="reingest-file-age-checked-right-before-commit",
+        file="src/millstream/sealing/reingest.py",
+        what="reingest_segment: the rebuilt file's age is checked again inside the swap's "
+        "transaction, right before COMMIT: a stall between the first check and the swap longer "
+        "than GC's grace would swap in a file GC has deleted",
+        old="""\
+            precondition=young_enough,
+""",
+        new="""\
+            precondition=None,  # MUTATION: judged by the check before the transaction only
+""",
+        tests=(
+            _guard_test(
+                "test_a_reingestion_stalled_before_its_swap_lands_nothing_once_its_file_is_too_old"
             ),
         ),
     ),

@@ -322,6 +322,34 @@ def test_a_reingestion_refuses_a_rebuilt_file_older_than_gc_could_have_deleted(
     pipe.assert_reads_every_row_once()
 
 
+def test_a_reingestion_stalled_before_its_swap_lands_nothing_once_its_file_is_too_old(
+    pipe: Pipeline,
+) -> None:
+    """The rebuilt file was young when written, but the swap's transaction began only after
+    the staged-file limit (a lock wait, a paused controller): by then garbage collection may
+    have deleted the unreferenced file, so the swap must not land."""
+    segment = f"{TABLE}__0__1"
+    before = {e.id: e.file_path for e in pipe.catalog.manifest(TABLE).entries}
+    files = {f.path for f in pipe.catalog.deep.list_files(table_data_prefix(TABLE))}
+    slow = ManualClock(time.time())
+    store = pipe.catalog.store
+    original_replace = store.replace_entry
+
+    def stalled_replace(*args: Any, **kw: Any) -> Any:
+        slow.advance(MAX_STAGED_AGE_SECONDS + 1)  # stalled between its check and the swap
+        return original_replace(*args, **kw)
+
+    store.replace_entry = stalled_replace  # type: ignore[method-assign]
+    try:
+        with pytest.raises(StagedFileExpiredError):
+            reingest_segment(pipe.catalog, pipe.ds, segment, clock=slow)
+    finally:
+        store.replace_entry = original_replace  # type: ignore[method-assign]
+    assert {e.id: e.file_path for e in pipe.catalog.manifest(TABLE).entries} == before
+    assert {f.path for f in pipe.catalog.deep.list_files(table_data_prefix(TABLE))} == files
+    pipe.assert_reads_every_row_once()
+
+
 def test_a_live_claim_is_left_alone(pipe: Pipeline) -> None:
     other = Sealer(pipe.catalog, TABLE)
     held: list[object] = []

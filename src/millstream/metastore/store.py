@@ -494,14 +494,25 @@ class MetadataStore:
         )
 
     def replace_entry(
-        self, old: Entry, *, file_path: str, row_count: int, size_bytes: int
+        self,
+        old: Entry,
+        *,
+        file_path: str,
+        row_count: int,
+        size_bytes: int,
+        precondition: Callable[[], None] | None = None,
     ) -> Entry:
         """A re-ingestion's swap (:func:`~millstream.metastore.swaps.replace_entry`), its
         unknown outcome reconciled by re-reading."""
         return reconcile(
             self,
             swaps.replace_entry(
-                self.clock, old, file_path=file_path, row_count=row_count, size_bytes=size_bytes
+                self.clock,
+                old,
+                file_path=file_path,
+                row_count=row_count,
+                size_bytes=size_bytes,
+                precondition=precondition,
             ),
         )
 

@@ -6,7 +6,7 @@ operations table is in :mod:`millstream.metastore.manifest`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Connection
@@ -292,7 +292,13 @@ def replace_sealed(
 
 
 def replace_entry(
-    clock: Clock, old: Entry, *, file_path: str, row_count: int, size_bytes: int
+    clock: Clock,
+    old: Entry,
+    *,
+    file_path: str,
+    row_count: int,
+    size_bytes: int,
+    precondition: Callable[[], None] | None = None,
 ) -> Reconcilable[Entry]:
     """Swap a rebuilt file in for segment ``old`` (same partition, sequence number and offset
     range). A sealed segment stays ONLINE; any other becomes CONSUMING with no claim: if a
@@ -300,7 +306,9 @@ def replace_entry(
     takes the fresh entry (copying COMMITTING would leave it claimed by nobody, forever).
 
     Precondition: ``old`` is live and unchanged since this transaction read it (compare-and-set
-    with a rowcount check); else :class:`SegmentChangedError`."""
+    with a rowcount check); else :class:`SegmentChangedError`. ``precondition`` (the rebuilt
+    file still younger than garbage collection's grace allows) runs last, right before COMMIT,
+    so a swap is judged by when it lands, not by when its caller last looked."""
     where = f"re-ingestion of segment {old.name}"
 
     def _txn(conn: Connection) -> Entry:
@@ -340,6 +348,8 @@ def replace_entry(
         publish_version(conn, info, "reingest", now)
         new = get_entry(conn, new_id)
         assert new is not None
+        if precondition is not None:
+            precondition()  # last, with every lock held: right before COMMIT
         return new
 
     def _landed(conn: Connection) -> Entry | None:

@@ -128,15 +128,25 @@ def reingest_segment(
         rows = engine_for(table_spec).compact(rows, floor=floor)
     path = f"{table_data_prefix(entry.table)}/reingest-p{entry.partition}-s{entry.seq}-{uuid.uuid4().hex}.parquet"
     size = catalog.deep.write_parquet(path, rows)
-    age = clock.now() - written_at
-    if age > max_staged_age:
-        catalog.deep.delete(path)
-        raise StagedFileExpiredError(path, age, max_staged_age)
+
+    def young_enough() -> None:
+        age = clock.now() - written_at
+        if age > max_staged_age:
+            raise StagedFileExpiredError(path, age, max_staged_age)
+
     try:
+        young_enough()  # before the transaction: no swap attempted for a file already too old
+        # and again inside it, right before COMMIT: a stall between this line and the swap
+        # (a lock wait, a paused process) longer than GC's grace would otherwise swap in a
+        # file GC has already deleted
         return catalog.store.replace_entry(
-            entry, file_path=path, row_count=rows.num_rows, size_bytes=size
+            entry,
+            file_path=path,
+            row_count=rows.num_rows,
+            size_bytes=size,
+            precondition=young_enough,
         )
-    except (SegmentChangedError, CommitConflictError):
+    except (SegmentChangedError, CommitConflictError, StagedFileExpiredError):
         # The swap refused (precondition) or gave up (lost every compare-and-set): nothing
         # references the file. On anything else (an unknown outcome a re-read did not resolve,
         # an interrupt during COMMIT) the swap may have landed: the file stays for GC.
