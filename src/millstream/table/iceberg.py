@@ -14,9 +14,9 @@ Parquet file of the view (``merged/``) and their physical rows deleted, so every
 version equals Millstream's read, unsealed partial updates included.
 
 Everything is written with pyiceberg's own models and writers: the table metadata
-(``TableMetadataV2`` through ``update_table_metadata``), the manifest list, the data manifest
-and the delete manifest (:class:`DeleteManifestWriter`, pyiceberg's V2 writer whose content is
-DELETES). Millstream's Parquet files carry no Iceberg field ids, so the table property
+(``TableMetadataV2``, by the steps of pyiceberg's ``update_table_metadata``), the manifest
+list, the data manifest and the delete manifest (:class:`DeleteManifestWriter`, pyiceberg's
+V2 writer whose content is DELETES). Millstream's Parquet files carry no Iceberg field ids, so the table property
 ``schema.name-mapping.default`` maps column names to ids; ids stay stable across schema
 changes (pyiceberg's ``union_by_name`` against the previous schema).
 
@@ -43,6 +43,7 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from copy import copy
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Final, cast
 
@@ -79,10 +80,13 @@ from pyiceberg.table.update import (
     SetPropertiesUpdate,
     SetSnapshotRefUpdate,
     TableUpdate,
-    update_table_metadata,
+    _apply_table_update,
+    _TableMetadataUpdateContext,
+    _update_table_metadata_log,
 )
 from pyiceberg.table.update.schema import UpdateSchema
 from pyiceberg.typedef import Record
+from pyiceberg.utils.datetime import datetime_to_millis
 
 from millstream.core.engines import engine_for
 from millstream.errors import CommitStateUnknownError, VersionExpiredError
@@ -1130,6 +1134,31 @@ class PublishResult:
     stats: dict[str, int] = field(default_factory=dict)
 
 
+def updated_metadata(
+    base: TableMetadata, updates: Sequence[TableUpdate], *, metadata_location: str | None
+) -> TableMetadata:
+    """``base`` with ``updates`` applied: pyiceberg's ``update_table_metadata`` (0.12: the same
+    steps, its own functions) without its closing deep copy of the whole result. Each update
+    builds a new model around the lists it changes (``model_copy(update=...)``) and no model is
+    changed in place afterwards, so the result shares the snapshots, schemas and log entries
+    it kept with ``base``. The deep copy cost a publish time and memory in proportion to the
+    snapshots a view lists (up to ``retention.iceberg_snapshots``, 240 by default), at every
+    publish; the file written is the same (``test_iceberg_metadata_update.py``)."""
+    context = _TableMetadataUpdateContext()
+    new = base
+    for update in updates:
+        new = _apply_table_update(update, new, context)
+    if context.has_changes():
+        if metadata_location:
+            new = _update_table_metadata_log(new, metadata_location, base.last_updated_ms)
+        if base.last_updated_ms == new.last_updated_ms:
+            now = datetime_to_millis(datetime.now().astimezone())
+            new = new.model_copy(update={"last_updated_ms": now})
+    new.spec().check_compatible(new.schema())
+    new.sort_order().check_compatible(new.schema())
+    return new
+
+
 def load_metadata(deep: DeepStore, path: str) -> TableMetadata:
     return FromInputFile.table_metadata(_file(deep, path))
 
@@ -1334,7 +1363,7 @@ def write_snapshot(
     if view is None:
         assert previous is not None and previous.current_snapshot_id is not None
         expired = tuple(s.snapshot_id for s in previous.snapshots if s.snapshot_id < oldest_kept)
-        metadata = update_table_metadata(
+        metadata = updated_metadata(
             previous,
             (RemoveSnapshotsUpdate(snapshot_ids=list(expired)),),
             metadata_location=previous_location,
@@ -1536,7 +1565,7 @@ def write_snapshot(
     expired = tuple(s.snapshot_id for s in base.snapshots if s.snapshot_id < oldest_kept)
     if expired:
         updates.append(RemoveSnapshotsUpdate(snapshot_ids=list(expired)))
-    metadata = update_table_metadata(base, tuple(updates), metadata_location=previous_location)
+    metadata = updated_metadata(base, updates, metadata_location=previous_location)
     metadata_path = f"{prefix}/metadata/{tag}.metadata.json"
     ToOutputFile.table_metadata(metadata, _file(deep, metadata_path, create=True))
     published: dict[str, PublishedFile] = {
