@@ -37,6 +37,8 @@ retention, a cache or a dict that only grows), then RSS after ``gc.collect()``, 
 pool's ``release_unused()`` and after glibc's ``malloc_trim(0)``: memory that comes back then
 was freed and kept by an allocator, not held by the publisher.
 
+With ``--src``, each tree's wall seconds a round are printed beside its CPU (a publish's fsyncs
+wait, they do not compute).
 ``--profile B1,B2``: the rounds after those batches run under cProfile, and the functions
 with the most own time and the most cumulative time are printed. ``--src NAME=DIR``
 (repeated): each tree's ``src`` runs the same in a fresh process of its own (alternating,
@@ -259,13 +261,13 @@ def main() -> None:
         if (b + 1) % args.every == 0:
             clock.advance(20)
             profiler = cProfile.Profile() if b + 1 in profiled else None
-            c0 = time.process_time()
+            c0, w0 = time.process_time(), time.perf_counter()
             if profiler is not None:
                 profiler.enable()
             publisher.run_due(handed)
             if profiler is not None:
                 profiler.disable()
-            cpu = time.process_time() - c0
+            cpu, wall = time.process_time() - c0, time.perf_counter() - w0
             rounds += 1
             c_all += cpu
             entries = len(cat.manifest(names[0]).entries)
@@ -292,6 +294,7 @@ def main() -> None:
                     "batch": b + 1,
                     "entries": entries,
                     "cpu": cpu,
+                    "wall": wall,
                     "rss": rss,
                     "heap": heap,
                     "misses": misses,
@@ -365,6 +368,7 @@ def compare(args: argparse.Namespace) -> None:
     rss: dict[str, dict[int, list[float]]] = {n: {} for n in trees}
     heap: dict[str, dict[int, list[float]]] = {n: {} for n in trees}
     read: dict[str, dict[int, list[float]]] = {n: {} for n in trees}
+    walls: dict[str, dict[int, list[float]]] = {n: {} for n in trees}
     trimmed: dict[str, list[float]] = {n: [] for n in trees}
     entries: dict[int, int] = {}
 
@@ -385,6 +389,7 @@ def compare(args: argparse.Namespace) -> None:
                 rss[name].setdefault(row["batch"], []).append(row["rss"])
                 heap[name].setdefault(row["batch"], []).append(row["heap"])
                 read[name].setdefault(row["batch"], []).append(row.get("misses", 0))
+                walls[name].setdefault(row["batch"], []).append(row.get("wall", 0.0))
                 entries[row["batch"]] = row["entries"]
             elif args.memory and line.startswith(("  ", "from", "RSS", "the Python", "pymalloc")):
                 common.log(f"  [{name}] {line}")
@@ -427,8 +432,13 @@ def compare(args: argparse.Namespace) -> None:
         grow = (med(rss[name][b1]) - med(rss[name][b0])) * per
         hgrow = (med(heap[name][b1]) - med(heap[name][b0])) * per
         after = f", {med(trimmed[name]):.0f} MB after a trim" if trimmed[name] else ""
+        wall = [med(v) for v in walls[name].values()]
+        late = batches[len(batches) // 2 :]  # the second half: the longest snapshot lists
+        late_cpu = sum(med(rounds[name][b]) for b in late) / len(late)
+        late_wall = sum(med(walls[name][b]) for b in late) / len(late)
         common.log(
-            f"{name}: {sum(cpu) / len(cpu):.3f} CPU-s a round; RSS {med(rss[name][b0]):.0f} MB "
+            f"{name}: {sum(cpu) / len(cpu):.3f} CPU-s and {sum(wall) / len(wall):.3f} s of wall "
+            f"a round ({late_cpu:.3f} and {late_wall:.3f} over the second half's rounds); RSS {med(rss[name][b0]):.0f} MB "
             f"at batch {b0}, {med(rss[name][b1]):.0f} at {b1} ({grow:+.1f} MB a 100 rounds; "
             f"Python heap {hgrow:+.1f}){after}"
         )

@@ -3425,13 +3425,14 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         name="iceberg-files-synced-before-the-pointer",
         file="src/millstream/table/iceberg.py",
         what="_SyncedOnClose.close: a file of a local deep store written through pyiceberg (a "
-        "manifest, the manifest list, metadata.json) is fsynced when its stream closes, before "
-        "the pointer's compare-and-set names it (a torn metadata.json would stick the view)",
+        "manifest, the manifest list, metadata.json) is named, once its stream closes, among "
+        "the files write_snapshot syncs before it returns, so before the pointer's "
+        "compare-and-set names it (a torn metadata.json would stick the view)",
         old="""\
-            self._deep.sync(self._path)  # before the pointer names it
+                self._unsynced.append(self._path)  # synced by its writer, with the others
 """,
         new="""\
-            pass  # MUTATION: left in the page cache
+                pass  # MUTATION: left out of the files synced before the pointer moves
 """,
         tests=(
             "tests/unit/table/test_staged_files_durable.py::"
@@ -3690,6 +3691,40 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         tests=(
             "tests/unit/control/test_worker_table_pause.py::"
             "test_a_workers_sealing_pass_reads_its_tables_changes_at_once_or_each_on_its_own",
+        ),
+    ),
+    Guard(
+        name="iceberg-data-manifest-reused-only-while-all-its-files-live",
+        file="src/millstream/table/iceberg.py",
+        what="write_snapshot: a previous snapshot's data manifest is listed again only while "
+        "every file it lists is still in the new view (after a seal, the manifests naming the "
+        "replaced micro-batch files are written again without them)",
+        old="""\
+        if paths <= entries.keys()
+""",
+        new="""\
+        if True  # MUTATION: a manifest listing files that left the table listed again
+""",
+        tests=(
+            "tests/unit/sealing/test_iceberg_manifest_tiers.py::"
+            "test_a_publish_writes_the_entries_of_its_new_files_and_tiers_of_the_rest",
+        ),
+    ),
+    Guard(
+        name="iceberg-snapshot-files-synced-before-the-pointer",
+        file="src/millstream/table/iceberg.py",
+        what="write_snapshot: every file of a snapshot (manifests, delete and merged-row files, "
+        "the manifest list, the metadata file), written unsynced, is synced with its directory "
+        "before write_snapshot returns, so before the pointer's compare-and-set names it",
+        old="""\
+    deep.sync_files(unsynced)
+""",
+        new="""\
+    pass  # MUTATION: the pointer may name files still in the page cache
+""",
+        tests=(
+            "tests/unit/table/test_staged_files_durable.py::"
+            "test_an_iceberg_publishs_files_are_fsynced_before_its_pointer_names_them",
         ),
     ),
 )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -125,9 +125,12 @@ class DeepStore:
         *,
         row_group_size: int | None = None,
         dictionary: bool | Sequence[str] = True,
+        durable: bool = True,
     ) -> int:
         """Write ``table`` to ``path``; returns the file size in bytes. ``dictionary``: which
-        columns are dictionary-encoded (all by default; see :func:`dictionary_columns`)."""
+        columns are dictionary-encoded (all by default; see :func:`dictionary_columns`).
+        ``durable=False``: not synced here; the caller syncs it (:meth:`sync_files`) before
+        anything durable names it."""
         full = self._abs(path)
         parent = full.rsplit("/", 1)[0]
         self.fs.create_dir(parent, recursive=True)
@@ -139,7 +142,8 @@ class DeepStore:
             compression="zstd",
             use_dictionary=dictionary if isinstance(dictionary, bool) else list(dictionary),
         )
-        self._make_durable(full)
+        if durable:
+            self._make_durable(full)
         return int(self.fs.get_file_info(full).size or 0)
 
     def parquet_writer(self, path: str, schema: pa.Schema) -> pq.ParquetWriter:
@@ -154,15 +158,31 @@ class DeepStore:
         durable before a commit references it (a local store's: see the module's docstring)."""
         self._make_durable(self._abs(path))
 
+    def sync_files(self, paths: Iterable[str]) -> None:
+        """Make the files at ``paths``, written and closed but not synced, durable: each
+        file's data, then each of their directories once (the files' names in it) and the
+        names above it as :meth:`sync` does, so files written into one directory together
+        cost one directory sync, not one each."""
+        if not self.durable_writes:
+            return
+        files = [self._abs(p) for p in paths]
+        for each in files:
+            _fsync(each)
+        for directory in sorted({each.rsplit("/", 1)[0] for each in files}):
+            self._name_durable(directory)
+
     def _make_durable(self, full: str) -> None:
         if not self.durable_writes:
             return
         _fsync(full)
-        # its name in its directory always; then each directory's name in its parent, up to
+        self._name_durable(full.rsplit("/", 1)[0])
+
+    def _name_durable(self, directory: str) -> None:
+        # the names in the directory always; then each directory's name in its parent, up to
         # the root, unless this process synced that parent since the directory (this very
         # one: same inode) was there: one may have been created for this file, by this
         # process or another. A batch's files share their directories: one sync each.
-        parts = full[len(self.root) + 1 :].split("/")[:-1]
+        parts = directory[len(self.root) + 1 :].split("/") if directory != self.root else []
         dirs = ["/".join([self.root, *parts[:i]]) for i in range(len(parts) + 1)]
         _fsync_dir(dirs[-1])
         named: list[tuple[str, int]] = []

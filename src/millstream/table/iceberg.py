@@ -14,9 +14,9 @@ Parquet file of the view (``merged/``) and their physical rows deleted, so every
 version equals Millstream's read, unsealed partial updates included.
 
 Everything is written with pyiceberg's own models and writers: the table metadata
-(``TableMetadataV2`` through ``update_table_metadata``), the manifest list, the data manifest
-and the delete manifest (:class:`DeleteManifestWriter`, pyiceberg's V2 writer whose content is
-DELETES). Millstream's Parquet files carry no Iceberg field ids, so the table property
+(``TableMetadataV2``, by the steps of pyiceberg's ``update_table_metadata``), the manifest
+list, the data manifest and the delete manifest (:class:`DeleteManifestWriter`, pyiceberg's
+V2 writer whose content is DELETES). Millstream's Parquet files carry no Iceberg field ids, so the table property
 ``schema.name-mapping.default`` maps column names to ids; ids stay stable across schema
 changes (pyiceberg's ``union_by_name`` against the previous schema).
 
@@ -46,6 +46,7 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from copy import copy
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Final, cast
 
@@ -83,10 +84,13 @@ from pyiceberg.table.update import (
     SetPropertiesUpdate,
     SetSnapshotRefUpdate,
     TableUpdate,
-    update_table_metadata,
+    _apply_table_update,
+    _TableMetadataUpdateContext,
+    _update_table_metadata_log,
 )
 from pyiceberg.table.update.schema import UpdateSchema
 from pyiceberg.typedef import Record
+from pyiceberg.utils.datetime import datetime_to_millis
 
 from millstream.core.engines import engine_for
 from millstream.errors import CommitStateUnknownError, VersionExpiredError
@@ -157,13 +161,18 @@ def relative(deep: DeepStore, uri: str) -> str | None:
     return uri[len(base) :] if uri.startswith(base) else None
 
 
-def _file(deep: DeepStore, path: str, *, create: bool = False) -> PyArrowFile:
+def _file(
+    deep: DeepStore, path: str, *, create: bool = False, unsynced: list[str] | None = None
+) -> PyArrowFile:
+    """``path`` to read, or with ``create`` to write: durable once closed, or with
+    ``unsynced`` named there once closed, for the caller to sync (:meth:`DeepStore.sync_files`)
+    before the pointer's compare-and-set can name it."""
     full = deep._abs(path)
     if not create:
         return PyArrowFile(location(deep, path), full, deep.fs)
     deep.fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
     return (
-        _DurableFile(deep, path)
+        _DurableFile(deep, path, unsynced)
         if deep.durable_writes
         else PyArrowFile(location(deep, path), full, deep.fs)
     )
@@ -176,22 +185,27 @@ class _DurableFile(PyArrowFile):
     the pointer naming a torn ``metadata.json``, and every later publish, which loads it,
     would fail: the view would be stuck."""
 
-    def __init__(self, deep: DeepStore, path: str) -> None:
+    def __init__(self, deep: DeepStore, path: str, unsynced: list[str] | None = None) -> None:
         super().__init__(location(deep, path), deep._abs(path), deep.fs)
         self._deep = deep
         self._relative = path
+        self._unsynced = unsynced
 
     def create(self, overwrite: bool = False) -> OutputStream:
-        return _SyncedOnClose(super().create(overwrite), self._deep, self._relative)
+        return _SyncedOnClose(super().create(overwrite), self._deep, self._relative, self._unsynced)
 
 
 class _SyncedOnClose:
-    """An output stream that syncs its file once closed after a complete write."""
+    """An output stream that syncs its file once closed after a complete write (or, given
+    ``unsynced``, adds it there, for its writer to sync with the others it wrote)."""
 
-    def __init__(self, stream: OutputStream, deep: DeepStore, path: str) -> None:
+    def __init__(
+        self, stream: OutputStream, deep: DeepStore, path: str, unsynced: list[str] | None
+    ) -> None:
         self._stream = stream
         self._deep = deep
         self._path = path
+        self._unsynced = unsynced
         self._synced = False
 
     def write(self, b: bytes) -> int:
@@ -204,7 +218,10 @@ class _SyncedOnClose:
         self._stream.close()
         if not self._synced:
             self._synced = True
-            self._deep.sync(self._path)  # before the pointer names it
+            if self._unsynced is not None:
+                self._unsynced.append(self._path)  # synced by its writer, with the others
+            else:
+                self._deep.sync(self._path)  # before the pointer names it
 
     def __enter__(self) -> _SyncedOnClose:
         return self
@@ -1128,10 +1145,36 @@ class PublishResult:
     #: What the publish reused and wrote (see :class:`ViewState`): ``incremental`` (1 when it
     #: built on the previous snapshot), ``read_in_full`` (1 when it read every data file of
     #: the version: not incremental, or most of the table changed), ``data_files_changed``,
-    #: ``delete_files_reused``,
-    #: ``delete_files_written``, ``data_manifests_reused``; with a cache, ``files_read`` (the
-    #: data files whose merge columns it read from the deep store: the cache's misses).
+    #: ``delete_files_reused``, ``delete_files_written``, ``data_manifests_reused``,
+    #: ``data_entries_written`` (the data-file entries of its new manifest); with a cache,
+    #: ``files_read`` (the data files whose merge columns it read from the deep store: the
+    #: cache's misses).
     stats: dict[str, int] = field(default_factory=dict)
+
+
+def updated_metadata(
+    base: TableMetadata, updates: Sequence[TableUpdate], *, metadata_location: str | None
+) -> TableMetadata:
+    """``base`` with ``updates`` applied: pyiceberg's ``update_table_metadata`` (0.12: the same
+    steps, its own functions) without its closing deep copy of the whole result. Each update
+    builds a new model around the lists it changes (``model_copy(update=...)``) and no model is
+    changed in place afterwards, so the result shares the snapshots, schemas and log entries
+    it kept with ``base``. The deep copy cost a publish time and memory in proportion to the
+    snapshots a view lists (up to ``retention.iceberg_snapshots``, 240 by default), at every
+    publish; the file written is the same (``test_iceberg_metadata_update.py``)."""
+    context = _TableMetadataUpdateContext()
+    new = base
+    for update in updates:
+        new = _apply_table_update(update, new, context)
+    if context.has_changes():
+        if metadata_location:
+            new = _update_table_metadata_log(new, metadata_location, base.last_updated_ms)
+        if base.last_updated_ms == new.last_updated_ms:
+            now = datetime_to_millis(datetime.now().astimezone())
+            new = new.model_copy(update={"last_updated_ms": now})
+    new.spec().check_compatible(new.schema())
+    new.sort_order().check_compatible(new.schema())
+    return new
 
 
 def load_metadata(deep: DeepStore, path: str) -> TableMetadata:
@@ -1168,6 +1211,7 @@ def _write_manifest(
     schema: Schema,
     snapshot_id: int,
     files: Iterable[tuple[DataFile, int]],
+    unsynced: list[str],
 ) -> ManifestFile:
     """A manifest of ``files`` (each with the sequence number of the snapshot that added it:
     ADDED if that is ``snapshot_id``, else EXISTING, keeping its number), its own sequence
@@ -1175,7 +1219,7 @@ def _write_manifest(
     writer = writer_cls(
         UNPARTITIONED_PARTITION_SPEC,
         schema,
-        _file(deep, path, create=True),
+        _file(deep, path, create=True, unsynced=unsynced),
         snapshot_id,
         AVRO_CODEC,
     )
@@ -1197,11 +1241,27 @@ def _write_manifest(
     return manifest
 
 
-#: A snapshot's data manifests are written again as one past this many (each publish that
-#: adds files adds one). Past this many delete files in a partition, the smaller ones are
-#: merged into the new one (the largest stays as it is).
-MAX_DATA_MANIFESTS = 16
+#: A snapshot's data manifests are merged by tiers (a manifest of n files is of tier
+#: ``floor(log4(n))``): a publish's new manifest takes in the listed manifests of its tier once
+#: this many share it (itself included), and the bigger manifest that makes may take in those
+#: of its own tier in turn. So a file's entry is written again about once a tier (log4 of
+#: the table's files) rather than with the whole table every 16 publishes, and a snapshot
+#: lists at most 3 manifests a tier plus its new one, or up to ``MANIFESTS_UNMERGED``, below
+#: which nothing is merged (a small table's manifests are all listed again). Past
+#: ``MAX_DELETE_FILES_PER_PARTITION`` delete files in a partition, the smaller ones are merged
+#: into the new one (the largest stays as it is).
+MANIFEST_MERGE_FANOUT = 4
+MANIFESTS_UNMERGED = 8
 MAX_DELETE_FILES_PER_PARTITION = 8
+
+
+def manifest_tier(files: int) -> int:
+    """The tier of a data manifest of ``files`` files: ``floor(log4(files))``."""
+    tier = 0
+    while files >= MANIFEST_MERGE_FANOUT:
+        files //= MANIFEST_MERGE_FANOUT
+        tier += 1
+    return tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -1325,7 +1385,8 @@ def write_snapshot(
     Without ``view``, the new metadata only drops the expired snapshots.
 
     With ``state`` (the layout of ``previous``'s current snapshot), what did not change is
-    listed again rather than written: a data manifest whose files all remain, a data file's
+    listed again rather than written: a data manifest whose files all remain (merged by tiers:
+    :data:`MANIFEST_MERGE_FANOUT`), a data file's
     entry (with the sequence number it was added at), a delete file and its manifest when
     :func:`reusable_delete_files` says so, the merged rows' file when they did not change. New
     delete files, one per partition (of a file's lowest partition), hold the positions no
@@ -1338,17 +1399,22 @@ def write_snapshot(
     if view is None:
         assert previous is not None and previous.current_snapshot_id is not None
         expired = tuple(s.snapshot_id for s in previous.snapshots if s.snapshot_id < oldest_kept)
-        metadata = update_table_metadata(
+        metadata = updated_metadata(
             previous,
             (RemoveSnapshotsUpdate(snapshot_ids=list(expired)),),
             metadata_location=previous_location,
         )
         tag = f"{previous.current_snapshot_id:012d}-{uuid.uuid4().hex}"
         metadata_path = f"{prefix}/metadata/{tag}.metadata.json"
-        ToOutputFile.table_metadata(metadata, _file(deep, metadata_path, create=True))
+        written: list[str] = []
+        ToOutputFile.table_metadata(
+            metadata, _file(deep, metadata_path, create=True, unsynced=written)
+        )
+        deep.sync_files(written)  # before the pointer names it
         return metadata_path, expired, None, metadata
     v = view.version
     tag = f"{v:012d}-{uuid.uuid4().hex}"
+    unsynced: list[str] = []  # the files written, synced together before returning
     if state is not None and previous is not None and state.spec == spec:
         # ``previous`` is ``state``'s snapshot's metadata, written from this same spec: its
         # current schema is the one iceberg_schema would find again (at some ms a table).
@@ -1378,20 +1444,32 @@ def write_snapshot(
             entries[merged_path] = (before[merged_path].data_file, before[merged_path].seq)
         else:
             merged_path = f"{prefix}/merged/{tag}.parquet"
-            size = deep.write_parquet(merged_path, view.merged)
+            size = deep.write_parquet(merged_path, view.merged, durable=False)
+            unsynced.append(merged_path)
             entries[merged_path] = (
                 _data_file(deep, merged_path, DataFileContent.DATA, view.merged.num_rows, size),
                 v,
             )
-    data_manifests: list[tuple[ManifestFile, frozenset[str]]] = []
-    listed: set[str] = set()
-    if state is not None and len(state.data_manifests) < MAX_DATA_MANIFESTS:
-        for m, paths in state.data_manifests:
-            if paths <= entries.keys():
-                data_manifests.append((m, paths))
-                listed |= paths
+    # The data manifests: a previous one listed again while every file it lists is still in
+    # the view; the new files (and those of a manifest some of whose files left) in one new
+    # manifest, which takes in the previous ones of its tier once that tier holds
+    # MANIFEST_MERGE_FANOUT of them with it and the snapshot would list more than
+    # MANIFESTS_UNMERGED.
+    data_manifests = [
+        (m, paths)
+        for m, paths in (state.data_manifests if state is not None else ())
+        if paths <= entries.keys()
+    ]
+    rest = set(entries.keys()).difference(*(paths for _, paths in data_manifests))
+    while rest and len(data_manifests) >= MANIFESTS_UNMERGED:
+        tier = manifest_tier(len(rest))
+        same = [(m, p) for m, p in data_manifests if manifest_tier(len(p)) == tier]
+        if len(same) + 1 < MANIFEST_MERGE_FANOUT:
+            break
+        data_manifests = [(m, p) for m, p in data_manifests if manifest_tier(len(p)) != tier]
+        for _, paths in same:
+            rest |= paths
     reused_manifests = len(data_manifests)
-    rest = sorted(entries.keys() - listed)
     if rest:
         m = _write_manifest(
             deep,
@@ -1399,7 +1477,8 @@ def write_snapshot(
             ManifestWriterV2,
             schema,
             v,
-            [entries[p] for p in rest],
+            [entries[p] for p in sorted(rest)],
+            unsynced,
         )
         data_manifests.append((m, frozenset(rest)))
 
@@ -1461,7 +1540,8 @@ def write_snapshot(
         )
         name = f"{tag}-p{group}" if group >= 0 else tag
         delete_path = f"{prefix}/deletes/{name}.parquet"
-        size = deep.write_parquet(delete_path, deletes)
+        size = deep.write_parquet(delete_path, deletes, durable=False)
+        unsynced.append(delete_path)
         m = _write_manifest(
             deep,
             f"{prefix}/metadata/{name}-m1.avro",
@@ -1476,6 +1556,7 @@ def write_snapshot(
                     v,
                 )
             ],
+            unsynced,
         )
         new_deletes[delete_path] = PublishedDeletes(m, frozenset(members), group, deletes.num_rows)
         for p, pos in zip(members, positions, strict=True):
@@ -1485,7 +1566,7 @@ def write_snapshot(
     list_path = f"{prefix}/metadata/snap-{tag}.avro"
     parent = previous.current_snapshot_id if previous is not None else None
     with write_manifest_list(
-        2, _file(deep, list_path, create=True), v, parent, v, AVRO_CODEC
+        2, _file(deep, list_path, create=True, unsynced=unsynced), v, parent, v, AVRO_CODEC
     ) as writer:
         writer.add_manifests(
             [m for m, _ in data_manifests] + [d.manifest for _, d in sorted(all_deletes.items())]
@@ -1540,9 +1621,14 @@ def write_snapshot(
     expired = tuple(s.snapshot_id for s in base.snapshots if s.snapshot_id < oldest_kept)
     if expired:
         updates.append(RemoveSnapshotsUpdate(snapshot_ids=list(expired)))
-    metadata = update_table_metadata(base, tuple(updates), metadata_location=previous_location)
+    metadata = updated_metadata(base, updates, metadata_location=previous_location)
     metadata_path = f"{prefix}/metadata/{tag}.metadata.json"
-    ToOutputFile.table_metadata(metadata, _file(deep, metadata_path, create=True))
+    ToOutputFile.table_metadata(
+        metadata, _file(deep, metadata_path, create=True, unsynced=unsynced)
+    )
+    # Every file of the snapshot on disk, with its name, before the caller's compare-and-set
+    # of the pointer can name the metadata: each file once, each directory once.
+    deep.sync_files(unsynced)
     published: dict[str, PublishedFile] = {
         p: PublishedFile(entries[p][0], entries[p][1], f, tuple(holds[p]))
         for p, f in view.files.items()
@@ -1568,6 +1654,7 @@ def write_snapshot(
             "read_in_full": int(not view.incremental),
             "data_files_changed": len(changed),
             "data_manifests_reused": reused_manifests,
+            "data_entries_written": len(rest),
             "delete_files_reused": len(kept),
             "delete_files_written": len(new_deletes),
         },
