@@ -701,6 +701,25 @@ GUARDS: tuple[Guard, ...] = (
             ),
         ),
     ),
+    Guard(
+        name="seal-missing-file-of-a-replaced-segment-is-a-change",
+        file="src/millstream/sealing/sealer.py",
+        what="Sealer._read_of_a_stale_manifest: a file missing from a seal's or compaction's "
+        "read that the current manifest no longer names (re-ingested and collected meanwhile) "
+        "is SegmentChangedError, retried from the current manifest, not a segment reported "
+        "unavailable",
+        old="""\
+        if path is None or path in live:
+""",
+        new="""\
+        if True:  # MUTATION: every missing file reported unavailable
+""",
+        tests=(
+            _guard_test(
+                "test_a_compaction_whose_segment_was_re_ingested_and_collected_meanwhile_is_retried"
+            ),
+        ),
+    ),
     # The commit-path campaign, alone, catches these three (issue: "the campaign proves it can
     # fail"); each also has its own scenario or unit test above or in its module.
     Guard(

@@ -497,6 +497,35 @@ def test_a_seal_built_on_a_key_index_that_went_stale_is_discarded_and_retried(
     pipe.assert_reads_every_row_once()
 
 
+def test_a_compaction_whose_segment_was_re_ingested_and_collected_meanwhile_is_retried(
+    catalog: Catalog, tmp_path: Path
+) -> None:
+    """The compaction read the manifest, then (a frozen sealer) a segment of its window was
+    re-ingested and GC deleted the replaced file once its versions expired: the missing file
+    is the partition having changed (retried from the current manifest), not a segment to
+    re-ingest (seen in the commit-path campaign on PostgreSQL, seed 1781056226)."""
+    pipe = Pipeline(catalog, tmp_path, {"mode": "upsert", "primary_key": ["id"]})
+    for _ in range(2):
+        pipe.batch(0)
+        assert Sealer(catalog, TABLE).seal_partition(0, force=True) is not None
+    (old,) = [e.file_path for e in catalog.manifest(TABLE).entries if e.name == f"{TABLE}__0__0"]
+    assert old is not None
+
+    def reingest_and_collect() -> None:
+        reingest_segment(catalog, pipe.ds, f"{TABLE}__0__0")
+        catalog.deep.delete(old)  # its versions expired, GC collected it
+
+    sealer = _hooked(catalog, _at("before_compact_build", reingest_and_collect))
+    sealer.compaction = CompactionPolicy(min_segments=2, max_segments=6)
+    with pytest.raises(SegmentChangedError, match="replaced and collected"):
+        sealer.compact_partition(0)
+    pipe.assert_reads_every_row_once()
+    again = Sealer(catalog, TABLE)
+    again.compaction = CompactionPolicy(min_segments=2, max_segments=6)
+    assert again.compact_partition(0) is not None
+    pipe.assert_reads_every_row_once()
+
+
 def test_a_claim_that_finds_one_entry_taken_claims_none_of_the_run(pipe: Pipeline) -> None:
     run = Sealer(pipe.catalog, TABLE).pending_run(0)
     assert pipe.catalog.store.claim_run(run[-1:], owner="sealer-a") is not None

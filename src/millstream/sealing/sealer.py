@@ -54,6 +54,7 @@ from millstream.errors import (
     CommitStateUnknownError,
     InjectedFault,
     SegmentChangedError,
+    SegmentUnavailableError,
 )
 from millstream.metastore.claims import DEFAULT_CLAIM_TTL
 from millstream.metastore.models import (
@@ -669,7 +670,10 @@ class Sealer:
         swapping = False
         try:
             faults.hit("before_compact_build", partition, self)
-            rows, before, _ = merge_window(self.catalog.deep, spec, plan)
+            try:
+                rows, before, _ = merge_window(self.catalog.deep, spec, plan)
+            except SegmentUnavailableError as exc:
+                raise self._read_of_a_stale_manifest(exc) from exc
             faults.hit("before_compact_upload", partition, self)
             prefix = table_data_prefix(self.table)
             tag = f"p{partition}-s{plan.window[0].seq}-{uuid.uuid4().hex}"
@@ -745,6 +749,27 @@ class Sealer:
             )
         return result
 
+    def _read_of_a_stale_manifest(self, exc: SegmentUnavailableError) -> Exception:
+        """What a seal's missing file means: a file the current manifest no longer names (a
+        re-ingest or compaction replaced its segment after this seal read the manifest, and GC
+        deleted it) is the run or its partition having changed (:class:`SegmentChangedError`:
+        rebuilt from the current manifest next time); a file it still names is really missing
+        (the error itself, which names the segment to re-ingest)."""
+        path = exc.fields.get("path")
+        try:
+            now = self.catalog.manifest(self.table)
+            live = {e.file_path for e in now.entries} | {dv.file_path for dv in now.delete_vectors}
+        except Exception:  # cannot tell: the error as it was
+            return exc
+        if path is None or path in live:
+            return exc
+        return SegmentChangedError(
+            f"segment {exc.fields.get('segment')} of table {self.table!r} changed while it was "
+            f"read to seal or compact it (its file {path} was replaced and collected); nothing "
+            "was swapped",
+            segment=exc.fields.get("segment"),
+        )
+
     def seal_partition(
         self, partition: int, *, force: bool = False, force_up_to: int | None = None
     ) -> SealResult | None:
@@ -775,9 +800,12 @@ class Sealer:
         try:
             faults.hit("before_build", partition, self)
             spec = manifest.table.spec
-            rows = read_entries(self.catalog.deep, spec, run)
-            index = self.key_index(partition, manifest)
-            floor = None if index is None else index.comparison_floor(rows)
+            try:
+                rows = read_entries(self.catalog.deep, spec, run)
+                index = self.key_index(partition, manifest)
+                floor = None if index is None else index.comparison_floor(rows)
+            except SegmentUnavailableError as exc:
+                raise self._read_of_a_stale_manifest(exc) from exc
             sealed_rows = engine_for(spec).compact(rows, floor=floor)
             if index is not None:
                 dropped = index.superseded(sealed_rows)
