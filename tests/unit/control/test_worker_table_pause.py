@@ -82,12 +82,9 @@ def test_a_paused_table_leaves_the_shared_query_and_rejoins_on_resume(
         catalog.close()
 
 
-def test_a_patterns_table_is_not_sealed_or_maintained_before_its_writer_made_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A ``topic_pattern``'s tables are made by their writers as the shared query takes them
-    in; until then the worker's sealing and maintenance leave them alone (no error, no
-    traceback in the worker's log), and take them up once they exist."""
+def _pattern_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Catalog, Worker]:
+    """A worker assigned a ``topic_pattern`` datastream whose topics are shop.alpha and
+    shop.beta, its shared query a fake that makes no table."""
     FakeShared.install(monkeypatch)
     clock = ManualClock(start=1_800_000_000.0)
     catalog = Catalog.open(home=tmp_path / "home")
@@ -116,6 +113,16 @@ def test_a_patterns_table_is_not_sealed_or_maintained_before_its_writer_made_it(
         state_root=tmp_path / "state",
     )
     worker.topics.lister = lambda source: ["shop.alpha", "shop.beta"]
+    return catalog, worker
+
+
+def test_a_patterns_table_is_not_sealed_or_maintained_before_its_writer_made_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``topic_pattern``'s tables are made by their writers as the shared query takes them
+    in; until then the worker's sealing and maintenance leave them alone (no error, no
+    traceback in the worker's log), and take them up once they exist."""
+    catalog, worker = _pattern_worker(tmp_path, monkeypatch)
     try:
         worker.tick()
         assert FakeShared.starts == [["shop.alpha", "shop.beta"]]  # the fake makes no table
@@ -140,34 +147,7 @@ def test_a_workers_sealing_pass_reads_its_tables_changes_at_once_or_each_on_its_
     """A worker's sealing pass reads every table's force commits and manifest changes in one
     store read (``sealing_reads``), not two reads a table; when that read fails, each table's
     pass reads its own and the pass goes on (none of the tables' passes fails)."""
-    FakeShared.install(monkeypatch)
-    clock = ManualClock(start=1_800_000_000.0)
-    catalog = Catalog.open(home=tmp_path / "home")
-    Registry(catalog.store, clock=clock).create(
-        DatastreamSpec.parse(
-            {
-                "name": "shop",
-                "source": {
-                    "kind": "kafka",
-                    "bootstrap_servers": "127.0.0.1:1",
-                    "topic_pattern": r"shop\..*",
-                },
-                "table": {"mode": "upsert", "primary_key": ["id"]},
-                "schema": {"id": "long", "v": "string"},
-            }
-        )
-    )
-    heartbeat(catalog.store, "w", status="RUNNING", info={}, clock=clock)
-    Controller(catalog, controller_id="c", clock=clock).tick()
-    worker = Worker(
-        catalog,
-        None,
-        worker_id="w",
-        settings=ControlSettings(),
-        clock=clock,
-        state_root=tmp_path / "state",
-    )
-    worker.topics.lister = lambda source: ["shop.alpha", "shop.beta"]
+    catalog, worker = _pattern_worker(tmp_path, monkeypatch)
     store = catalog.store
     calls: list[str] = []
     for name in ("sealing_reads", "force_commit_targets", "manifest_changes"):
