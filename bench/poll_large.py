@@ -22,6 +22,10 @@ against a new reader's uncached read. Run from the repository root::
     .venv/bin/python bench/poll_large.py --keys 2000000 --profile           # where a poll's time goes
     .venv/bin/python bench/poll_large.py --keys 2000000 --hot 50000         # updates of recent keys
 
+``--pause 0.1`` waits before each poll as ``bench/peers.py``'s reader waits between reads (an
+allocator may give freed memory back meanwhile); ``--src NAME=DIR`` may be given more than once.
+Each tree reports a poll's wall, CPU, kernel time and minor page faults, and its RSS.
+
 ``--profile`` runs this tree alone under cProfile and prints, for the polls after a commit and
 those after a seal separately, the functions with the most cumulative time.
 """
