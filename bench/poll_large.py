@@ -22,6 +22,10 @@ against a new reader's uncached read. Run from the repository root::
     .venv/bin/python bench/poll_large.py --keys 2000000 --profile           # where a poll's time goes
     .venv/bin/python bench/poll_large.py --keys 2000000 --hot 50000         # updates of recent keys
 
+``--pause 0.1`` waits before each poll as ``bench/peers.py``'s reader waits between reads (an
+allocator may give freed memory back meanwhile); ``--src NAME=DIR`` may be given more than once.
+Each tree reports a poll's wall, CPU, kernel time and minor page faults, and its RSS.
+
 ``--profile`` runs this tree alone under cProfile and prints, for the polls after a commit and
 those after a seal separately, the functions with the most cumulative time.
 """
@@ -146,6 +150,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                 sealer.seal_partition(p, force=True)
                 sealer.compact_partition(p)
                 kind = "seal"
+            time.sleep(args.pause)  # the reader's wait between reads (bench/peers.py's 0.1 s)
             prof = profiles[kind] if args.profile else None
             t0, c0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
             if prof is not None:
@@ -163,6 +168,12 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.perf_counter()
             pq.read_table(live)
             plain.append(time.perf_counter() - t0)
+        rss_mb = (
+            os.sysconf("SC_PAGE_SIZE")
+            * int(Path("/proc/self/statm").read_text().split()[1])
+            / 2**20
+        )
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         expected = cat.read_table(TABLE)  # a reader without a cache: the same rows
         same = current.sort_by("id").equals(expected.sort_by("id"))
     live.unlink(missing_ok=True)
@@ -175,6 +186,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "poll_minor_faults": faults,
         "plain_s": plain,
         "rows": current.num_rows,
+        "rss_after_polls_mb": rss_mb,
+        "peak_rss_mb": peak_mb,
         "same_as_uncached": same,
     }
     if args.profile:
@@ -185,19 +198,23 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def tree_of(args: argparse.Namespace, work: Path) -> Path | None:
-    """The baseline tree's ``src`` (``--src``, or ``--baseline`` exported with git archive)."""
-    if args.src:
-        return Path(args.src).resolve()
+def trees_of(args: argparse.Namespace, work: Path) -> dict[str, Path]:
+    """The other trees' ``src`` by name: each ``--src [NAME=]DIR`` (NAME "before" if none),
+    or ``--baseline`` exported with git archive as "before"."""
+    trees: dict[str, Path] = {}
+    for given in args.src:
+        name, _, path = given.rpartition("=")
+        trees[name or "before"] = Path(path).resolve()
     if not args.baseline:
-        return None
+        return trees
     dest = work / "baseline"
     dest.mkdir()
     archive = subprocess.run(
         ["git", "archive", args.baseline, "src"], check=True, capture_output=True, cwd=HERE.parent
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    return dest / "src"
+    trees["before"] = dest / "src"
+    return trees
 
 
 def run_tree(src: Path, home: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -207,7 +224,7 @@ def run_tree(src: Path, home: Path, args: argparse.Namespace, work: Path) -> dic
     cmd = [sys.executable, str(HERE / "poll_large.py"), "--child", str(copy)]
     cmd += ["--keys", str(args.keys), "--batches", str(args.batches)]
     cmd += ["--batch-rows", str(args.batch_rows), "--seal-every", str(args.seal_every)]
-    cmd += ["--cache-mb", str(args.cache_mb), "--hot", str(args.hot)]
+    cmd += ["--cache-mb", str(args.cache_mb), "--hot", str(args.hot), "--pause", str(args.pause)]
     cmd += ["--profile"] if args.profile else []
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=HERE)
     shutil.rmtree(copy)
@@ -231,9 +248,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--hot", type=int, default=0, help="stream keys among the newest N only (0: all keys)"
     )
+    parser.add_argument(
+        "--pause", type=float, default=0.0, help="seconds the reader waits before each poll"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="rounds per tree, alternating")
     parser.add_argument("--baseline", default="", help="git revision of the code before")
-    parser.add_argument("--src", default="", help="the code before: a tree's src directory")
+    parser.add_argument(
+        "--src",
+        action="append",
+        default=[],
+        help="another tree's src directory, as [NAME=]DIR (NAME: before); repeatable",
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile this tree's polls")
     parser.add_argument("--json", type=Path, default=None, help="save the figures here")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
@@ -254,9 +279,8 @@ def main(argv: list[str] | None = None) -> int:
             f"pre-loaded and sealed {args.keys:,} keys in {time.perf_counter() - t0:.0f} s"
         )
         trees = {"this tree": HERE.parent / "src"}
-        before = tree_of(args, work)
-        if before is not None and not args.profile:
-            trees["before"] = before
+        if not args.profile:
+            trees.update(trees_of(args, work))
         results: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
         for _ in range(args.rounds):
             for name, src in trees.items():
@@ -279,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{ms(seal_polls)}; CPU a poll after a commit {ms(commit_cpu)}, after a seal "
             f"{ms(seal_cpu)} (after a commit: in the kernel {ms(commit_sys)}, minor page faults "
             f"{statistics.median(commit_faults) if commit_faults else 0:,.0f}); "
-            f"plain Parquet of the live rows {ms(plain)}; "
+            f"plain Parquet of the live rows {ms(plain)}; RSS after the polls "
+            f"{statistics.median(r['rss_after_polls_mb'] for r in runs):,.0f} MB, peak "
+            f"{statistics.median(r['peak_rss_mb'] for r in runs):,.0f} MB (medians); "
             f"same as an uncached read: {common.verdict(same)}"
         )
         summary[name] = {
@@ -287,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
             "seal_ms": statistics.median(seal_polls) * 1000 if seal_polls else None,
             "commit_cpu_ms": statistics.median(commit_cpu) * 1000 if commit_cpu else None,
             "seal_cpu_ms": statistics.median(seal_cpu) * 1000 if seal_cpu else None,
+            "commit_sys_ms": statistics.median(commit_sys) * 1000 if commit_sys else None,
+            "commit_faults": statistics.median(commit_faults) if commit_faults else None,
             "plain_ms": statistics.median(plain) * 1000,
             "same_as_uncached": same,
             "runs": runs,
@@ -295,19 +323,19 @@ def main(argv: list[str] | None = None) -> int:
             text = runs[-1].get(f"profile_{kind}")
             if text:
                 console.print(f"--- {name}: polls after a {kind} ---\n{text}")
-    if "before" in summary:
-        for kind in ("commit", "seal"):
-            now, old = summary["this tree"][f"{kind}_ms"], summary["before"][f"{kind}_ms"]
+    measures = [
+        ("a poll after a commit", "commit_ms"),
+        ("a poll after a seal", "seal_ms"),
+        ("CPU of a poll after a commit", "commit_cpu_ms"),
+        ("CPU of a poll after a seal", "seal_cpu_ms"),
+        ("kernel time of a poll after a commit", "commit_sys_ms"),
+        ("minor page faults of a poll after a commit", "commit_faults"),
+    ]
+    for other in [n for n in summary if n != "this tree"]:
+        for what, field in measures:
+            now, old = summary["this tree"][field], summary[other][field]
             if now and old:
-                console.print(
-                    f"poll after a {kind}: this tree / before {common.ratio(now, old):.2f}x"
-                )
-            now, old = summary["this tree"][f"{kind}_cpu_ms"], summary["before"][f"{kind}_cpu_ms"]
-            if now and old:
-                console.print(
-                    f"CPU of a poll after a {kind}: this tree / before "
-                    f"{common.ratio(now, old):.2f}x"
-                )
+                console.print(f"{what}: this tree / {other} {common.ratio(now, old):.2f}x")
     if args.json is not None:
         common.write_json(
             args.json, {"machine": common.machine("pyarrow"), "args": vars(args), **summary}

@@ -63,6 +63,12 @@ CHUNK_ROWS = 1 << 17
 #: Past this many chunks under half of :data:`CHUNK_ROWS` (a poll adds one or two), those are
 #: made one chunk.
 MAX_SMALL_CHUNKS = 8
+#: The pool a poll's copies of the winners' chunks come from: the system allocator, not Arrow's
+#: default (mimalloc). A poll copies most of the table and frees the previous copy; mimalloc
+#: gives the freed copy back to the kernel while the reader waits between polls and the next
+#: poll faults every page of it in again (the kernel's time and minor faults a poll,
+#: docs/performance.md, "The 2,000,000-key poll's copies from the system allocator").
+POOL = pa.system_memory_pool()
 
 EntryKey = tuple[str | None, int, int, int]
 
@@ -235,8 +241,10 @@ def _lookup(spec: TableSpec, new_keys: pa.Table, rows: int) -> Lookup:
 def _filtered(batch: pa.RecordBatch, keep: np.ndarray) -> pa.RecordBatch:
     """``batch``'s rows where ``keep``, column by column (a record batch's own filter turns
     the mask into indices and takes them: 1.5x slower on the winners' string columns)."""
-    mask = pa.array(keep)
-    return pa.RecordBatch.from_arrays([c.filter(mask) for c in batch.columns], schema=batch.schema)
+    mask = pa.array(keep, memory_pool=POOL)
+    return pa.RecordBatch.from_arrays(
+        [pc.filter(c, mask, memory_pool=POOL) for c in batch.columns], schema=batch.schema
+    )
 
 
 def _take_out(

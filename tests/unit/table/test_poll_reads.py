@@ -232,6 +232,29 @@ def test_a_poll_copies_only_the_chunks_holding_a_new_key(home: Path) -> None:
             t.close()
 
 
+def test_a_polls_copy_of_the_winners_is_the_system_allocators(home: Path) -> None:
+    """4,096 keys in chunks of 1,024 rows, then a commit updating one key in each chunk: the
+    poll copies every chunk, and the copy is the system allocator's memory (mimalloc, Arrow's
+    default, gave a freed copy back to the kernel while a reader waited, so every poll faulted
+    the table in again), held while the returned table lives; the poll equals an uncached
+    read."""
+    with mock.patch.object(poll, "CHUNK_ROWS", 1024):
+        t, cached = _history(home, "upsert-cmp")
+        try:
+            _commit(t, {0: [(k, 1, False) for k in range(4096)]})
+            cached.read_table("t")
+            system = pa.system_memory_pool()
+            held = system.bytes_allocated()
+            _commit(t, {0: [(k, 2, False) for k in range(0, 4096, 512)]})
+            polled = cached.read_table("t")
+            _same(cached, home)
+            assert system.bytes_allocated() - held >= polled.column("k").nbytes
+            assert polled.num_rows == 4096
+        finally:
+            cached.close()
+            t.close()
+
+
 def test_a_poll_looks_up_keys_below_and_above_the_new_keys_range(home: Path) -> None:
     """Keys 0-11, 1,000 and a null key; commits updating keys 5 and 6, then 2 and 9, each key
     looked up in the flags over the new keys' range: every key outside that range keeps its
