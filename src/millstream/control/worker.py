@@ -32,9 +32,11 @@ after a restart until the watchdog sees the writer advance (or catch up).
 
 Sealing runs on its own supervised thread (:mod:`millstream.supervise`): each table's pass has
 its own supervisor, so an error is logged with the table, counted, and retried with backoff
-for that table alone while the other tables keep sealing; the loop's and each table's status
-go out with every heartbeat (``info["loops"]``, and ``info["sealing"][datastream]["loop"]``
-beside the sealer's own status).
+for that table alone while the other tables keep sealing; the loop's status goes out in the
+heartbeat's ``info["loops"]`` and each table's in ``info["sealing"][datastream]["loop"]``
+beside the sealer's own status (listed in ``loops`` too by
+:func:`~millstream.control.workers.list_workers`). The heartbeat thread writes the liveness
+every beat and that whole status only when due (:data:`STATUS_SECONDS`).
 """
 
 from __future__ import annotations
