@@ -3746,6 +3746,75 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_an_iceberg_publishs_files_are_fsynced_before_its_pointer_names_them",
         ),
     ),
+    Guard(
+        name="worker-status-written-when-its-writers-change",
+        file="src/millstream/control/worker.py",
+        what="Worker._beat: a beat writes the whole status at once when its writers or shared "
+        "query changed (a writer failing, gone, running), not STATUS_SECONDS later: the "
+        "datastream's health and the controller's STOPPING completion read them",
+        old="""\
+        if whole or reported != self._reported or now >= self._status_due:
+""",
+        new="""\
+        if whole or now >= self._status_due:  # MUTATION: a writer's change waits its turn
+""",
+        tests=(
+            "tests/unit/api/test_worker_status_beat.py::"
+            "test_a_beat_writes_liveness_always_a_writers_change_at_once_and_counters_within_the_interval",
+        ),
+    ),
+    Guard(
+        name="worker-status-written-within-the-status-interval",
+        file="src/millstream/control/worker.py",
+        what="Worker._beat: the whole status (sealing, loops, maintenance, row counters) is "
+        "written again STATUS_SECONDS after the last write, not only when the writers change: "
+        "the metrics and debugInfo go stale otherwise",
+        old="""\
+        if whole or reported != self._reported or now >= self._status_due:
+""",
+        new="""\
+        if whole or reported != self._reported:  # MUTATION: counters written with writers only
+""",
+        tests=(
+            "tests/unit/api/test_worker_status_beat.py::"
+            "test_a_beat_writes_liveness_always_a_writers_change_at_once_and_counters_within_the_interval",
+        ),
+    ),
+    Guard(
+        name="worker-liveness-beat-keeps-the-stored-status",
+        file="src/millstream/metastore/workers.py",
+        what="heartbeat: a liveness beat (info None) updates the status and the heartbeat time "
+        "and leaves the stored status as it is, not emptied",
+        old="""\
+        if info is not None:
+            values["info"] = info
+""",
+        new="""\
+        values["info"] = info  # MUTATION: a liveness beat writes its empty status
+""",
+        tests=(
+            "tests/unit/api/test_worker_status_beat.py::"
+            "test_a_beat_writes_liveness_always_a_writers_change_at_once_and_counters_within_the_interval",
+        ),
+    ),
+    Guard(
+        name="worker-table-sealer-loops-listed-for-readers",
+        file="src/millstream/control/workers.py",
+        what="list_workers: each table's sealer loop, stored once under sealing, is put back in "
+        "loops for GET /workers, the console and millstream_background_errors_total",
+        old="""\
+    return [dataclasses.replace(w, info=with_table_loops(w.info)) for w in found]
+""",
+        new="""\
+    return found  # MUTATION: the tables' sealer loops missing from loops
+""",
+        tests=(
+            "tests/unit/api/test_worker_status_beat.py::"
+            "test_a_beat_writes_liveness_always_a_writers_change_at_once_and_counters_within_the_interval",
+            "tests/unit/api/test_api_background_loops.py::"
+            "test_a_failing_sealing_pass_backs_off_its_table_only_and_is_shown_in_metrics_and_debug_info",
+        ),
+    ),
 )
 
 

@@ -3,6 +3,7 @@ visible in the loop's status; the loop lives on and the next success clears the 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
@@ -114,3 +115,16 @@ def test_a_supervised_thread_outlives_an_error_and_keeps_running_until_stopped()
     status = loop.status()
     assert status.errors == 1 and status.runs >= 1 and status.consecutive_failures == 0
     assert not status.alive and status.describe(0.0).startswith("sealer of orders: STOPPED, ok")
+
+
+def test_a_loop_status_as_reported_carries_every_field_of_the_status() -> None:
+    """What the heartbeat, debugInfo and the metrics read of a loop: every field of its status
+    (a field added to the status is reported without touching ``to_dict``'s callers)."""
+    clock = ManualClock()
+    loop = SupervisedLoop(
+        "sealer", FlakyStep(MillstreamError("lost", partition=1)), interval=1.0, clock=clock
+    )
+    loop.run_once()
+    status = loop.status()
+    assert status.to_dict() == dataclasses.asdict(status)
+    assert status.to_dict()["errors"] == 1 and status.to_dict()["last_error"]

@@ -32,9 +32,11 @@ after a restart until the watchdog sees the writer advance (or catch up).
 
 Sealing runs on its own supervised thread (:mod:`millstream.supervise`): each table's pass has
 its own supervisor, so an error is logged with the table, counted, and retried with backoff
-for that table alone while the other tables keep sealing; the loop's and each table's status
-go out with every heartbeat (``info["loops"]``, and ``info["sealing"][datastream]["loop"]``
-beside the sealer's own status).
+for that table alone while the other tables keep sealing; the loop's status goes out in the
+heartbeat's ``info["loops"]`` and each table's in ``info["sealing"][datastream]["loop"]``
+beside the sealer's own status (listed in ``loops`` too by
+:func:`~millstream.control.workers.list_workers`). The heartbeat thread writes the liveness
+every beat and that whole status only when due (:data:`STATUS_SECONDS`).
 """
 
 from __future__ import annotations
@@ -90,6 +92,15 @@ log = logging.getLogger(__name__)
 #: later (each try restarts the shared query).
 LOCK_RETRY_SECONDS = 5.0
 LOCK_RETRY_MAX_SECONDS = 60.0
+
+#: The heartbeat thread's beat writes the worker's liveness (its status and heartbeat time, by
+#: the row's compare-and-set) every ``tick_seconds``, and its whole status (``info``: the
+#: writers, each table's sealing, the loops, the maintenance, the row counters; ~170 KB of
+#: JSON at 100 tables) only when its writers or its shared query changed, or when this long
+#: has passed since it was last written: at 100 tables, writing and building it twice a second
+#: was a quarter of the worker's own process (issue 38). What lags by up to this long: the
+#: counters and times of the metrics and ``debugInfo``.
+STATUS_SECONDS = 5.0
 
 #: A shared query's member that fails with one of these as the query starts (its source or
 #: the metadata store not answering) waits out a backoff instead of going to ERROR.
@@ -244,7 +255,7 @@ class Worker:
         tick = self.settings.tick_seconds
         self.beat_loop = SupervisedLoop(
             "heartbeat",
-            self._heartbeat,
+            self._pulse,
             interval=tick,
             clock=clock,
             backoff=Backoff(base=tick, cap=max(tick, 2.0)),
@@ -252,6 +263,10 @@ class Worker:
         #: One heartbeat at a time (the tick's and the heartbeat thread's): reading the
         #: writers' commit logs for the row counters is incremental.
         self._beat_lock = threading.Lock()
+        #: What the last written status held of the writers and the shared query, and when
+        #: the whole status is due again (see :data:`STATUS_SECONDS`).
+        self._reported: dict[str, Any] | None = None
+        self._status_due = 0.0
         self._last_clean = 0.0
         self._stop = threading.Event()
         #: The stall watchdog (see the module's docstring) and the restarts it made, per
@@ -688,10 +703,18 @@ class Worker:
             w.state_dir.unlock()
 
     def _heartbeat(self) -> None:
+        """Heartbeat with the whole status (at the start, from the tick when the heartbeat
+        thread is not running)."""
         with self._beat_lock:
-            self._beat()
+            self._beat(whole=True)
 
-    def _beat(self) -> None:
+    def _pulse(self) -> None:
+        """The heartbeat thread's beat: the liveness always, the whole status when it is due
+        (see :data:`STATUS_SECONDS`)."""
+        with self._beat_lock:
+            self._beat(whole=False)
+
+    def _beat(self, *, whole: bool) -> None:
         # the tick thread adds and removes writers: work on a copy (list() of a dict's values
         # is one step under the GIL)
         hosted = list(self.writers.values())
@@ -710,26 +733,46 @@ class Worker:
         ]
         all_locked = all(w.state_dir.held for w in hosted)
         shared = self.shared
-        rows = self.row_counters()  # reads each commit log's new lines (once per heartbeat)
-        lost_races = sum(t.lost_races for t in self.row_totals.values())
+        # What the controller acts on (a writer running or gone: a STOPPING datastream's
+        # completion) and the datastreams' health: written at the next beat once it changes
+        reported = {
+            "writers": writers,
+            "shared_query": shared.status() if shared is not None else None,
+        }
+        now = self.clock.now()
+        info: dict[str, Any] | None = None
+        if whole or reported != self._reported or now >= self._status_due:
+            info = self._status(reported)
         heartbeat(
             self.catalog.store,
             self.id,
             status="RUNNING" if all_locked else "STARTING",
-            info={
-                "writers": writers,
-                "commit_conflicts": self.catalog.store.conflicts,
-                "sealing": self.sealing_status(),
-                "maintenance": self.maintainer.status(),
-                "loops": [s.to_dict() for s in self.loop_statuses()],
-                "lost_races": lost_races,
-                "rows": rows,
-                "source_offsets": self.source_offsets(),
-                "shared_query": shared.status() if shared is not None else None,
-            },
+            info=info,
             clock=self.clock,
             url=self.url,
         )
+        if info is not None:  # written: the next is due STATUS_SECONDS later
+            self._reported = reported
+            self._status_due = now + STATUS_SECONDS
+
+    def _status(self, reported: dict[str, Any]) -> dict[str, Any]:
+        """The worker's whole status (its ``info``) around ``reported`` (its writers and shared
+        query). Each table's sealer loop is stored once, under ``sealing[datastream]["loop"]``,
+        not again in ``loops``: :func:`millstream.control.workers.list_workers` puts it back in
+        ``loops`` for the readers."""
+        rows = self.row_counters()  # reads each commit log's new lines
+        lost_races = sum(t.lost_races for t in self.row_totals.values())
+        return {
+            "writers": reported["writers"],
+            "commit_conflicts": self.catalog.store.conflicts,
+            "sealing": self.sealing_status(),
+            "maintenance": self.maintainer.status(),
+            "loops": [s.to_dict() for s in self.loop_statuses(tables=False)],
+            "lost_races": lost_races,
+            "rows": rows,
+            "source_offsets": self.source_offsets(),
+            "shared_query": reported["shared_query"],
+        }
 
     def row_counters(self) -> list[dict[str, Any]]:
         """Per datastream, table and partition: rows this worker's writers consumed and
@@ -894,14 +937,21 @@ class Worker:
             }
         return out
 
-    def loop_statuses(self) -> list[LoopStatus]:
-        """The sealing thread's status and each table's, for the heartbeat and the metrics."""
+    def loop_statuses(self, *, tables: bool = True) -> list[LoopStatus]:
+        """Every background loop's status: the heartbeat's, the watchdog's, the sealing
+        thread's and (unless ``tables`` is false: the heartbeat stores them under ``sealing``)
+        each table's sealing pass's, the maintenance's, the publishing's and the topic
+        discovery's."""
         alive = self.seal_loop.alive
         return [
             self.beat_loop.status(),
             self.watch_loop.status(),
             self.seal_loop.status(),
-            *(s.status(alive=alive) for _, s in sorted(self.seal_supervisors.items())),
+            *(
+                (s.status(alive=alive) for _, s in sorted(self.seal_supervisors.items()))
+                if tables
+                else ()
+            ),
             *self.maintainer.loop_statuses(alive=alive),
             *self._publish_statuses(),
             *self.topics.loop_statuses(alive=self.beat_loop.alive),

@@ -55,11 +55,12 @@ def heartbeat(
     worker_id: str,
     *,
     status: str,
-    info: dict[str, Any],
+    info: dict[str, Any] | None,
     url: str | None = None,
 ) -> None:
     """In ``conn``'s transaction: register or refresh a worker (status STARTING, RUNNING or
-    STOPPED) by compare-and-set on its row."""
+    STOPPED) by compare-and-set on its row. ``info`` None leaves the stored status as it is
+    (a liveness beat: the status, the heartbeat time and the url alone)."""
     now = clock.now()
     # Not the info: a worker of 100 tables stores ~200 KB of it, decoded here for nothing
     w = s.workers.c
@@ -72,18 +73,15 @@ def heartbeat(
                 status=status,
                 started_at=now,
                 heartbeat_at=now,
-                info=info,
+                info=info if info is not None else {},
                 version=1,
             )
         )
     else:
-        cas_update(
-            conn,
-            s.workers,
-            {"id": worker_id},
-            row["version"],
-            {"status": status, "heartbeat_at": now, "info": info, "url": url or row["url"]},
-        )
+        values: dict[str, Any] = {"status": status, "heartbeat_at": now, "url": url or row["url"]}
+        if info is not None:
+            values["info"] = info
+        cas_update(conn, s.workers, {"id": worker_id}, row["version"], values)
 
 
 def list_workers(conn: Connection) -> list[WorkerInfo]:
