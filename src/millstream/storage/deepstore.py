@@ -64,6 +64,11 @@ def dictionary_columns(table: pa.Table) -> bool | list[str]:
     ]
 
 
+#: A data file at most this large is read whole, in one request, and decoded on the reading
+#: thread (:meth:`DeepStore.read_parquet_choosing`).
+SMALL_FILE_BYTES = 1 << 20
+
+
 class DeepStore:
     """A file system plus a root. All methods take paths relative to the root."""
 
@@ -220,17 +225,17 @@ class DeepStore:
         (None: every column), with one open of the file (on S3 the footer costs no request of
         its own). Of the chosen columns, those the file lacks (written before its table gained
         them) are left out, as with ``missing_ok``. ``row_groups``, if given, picks the row
-        groups to read from the same footer (None: all of them)."""
+        groups to read from the same footer (None: all of them).
+
+        A file of at most :data:`SMALL_FILE_BYTES` (a micro-batch's few rows) is read whole
+        in one request and decoded from memory on this thread: for such a file pyarrow's
+        pre-buffering (a read handed to its I/O pool per column chunk) and its decode threads
+        cost more than the decode itself."""
         with self.fs.open_input_file(self._abs(path)) as f:
-            pf = pq.ParquetFile(f)
-            chosen = choose(pf.metadata)
-            groups = None if row_groups is None else row_groups(pf.metadata)
-            if chosen is not None:
-                have = set(pf.schema_arrow.names)
-                chosen = [c for c in chosen if c in have]
-            if groups is None:
-                return pf.read(columns=chosen)
-            return pf.read_row_groups(groups, columns=chosen)
+            small = f.size() <= SMALL_FILE_BYTES
+            if small:
+                return _read_choosing(pa.BufferReader(f.read()), choose, row_groups, False)
+            return _read_choosing(f, choose, row_groups, True)
 
     def exists(self, path: str) -> bool:
         return bool(self.fs.get_file_info(self._abs(path)).type == pafs.FileType.File)
@@ -249,6 +254,23 @@ class DeepStore:
             rel = info.path[len(self.root) + 1 :] if info.path.startswith(self.root) else info.path
             out.append(StoredFile(rel, int(info.size or 0), info.mtime))
         return out
+
+
+def _read_choosing(
+    source: pa.NativeFile,
+    choose: Callable[[pq.FileMetaData], Sequence[str] | None],
+    row_groups: Callable[[pq.FileMetaData], list[int] | None] | None,
+    threads: bool,
+) -> pa.Table:
+    pf = pq.ParquetFile(source, pre_buffer=threads)
+    chosen = choose(pf.metadata)
+    groups = None if row_groups is None else row_groups(pf.metadata)
+    if chosen is not None:
+        have = set(pf.schema_arrow.names)
+        chosen = [c for c in chosen if c in have]
+    if groups is None:
+        return pf.read(columns=chosen, use_threads=threads)
+    return pf.read_row_groups(groups, columns=chosen, use_threads=threads)
 
 
 def _fsync(path: str) -> None:

@@ -122,6 +122,8 @@ def conform(data: pa.Table, schema: pa.Schema) -> pa.Table:
     since) is all null; a column of a narrower type (widened since: int -> long, a decimal's
     precision) is cast, which is lossless for every widening
     :mod:`millstream.core.evolution` allows."""
+    if data.schema.equals(schema, check_metadata=True):
+        return data  # already in it (a cast to it would copy nothing, but costs a call a column)
     if data.schema.names == schema.names:
         return data.cast(schema)
     have = set(data.schema.names)
@@ -139,9 +141,12 @@ def row_groups_holding(entries: Sequence[Entry]) -> Callable[[pq.FileMetaData], 
     it may hold). A group without both statistics is read. A micro-batch file holds its
     task's partitions one after another, so the seal of one partition reads its own groups
     (and one it shares with the next partition), not the whole file. None (read every group)
-    when the file has no such statistics at all."""
+    when the file has no such statistics at all, or one row group (a small file: the read
+    of its rows filters them by their entries' ranges all the same)."""
 
     def choose(metadata: pq.FileMetaData) -> list[int] | None:
+        if metadata.num_row_groups <= 1:
+            return None
         names = metadata.schema.names
         if PARTITION_COL not in names or OFFSET_COL not in names:
             return None

@@ -22,6 +22,7 @@ from millstream.reference.model import canonical, model_rows
 from millstream.sealing.sealer import Sealer
 from millstream.sealing.thresholds import Thresholds
 from millstream.spec import TableSpec
+from millstream.storage import deepstore
 from millstream.storage.deepstore import DeepStore
 from millstream.table.writer import commit_staged, stage_rows
 
@@ -489,12 +490,17 @@ def test_a_long_lived_sealer_keeps_the_newest_seal_timings_and_counts_every_seal
     feed.assert_table_equals_model()
 
 
+@pytest.mark.parametrize("read_whole", [True, False], ids=["small-file", "pre-buffered"])
 def test_a_seal_of_one_partition_of_a_shared_file_keeps_its_rows_in_a_row_group_it_shares(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_whole: bool
 ) -> None:
     """A write task stages its partitions one after another in one file; a seal of one of
     them reads only the row groups that may hold its rows (by their footer statistics), and
-    still every row of its range, those in the group it shares with the other partition too."""
+    still every row of its range, those in the group it shares with the other partition too.
+    Whether the file is small enough to be read whole and decoded on the reading thread or
+    larger (read pre-buffered, on pyarrow's threads)."""
+    if not read_whole:
+        monkeypatch.setattr(deepstore, "SMALL_FILE_BYTES", 0)
     feed = _setup(tmp_path, "upsert")
     cat, spec = feed.cat, feed.spec
     write = DeepStore.write_parquet
