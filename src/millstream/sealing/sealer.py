@@ -89,6 +89,8 @@ ROW_GROUP_ROWS = 128 * 1024
 #: How many partitions one pass of :meth:`Sealer.seal_what_is_due` seals at once: the cores
 #: (at most 2: a seal's Python steps hold the GIL, and each seal holds its rows in memory).
 SEAL_THREADS = max(1, min(2, os.cpu_count() or 1))
+#: How many of its last compactions' results a sealer keeps (its status counts them all).
+COMPACTIONS_KEPT = 100
 
 
 class _ClaimRenewer:
@@ -281,7 +283,10 @@ class Sealer:
         self._next_try: dict[int, float] = {}
         #: When to merge sealed segments (:mod:`millstream.sealing.compaction`).
         self.compaction = compaction or CompactionPolicy()
+        #: The last :data:`COMPACTIONS_KEPT` compactions' results; :attr:`compacted` counts
+        #: them all (the status's ``compactions``).
         self.compactions: list[CompactionResult] = []
+        self.compacted = 0
         self.compaction_failures: dict[int, int] = {}
         self.compaction_errors: dict[int, str] = {}
         self._next_compaction: dict[int, float] = {}
@@ -616,7 +621,7 @@ class Sealer:
             "last_error": {str(p): e for p, e in self.last_error.items()},
             "last_seal_seconds": self.durations[-1] if self.durations else None,
             "seals": self.seals,
-            "compactions": len(self.compactions),
+            "compactions": self.compacted,
             "last_compaction": None
             if last is None
             else {
@@ -724,7 +729,8 @@ class Sealer:
             time.monotonic() - started,
         )
         self.compactions.append(result)
-        del self.compactions[:-100]
+        del self.compactions[:-COMPACTIONS_KEPT]
+        self.compacted += 1
         log.info(
             "compacted %s partition %d: %d segments (%d rows, %d delete vectors) into %s "
             "(%d rows) in %.2fs: %s",

@@ -25,6 +25,7 @@ from millstream.faults import COMPACTION_POINTS
 from millstream.metastore.models import SegmentState
 from millstream.metastore.rollback import RollbackPlan
 from millstream.reference.model import canonical, model_rows
+from millstream.sealing import sealer as sealer_module
 from millstream.sealing.compaction import CompactionPolicy
 from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.reingest import reingest_segment
@@ -612,3 +613,23 @@ def test_only_keyed_tables_can_be_partitioned_by_key_and_others_are_read_whole(
     feed.batch(0, 5)
     with pytest.raises(ValueError, match="partitioned_by_key"):
         feed.cat.read_table("t", partitions=[0])
+
+
+def test_a_sealers_status_counts_every_compaction_past_the_results_it_keeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The status's ``compactions`` is how many the sealer ran, not how many results it
+    keeps: it stopped at 100 when it was the kept list's length."""
+    monkeypatch.setattr(sealer_module, "COMPACTIONS_KEPT", 2)
+    feed = _setup(tmp_path, "upsert", seed=11)
+    feed.keys = 40
+    sealer = _sealer(feed)
+    ran = 0
+    for _ in range(30):
+        feed.batch(0, 10)
+        assert sealer.seal_partition(0, force=True) is not None
+        ran += len(sealer.compact_due())
+    assert ran > 2
+    assert len(sealer.compactions) == 2
+    assert sealer.status()["compactions"] == ran
+    feed.assert_table_equals_model()
