@@ -108,22 +108,19 @@ GUARDS: tuple[Guard, ...] = (
         entries.sort(key=lambda e: e.seq)
         new_version = info.manifest_version + 1
         now = clock.now()
-        for e in entries:
-            update_entry(
-                conn,
-                e.id,
-                claimed[e.id],
+        removed = {"removed_version": new_version, "claimed_by": None, "claim_expires_at": None}
+        update_entries(conn, [(e.id, claimed[e.id], removed) for e in entries])
 """,
         new="""\
+            if cur is None:
+                continue
             entries.append(cur)  # MUTATION: the claim is not re-checked
         entries.sort(key=lambda e: e.seq)
         new_version = info.manifest_version + 1
         now = clock.now()
-        for e in entries:
-            update_entry(
-                conn,
-                e.id,
-                e.row_version,  # MUTATION: removed at whatever version it is now
+        removed = {"removed_version": new_version, "claimed_by": None, "claim_expires_at": None}
+        # MUTATION: removed at whatever version it is now
+        update_entries(conn, [(e.id, e.row_version, removed) for e in entries])
 """,
         tests=(
             _guard_test(
@@ -258,25 +255,28 @@ GUARDS: tuple[Guard, ...] = (
         file=CLAIMS,
         what="claim_run: every entry's precondition is checked before any entry is claimed",
         old="""\
-    for e in run:
-        cur = get_entry(conn, e.id)
-        if cur is None or cur.removed_version is not None:
-            return None
         if cur.claim_held(now):
             return None
         checked[e.id] = cur.row_version
-    versions: dict[int, int] = {}
-    for entry_id, version in checked.items():
 """,
         new="""\
-    versions: dict[int, int] = {}
-    for e in run:  # MUTATION: checked entry by entry while claiming
-        cur = get_entry(conn, e.id)
-        if cur is None or cur.removed_version is not None:
-            return None
         if cur.claim_held(now):
             return None
-        entry_id, version = e.id, cur.row_version
+        update_entries(  # MUTATION: each entry claimed as it is checked
+            conn,
+            [
+                (
+                    e.id,
+                    cur.row_version,
+                    {
+                        "state": SegmentState.COMMITTING.value,
+                        "claimed_by": owner,
+                        "claim_expires_at": now + ttl,
+                    },
+                )
+            ],
+        )
+        checked[e.id] = cur.row_version + 1
 """,
         tests=(_guard_test("test_a_claim_that_finds_one_entry_taken_claims_none_of_the_run"),),
     ),
@@ -285,16 +285,11 @@ GUARDS: tuple[Guard, ...] = (
         file=CLAIMS,
         what="claim_run: the claim's compare-and-set uses the version its check read",
         old="""\
-        versions[entry_id] = update_entry(
-            conn,
-            entry_id,
-            version,
+    return update_entries(conn, [(i, v, values) for i, v in checked.items()])
 """,
         new="""\
-        versions[entry_id] = update_entry(
-            conn,
-            entry_id,
-            get_entry(conn, entry_id).row_version,  # type: ignore[union-attr]  # MUTATION
+    fresh = get_entries(conn, checked)  # MUTATION: the versions of a second read
+    return update_entries(conn, [(i, fresh[i].row_version, values) for i in checked])
 """,
         tests=(
             "tests/contract/test_postgres_manifest_races.py::"
@@ -756,7 +751,7 @@ GUARDS: tuple[Guard, ...] = (
         if cur.claim_held(now):
             return None
         checked[e.id] = cur.row_version
-    versions: dict[int, int] = {}
+    # The versions the check saw, in one compare-and-set of the run: a claim committed since
 """,
         new="""\
         if cur.claim_held(now):
@@ -764,7 +759,7 @@ GUARDS: tuple[Guard, ...] = (
         checked[e.id] = cur.row_version
     if not checked:
         return None
-    versions: dict[int, int] = {}
+    # The versions the check saw, in one compare-and-set of the run: a claim committed since
 """,
         tests=(COMMIT_CAMPAIGN,),
     ),

@@ -45,6 +45,7 @@ PRIMITIVES = {
     "insert_entries",
     "insert_delete_vector",
     "update_entry",
+    "update_entries",
     "remove_delete_vector",
     "publish_version",
     "remove_segments",
@@ -99,7 +100,8 @@ def test_the_check_finds_every_form_of_manifest_mutation() -> None:
         "conn.execute(sqlalchemy.delete(s.tables))",
         "cas_update(conn, s.shards, {'table_name': t}, 3, {'upper': 9})",
         "cas_update_many(conn, s.shards, rows)",
-        "insert_entries(conn, entries)",
+        "update_entry(conn, e.id, e.row_version, {'state': 'ONLINE'})",
+        "update_entries(conn, [(e.id, e.row_version, {'state': 'ONLINE'})])",
         "update_entry(conn, e.id, e.row_version, {'state': 'ONLINE'})",
         "manifest.publish_version(conn, info, 'seal', now)",
     ):

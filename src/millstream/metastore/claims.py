@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 from sqlalchemy import Connection
 
 from millstream.clock import SYSTEM_CLOCK, Clock
-from millstream.metastore.manifest import update_entry
+from millstream.metastore.manifest import update_entries
 from millstream.metastore.models import Entry, SegmentState
-from millstream.metastore.reads import get_entry
+from millstream.metastore.reads import get_entries
 
 #: How long a seal claim holds before another sealer may take the run over (seconds).
 DEFAULT_CLAIM_TTL = 600.0
@@ -39,29 +39,24 @@ def claim_run(
     TTL still agree on who holds a run. One transaction (``conn``'s)."""
     now = store_now(conn, clock)
     # Every entry's precondition first: returning None after claiming some entries would
-    # commit a partial claim that nobody releases until it expires.
+    # commit a partial claim that nobody releases until it expires. One read for the run.
+    current = get_entries(conn, (e.id for e in run))
     checked: dict[int, int] = {}
     for e in run:
-        cur = get_entry(conn, e.id)
+        cur = current.get(e.id)
         if cur is None or cur.removed_version is not None:
             return None
         if cur.claim_held(now):
             return None
         checked[e.id] = cur.row_version
-    versions: dict[int, int] = {}
-    for entry_id, version in checked.items():
-        # The version the check saw: a claim committed since then makes this fail.
-        versions[entry_id] = update_entry(
-            conn,
-            entry_id,
-            version,
-            {
-                "state": SegmentState.COMMITTING.value,
-                "claimed_by": owner,
-                "claim_expires_at": now + ttl,
-            },
-        )
-    return versions
+    # The versions the check saw, in one compare-and-set of the run: a claim committed since
+    # then makes it fail (its row count short of the run's) and nothing is claimed.
+    values = {
+        "state": SegmentState.COMMITTING.value,
+        "claimed_by": owner,
+        "claim_expires_at": now + ttl,
+    }
+    return update_entries(conn, [(i, v, values) for i, v in checked.items()])
 
 
 def release_run(
@@ -71,29 +66,38 @@ def release_run(
     ``fail_first``), claim cleared. Only entries still at their claimed version are touched (a
     re-ingested or taken-over entry is someone else's now). Returns the partition, or None if
     no entry was still ours."""
-    ours = []
-    for entry_id, version in claimed.items():
-        cur = get_entry(conn, entry_id)
-        if cur is not None and cur.removed_version is None and cur.row_version == version:
-            ours.append(cur)
+    current = get_entries(conn, claimed)
+    ours = [
+        cur
+        for entry_id, version in claimed.items()
+        if (cur := current.get(entry_id)) is not None
+        and cur.removed_version is None
+        and cur.row_version == version
+    ]
     ours.sort(key=lambda e: e.seq)  # the run's first segment is the lowest sequence number
-    partition = None
-    for cur in ours:
-        entry_id, version = cur.id, cur.row_version
-        state = SegmentState.ERROR if fail_first and cur is ours[0] else SegmentState.CONSUMING
-        update_entry(
-            conn,
-            entry_id,
-            version,
-            {
-                "state": state.value,
-                "last_error": error,
-                "claimed_by": None,
-                "claim_expires_at": None,
-            },
-        )
-        partition = cur.partition
-    return partition
+    if not ours:
+        return None
+    update_entries(
+        conn,
+        [
+            (
+                cur.id,
+                cur.row_version,
+                {
+                    "state": (
+                        SegmentState.ERROR
+                        if fail_first and cur is ours[0]
+                        else SegmentState.CONSUMING
+                    ).value,
+                    "last_error": error,
+                    "claimed_by": None,
+                    "claim_expires_at": None,
+                },
+            )
+            for cur in ours
+        ],
+    )
+    return ours[-1].partition
 
 
 def store_now(conn: Connection, clock: Clock) -> float:
@@ -126,9 +130,9 @@ def renew_claim(
     past its claim) is never brought back, as another sealer may hold the run, or GC may have
     taken the files uploaded under it; that seal's swap is then refused."""
     now = store_now(conn, clock)
-    current: dict[int, int] = {}
+    entries = get_entries(conn, claimed)
     for entry_id, version in claimed.items():
-        cur = get_entry(conn, entry_id)
+        cur = entries.get(entry_id)
         if (
             cur is None
             or cur.removed_version is not None
@@ -137,8 +141,5 @@ def renew_claim(
             or not cur.claim_held(now)
         ):
             return None
-        current[entry_id] = version
-    return {
-        entry_id: update_entry(conn, entry_id, version, {"claim_expires_at": now + ttl})
-        for entry_id, version in current.items()
-    }
+    values = {"claim_expires_at": now + ttl}
+    return update_entries(conn, [(i, v, values) for i, v in claimed.items()])

@@ -192,6 +192,19 @@ def update_entry(
     return cas_update(conn, s.entries, {"id": entry_id}, expected_version, dict(values))
 
 
+def update_entries(
+    conn: Connection, updates: Sequence[tuple[int, int, Mapping[str, Any]]]
+) -> dict[int, int]:
+    """Compare-and-set several entries, each ``(id, expected version, values)`` with the same
+    value columns, in one statement executed for every entry (``cas_update_many``): unless
+    every entry is still at its expected version, :class:`CommitConflictError` and nothing of
+    the caller's transaction commits. Returns each entry's new version."""
+    cas_update_many(
+        conn, s.entries, [CasRow({"id": i}, version, values) for i, version, values in updates]
+    )
+    return {i: version + 1 for i, version, _ in updates}
+
+
 def remove_delete_vector(conn: Connection, dv_id: int, version: int) -> None:
     """Mark a live delete vector removed as of manifest ``version`` (compare-and-set)."""
     row = (

@@ -4,6 +4,7 @@ status pages count (when each partition last advanced, the rows of each table)."
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -66,6 +67,16 @@ def delete_vector_of(r: Any) -> DeleteVector:
 def get_entry(conn: Connection, entry_id: int) -> Entry | None:
     row = conn.execute(select(s.entries).where(s.entries.c.id == entry_id)).mappings().first()
     return None if row is None else entry_of(row)
+
+
+def get_entries(conn: Connection, ids: Iterable[int]) -> dict[int, Entry]:
+    """The entries of ``ids`` that exist, by id, in one read (a seal's run of 100-150 entries:
+    one statement instead of one a entry)."""
+    wanted = list(ids)
+    if not wanted:
+        return {}
+    q = select(s.entries).where(s.entries.c.id.in_(wanted))
+    return {e.id: e for e in (entry_of(r) for r in conn.execute(q).mappings())}
 
 
 def live_entries(conn: Connection, table: str, partition: int) -> list[Entry]:

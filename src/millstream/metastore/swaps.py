@@ -20,10 +20,12 @@ from millstream.metastore.manifest import (
     insert_entry,
     publish_version,
     remove_delete_vector,
+    update_entries,
     update_entry,
 )
 from millstream.metastore.models import DeleteVector, Entry, SegmentState
 from millstream.metastore.reads import (
+    get_entries,
     get_entry,
     live_delete_vectors,
     live_entry_with_file,
@@ -82,8 +84,9 @@ def replace_run(
                 partition=partition,
             )
         entries = []
+        current = get_entries(conn, claimed)
         for entry_id, version in claimed.items():
-            cur = get_entry(conn, entry_id)
+            cur = current.get(entry_id)
             if cur is None or cur.removed_version is not None or cur.row_version != version:
                 raise SegmentChangedError(
                     f"the run being sealed in {table} partition {partition} changed (rolled "
@@ -96,13 +99,8 @@ def replace_run(
         entries.sort(key=lambda e: e.seq)
         new_version = info.manifest_version + 1
         now = clock.now()
-        for e in entries:
-            update_entry(
-                conn,
-                e.id,
-                claimed[e.id],
-                {"removed_version": new_version, "claimed_by": None, "claim_expires_at": None},
-            )
+        removed = {"removed_version": new_version, "claimed_by": None, "claim_expires_at": None}
+        update_entries(conn, [(e.id, claimed[e.id], removed) for e in entries])
         new_id = insert_entry(
             conn,
             table=table,
