@@ -102,7 +102,7 @@ def test_the_check_finds_every_form_of_manifest_mutation() -> None:
         "cas_update_many(conn, s.shards, rows)",
         "update_entry(conn, e.id, e.row_version, {'state': 'ONLINE'})",
         "update_entries(conn, [(e.id, e.row_version, {'state': 'ONLINE'})])",
-        "update_entry(conn, e.id, e.row_version, {'state': 'ONLINE'})",
+        "insert_entries(conn, entries)",
         "manifest.publish_version(conn, info, 'seal', now)",
     ):
         assert manifest_mutations(snippet), snippet
