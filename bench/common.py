@@ -192,3 +192,30 @@ def ship_by_value(*modules: ModuleType) -> None:
 
     for module in modules:
         cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
+
+
+def run_tree_on_copy(
+    script: str, tree: str | Path, db: Path, copy: Path, args: list[str]
+) -> dict[str, Any]:
+    """Run ``script --child COPY *args`` in a fresh process with ``tree`` (a ``src`` directory)
+    first on ``PYTHONPATH``, on ``copy``, a fresh backup of the SQLite metadata store ``db``
+    (each tree of an A/B starts from the same store), removed afterwards; returns the JSON of
+    the child's last line."""
+    import sqlite3
+    import subprocess
+
+    with sqlite3.connect(db) as src, sqlite3.connect(copy) as dst:
+        src.backup(dst)
+    env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
+    try:
+        out = subprocess.run(
+            [sys.executable, script, "--child", str(copy), *args],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        copy.unlink(missing_ok=True)
+    row: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return row

@@ -40,13 +40,12 @@ import os
 import shutil
 import sqlite3
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import common
 import pyarrow as pa
 
 from millstream.catalog import Catalog
@@ -155,22 +154,19 @@ def _compare(args: argparse.Namespace) -> None:
         loads: list[float] = []
         for r in range(args.repeat):
             for name in list(trees) if r % 2 == 0 else list(reversed(trees)):
-                copy = home / f"copy-{name}-{level}-{r}.db"
-                with sqlite3.connect(db) as src, sqlite3.connect(copy) as dst:
-                    src.backup(dst)
-                child = [
-                    sys.executable,
+                row = common.run_tree_on_copy(
                     __file__,
-                    *("--child", str(copy), "--deep", str(home / "deepstore")),
-                    *("--tables", str(args.tables), "--partitions", str(args.partitions)),
-                    *("--passes", str(args.passes), "--at", str(level)),
-                ]
-                env = {**os.environ, "PYTHONPATH": str(Path(trees[name]).resolve())}
-                out = subprocess.run(child, env=env, check=True, capture_output=True, text=True)
-                row = json.loads(out.stdout.strip().splitlines()[-1])
+                    trees[name],
+                    db,
+                    home / f"copy-{name}-{level}-{r}.db",
+                    [
+                        *("--deep", str(home / "deepstore")),
+                        *("--tables", str(args.tables), "--partitions", str(args.partitions)),
+                        *("--passes", str(args.passes), "--at", str(level)),
+                    ],
+                )
                 got[name] += list(zip(row["cpu"], row["reads"], strict=True))
                 loads.append(os.getloadavg()[0])
-                copy.unlink()
         first = statistics.median(c for c, _ in got[next(iter(trees))])
         for name, rows in got.items():
             cpu = statistics.median(c for c, _ in rows)

@@ -34,32 +34,25 @@ import os
 import pstats
 import random
 import shutil
-import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import common
 import pyarrow as pa
 
 from millstream.catalog import Catalog
+from millstream.ingest.sources.generator import ORDERS_SCHEMA
 from millstream.sealing.sealer import Sealer
 from millstream.sealing.thresholds import Thresholds
 from millstream.spec import TableSpec
 from millstream.table.read import read_entries
 from millstream.table.writer import commit_staged, stage_rows
 
-SCHEMA = {
-    "order_id": "long",
-    "customer": "string",
-    "amount": "double",
-    "status": "string",
-    "updated_at": "timestamp",
-    "is_deleted": "boolean",
-}
+SCHEMA = ORDERS_SCHEMA  # the generator's orders
 
 
 def _spec(i: int) -> TableSpec:
@@ -171,22 +164,16 @@ def _compare(args: argparse.Namespace) -> None:
     loads: list[float] = []
     for r in range(args.runs):
         for name in list(trees) if r % 2 == 0 else list(reversed(trees)):
-            copy = home / f"copy-{name}-{r}.db"
-            with sqlite3.connect(home / "metadata.db") as src, sqlite3.connect(copy) as dst:
-                src.backup(dst)
-            child = [
-                sys.executable,
+            row = common.run_tree_on_copy(
                 __file__,
-                *("--child", str(copy), "--deep", str(home / "deepstore")),
-                *("--tables", str(args.tables)),
-            ]
-            env = {**os.environ, "PYTHONPATH": str(Path(trees[name]).resolve())}
-            out = subprocess.run(child, env=env, check=True, capture_output=True, text=True)
-            row = json.loads(out.stdout.strip().splitlines()[-1])
+                trees[name],
+                home / "metadata.db",
+                home / f"copy-{name}-{r}.db",
+                ["--deep", str(home / "deepstore"), "--tables", str(args.tables)],
+            )
             for k, v in row.items():
                 got[name].setdefault(k, []).extend(v)
             loads.append(os.getloadavg()[0])
-            copy.unlink()
     first = next(iter(trees))
     for name, row in got.items():
         parts = []
