@@ -1459,6 +1459,8 @@ Index("ux_controller_jobs_active", controller_jobs.c.active_key)  # MUTATION: no
         tests=(
             "tests/unit/metastore/test_commit_many_partitions.py::"
             "test_cas_update_many_moves_every_row_or_none",
+            "tests/contract/test_postgres_manifest_races.py::"
+            "test_two_sealers_claiming_the_same_run_at_once_get_it_once_on_postgres",
         ),
     ),
     Guard(
@@ -3748,10 +3750,10 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         "query changed (a writer failing, gone, running), not STATUS_SECONDS later: the "
         "datastream's health and the controller's STOPPING completion read them",
         old="""\
-        if whole or reported != self._reported or now >= self._status_due:
+        if whole or reported != self._reported or due:
 """,
         new="""\
-        if whole or now >= self._status_due:  # MUTATION: a writer's change waits its turn
+        if whole or due:  # MUTATION: a writer's change waits its turn
 """,
         tests=(
             "tests/unit/api/test_worker_status_beat.py::"
@@ -3765,7 +3767,7 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         "written again STATUS_SECONDS after the last write, not only when the writers change: "
         "the metrics and debugInfo go stale otherwise",
         old="""\
-        if whole or reported != self._reported or now >= self._status_due:
+        if whole or reported != self._reported or due:
 """,
         new="""\
         if whole or reported != self._reported:  # MUTATION: counters written with writers only

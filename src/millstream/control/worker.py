@@ -329,6 +329,7 @@ class Worker:
         self._stop_shared()
         for ds in gone:
             w = self.writers.pop(ds)
+            self._count_last_commits(ds, w)
             if w.locked:
                 w.state_dir.unlock()
         if wanted:
@@ -410,6 +411,7 @@ class Worker:
                 w.locked = False
         for ds in gone:
             w = self.writers.pop(ds)
+            self._count_last_commits(ds, w)  # out of the query: it commits no more
             if w.locked:
                 w.state_dir.unlock()
         # Every new member joins in ONE membership change (the tables of a datastream, the
@@ -699,8 +701,24 @@ class Worker:
             w.runner.stop()
         if w.thread is not None:
             w.thread.join(timeout=60)
+        self._count_last_commits(ds, w)
         if w.locked:
             w.state_dir.unlock()
+
+    def _count_last_commits(self, ds: str, w: _Writer) -> None:
+        """Add the commits ``w`` made since its commit log was last read to the worker's row
+        counters, once it has left (stopped, or out of the shared query): the log is read
+        only with the whole status (every :data:`STATUS_SECONDS`), and the batches of a
+        writer's last seconds here were never counted (``millstream_rows_consumed_total``,
+        the dead-letter count and ``millstream_source_records_lost_total`` under-counted)."""
+        if w.runner is None:
+            return
+        with self._beat_lock:  # the heartbeat thread reads the same totals
+            totals = self.row_totals.get(ds)
+            if totals is None:
+                totals = self.row_totals[ds] = CommitLogTotals()
+            totals.update(w.runner.stats_file)
+            totals.table = w.runner.spec.table_name
 
     def _heartbeat(self) -> None:
         """Heartbeat with the whole status (at the start, from the tick when the heartbeat
@@ -741,7 +759,10 @@ class Worker:
         }
         now = self.clock.now()
         info: dict[str, Any] | None = None
-        if whole or reported != self._reported or now >= self._status_due:
+        # due, or the wall clock stepped back past the last write (an NTP step must not hold
+        # the status back for as long as the step)
+        due = now >= self._status_due or now < self._status_due - STATUS_SECONDS
+        if whole or reported != self._reported or due:
             info = self._status(reported)
         heartbeat(
             self.catalog.store,

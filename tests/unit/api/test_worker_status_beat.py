@@ -18,6 +18,7 @@ from millstream.clock import ManualClock
 from millstream.control.controller import Controller
 from millstream.control.worker import STATUS_SECONDS
 from millstream.metastore import workers as stored_workers
+from millstream.spark.sink import append_commit_log
 
 WORKER = "w1"
 
@@ -84,3 +85,43 @@ def test_a_beat_writes_liveness_always_a_writers_change_at_once_and_counters_wit
     worker._pulse()
     health = api.get("/datastreams/orders").json()["health"]
     assert health["status"] == "retrying" and "did not answer" in health["error"]
+
+    # The wall clock stepped back a minute (NTP): the status is not held back for a minute
+    runs = _sealer_runs(api, "payments")
+    worker.seal()
+    clock.advance(-60.0)
+    worker._pulse()
+    assert _sealer_runs(api, "payments") == runs + 1
+
+
+def test_a_writers_last_commits_are_counted_when_it_leaves_before_the_status_is_due(
+    api: TestClient,
+    controller: Controller,
+    catalog: Catalog,
+    clock: ManualClock,
+    source_dir: Path,
+    tmp_path: Path,
+    running: threading.Event,
+) -> None:
+    """The commit logs are read for the row counters with the whole status, every
+    STATUS_SECONDS: a writer that commits and then leaves (paused, moved, deleted) before the
+    next one still has those rows in ``millstream_rows_consumed_total`` and its dead-letter
+    and lost-offset counters."""
+    assert api.post("/datastreams", json=spec_body("orders", source_dir)).status_code == 201
+    controller.tick()
+    worker = running_worker(catalog, clock, tmp_path / "state", running, "orders")
+    worker._heartbeat()
+    runner = worker.writers["orders"].runner
+    assert runner is not None
+    entry = {"rows": 7, "at": clock.now(), "consumed": {"0": 9}, "dead_lettered": {"0": 2}}
+    append_commit_log(runner.stats_file, {**entry, "lost": {"0": 3}})
+    clock.advance(1.0)
+    running.set()  # the writer's query ends
+    worker._stop_writer("orders")  # as a pause or a move does, 1 s after its commit
+    clock.advance(STATUS_SECONDS)
+    worker._pulse()
+    text = api.get("/metrics").text
+    labels = f'datastream="orders",partition="0",table="orders",worker="{WORKER}"'
+    assert f"millstream_rows_consumed_total{{{labels}}} 9.0" in text
+    assert f"millstream_rows_dead_lettered_total{{{labels}}} 2.0" in text
+    assert f"millstream_source_records_lost_total{{{labels}}} 3.0" in text
