@@ -666,7 +666,11 @@ class PublishCache:
                 self.hits += 1
                 return found
             self.misses += 1
-        data = conform(deep.read_parquet(path, columns=schema.names, missing_ok=True), schema)
+        # Read as the seal reads its run (a micro-batch file of a few rows whole, decoded on
+        # this thread): pyarrow's pre-buffering and decode threads cost more than the decode
+        # of a few rows, and a publish round reads each busy table's new micro-batch files.
+        names = schema.names
+        data = conform(deep.read_parquet_choosing(path, lambda _: names), schema)
         with self._lock:
             self._table_columns(deep, table, schema).fresh[path] = data
         return data
