@@ -276,6 +276,7 @@ def is_decimal(text: str) -> bool:
     return isinstance(parse_type(text), DecimalType)
 
 
+@lru_cache(maxsize=4096)
 def has_decimal(t: pa.DataType) -> bool:
     """Whether Arrow type ``t`` holds a decimal anywhere (itself or nested)."""
     if pa.types.is_decimal(t):

@@ -49,6 +49,7 @@ from millstream.spark.sources import (
     each_member,
     marked_ranges,
     member_errors,
+    settle_worker,
 )
 from millstream.spec import TableSpec
 from millstream.storage.deepstore import DeepStore
@@ -316,6 +317,7 @@ class SegmentSink(DataSourceStreamArrowWriter):
         return _deep_store(self.settings.deep_store, self.settings.s3_endpoint)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkMessage:
+        settle_worker()
         return self.write_batch(iterator, _batch_id())
 
     def write_batch(
@@ -603,6 +605,7 @@ class GroupSink(DataSourceStreamArrowWriter):
         after another made a task's time grow with its members, not with its records
         (bench/scale.py (b): 8 datastreams of 1,000 rows/s in batches of ~3 s, the worker's
         CPU 0.6 cores). The decoding and staging release the GIL for most of their time."""
+        settle_worker()
         raw, joined = self._entries(pa.Table.from_batches(list(iterator), schema=GROUP_SCHEMA))
         member = raw.column("member")
         parts: dict[str, pa.Table] = {}

@@ -18,6 +18,7 @@ batch's offsets, so a replayed batch re-reads exactly the same records.
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -270,6 +271,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangeTask)
+        settle_worker()
         yield markers_batch(partition.ranges)
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -510,6 +512,7 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, GroupTask)
+        settle_worker()
         for n, ranges in partition.parts:
             joined = partition.joined.get(n)
             with member_errors(n):
@@ -520,6 +523,25 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, Any]) -> None:
         pass
+
+
+#: Whether this process froze what it held at its first task (:func:`settle_worker`).
+_settled = False
+
+
+def settle_worker() -> None:
+    """At a process's first task, move every object it holds then (the modules and the
+    query's reader or sink, made as the task was unpickled) to the collector's permanent
+    generation (:func:`gc.freeze`). Spark's Python daemon runs a full ``gc.collect()`` after
+    every task of a reused worker, and that collection walked all of them every time:
+    ~30 ms a task for the imports alone, a third of a worker's samples at 100 topics in one
+    datastream (docs/performance.md, "Spark's Python workers at 100 tables"). Frozen objects
+    are still freed by their reference counts; only a cycle among them is never collected,
+    and they are the process's long-lived state. Later objects are collected as before."""
+    global _settled
+    if not _settled:
+        _settled = True
+        gc.freeze()
 
 
 @contextmanager

@@ -12,6 +12,7 @@ import json
 import re
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 from math import isfinite
 from typing import Any
 
@@ -49,6 +50,7 @@ def _read_as(t: pa.DataType) -> pa.DataType:
     return t
 
 
+@lru_cache(maxsize=4096)
 def _has_map(t: pa.DataType) -> bool:
     """``pyarrow.json`` cannot read a map: columns holding one are read per record."""
     if pa.types.is_map(t):
@@ -59,15 +61,17 @@ def _has_map(t: pa.DataType) -> bool:
 def json_schema(spec: TableSpec, columns: list[str] | None = None) -> pa.Schema:
     """The schema ``pyarrow.json`` reads ``columns`` (default: every column of ``spec``) with."""
     names = list(spec.columns) if columns is None else columns
+    return _json_schema(tuple((c, spec.columns[c]) for c in names))
+
+
+@lru_cache(maxsize=4096)
+def _json_schema(columns: tuple[tuple[str, str], ...]) -> pa.Schema:
+    """:func:`json_schema` of ``(name, column type)`` pairs, made once per process for each
+    (an Arrow schema is immutable), not at every table's decode in every write task."""
     return pa.schema(
         [
-            pa.field(
-                c,
-                pa.string()
-                if spec.columns[c] in VIA_STRING
-                else _read_as(arrow_type(spec.columns[c])),
-            )
-            for c in names
+            pa.field(c, pa.string() if t in VIA_STRING else _read_as(arrow_type(t)))
+            for c, t in columns
         ]
     )
 
