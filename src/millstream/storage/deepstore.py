@@ -79,6 +79,8 @@ class DeepStore:
         #: fsync each file written (and its directories) before the write returns: a local
         #: store's files (see the module's docstring)
         self.durable_writes = isinstance(fs, pafs.LocalFileSystem)
+        #: the files are on this machine's file system: a read costs no request's latency
+        self.local = isinstance(fs, pafs.LocalFileSystem)
         #: (directory, inode) whose name in its parent this process made durable (synced the
         #: parent since): :meth:`_make_durable` syncs such a parent no more
         self._named_dirs: set[tuple[str, int]] = set()

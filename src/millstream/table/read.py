@@ -33,6 +33,11 @@ from millstream.table.cache import ReadCache
 from millstream.table.footer import rows_proven_valid
 
 READ_THREADS = 8
+#: A read of a local store's files of at most this many bytes in all (a seal's run of ~150
+#: micro-batch files of a few rows each, ~0.5 MB) decodes them one after the other on the
+#: reading thread: handed to the read pool, each file's ~0.4 ms decode cost about twice its CPU
+#: in the threads' hand-offs and their contention for the GIL (issue 38).
+SERIAL_READ_BYTES = 1 << 20
 #: A cached reader's merged partition is made one piece again past this many (each poll adds
 #: one: the rows of keys it changed).
 MAX_MERGED_CHUNKS = 16
@@ -49,8 +54,10 @@ _pools: dict[str, tuple[int, ThreadPoolExecutor]] = {}
 _pools_lock = threading.Lock()
 
 
-def _parallel_map(kind: str, fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
-    if len(items) <= 1:
+def _parallel_map(
+    kind: str, fn: Callable[[T], R], items: Sequence[T], *, serial: bool = False
+) -> list[R]:
+    if serial or len(items) <= 1:
         return [fn(x) for x in items]
     with _pools_lock:
         found = _pools.get(kind)
@@ -249,7 +256,23 @@ def read_entries(
         )
         return cache.get(key, lambda: _valid_rows(decode(path, file_entries), file_entries))
 
-    return pa.concat_tables(_parallel_map("files", load, sorted(by_file.items())))
+    serial = _small_local_read(deep, by_file)
+    return pa.concat_tables(_parallel_map("files", load, sorted(by_file.items()), serial=serial))
+
+
+def _small_local_read(deep: DeepStore, by_file: dict[str, list[Entry]]) -> bool:
+    """Whether the files of ``by_file`` are few bytes in all on a local store, so that
+    decoding them on the reading thread costs less than the read pool (see
+    :data:`SERIAL_READ_BYTES`); their size is their entries' (a shared file's other partitions'
+    rows are not counted: at most a micro-batch's)."""
+    if not deep.local:
+        return False  # a remote store's reads wait on requests: the pool overlaps them
+    total = 0
+    for file_entries in by_file.values():
+        total += sum(e.size_bytes for e in file_entries)
+        if total > SERIAL_READ_BYTES:
+            return False
+    return True
 
 
 def read_sealed_rows(
