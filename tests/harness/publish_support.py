@@ -1,6 +1,7 @@
-"""Tables and commits for the Iceberg publisher's tests: a ``{k: long, v: string}`` upsert
-table's rows staged and committed as a writer's batch would be, on partition 0, and the
-scenario of a published batch rolled back whose next publish fails at the pointer."""
+"""Tables and commits for the Iceberg publisher's tests and others: a ``{k: long, v: string}``
+upsert table's rows, or a one-column ``{id: long}`` table's ids, staged and committed as a
+writer's batch would be, on partition 0, and the scenario of a published batch rolled back
+whose next publish fails at the pointer."""
 
 from __future__ import annotations
 
@@ -48,6 +49,24 @@ def commit_rows(
         {0: epoch} if epoch else {},
     )
     return lo + len(rows)
+
+
+def commit_ids(cat: Catalog, table: str, lo: int, n: int, epoch: int = 0) -> None:
+    """Commit ids ``lo`` .. ``lo + n - 1`` of the ``{id: long}`` table ``table``, each at its
+    own offset of partition 0 (at ``epoch`` if not 0), one staged file."""
+    spec = cat.table(table).spec
+    rows = pa.table(
+        {
+            "id": pa.array(range(lo, lo + n), pa.int64()),
+            "_ms_partition": pa.array([0] * n, pa.int32()),
+            "_ms_offset": pa.array(range(lo, lo + n), pa.int64()),
+            "_ms_tombstone": pa.array([False] * n),
+        }
+    )
+    staged = stage_rows(cat.deep, spec, rows)
+    commit_staged(
+        cat.store, cat.deep, table, staged, {0: (lo, lo + n)}, {0: epoch} if epoch else {}
+    )
 
 
 def commit_keys(cat: Catalog, table: str, keys: list[int], lo: int) -> None:

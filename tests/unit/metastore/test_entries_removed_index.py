@@ -10,18 +10,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from sqlalchemy import Connection, inspect, select, text
 from sqlalchemy.sql import Select
 
+from harness.publish_support import commit_ids
 from millstream.catalog import Catalog
 from millstream.metastore import reads
 from millstream.metastore import schema as s
 from millstream.metastore.store import MetadataStore
 from millstream.sealing.sealer import Sealer
 from millstream.spec import TableSpec
-from millstream.table.writer import commit_staged, stage_rows
 
 SPEC = TableSpec.parse({"name": "t", "schema": {"id": "long"}})
 
@@ -34,23 +33,10 @@ def cat(tmp_path: Path) -> Iterator[Catalog]:
     ) as c:
         c.create_table(SPEC)
         for batch in range(8):
-            _commit(c, batch)
+            commit_ids(c, "t", batch * 10, 10)
             if batch == 5:
                 assert Sealer(c, "t").seal_partition(0, force=True) is not None
         yield c
-
-
-def _commit(c: Catalog, batch: int) -> None:
-    lo = batch * 10
-    rows = pa.table(
-        {
-            "id": pa.array(range(lo, lo + 10), pa.int64()),
-            "_ms_partition": pa.array([0] * 10, pa.int32()),
-            "_ms_offset": pa.array(range(lo, lo + 10), pa.int64()),
-            "_ms_tombstone": pa.array([False] * 10),
-        }
-    )
-    commit_staged(c.store, c.deep, "t", stage_rows(c.deep, SPEC, rows), {0: (lo, lo + 10)}, {})
 
 
 def _plan(conn: Connection, stmt: Select[tuple[object, ...]], params: dict[str, object]) -> str:

@@ -13,12 +13,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from harness.publish_support import commit_ids
 from millstream.catalog import Catalog
 from millstream.spec import TableSpec
 from millstream.storage.deepstore import DeepStore
 from millstream.table import read
 from millstream.table.read import read_entries
-from millstream.table.writer import commit_staged, stage_rows
 
 SPEC = TableSpec.parse({"name": "t", "schema": {"id": "long"}})
 
@@ -31,17 +31,7 @@ def cat(tmp_path: Path) -> Iterator[Catalog]:
     ) as c:
         c.create_table(SPEC)
         for batch in range(12):
-            lo = batch * 10
-            rows = pa.table(
-                {
-                    "id": pa.array(range(lo, lo + 10), pa.int64()),
-                    "_ms_partition": pa.array([0] * 10, pa.int32()),
-                    "_ms_offset": pa.array(range(lo, lo + 10), pa.int64()),
-                    "_ms_tombstone": pa.array([False] * 10),
-                }
-            )
-            staged = stage_rows(c.deep, SPEC, rows)
-            commit_staged(c.store, c.deep, "t", staged, {0: (lo, lo + 10)}, {})
+            commit_ids(c, "t", batch * 10, 10)
         yield c
 
 
