@@ -714,11 +714,17 @@ class Worker:
         if w.runner is None:
             return
         with self._beat_lock:  # the heartbeat thread reads the same totals
-            totals = self.row_totals.get(ds)
-            if totals is None:
-                totals = self.row_totals[ds] = CommitLogTotals()
-            totals.update(w.runner.stats_file)
-            totals.table = w.runner.spec.table_name
+            self._read_commit_log(ds, w.runner)
+
+    def _read_commit_log(self, ds: str, runner: DatastreamRunner) -> CommitLogTotals:
+        """``ds``'s running totals with the lines its writer's commit log gained since the
+        last read added (the caller holds the beat lock)."""
+        totals = self.row_totals.get(ds)
+        if totals is None:
+            totals = self.row_totals[ds] = CommitLogTotals()
+        totals.update(runner.stats_file)
+        totals.table = runner.spec.table_name
+        return totals
 
     def _heartbeat(self) -> None:
         """Heartbeat with the whole status (at the start, from the tick when the heartbeat
@@ -805,9 +811,7 @@ class Worker:
             w = self.writers.get(ds)
             totals = self.row_totals.get(ds)
             if w is not None and w.runner is not None:
-                if totals is None:
-                    totals = self.row_totals[ds] = CommitLogTotals()
-                totals.update(w.runner.stats_file)
+                totals = self._read_commit_log(ds, w.runner)
                 table = w.runner.spec.table_name
             elif ds in self.sealers:
                 table = self.sealers[ds].table
