@@ -271,7 +271,14 @@ class Producer:
     (round-robin over the topics' partitions) from a thread, noting each partition's last
     acknowledged offset and when it was acknowledged."""
 
-    def __init__(self, bootstrap: str, rate: float, partitions: int = TOPIC_PARTITIONS) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        rate: float,
+        partitions: int = TOPIC_PARTITIONS,
+        *,
+        linger_ms: float = 20.0,
+    ) -> None:
         from confluent_kafka import Producer as KafkaProducer
 
         from millstream.ingest.sources.generator import GeneratorConfig, generate
@@ -287,7 +294,11 @@ class Producer:
             p: [(k, v) for _, k, v in generate(cfg, p, 0, 20_000)] for p in range(partitions)
         }
         self.producer = KafkaProducer(
-            {"bootstrap.servers": bootstrap, "linger.ms": 20, "log.connection.close": False}
+            {
+                "bootstrap.servers": bootstrap,
+                "linger.ms": linger_ms,
+                "log.connection.close": False,
+            }
         )
         self.thread = threading.Thread(target=self._run, name="scale-producer", daemon=True)
 
@@ -524,8 +535,9 @@ def jvm_heap_mb(procs: list[dict[str, Any]]) -> dict[str, float] | None:
 
 def by_minute(samples: list[tuple[float, dict[str, Any]]]) -> list[dict[str, Any]]:
     """Per minute of a window, from its samples (each with ``cpu_s`` of the tree and
-    ``batches``, the last committed batch, and ``pid_cpu``, pid -> (kind, CPU-s)): the batches
-    committed, the tree's CPU-s each, and each process kind's (a process's CPU-s counted from
+    ``batches``, the last committed batch, ``pid_cpu``, pid -> (kind, CPU-s), and optionally
+    ``broker_cpu_s``): the batches committed, the tree's CPU-s each, the broker's cores (it is
+    outside the tree, on the same machine), and each process kind's (a process's CPU-s counted from
     the minute's first sample, or from 0 when it started within the minute; a process that
     exited within the minute loses its last CPU-s)."""
     out = []
@@ -541,11 +553,15 @@ def by_minute(samples: list[tuple[float, dict[str, Any]]]) -> list[dict[str, Any
         kinds: dict[str, float] = {}
         for pid, (kind, spent) in last.get("pid_cpu", {}).items():
             kinds[kind] = kinds.get(kind, 0.0) + spent - before.get(pid, (kind, 0.0))[1]
+        broker = None
+        if "broker_cpu_s" in last and "broker_cpu_s" in prev:
+            broker = round((last["broker_cpu_s"] - prev["broker_cpu_s"]) / max(t - prev_t, 1e-9), 2)
         out.append(
             {
                 "minute": minute,
                 "seconds": round(t - prev_t, 1),
                 "batches": batches,
+                "broker_cpu_cores": broker,
                 "cpu_s_per_batch": round(cpu / batches, 3) if batches > 0 else None,
                 "rss_mb": round(last["rss_mb"]),
                 "cpu_s_per_batch_by_kind": {
@@ -921,7 +937,7 @@ def part_c(
     store = MetadataStore(url)
     n = args.topics
     topics = [f"c{i:03d}" for i in range(n)]
-    producer = Producer(broker.bootstrap, args.topic_rate, partitions=1)
+    producer = Producer(broker.bootstrap, args.topic_rate, partitions=1, linger_ms=args.linger_ms)
     freshness = Freshness(producer, store, every=0.1, name="scale-c-sampler")
     variants: dict[str, Any] = {}
 
@@ -945,7 +961,11 @@ def part_c(
             seconds=args.seconds,
             rss_every=5.0,
             tail=args.tail,
-            on_sample=lambda procs: {"batches": last_batch(home), "jvm_heap": jvm_heap_mb(procs)},
+            on_sample=lambda procs: {
+                "batches": last_batch(home),
+                "jvm_heap": jvm_heap_mb(procs),
+                "broker_cpu_s": cpu_seconds([broker.pid or 0]),
+            },
         )
         batches = last_batch(home) - batch0
         # per process kind, the RSS at the first sample past a minute (or the first) and at the
@@ -961,6 +981,10 @@ def part_c(
             for k, v in last["kinds"].items()
         }
         rss = [(t, summary["rss_mb"]) for t, summary in w.rss]
+        (t_first, first), (t_last, last_sample) = w.rss[0], w.rss[-1]
+        broker_cores = (last_sample["broker_cpu_s"] - first["broker_cpu_s"]) / max(
+            t_last - t_first, 1e-9
+        )
         p99s, p50s, unresolved = [], [], 0
         for lat, missing in w.latencies.values():
             unresolved += missing
@@ -973,6 +997,8 @@ def part_c(
             "load": common.load(),
             "worker_cpu_cores": w.cpu_cores(),
             "worker_cpu_s_by_kind": w.cpu_by_kind(),
+            "broker_cpu_cores": broker_cores,
+            "linger_ms": args.linger_ms,
             "batches": batches,
             "cpu_s_per_batch": w.cpu_cores() * w.seconds / batches if batches > 0 else float("nan"),
             "p99_s_worst": max(p99s) if p99s else float("nan"),
@@ -993,7 +1019,8 @@ def part_c(
             f"(c) {variant}: {len(tables)} tables, p99 worst {out['p99_s_worst']:.2f}s median "
             f"{out['p99_s_median']:.2f}s, p50 median {out['p50_s_median']:.2f}s, worker CPU "
             f"{out['worker_cpu_cores']:.2f} cores, {batches} batches "
-            f"({out['cpu_s_per_batch']:.2f} CPU-s each), RSS {out['rss_mb_first']:,.0f} -> "
+            f"({out['cpu_s_per_batch']:.2f} CPU-s each), the broker {broker_cores:.2f} cores "
+            f"(producer linger {args.linger_ms:g} ms), RSS {out['rss_mb_first']:,.0f} -> "
             f"{out['rss_mb_last']:,.0f} MB (peak {out['rss_mb_peak']:,.0f}) over "
             f"{out['window_s']:.0f}s, load {out['load'][0]}; CPU-s by process: "
             f"{out['worker_cpu_s_by_kind']}"
@@ -1011,7 +1038,8 @@ def part_c(
         for m in out["by_minute"]:
             log(
                 f"(c) {variant}: minute {m['minute']}: {m['batches']} batches, "
-                f"{m['cpu_s_per_batch']} CPU-s a batch, RSS {m['rss_mb']:,} MB; CPU-s a batch "
+                f"{m['cpu_s_per_batch']} CPU-s a batch, the broker {m['broker_cpu_cores']} cores, "
+                f"RSS {m['rss_mb']:,} MB; CPU-s a batch "
                 f"by process: {m['cpu_s_per_batch_by_kind']}"
             )
         return out
@@ -1245,6 +1273,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--catch-up-timeout", type=float, default=240.0)
     ap.add_argument("--topics", type=int, default=100, help="(c) topics, one partition each")
     ap.add_argument("--topic-rate", type=float, default=10.0, help="(c) records/s per topic")
+    ap.add_argument(
+        "--linger-ms",
+        type=float,
+        default=20.0,
+        help="(c) the producer's linger.ms (20): the bundled broker's cost a read grows with "
+        "the produce batches a topic holds (bench/broker_growth.py); a longer linger puts more "
+        "records in a batch. Freshness is measured from the acknowledgement, after the linger",
+    )
     ap.add_argument(
         "--c-variants",
         default="one,each",
