@@ -59,15 +59,6 @@ DEFAULT_REPLY_TIMEOUT = 900.0
 PARENT_CHECK_SECONDS = 1.0
 #: The publisher process's niceness increment (``os.nice``): it yields the CPU to the writer.
 CHILD_NICENESS = 10
-#: The publisher process's Arrow buffers come from the system allocator (Arrow's
-#: ``ARROW_DEFAULT_MEMORY_POOL``), not mimalloc, unless the environment names a pool. A round
-#: decodes the new files' columns on Arrow's threads and frees what it does not keep; mimalloc
-#: kept those threads' freed pages (its mapping held 19-27 MB of RSS for 2-12 MB allocated at
-#: 100 tables; the pool's ``release_unused()`` after a round collects the calling thread's
-#: heap only), while glibc's ``malloc_trim(0)`` after a round reaches every arena
-#: (docs/performance.md, "The worker's own process and the publisher over 7 minutes, by
-#: allocator").
-CHILD_ARROW_POOL = "system"
 
 
 class PublisherProcess:
@@ -180,12 +171,6 @@ class PublisherProcess:
             # group) is the parent's to handle; the child ends when the parent closes its stdin
             # or dies, not with a KeyboardInterrupt traceback mid-publish.
             start_new_session=True,
-            env={
-                **os.environ,
-                "ARROW_DEFAULT_MEMORY_POOL": os.environ.get(
-                    "ARROW_DEFAULT_MEMORY_POOL", CHILD_ARROW_POOL
-                ),
-            },
         )
         self.starts += 1
         self.pid = proc.pid

@@ -8,8 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 PARENT = """
 import sys, time
 from millstream.catalog import Catalog
@@ -74,37 +72,5 @@ def test_the_publisher_process_runs_below_the_writer_in_its_own_session_too(
         group = Path(f"/proc/{publisher.pid}/autogroup")
         if group.exists():  # a kernel with autogroups (this project's CI machine has them)
             assert group.read_text().split()[-1] == str(CHILD_NICENESS), group.read_text()
-    finally:
-        publisher.close()
-
-
-def test_the_publisher_process_takes_arrow_memory_from_the_system_allocator(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A round frees most of what it decodes on Arrow's threads; with the system allocator the
-    child's ``malloc_trim(0)`` after each round gives every thread's freed pages back (mimalloc
-    kept them). A pool the environment names is the user's choice and stays."""
-    from millstream.catalog import Catalog
-    from millstream.sealing.publishing import PublisherProcess
-
-    def child_pool(publisher: PublisherProcess) -> str | None:
-        publisher.run_due({"kv": ["kv"]})
-        assert publisher.pid is not None
-        env = Path(f"/proc/{publisher.pid}/environ").read_bytes().split(b"\0")
-        found = [e for e in env if e.startswith(b"ARROW_DEFAULT_MEMORY_POOL=")]
-        return found[0].split(b"=", 1)[1].decode() if found else None
-
-    cat = Catalog.open(home=tmp_path / "home")
-    cat.create_table({"name": "kv", "schema": {"k": "long"}, "mode": "append"})
-    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
-    publisher = PublisherProcess(cat, owner="a test parent")
-    try:
-        assert child_pool(publisher) == "system"
-    finally:
-        publisher.close()
-    monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
-    publisher = PublisherProcess(cat, owner="a test parent")
-    try:
-        assert child_pool(publisher) == "jemalloc"
     finally:
         publisher.close()
