@@ -27,8 +27,11 @@ manifest at its head version (``MetadataStore.manifest``), a run of batches back
 seal reads its run at), and halfway back (time travel 12 h into a day); the status requests'
 reads: every table's row count (``api.status.rows_per_table``, the metrics' and console's)
 and when each partition last advanced (``api.status.last_commit_times``, a table's
-consumingSegmentsInfo). Printed: each tree's medians and ratios to the first tree's, and
-whether every tree gave the same answers.
+consumingSegmentsInfo). On PostgreSQL also the server's own time for the read's statements
+(their ``EXPLAIN ANALYZE`` execution and planning times, summed; median of ``--repeats``),
+which a loaded machine's round trips and scheduling do not blur. Printed: each tree's medians
+(of its runs' medians) and ratios to the first tree's, and whether every tree gave the same
+answers.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import common
-from sqlalchemy import insert, text, update
+from sqlalchemy import event, insert, text, update
 
 from millstream.metastore import schema as s
 from millstream.metastore.store import MetadataStore
@@ -228,6 +231,7 @@ def _child(args: argparse.Namespace) -> None:
     out: dict[str, Any] = {}
     for name, fn in reads.items():
         answer = fn()  # warm
+        server = _server_ms(store, fn, args.repeats) if url.startswith("postgresql") else None
         walls, cpus = [], []
         for _ in range(args.repeats):
             w0, c0 = time.perf_counter(), time.process_time()
@@ -237,11 +241,44 @@ def _child(args: argparse.Namespace) -> None:
         out[name] = {
             "wall": statistics.median(walls),
             "cpu": statistics.median(cpus),
+            "server": server,
             "answer": _digest(answer),
             "size": len(answer[0]) if isinstance(answer, tuple) else len(answer),  # type: ignore[arg-type]
         }
     store.dispose()
     print(json.dumps(out), flush=True)
+
+
+def _server_ms(store: MetadataStore, fn: Callable[[], object], repeats: int) -> float:
+    """PostgreSQL's own time for ``fn``'s statements (the sum of their ``EXPLAIN ANALYZE``
+    execution and planning times, median of ``repeats``): what the server spends on a read,
+    without the round trips and the scheduling of a loaded machine."""
+    seen: list[tuple[str, Any]] = []
+
+    def grab(_c: Any, _cur: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            seen.append((statement, parameters))
+
+    event.listen(store.engine, "before_cursor_execute", grab)
+    try:
+        fn()
+    finally:
+        event.remove(store.engine, "before_cursor_execute", grab)
+    raw = store.engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        times = []
+        for _ in range(repeats):
+            total = 0.0
+            for statement, parameters in seen:
+                cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters)
+                plan = cur.fetchone()[0][0]
+                total += plan["Execution Time"] + plan["Planning Time"]
+            times.append(total)
+        raw.rollback()
+    finally:
+        raw.close()
+    return statistics.median(times) / 1e3
 
 
 def _run_pg(server: Any, base: str, tree: str, args: list[str]) -> dict[str, Any]:
@@ -306,8 +343,9 @@ def _compare(args: argparse.Namespace) -> None:
                             row = _run_pg(server, f"m{removed}", trees[name], child_args)
                         loads.append(os.getloadavg()[0])
                         for read, v in row.items():
-                            for k in ("wall", "cpu"):
-                                got[name].setdefault(f"{read}.{k}", []).append(v[k])
+                            for k in ("wall", "cpu", "server"):
+                                if v.get(k) is not None:
+                                    got[name].setdefault(f"{read}.{k}", []).append(v[k])
                             answers[name].setdefault(read, set()).add(f"{v['answer']}/{v['size']}")
                 print(f"  {backend} (load {min(loads):.1f}-{max(loads):.1f}):", flush=True)
                 for read in READS:
@@ -317,10 +355,12 @@ def _compare(args: argparse.Namespace) -> None:
                         c = statistics.median(got[name][f"{read}.cpu"]) * 1e3
                         w0 = statistics.median(got[first][f"{read}.wall"]) * 1e3
                         c0 = statistics.median(got[first][f"{read}.cpu"]) * 1e3
-                        parts.append(
-                            f"{name} {w:.3f} ms wall ({w / w0:.2f}x), {c:.3f} ms CPU "
-                            f"({c / c0:.2f}x)"
-                        )
+                        part = f"{name} {w:.3f} ms wall ({w / w0:.2f}x), {c:.3f} ms CPU ({c / c0:.2f}x)"
+                        if f"{read}.server" in got[name]:
+                            sv = statistics.median(got[name][f"{read}.server"]) * 1e3
+                            sv0 = statistics.median(got[first][f"{read}.server"]) * 1e3
+                            part += f", {sv:.3f} ms in the server ({sv / sv0:.2f}x)"
+                        parts.append(part)
                     agree = len({frozenset(answers[n][read]) for n in trees}) == 1
                     agree = agree and all(len(answers[n][read]) == 1 for n in trees)
                     same = same and agree
