@@ -169,8 +169,14 @@ _ADDED_BY = (
 
 
 def _entries_at(conn: Connection, info: TableInfo, version: int) -> Executable:
-    """The statement of :func:`manifest_at`'s entries: :data:`_LIVE_AT` unless ``version`` is
-    nearer the oldest kept version than the head (:data:`_ADDED_BY` then)."""
+    """The statement of :func:`manifest_at`'s entries: on SQLite :data:`_LIVE_AT` unless
+    ``version`` is nearer the oldest kept version than the head (:data:`_ADDED_BY` then). On
+    PostgreSQL always :data:`_ADDED_BY`: its planner, with the statistics autovacuum keeps,
+    combines the removed version's two indexes for it near the head (a ``BitmapOr``) and takes
+    the added version's far back, where it plans :data:`_LIVE_AT`'s second part as a scan of
+    the table (2.3x the server's time halfway back through 86,000 removed rows)."""
+    if conn.dialect.name != "sqlite":
+        return _ADDED_BY
     if version >= info.manifest_version:
         return _LIVE_AT
     oldest = oldest_kept_version(conn, info.name)
