@@ -3812,6 +3812,40 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_a_failing_sealing_pass_backs_off_its_table_only_and_is_shown_in_metrics_and_debug_info",
         ),
     ),
+    Guard(
+        name="manifest-read-live-entries-added-by-its-version",
+        file="src/millstream/metastore/reads.py",
+        what="manifest_at (_LIVE_AT): of the entries live now, a read at an older version sees "
+        "only those added at or before it, not the entries committed since",
+        old="""\
+        _e.c.removed_version.is_(None),
+        _e.c.added_version + literal_column("0") <= bindparam("version"),
+""",
+        new="""\
+        _e.c.removed_version.is_(None),  # MUTATION: entries added after the version too
+""",
+        tests=(
+            "tests/unit/metastore/test_manifest_reads_at_every_version.py::"
+            "test_every_version_reads_the_entries_the_old_statement_read[sqlite]",
+        ),
+    ),
+    Guard(
+        name="manifest-read-removed-entries-added-by-its-version",
+        file="src/millstream/metastore/reads.py",
+        what="manifest_at (_LIVE_AT): of the entries removed after its version, a read sees only "
+        "those added at or before it, not entries both added and removed since (a sealed run)",
+        old="""\
+        _e.c.removed_version > bindparam("version"),
+        _e.c.added_version + literal_column("0") <= bindparam("version"),
+""",
+        new="""\
+        _e.c.removed_version > bindparam("version"),  # MUTATION: added since too
+""",
+        tests=(
+            "tests/unit/metastore/test_manifest_reads_at_every_version.py::"
+            "test_every_version_reads_the_entries_the_old_statement_read[sqlite]",
+        ),
+    ),
 )
 
 

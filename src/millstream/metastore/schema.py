@@ -115,6 +115,24 @@ Index("ix_entries_file", entries.c.table_name, entries.c.file_path)
 ix_entries_removed = Index(
     "ix_entries_removed", entries.c.table_name, entries.c.removed_version, entries.c.partition
 )
+#: Schema v14: a table's live entries in manifest order, and only those (a partial index: a
+#: removed entry leaves it). A manifest read finds the entries live now here and those removed
+#: after its version in :data:`ix_entries_removed`, and the rows of every table are counted from
+#: their live entries, so neither scans the removed rows a table keeps for a day.
+ix_entries_live = Index(
+    "ix_entries_live",
+    entries.c.table_name,
+    entries.c.partition,
+    entries.c.seq,
+    sqlite_where=entries.c.removed_version.is_(None),
+    postgresql_where=entries.c.removed_version.is_(None),
+)
+#: Schema v14: a partition's entries by the offset they end at, removed ones included: when a
+#: partition last advanced is the earliest entry reaching its furthest end offset, found with
+#: two index seeks a partition instead of a scan of every entry the table keeps.
+ix_entries_end = Index(
+    "ix_entries_end", entries.c.table_name, entries.c.partition, entries.c.end_offset
+)
 
 # -- control plane (schema version 2) -----------------------------------------------------------
 
@@ -296,7 +314,7 @@ iceberg_pointers = Table(
     Column("version", BigInteger, nullable=False),
 )
 
-LATEST_SCHEMA_VERSION = 13
+LATEST_SCHEMA_VERSION = 14
 
 
 def _v1(conn: Connection) -> None:
@@ -416,6 +434,13 @@ def _v13(conn: Connection) -> None:
     ix_entries_removed.create(conn, checkfirst=True)
 
 
+def _v14(conn: Connection) -> None:
+    """A table's live entries (:data:`ix_entries_live`, partial) and its entries by their end
+    offset (:data:`ix_entries_end`); a database created at v1 by this code already has them."""
+    ix_entries_live.create(conn, checkfirst=True)
+    ix_entries_end.create(conn, checkfirst=True)
+
+
 #: Migration N takes the schema from version N-1 to N. Append; never edit a released one.
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     1: _v1,
@@ -431,6 +456,7 @@ MIGRATIONS: dict[int, Callable[[Connection], None]] = {
     11: _v11,
     12: _v12,
     13: _v13,
+    14: _v14,
 }
 
 
