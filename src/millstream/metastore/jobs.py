@@ -111,7 +111,7 @@ def force_commit_targets_of(conn: Connection, tables: Sequence[str]) -> dict[str
     j = s.controller_jobs
     rows = conn.execute(
         select(j.c.table_name, j.c.payload).where(
-            j.c.table_name.in_(list(tables)), j.c.kind == FORCE_COMMIT
+            j.c.table_name.in_(s.in_list(tables)), j.c.kind == FORCE_COMMIT
         )
     ).all()
     out: dict[str, dict[int, int]] = {}
@@ -283,7 +283,7 @@ def start_reingest(
     )
     drop = [x.id for x in finished[KEEP_JOBS - 1 :]]
     if drop:
-        conn.execute(delete(j).where(j.c.id.in_(drop), j.c.active_key.is_(None)))
+        conn.execute(delete(j).where(j.c.id.in_(s.in_list(drop)), j.c.active_key.is_(None)))
     return job
 
 

@@ -23,7 +23,7 @@ def owners(conn: Connection, tables: Sequence[str]) -> dict[str, str]:
     """The owning datastream of each of ``tables`` that has one."""
     rows = conn.execute(
         select(s.table_owners.c.table_name, s.table_owners.c.datastream).where(
-            s.table_owners.c.table_name.in_(list(tables))
+            s.table_owners.c.table_name.in_(s.in_list(tables))
         )
     )
     return {r[0]: r[1] for r in rows}

@@ -85,7 +85,7 @@ def get_entries(conn: Connection, ids: Iterable[int]) -> dict[int, Entry]:
     wanted = list(ids)
     if not wanted:
         return {}
-    q = select(s.entries).where(s.entries.c.id.in_(wanted))
+    q = select(s.entries).where(s.entries.c.id.in_(s.in_list(wanted)))
     return {e.id: e for e in (entry_of(r) for r in conn.execute(q).mappings())}
 
 

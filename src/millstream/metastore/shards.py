@@ -16,7 +16,7 @@ def shards_of(conn: Connection, table: str, partitions: Sequence[int] | None) ->
     """``table``'s shards by partition: those of ``partitions``, or all of them (None)."""
     q = select(s.shards).where(s.shards.c.table_name == table)
     if partitions is not None:
-        q = q.where(s.shards.c.partition.in_(list(partitions)))
+        q = q.where(s.shards.c.partition.in_(s.in_list(partitions)))
     return {
         r.partition: Shard(
             table, r.partition, r.upper, r.epoch, r.next_seq, r.version, r.last_record_ms
@@ -34,7 +34,7 @@ def shards_of_tables(
     out: dict[str, dict[int, Shard]] = {t: {} for t in wanted}
     if not wanted:
         return out
-    q = select(s.shards).where(s.shards.c.table_name.in_(sorted(wanted)))
+    q = select(s.shards).where(s.shards.c.table_name.in_(s.in_list(sorted(wanted))))
     for r in conn.execute(q):
         if r.partition in wanted[r.table_name]:
             out[r.table_name][r.partition] = Shard(

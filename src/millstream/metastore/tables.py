@@ -162,7 +162,11 @@ def find_tables(
         validate_table_name(name, field="table")
     if not names:
         return {}
-    q = select(s.tables).where(s.tables.c.name.in_(sorted(set(names)))).order_by(s.tables.c.name)
+    q = (
+        select(s.tables)
+        .where(s.tables.c.name.in_(s.in_list(sorted(set(names)))))
+        .order_by(s.tables.c.name)
+    )
     if for_update:
         q = q.with_for_update()
     return {str(r["name"]): table_info(r) for r in conn.execute(q).mappings()}
@@ -183,7 +187,9 @@ def manifest_versions(conn: Connection, names: Sequence[str]) -> dict[str, int]:
     """:func:`manifest_version` of each of the tables ``names`` that exist, in ONE query (a
     table missing is left out)."""
     t = s.tables
-    rows = conn.execute(select(t.c.name, t.c.manifest_version).where(t.c.name.in_(list(names))))
+    rows = conn.execute(
+        select(t.c.name, t.c.manifest_version).where(t.c.name.in_(s.in_list(names)))
+    )
     return {str(name): int(v) for name, v in rows}
 
 
@@ -195,7 +201,9 @@ def table_specs(conn: Connection, names: Sequence[str]) -> dict[str, TableSpec]:
     if not names:
         return {}
     rows = conn.execute(
-        select(s.tables.c.name, s.tables.c.spec).where(s.tables.c.name.in_(sorted(set(names))))
+        select(s.tables.c.name, s.tables.c.spec).where(
+            s.tables.c.name.in_(s.in_list(sorted(set(names))))
+        )
     ).all()
     return {str(n): parsed_spec(str(n), sp) for n, sp in rows}
 
