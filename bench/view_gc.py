@@ -130,11 +130,16 @@ def _child(home: Path, passes: int, between: int, snapshots: int) -> dict[str, A
                 )
             out["cpu"].append(time.process_time() - c0)
             out["removable"].append(removable)
+            if references is not None:  # files read this pass (not found kept)
+                out.setdefault("misses_by_pass", []).append(
+                    references.misses - sum(out.get("misses_by_pass", []))
+                )
         if references is not None:
             out["entries"] = len(references)
             out["refs"] = references.refs
             out["hits"] = references.hits
             out["misses"] = references.misses
+            out["evicted"] = getattr(references, "evicted", None)
             import tracemalloc
 
             fresh = references_type()  # type: ignore[misc]
@@ -228,7 +233,9 @@ def main() -> int:
         if "entries" in last:
             print(
                 f"{name}: references after {args.passes} passes: {last['entries']} entries, "
-                f"{last['refs']} references, {last['hits']} hits / {last['misses']} misses; "
+                f"{last['refs']} references, {last['hits']} hits / {last['misses']} misses "
+                f"(files read by pass {last.get('misses_by_pass')}, evicted "
+                f"{last.get('evicted')}); "
                 f"a fresh instance after one pass holds {last['held_refs']} references in "
                 f"{last['held_bytes'] / 2**20:.1f} MiB "
                 f"({last['held_bytes'] / max(last['held_refs'], 1):.1f} bytes a reference)"
