@@ -1816,7 +1816,7 @@ def live_files(manifest: Manifest) -> set[str]:
 
 
 #: References :class:`ViewReferences` holds at most by default (paths, snapshot ids, and
-#: :data:`ENTRY_REFS` for each file kept): some 33 MB, the view files of about 100 tables that
+#: :data:`ENTRY_REFS` for each file kept): some 35 MB, the view files of about 100 tables that
 #: list 240 snapshots each, their metadata logs at 100 files (see its docstring).
 DEFAULT_VIEW_REFERENCES = 680_000
 
@@ -1844,8 +1844,8 @@ class ViewReferences:
     85% of the references, and a bound that held about 37 such tables.
 
     Bounded by :attr:`max_refs` references (paths and snapshot ids held, :data:`ENTRY_REFS`
-    for each entry; ~50 bytes each measured on one table of 240 snapshots: 680,000 is some
-    33 MB, the view files of about 100 tables that list 240 snapshots each, their metadata
+    for each entry; 51 bytes each measured on one table of 240 snapshots: 680,000 is some
+    35 MB, the view files of about 100 tables that list 240 snapshots each, their metadata
     logs at 100 files, ~6,300 references a table; ``bench/view_gc.py``); past it the least
     recently used entries go, and a collection reads those files again. A file the
     collection deletes is forgotten (:meth:`forget`), so the entries follow the views' live
