@@ -2189,7 +2189,7 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         if snapshot_id < oldest or snapshot_id in seen:
 """,
         new="""\
-        if snapshot_id != current.current_snapshot_id:  # MUTATION
+        if snapshot_id != current["current-snapshot-id"]:  # MUTATION
 """,
         tests=(
             "tests/contract/test_contract_iceberg_view.py::"
@@ -2426,7 +2426,7 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         if snapshot_id < oldest or snapshot_id in seen:
 """,
         new="""\
-        if snapshot_id != current.current_snapshot_id:  # MUTATION
+        if snapshot_id != current["current-snapshot-id"]:  # MUTATION
 """,
         tests=(COMMIT_CAMPAIGN,),
     ),
