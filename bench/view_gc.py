@@ -5,7 +5,7 @@ Run from the repository root (not part of CI; a few minutes)::
 
     git worktree add /tmp/viewgc-before <commit>
     .venv/bin/python bench/view_gc.py --src before=/tmp/viewgc-before/src --src after=src
-    # options: --tables N --snapshots S --passes P --between B --repeat R
+    # options: --tables N --snapshots S --passes P --between B --repeat R --bound-scale F
 
 Builds once (with the first tree) ``--tables`` small upsert tables on the embedded metadata
 store and a local deep store, each published ``--snapshots`` times (20 rows a commit, keys
@@ -106,12 +106,15 @@ def _build(home: Path, tables: int, snapshots: int) -> None:
         _publish_rounds(cat, names, snapshots, 0)
 
 
-def _child(home: Path, passes: int, between: int, snapshots: int) -> dict[str, Any]:
+def _child(
+    home: Path, passes: int, between: int, snapshots: int, bound_scale: float = 1.0
+) -> dict[str, Any]:
     from millstream.catalog import Catalog
     from millstream.table import iceberg
 
     references_type = getattr(iceberg, "ViewReferences", None)
-    references = references_type() if references_type is not None else None
+    bound = int(getattr(iceberg, "DEFAULT_VIEW_REFERENCES", 0) * bound_scale)
+    references = references_type(bound) if references_type is not None else None
     out: dict[str, Any] = {"cpu": [], "removable": []}
     with Catalog.open(home=home) as cat:
         names = sorted(t.name for t in cat.store.list_tables() if not t.name.endswith("_dlq"))
@@ -130,14 +133,20 @@ def _child(home: Path, passes: int, between: int, snapshots: int) -> dict[str, A
                 )
             out["cpu"].append(time.process_time() - c0)
             out["removable"].append(removable)
+            if references is not None:  # files read this pass (not found kept)
+                out.setdefault("misses_by_pass", []).append(
+                    references.misses - sum(out.get("misses_by_pass", []))
+                )
         if references is not None:
             out["entries"] = len(references)
             out["refs"] = references.refs
             out["hits"] = references.hits
             out["misses"] = references.misses
+            out["evicted"] = getattr(references, "evicted", None)
+            out["bound"] = bound
             import tracemalloc
 
-            fresh = references_type()  # type: ignore[misc]
+            fresh = references_type(bound)  # type: ignore[misc]
             gc.collect()
             tracemalloc.start()
             before = tracemalloc.get_traced_memory()[0]
@@ -158,10 +167,21 @@ def main() -> int:
     ap.add_argument("--between", type=int, default=40)
     ap.add_argument("--src", action="append", default=[], metavar="NAME=DIR")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument(
+        "--bound-scale",
+        type=float,
+        default=1.0,
+        help="each tree's default bound of its references times this (0.1 with --tables 10: "
+        "the proportion of 100 tables to the default bound, built in a tenth of the time)",
+    )
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(_child(args.child, args.passes, args.between, args.snapshots)))
+        print(
+            json.dumps(
+                _child(args.child, args.passes, args.between, args.snapshots, args.bound_scale)
+            )
+        )
         return 0
     trees = [tuple(s.split("=", 1)) for s in args.src] or [("this", "src")]
     common.log(f"{common.command_line('view_gc.py')}; load {common.load_text()}")
@@ -200,6 +220,8 @@ def main() -> int:
                         str(args.between),
                         "--snapshots",
                         str(args.snapshots),
+                        "--bound-scale",
+                        str(args.bound_scale),
                     ],
                     env=env_of(src),
                     capture_output=True,
@@ -228,7 +250,9 @@ def main() -> int:
         if "entries" in last:
             print(
                 f"{name}: references after {args.passes} passes: {last['entries']} entries, "
-                f"{last['refs']} references, {last['hits']} hits / {last['misses']} misses; "
+                f"{last['refs']} references, {last['hits']} hits / {last['misses']} misses "
+                f"(files read by pass {last.get('misses_by_pass')}, bound {last.get('bound')}, evicted "
+                f"{last.get('evicted')}); "
                 f"a fresh instance after one pass holds {last['held_refs']} references in "
                 f"{last['held_bytes'] / 2**20:.1f} MiB "
                 f"({last['held_bytes'] / max(last['held_refs'], 1):.1f} bytes a reference)"

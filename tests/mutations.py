@@ -2189,7 +2189,7 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         if snapshot_id < oldest or snapshot_id in seen:
 """,
         new="""\
-        if snapshot_id != current.current_snapshot_id:  # MUTATION
+        if snapshot_id != current["current-snapshot-id"]:  # MUTATION
 """,
         tests=(
             "tests/contract/test_contract_iceberg_view.py::"
@@ -2426,7 +2426,7 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         if snapshot_id < oldest or snapshot_id in seen:
 """,
         new="""\
-        if snapshot_id != current.current_snapshot_id:  # MUTATION
+        if snapshot_id != current["current-snapshot-id"]:  # MUTATION
 """,
         tests=(COMMIT_CAMPAIGN,),
     ),
@@ -3609,10 +3609,10 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         "and root, which the relative paths held depend on) and the file's path, so a copy's "
         "answers never stand for the original's",
         old="""\
-        return (deep.uri, location(deep, ""), path)
+        return self._stores.setdefault((deep.uri, location(deep, "")), OrderedDict())
 """,
         new="""\
-        return ("", "", path)  # MUTATION: by path alone
+        return self._stores.setdefault(("", ""), OrderedDict())  # MUTATION: by path alone
 """,
         tests=(f"{VIEW_GC_TEST}::test_a_copy_of_the_deep_store_does_not_answer_for_the_original",),
     ),
@@ -3640,12 +3640,12 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         what="referenced_view_files: the metadata file the pointer names is read at every "
         "collection, never kept: a later collection keeps the snapshots published since",
         old="""\
-    current = load_metadata(deep, pointer.metadata_location)
+    current = _metadata_json(deep, pointer.metadata_location)
     keep = {pointer.metadata_location}
 """,
         new="""\
     current = referenced_view_files.__dict__.setdefault(  # MUTATION: kept per table
-        (deep.uri, table), load_metadata(deep, pointer.metadata_location)
+        (deep.uri, table), _metadata_json(deep, pointer.metadata_location)
     )
     keep = {pointer.metadata_location}
 """,
@@ -3844,6 +3844,22 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         tests=(
             "tests/unit/metastore/test_manifest_reads_at_every_version.py::"
             "test_every_version_reads_the_entries_the_old_statement_read[sqlite]",
+        name="viewgc-snapshots-shared-only-when-equal",
+        file="src/millstream/table/iceberg.py",
+        what="ViewReferences._stretch: an earlier metadata file's snapshots are held as a "
+        "stretch of the view's history only when its ids and manifest lists are exactly that "
+        "stretch (a metadata store restored from a backup publishes versions again with other "
+        "manifest lists, which the stretch of the earlier ones would hide from collection)",
+        old="""\
+                and history.ids[start : start + shared] == ids[:shared]
+                and history.lists[start : start + shared] == lists[:shared]
+""",
+        new="""\
+                and True  # MUTATION: any list whose first id is known is that stretch
+""",
+        tests=(
+            f"{VIEW_GC_TEST}::"
+            "test_metadata_files_listing_the_same_ids_with_other_manifest_lists_keep_their_own",
         ),
     ),
 )

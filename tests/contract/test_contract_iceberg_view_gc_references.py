@@ -11,6 +11,7 @@ and pyiceberg as Millstream's read of its version."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ from millstream.sealing.keyindex import IndexCache
 from millstream.sealing.sealer import Sealer
 from millstream.storage.deepstore import DeepStore
 from millstream.table.iceberg import (
+    ENTRY_REFS,
     ViewReferences,
     load_metadata,
     location,
@@ -189,3 +191,100 @@ def test_a_copy_of_the_deep_store_does_not_answer_for_the_original(tmp_path: Pat
         for version, path in sorted(snapshots.items()):
             expected = canonical(cat.read_table("kv", as_of=version).to_pylist())
             assert duckdb_rows(con, location(cat.deep, path), version) == expected
+
+
+def test_a_hundred_tables_stay_warm_across_passes_and_keep_what_a_cold_pass_keeps(
+    tmp_path: Path,
+) -> None:
+    """One maintainer's references over 100 tables, each view's metadata log listing its
+    snapshots again in every earlier file: at the default bound nothing is evicted, a pass
+    after one more publish of every table reads only the files published since (one earlier
+    metadata file a table), and every pass keeps and deletes what a cold one does."""
+    clock = ManualClock(time.time())
+    with Catalog.open(home=tmp_path / "home") as cat:
+        cat.store.clock = clock
+        names = [f"t{i:03d}" for i in range(100)]
+        for n in names:
+            cat.create_table(
+                {
+                    "name": n,
+                    "schema": {"k": "long", "v": "string"},
+                    "mode": "upsert",
+                    "primary_key": ["k"],
+                    "retention": {"time": "1s", "min_versions": 6, "iceberg_snapshots": 4},
+                }
+            )
+        los = dict.fromkeys(names, 0)
+
+        def publish_every_table() -> None:
+            for n in names:
+                los[n] = commit_rows(cat, n, [(los[n] % 3, f"v{los[n]}"), (9, "x")], los[n])
+                clock.advance(1)
+                publish(cat.store, cat.deep, n)
+
+        for _ in range(4):
+            publish_every_table()
+        references = ViewReferences()
+        for pass_ in range(3):
+            if pass_:
+                publish_every_table()
+            clock.advance(60)
+            read = dict(references.read)
+            for n in names:  # expiry, its publish, then the collection through the references
+                maintain(
+                    cat.store,
+                    cat.deep,
+                    n,
+                    grace_seconds=0,
+                    clock=clock,
+                    view_references=references,
+                )
+                assert _view_files_of(cat, n) == referenced_view_files(cat.store, cat.deep, n), n
+            assert references.evicted == 0
+            if pass_:  # warm: of each table the metadata file its pointer named the pass before
+                assert references.read["metadata"] - read["metadata"] == len(names)
+
+
+def _view_files_of(cat: Catalog, table: str) -> set[str]:
+    return {f.path for f in cat.deep.list_files(view_prefix(table))}
+
+
+def test_metadata_files_listing_the_same_ids_with_other_manifest_lists_keep_their_own(
+    tmp_path: Path,
+) -> None:
+    """The references hold a view's snapshots once, each earlier metadata file the stretch of
+    them it lists, but only where its list is exactly that stretch: after the metadata store
+    is restored from a backup, versions are published again, and a later metadata file lists
+    the ids an earlier one listed with other manifest lists, which it must be answered with
+    (else the new manifest lists go to garbage collection)."""
+    deep = DeepStore.from_uri(str(tmp_path / "deep"))
+    meta = "tables/kv/iceberg/metadata"
+
+    def write(name: str, snapshots: list[tuple[int, str]]) -> str:
+        path = f"{meta}/{name}.metadata.json"
+        listed = [
+            {"snapshot-id": i, "manifest-list": location(deep, f"{meta}/snap-{i}-{tag}.avro")}
+            for i, tag in snapshots
+        ]
+        target = Path(deep.root) / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps({"format-version": 2, "snapshots": listed}))
+        return path
+
+    first = write("01", [(1, "a"), (2, "a"), (3, "a")])
+    second = write("02", [(2, "a"), (3, "a"), (4, "a")])
+    again = write("03", [(2, "b"), (3, "b"), (4, "b")])
+    references = ViewReferences()
+    assert list(references.snapshots(deep, first)) == [
+        (i, f"{meta}/snap-{i}-a.avro") for i in (1, 2, 3)
+    ]
+    before = references.refs
+    assert list(references.snapshots(deep, second)) == [
+        (i, f"{meta}/snap-{i}-a.avro") for i in (2, 3, 4)
+    ]
+    # held once: the second file adds its one new snapshot (and its own entry), not three
+    assert references.refs - before == ENTRY_REFS + 1
+    assert list(references.snapshots(deep, again)) == [
+        (i, f"{meta}/snap-{i}-b.avro") for i in (2, 3, 4)
+    ]
+    assert next(iter(references.snapshots(deep, second))) == (2, f"{meta}/snap-2-a.avro")

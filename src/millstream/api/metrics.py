@@ -234,7 +234,14 @@ class MillstreamCollector:
         )
 
     @staticmethod
-    def _iceberg_families() -> tuple[GaugeMetricFamily, CounterMetricFamily]:
+    def _iceberg_families() -> tuple[
+        GaugeMetricFamily,
+        CounterMetricFamily,
+        CounterMetricFamily,
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+    ]:
         return (
             GaugeMetricFamily(
                 "millstream_iceberg_publish_lag_seconds",
@@ -249,10 +256,33 @@ class MillstreamCollector:
                 'millstream_background_errors{loop="publisher"}).',
                 labels=["table", "worker"],
             ),
+            CounterMetricFamily(
+                "millstream_iceberg_gc_reference_hits",
+                "View files whose references a worker's Iceberg view garbage collection found "
+                "kept (not read again), over its process's life; per pass in debugInfo.",
+                labels=["worker"],
+            ),
+            CounterMetricFamily(
+                "millstream_iceberg_gc_reference_misses",
+                "View files a worker's Iceberg view garbage collection read (not kept, or "
+                "evicted past the references' bound), over its process's life.",
+                labels=["worker"],
+            ),
+            GaugeMetricFamily(
+                "millstream_iceberg_gc_references",
+                "References a worker's Iceberg view garbage collection holds (bounded; past "
+                "the bound the least recently used go and are read again).",
+                labels=["worker"],
+            ),
+            GaugeMetricFamily(
+                "millstream_iceberg_gc_last_pass_cpu_seconds",
+                "CPU seconds of a worker's last maintenance pass's Iceberg view collections.",
+                labels=["worker"],
+            ),
         )
 
     def _iceberg_metrics(self, tables: list[str], workers: list[Any]) -> Iterator[Any]:
-        lag, publishes = self._iceberg_families()
+        lag, publishes, hits, misses, held, pass_cpu = self._iceberg_families()
         store = self.ctx.catalog.store
         now = self.ctx.clock.now()
         publishing = bool(self.ctx.control.iceberg_publish_interval)
@@ -267,7 +297,14 @@ class MillstreamCollector:
                 view = m.get("iceberg")
                 if view is not None:
                     publishes.add_metric([table, w.id], int(view.get("publishes", 0)))
-        yield from (lag, publishes)
+            gc = w.info.get("view_gc")
+            if gc:
+                refs = gc.get("references") or {}
+                hits.add_metric([w.id], int(refs.get("hits", 0)))
+                misses.add_metric([w.id], int(refs.get("misses", 0)))
+                held.add_metric([w.id], int(refs.get("references", 0)))
+                pass_cpu.add_metric([w.id], float(gc["last_pass"]["cpu_seconds"]))
+        yield from (lag, publishes, hits, misses, held, pass_cpu)
 
     @staticmethod
     def _health_families() -> tuple[

@@ -140,9 +140,10 @@ def _writer_health(ctx: ApiContext, table: str) -> dict[str, Any] | None:
 
 def _iceberg_view(ctx: ApiContext, table: str, now: float) -> dict[str, Any]:
     """The table's Iceberg view: the snapshot its pointer names, how far it lags (see
-    :func:`millstream.metastore.iceberg.publish_lag`), and each live worker's publisher (its
+    :func:`millstream.metastore.iceberg.publish_lag`), each live worker's publisher (its
     last publish, what it reused) and its loops: per table (``publisher``) and the worker's
-    publishing loop, whose errors are its publisher process's exits and crashes."""
+    publishing loop, whose errors are its publisher process's exits and crashes; and each
+    live worker's garbage collection of the view (``garbage_collection``)."""
     pointer = ctx.catalog.store.read_pointer(table)
     return {
         "publish_interval": ctx.control.iceberg_publish_interval,
@@ -155,6 +156,18 @@ def _iceberg_view(ctx: ApiContext, table: str, now: float) -> dict[str, Any]:
             for w in list_workers(ctx.catalog.store)
             if w.alive(now, ctx.worker_ttl)
             and (view := ((w.info.get("maintenance") or {}).get(table) or {}).get("iceberg"))
+        },
+        # Each live worker's collection of the view's garbage (in its maintenance): this
+        # table's last one, and the worker's last pass and view references (all its tables)
+        "garbage_collection": {
+            w.id: {
+                "table": (
+                    ((w.info.get("maintenance") or {}).get(table) or {}).get("last") or {}
+                ).get("view_gc"),
+                **w.info["view_gc"],
+            }
+            for w in list_workers(ctx.catalog.store)
+            if w.alive(now, ctx.worker_ttl) and w.info.get("view_gc")
         },
         "publisher_loops": [
             {**loop, "worker": w.id}

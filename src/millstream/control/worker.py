@@ -794,6 +794,7 @@ class Worker:
             "commit_conflicts": self.catalog.store.conflicts,
             "sealing": self.sealing_status(),
             "maintenance": self.maintainer.status(),
+            "view_gc": self.maintainer.view_gc_status(),
             "loops": [s.to_dict() for s in self.loop_statuses(tables=False)],
             "lost_races": lost_races,
             "rows": rows,

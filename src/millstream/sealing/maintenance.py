@@ -113,6 +113,10 @@ class Maintainer:
         self.supervisors: dict[str, Supervisor] = {}
         self.tables: dict[str, TableMaintenance] = {}
         self._next: dict[str, float] = {}
+        #: The last whole pass's Iceberg view collections (summed over its tables) and the
+        #: process's view references after it (see :meth:`view_gc_status`).
+        self.view_gc_last_pass: dict[str, Any] | None = None
+        self.view_gc_references: dict[str, Any] | None = None
 
     def _jittered(self) -> float:
         return self.interval * (0.8 + 0.4 * self._rng.random())
@@ -143,6 +147,14 @@ class Maintainer:
     def maintain(self, names: Sequence[str]) -> None:
         publisher = self.publisher or self.shared_publisher
         elsewhere = publisher is not None and not isinstance(publisher, Publisher)
+        view_gc: dict[str, Any] = {
+            "tables": 0,
+            "cpu_seconds": 0.0,
+            "files_removed": 0,
+            "hits": 0,
+            "misses": 0,
+            "read": {},
+        }
         for name in names:
             report = maintain(
                 self.catalog.store,
@@ -156,6 +168,25 @@ class Maintainer:
             self.tables.setdefault(name, TableMaintenance()).add(report, self.clock.now())
             if report.files_removed or report.expiry.versions:
                 log.info("maintenance: %s", report.describe())
+            if report.view_gc is not None:
+                view_gc["tables"] += 1
+                for k in ("cpu_seconds", "files_removed", "hits", "misses"):
+                    view_gc[k] += report.view_gc[k]
+                for k, n in report.view_gc["read"].items():
+                    view_gc["read"][k] = view_gc["read"].get(k, 0) + n
+                self.view_gc_references = report.view_gc["references"]
+        if view_gc["tables"]:
+            view_gc["cpu_seconds"] = round(view_gc["cpu_seconds"], 6)
+            self.view_gc_last_pass = {**view_gc, "at": self.clock.now()}
+
+    def view_gc_status(self) -> dict[str, Any] | None:
+        """The Iceberg views' garbage collection in this process (None before the first):
+        the last pass's figures over its tables with a view (CPU seconds, files removed, the
+        files found kept in the references and read) and the references' status (entries,
+        references held and their bound, hits, misses, evictions, files read by kind)."""
+        if self.view_gc_last_pass is None:
+            return None
+        return {"last_pass": self.view_gc_last_pass, "references": self.view_gc_references}
 
     def status(self) -> dict[str, dict[str, Any]]:
         """Per table: its maintenance and, under ``iceberg``, its view as published in this

@@ -866,6 +866,7 @@ class DatastreamRunner:
             **self.sealing.status().to_dict(),
             "sealer": self.sealer.status(),
             "maintenance": self.maintainer.status(),
+            "view_gc": self.maintainer.view_gc_status(),
             "maintainer": [
                 s.to_dict() for s in self.maintainer.loop_statuses(alive=self.sealing.alive)
             ],

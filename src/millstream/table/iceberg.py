@@ -36,20 +36,26 @@ that loses the race leaves its files unreferenced (garbage collection removes th
 
 from __future__ import annotations
 
-import functools
+import bisect
+import gzip
+import io
+import itertools
+import json
 import logging
 import sys
 import threading
 import uuid
+import weakref
 from array import array
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from copy import copy
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Final, cast
 
+import fastavro
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -65,7 +71,6 @@ from pyiceberg.manifest import (
     ManifestEntryStatus,
     ManifestFile,
     ManifestWriterV2,
-    read_manifest_list,
     write_manifest_list,
 )
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
@@ -1810,9 +1815,10 @@ def live_files(manifest: Manifest) -> set[str]:
 # -- garbage collection -----------------------------------------------------------------------
 
 
-#: References (paths and snapshot ids) :class:`ViewReferences` holds at most by default: some
-#: 27-35 MB (see its docstring).
-DEFAULT_VIEW_REFERENCES = 1_000_000
+#: References :class:`ViewReferences` holds at most by default (paths, snapshot ids, and
+#: :data:`ENTRY_REFS` for each file kept): some 35 MB, the view files of about 100 tables that
+#: list 240 snapshots each, their metadata logs at 100 files (see its docstring).
+DEFAULT_VIEW_REFERENCES = 680_000
 
 
 class ViewReferences:
@@ -1829,60 +1835,100 @@ class ViewReferences:
     the answers every time. A table's second collection then reads only its current metadata
     and the files published since the first, not every retained snapshot's.
 
-    Bounded by :attr:`max_refs` references (paths and snapshot ids held; with the entries'
-    own cost 27-35 bytes each, measured by ``bench/view_gc.py``: 1,000,000 is some 27-35 MB,
-    the view files of about 37 tables that list 240 snapshots each, their metadata logs at
-    100 files); past it the least recently used entries go, and a collection reads those
-    files again (a worker with more such tables than fit reads them at every pass, each
-    manifest once). A file the collection deletes is forgotten (:meth:`forget`), so the
-    entries follow the views' live files.
-    :attr:`hits` and :attr:`misses` count the files found kept and read."""
+    A view's metadata files list nearly the same snapshots one after the other (each publish
+    adds one and drops the oldest), so a snapshot's id and manifest list are held once per
+    view (a :class:`_History`, in the order its metadata files list them), and an earlier
+    metadata file holds the stretch of it that is exactly its list (:class:`_Snapshots`),
+    checked against the file when it is read; a file whose list is not such a stretch holds
+    its own. Before, each of the 100 earlier metadata files held its ~240 snapshots again:
+    85% of the references, and a bound that held about 37 such tables.
+
+    Bounded by :attr:`max_refs` references (paths and snapshot ids held, :data:`ENTRY_REFS`
+    for each entry; 51 bytes each measured on one table of 240 snapshots: 680,000 is some
+    35 MB, the view files of about 100 tables that list 240 snapshots each, their metadata
+    logs at 100 files, ~6,300 references a table; ``bench/view_gc.py``); past it the least
+    recently used entries go, and a collection reads those files again. A file the
+    collection deletes is forgotten (:meth:`forget`), so the entries follow the views' live
+    files. :attr:`hits` and :attr:`misses` count the files found kept and read
+    (:attr:`read` by kind), :attr:`evicted` the entries that went past the bound."""
 
     def __init__(self, max_refs: int = DEFAULT_VIEW_REFERENCES) -> None:
         self.max_refs = max_refs
-        #: References the entries hold (each entry counts one more for itself).
+        #: References the entries hold (each entry counts :data:`ENTRY_REFS` for itself).
         self.refs = 0
         self.hits = 0
         self.misses = 0
-        self._entries: OrderedDict[tuple[str, str, str], _Referenced] = OrderedDict()
+        self.evicted = 0
+        #: Files read, by kind: ``metadata``, ``manifest_list``, ``manifest``.
+        self.read: dict[str, int] = {"metadata": 0, "manifest_list": 0, "manifest": 0}
+        #: Per deep store (its URI and root: the paths held are relative to it), each file's
+        #: entry by its path, least recently used first.
+        self._stores: dict[tuple[str, str], OrderedDict[str, _Referenced]] = {}
+        #: Per view directory, the history its next metadata file's snapshots extend (held
+        #: by the entries that slice it: gone with the last of them).
+        self._histories: weakref.WeakValueDictionary[tuple[str, str, str], _History] = (
+            weakref.WeakValueDictionary()
+        )
         self._lock = threading.Lock()
 
-    @staticmethod
-    def _key(deep: DeepStore, path: str) -> tuple[str, str, str]:
-        return (deep.uri, location(deep, ""), path)
+    def _entries(self, deep: DeepStore) -> OrderedDict[str, _Referenced]:
+        """The entries of ``deep``'s files (a copy of a deep store, whose files name the
+        original's, never answers for the original)."""
+        return self._stores.setdefault((deep.uri, location(deep, "")), OrderedDict())
 
     def _get(self, deep: DeepStore, path: str) -> _Referenced | None:
-        key = self._key(deep, path)
         with self._lock:
-            held = self._entries.get(key)
+            entries = self._entries(deep)
+            held = entries.get(path)
             if held is None:
                 self.misses += 1
                 return None
             self.hits += 1
-            self._entries.move_to_end(key)
+            entries.move_to_end(path)
             return held
 
-    def _put(self, deep: DeepStore, path: str, value: _Referenced) -> None:
-        key = self._key(deep, path)
+    def _put(self, deep: DeepStore, path: str, value: _Referenced, kind: str) -> None:
         with self._lock:
-            old = self._entries.pop(key, None)
+            self.read[kind] += 1
+            entries = self._entries(deep)
+            old = entries.pop(path, None)
             if old is not None:
                 self.refs -= _weight(old)
-            self._entries[key] = value
+            entries[path] = value
             self.refs += _weight(value)
-            while self.refs > self.max_refs and len(self._entries) > 1:
-                _, gone = self._entries.popitem(last=False)
+            while self.refs > self.max_refs:
+                victims = entries if len(entries) > 1 else None
+                for other in self._stores.values():
+                    if victims is None and other and other is not entries:
+                        victims = other
+                if victims is None:
+                    break
+                _, gone = victims.popitem(last=False)
                 self.refs -= _weight(gone)
+                self.evicted += 1
 
     def forget(self, deep: DeepStore, path: str) -> None:
         """Drop what is kept of ``path`` (deleted: never asked again)."""
         with self._lock:
-            gone = self._entries.pop(self._key(deep, path), None)
+            gone = self._entries(deep).pop(path, None)
             if gone is not None:
                 self.refs -= _weight(gone)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return sum(len(e) for e in self._stores.values())
+
+    def status(self) -> dict[str, Any]:
+        """What is held and how it was used (for a worker's ``debugInfo``)."""
+        with self._lock:
+            return {
+                "entries": sum(len(e) for e in self._stores.values()),
+                "references": self.refs,
+                "max_references": self.max_refs,
+                "hits": self.hits,
+                "misses": self.misses,
+                "evicted": self.evicted,
+                "read": dict(self.read),
+            }
 
     def snapshots(self, deep: DeepStore, path: str) -> _Snapshots:
         """The snapshots the metadata file ``path`` lists, every one: their ids and their
@@ -1890,73 +1936,152 @@ class ViewReferences:
         held = self._get(deep, path)
         if isinstance(held, _Snapshots):
             return held
-        listed = load_metadata(deep, path).snapshots
-        found = _Snapshots(
-            array("q", (s.snapshot_id for s in listed)),
-            tuple(_interned(relative(deep, s.manifest_list)) for s in listed),
-        )
-        self._put(deep, path, found)
+        ids, lists = _listed_snapshots(deep, _metadata_json(deep, path))
+        view = (deep.uri, location(deep, ""), path.rsplit("/metadata/", 1)[0])
+        with self._lock:
+            found = self._stretch(view, ids, lists)
+        self._put(deep, path, found, "metadata")
         return found
 
-    def manifests(
-        self, deep: DeepStore, path: str, read: dict[str, ManifestFile] | None = None
-    ) -> tuple[str, ...]:
-        """The manifests (relative paths) the manifest list ``path`` lists; when it reads
-        the list, its manifests go to ``read`` too (by relative path, for :meth:`files`)."""
+    def _stretch(
+        self, view: tuple[str, str, str], ids: array[int], lists: list[str | None]
+    ) -> _Snapshots:
+        """``ids`` and ``lists`` (a metadata file's snapshots, in its order) as a stretch of
+        the view's history: the same snapshots in the same order, checked here (a history
+        only grows at its end, so a stretch of it never changes); the snapshots past its end
+        are added. Else, or when the history's head that no file of it lists any more is
+        longer than this file's list, a history of its own (the view's next one, when its
+        ids rise)."""
+        n = len(ids)
+        history = self._histories.get(view)
+        if history is not None and n:
+            start = bisect.bisect_left(history.ids, ids[0])
+            shared = min(len(history.ids) - start, n)
+            if (
+                shared > 0
+                and start <= n
+                and history.ids[start : start + shared] == ids[:shared]
+                and history.lists[start : start + shared] == lists[:shared]
+                and _rising(ids[shared - 1 :])
+            ):
+                history.ids.extend(ids[shared:])
+                history.lists.extend(lists[shared:])
+                return _Snapshots(history, start, start + n, n - shared)
+        history = _History(ids, lists)
+        if _rising(ids):
+            self._histories[view] = history
+        return _Snapshots(history, 0, n, n)
+
+    def manifests(self, deep: DeepStore, path: str) -> tuple[str, ...]:
+        """The manifests (relative paths) the manifest list ``path`` lists."""
         held = self._get(deep, path)
         if isinstance(held, tuple):
             return held
-        listed = _read_manifest_list(deep, path)
-        if read is not None:
-            read.update(listed)
-        found = tuple(sys.intern(m) for m in listed)
-        self._put(deep, path, found)
+        found = tuple(
+            sys.intern(_inside(deep, r["manifest_path"])) for r in _avro_records(deep, path)
+        )
+        self._put(deep, path, found, "manifest_list")
         return found
 
-    def files(
-        self, deep: DeepStore, path: str, manifest: Callable[[], ManifestFile]
-    ) -> tuple[str, ...]:
+    def files(self, deep: DeepStore, path: str) -> tuple[str, ...]:
         """The files (relative paths) under the view's directory (the manifest's own, the
         part of ``path`` before ``/metadata/``) that the manifest ``path``'s entries name,
-        deleted entries too; ``manifest()`` gives the manifest list's entry of it, to read it
-        when it is not kept."""
+        deleted entries too."""
         held = self._get(deep, path)
         if isinstance(held, _Files):
             return held.paths
-        io = DeepStoreIO(deep)
         prefix = path.rsplit("/metadata/", 1)[0] + "/"
-        found = _Files(
-            tuple(
-                sys.intern(rel)
-                for e in manifest().fetch_manifest_entry(io, discard_deleted=False)
-                if (rel := relative(deep, e.data_file.file_path)) is not None
-                and rel.startswith(prefix)
-            )
+        paths = tuple(
+            sys.intern(rel)
+            for e in _avro_records(deep, path)
+            if (rel := relative(deep, e["data_file"]["file_path"])) is not None
+            and rel.startswith(prefix)
         )
-        self._put(deep, path, found)
+        found = _Files(paths) if paths else _NO_FILES  # most manifests: data files only
+        self._put(deep, path, found, "manifest")
         return found.paths
 
 
+def _rising(ids: array[int]) -> bool:
+    return all(a < b for a, b in itertools.pairwise(ids))
+
+
+def _inside(deep: DeepStore, uri: str) -> str:
+    rel = relative(deep, uri)
+    if rel is None:
+        raise ValueError(f"{uri!r} is not in the deep store {deep.uri!r}")
+    return rel
+
+
+def _metadata_json(deep: DeepStore, path: str) -> dict[str, Any]:
+    """The metadata file ``path`` as JSON (gzip'd or not): the collection needs its
+    snapshots' ids and manifest lists and its log, not pyiceberg's model of it (its
+    validation was a quarter of a warm collection's CPU)."""
+    with _file(deep, path).open() as f:
+        data = f.read()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    doc = json.loads(data)
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path!r} is not an Iceberg metadata file")
+    return doc
+
+
+def _listed_snapshots(deep: DeepStore, doc: dict[str, Any]) -> tuple[array[int], list[str | None]]:
+    """The snapshots of a metadata file's JSON: ids and manifest lists (relative, interned:
+    every earlier metadata file lists the same ones again; None outside the deep store)."""
+    listed = doc.get("snapshots") or []
+    return (
+        array("q", (int(s["snapshot-id"]) for s in listed)),
+        [_interned(relative(deep, s["manifest-list"])) for s in listed],
+    )
+
+
+def _avro_records(deep: DeepStore, path: str) -> Iterable[dict[str, Any]]:
+    """The records of the Avro file ``path`` (a manifest list, a manifest), decoded by
+    fastavro: pyiceberg's reader resolves each file's schema into a reader tree again,
+    most of a warm collection's CPU."""
+    with _file(deep, path).open() as f:
+        data = f.read()
+    return cast(Iterable[dict[str, Any]], fastavro.reader(io.BytesIO(data)))
+
+
 def _interned(path: str | None) -> str | None:
-    """``path``, one string for all equal ones: every earlier metadata file lists the same
-    manifest lists again, and each holds them."""
+    """``path``, one string for all equal ones: manifest lists are named again by every
+    earlier metadata file, manifests by every manifest list that lists them."""
     return None if path is None else sys.intern(path)
 
 
-def _read_manifest_list(deep: DeepStore, path: str) -> dict[str, ManifestFile]:
-    """The manifests the manifest list ``path`` lists, by relative path, in its order."""
-    io = DeepStoreIO(deep)
-    return {
-        io._path(m.manifest_path): m for m in read_manifest_list(io.new_input(location(deep, path)))
-    }
+@dataclass(slots=True, weakref_slot=True, eq=False)
+class _History:
+    """A view's snapshots, in the order its metadata files list them: ``ids[i]``'s
+    manifest list is ``lists[i]``. Only grows at its end."""
+
+    ids: array[int]
+    lists: list[str | None]
 
 
 @dataclass(frozen=True, slots=True)
 class _Snapshots:
-    """An earlier metadata file's snapshots: ``ids[i]``'s manifest list is ``lists[i]``."""
+    """An earlier metadata file's snapshots: the stretch ``start:stop`` of ``history``;
+    ``own`` of them were added to the history for it (its weight)."""
 
-    ids: array[int]
-    lists: tuple[str | None, ...]
+    history: _History
+    start: int
+    stop: int
+    own: int
+
+    @property
+    def ids(self) -> array[int]:
+        return self.history.ids[self.start : self.stop]
+
+    @property
+    def lists(self) -> list[str | None]:
+        return self.history.lists[self.start : self.stop]
+
+    def __iter__(self) -> Iterator[tuple[int, str | None]]:
+        h = self.history
+        return zip(h.ids[self.start : self.stop], h.lists[self.start : self.stop], strict=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1966,15 +2091,21 @@ class _Files:
     paths: tuple[str, ...]
 
 
+_NO_FILES: Final = _Files(())
+
 _Referenced = _Snapshots | tuple[str, ...] | _Files
+
+#: What an entry counts in :attr:`ViewReferences.refs` for itself (its path, its place in
+#: the least-recently-used order: about as many bytes as 4 references held).
+ENTRY_REFS: Final = 4
 
 
 def _weight(value: _Referenced) -> int:
     if isinstance(value, _Snapshots):
-        return 1 + len(value.ids)
+        return ENTRY_REFS + value.own
     if isinstance(value, _Files):
-        return 1 + len(value.paths)
-    return 1 + len(value)
+        return ENTRY_REFS + len(value.paths)
+    return ENTRY_REFS + len(value)
 
 
 #: The process's :class:`ViewReferences`: every table maintenance in the process
@@ -2004,45 +2135,31 @@ def referenced_view_files(
         return set()
     oldest = store.oldest_kept_version(table)
     refs = references if references is not None else ViewReferences()
-    current = load_metadata(deep, pointer.metadata_location)
+    current = _metadata_json(deep, pointer.metadata_location)
     keep = {pointer.metadata_location}
-    listed: list[tuple[int, str | None]] = [
-        (s.snapshot_id, relative(deep, s.manifest_list)) for s in current.snapshots
-    ]
-    for entry in current.metadata_log:
-        rel = relative(deep, entry.metadata_file)
+    ids, lists = _listed_snapshots(deep, current)
+    listed: list[Iterable[tuple[int, str | None]]] = [zip(ids, lists, strict=True)]
+    for entry in current.get("metadata-log") or []:
+        rel = relative(deep, entry["metadata-file"])
         if rel is None or _version_of(rel) < oldest or not deep.exists(rel):
             continue
         keep.add(rel)
-        found = refs.snapshots(deep, rel)
-        listed.extend(zip(found.ids, found.lists, strict=True))
+        listed.append(refs.snapshots(deep, rel))
     prefix = view_prefix(table) + "/"
-    read: dict[str, ManifestFile] = {}
     seen: set[int] = set()
-    for snapshot_id, manifest_list in listed:
+    for snapshot_id, manifest_list in itertools.chain.from_iterable(listed):
         if snapshot_id < oldest or snapshot_id in seen:
             continue
         seen.add(snapshot_id)
         if manifest_list is None:
             raise ValueError(f"a manifest list of {table} is not in the deep store {deep.uri!r}")
         keep.add(manifest_list)
-        for m in refs.manifests(deep, manifest_list, read):
+        for m in refs.manifests(deep, manifest_list):
             if m in keep:
                 continue  # listed by an earlier snapshot: its files are kept already
             keep.add(m)
-            of = functools.partial(_manifest_of, deep, read, manifest_list, m)
-            keep.update(rel for rel in refs.files(deep, m, of) if rel.startswith(prefix))
+            keep.update(rel for rel in refs.files(deep, m) if rel.startswith(prefix))
     return keep
-
-
-def _manifest_of(
-    deep: DeepStore, read: dict[str, ManifestFile], manifest_list: str, path: str
-) -> ManifestFile:
-    """The entry of manifest ``path`` in ``manifest_list``: from ``read`` (the lists read
-    this collection), else read again (the list was kept, its manifest was not)."""
-    if path not in read:
-        read.update(_read_manifest_list(deep, manifest_list))
-    return read[path]
 
 
 def _version_of(path: str) -> int:

@@ -4,6 +4,7 @@ controller's leader)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,15 +26,22 @@ class Maintenance:
     expiry: Expiry
     files_removed: tuple[str, ...]
     bytes_removed: int
+    #: The Iceberg view's collection (None: the table has no view): its CPU seconds (this
+    #: thread's), the files found kept in the references and read (``hits``, ``misses``,
+    #: ``read`` by kind), and the references' whole status after it (``references``).
+    view_gc: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "table": self.table,
             "dry_run": self.dry_run,
             "expired": self.expiry.to_dict(),
             "files_removed": len(self.files_removed),
             "bytes_removed": self.bytes_removed,
         }
+        if self.view_gc is not None:
+            out["view_gc"] = {k: v for k, v in self.view_gc.items() if k != "references"}
+        return out
 
     def describe(self) -> str:
         e = self.expiry
@@ -77,6 +85,7 @@ def maintain(
     removed = collect_garbage_files(
         store, deep, table, grace_seconds=grace_seconds, clock=clock, dry_run=dry_run
     )
+    view_gc: dict[str, Any] | None = None
     if store.read_pointer(table) is not None:
         # lazy: pyiceberg (about a second to import) loads only where a table has a view
         from millstream.table.iceberg import VIEW_REFERENCES, collect_view_garbage, publish
@@ -84,19 +93,33 @@ def maintain(
         if not dry_run and publish_view:
             # The Iceberg view drops the snapshots of the versions that just expired.
             publish(store, deep, table, cache=publish_cache)
-        removed += collect_view_garbage(
+        references = VIEW_REFERENCES if view_references is None else view_references
+        before = references.status()
+        cpu = time.thread_time()
+        removed_view = collect_view_garbage(
             store,
             deep,
             table,
             grace_seconds=grace_seconds,
             now=clock.now(),
             dry_run=dry_run,
-            references=VIEW_REFERENCES if view_references is None else view_references,
+            references=references,
         )
+        after = references.status()
+        view_gc = {
+            "cpu_seconds": round(time.thread_time() - cpu, 6),
+            "files_removed": len(removed_view),
+            "hits": after["hits"] - before["hits"],
+            "misses": after["misses"] - before["misses"],
+            "read": {k: n - before["read"][k] for k, n in after["read"].items()},
+            "references": after,
+        }
+        removed += removed_view
     return Maintenance(
         table,
         dry_run,
         expiry,
         tuple(f.path for f in removed),
         sum(f.size for f in removed),
+        view_gc,
     )

@@ -19,7 +19,7 @@ from harness.iceberg_readers import pyiceberg_rows
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.control.controller import Controller, ControlSettings
-from millstream.control.worker import Worker
+from millstream.control.worker import STATUS_SECONDS, Worker
 from millstream.reference.model import canonical
 from millstream.sealing.maintenance import DEFAULT_PUBLISH_INTERVAL
 from millstream.spec import OFFSET_COL, PARTITION_COL, TOMBSTONE_COL
@@ -195,3 +195,53 @@ def test_a_crashed_publisher_process_is_counted_shown_and_restarted_with_backoff
         assert [lp["loop"] for lp in debug["publisher_loops"]].count("publishing") == 1
     finally:
         worker.publisher.close()
+
+
+def test_the_views_garbage_collection_shows_its_cache_and_last_pass_in_debuginfo_and_metrics(
+    api: TestClient,
+    controller: Controller,
+    catalog: Catalog,
+    clock: ManualClock,
+    source_dir: Path,
+    tmp_path: Path,
+    running: threading.Event,
+) -> None:
+    """An operator sees what the worker's maintenance pass spent collecting the view's
+    garbage and whether its references were warm: the table's last collection and the
+    worker's last pass (CPU, files read and found kept) in debugInfo, the references' hits,
+    misses and size in /metrics."""
+    assert api.post("/datastreams", json=spec_body("payments", source_dir)).status_code == 201
+    controller.tick()
+    worker = running_worker(
+        catalog, clock, tmp_path / "state", running, "payments", worker_id=WORKER
+    )
+    assert worker.publish_loop is not None
+    passes = []
+    for lo in (0, 2):
+        _commit(catalog, "payments", [lo, lo + 1], lo)
+        clock.advance(DEFAULT_PUBLISH_INTERVAL)
+        worker.publish_loop.run_once()
+        worker.maintainer.maintain(["payments"])
+        clock.advance(STATUS_SECONDS)
+        worker._heartbeat()
+        passes.append(api.get("/tables/payments/debugInfo").json()["iceberg"])
+    first, second = (p["garbage_collection"][WORKER] for p in passes)
+    assert first["last_pass"]["tables"] == 1 and first["table"]["misses"] > 0
+    assert first["table"]["read"]["manifest_list"] >= 1
+    # The second pass found the first's manifest list and manifests kept: only the files
+    # published since were read.
+    assert second["table"]["hits"] > 0
+    assert second["table"]["read"]["manifest_list"] == 1
+    assert (
+        second["last_pass"]["cpu_seconds"] >= 0
+        and second["last_pass"]["at"] == clock.now() - STATUS_SECONDS
+    )
+    held = second["references"]
+    assert 0 < held["references"] <= held["max_references"]
+    text = api.get("/metrics").text
+    hits = _metric(text, f'millstream_iceberg_gc_reference_hits_total{{worker="{WORKER}"}}')
+    assert hits == held["hits"] > 0
+    assert (
+        _metric(text, f'millstream_iceberg_gc_references{{worker="{WORKER}"}}')
+        == (held["references"])
+    )
