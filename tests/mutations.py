@@ -3844,6 +3844,9 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         tests=(
             "tests/unit/metastore/test_manifest_reads_at_every_version.py::"
             "test_every_version_reads_the_entries_the_old_statement_read[sqlite]",
+        ),
+    ),
+    Guard(
         name="viewgc-snapshots-shared-only-when-equal",
         file="src/millstream/table/iceberg.py",
         what="ViewReferences._stretch: an earlier metadata file's snapshots are held as a "
