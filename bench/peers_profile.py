@@ -436,6 +436,16 @@ def window(
         if batches
         else {},
     )
+    out["per_batch"] = [
+        {
+            "start": round(
+                datetime.fromisoformat(b["timestamp"].replace("Z", "+00:00")).timestamp() - w0, 3
+            ),
+            "rows": b.get("input_rows"),
+            **{k: round(v / 1000, 3) for k, v in b["duration_ms"].items()},
+        }
+        for b in batches
+    ]
     out.update(
         keys=args.keys,
         rate=rate,
@@ -496,7 +506,7 @@ def summarize(
 
 
 def print_summary(s: dict[str, Any]) -> None:
-    log(json.dumps({k: v for k, v in s.items() if k != "seal_lines"}, indent=1))
+    log(json.dumps({k: v for k, v in s.items() if k not in ("seal_lines", "per_batch")}, indent=1))
     for line in s["seal_lines"]:
         log(f"  {line}")
 

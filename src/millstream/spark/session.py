@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MASTER = "local[2]"
 
+#: Spark's Python daemon, which imports Millstream's task modules before it forks a worker.
+DAEMON_MODULE = "millstream.spark.daemon"
+
 #: ``file://`` paths through Hadoop's raw local file system (no checksum files).
 LOCAL_FILES_WITHOUT_CHECKSUMS = {
     "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
@@ -49,13 +52,16 @@ LOCAL_FILES_WITHOUT_CHECKSUMS = {
 #:   holding it idle beside the seal until the JVM stops;
 #: * the Python workers' Arrow buffers come from the system allocator, not mimalloc: a write
 #:   task decodes a piece, stages it and frees it, again and again, and mimalloc kept the freed
-#:   pieces' memory (a 500,000-record task peaked ~60 MB higher, in the same CPU time).
+#:   pieces' memory (a 500,000-record task peaked ~60 MB higher, in the same CPU time);
+#: * Spark's own Python daemon, not :data:`DAEMON_MODULE`: not measured for this run yet (its
+#:   peak RSS would hold the daemon's imports beside the workers').
 BATCH_RUN_SETTINGS = {
     "spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xmn32m",
     "spark.driver.memory": "512m",
     "spark.python.worker.reuse": "false",
     "spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL": "system",
     "spark.executorEnv.MALLOC_MMAP_THRESHOLD_": "1048576",
+    "spark.python.daemon.module": "pyspark.daemon",
 }
 
 
@@ -271,6 +277,9 @@ def spark_session(
         # dead one refuses the connection at once. The JVM's own fixed 10 s wait for a fresh
         # Python process has no setting: the runner restarts after it (runner.TransientRestarts).
         .config("spark.python.authenticate.socketTimeout", "60s")
+        # Spark's Python daemon forks task workers with Millstream's task modules imported
+        # (millstream.spark.daemon): a worker's first write or read part no longer imports them.
+        .config("spark.python.daemon.module", DAEMON_MODULE)
     )
     # A query's offset and commit logs on a local disk without Hadoop's .crc sidecar files:
     # two writes and renames less per log entry, ~55 ms less of every micro-batch
