@@ -143,8 +143,15 @@ ix_entries_live = Index(
     entries.c.partition,
     entries.c.seq,
     sqlite_where=entries.c.removed_version.is_(None),
-    postgresql_where=entries.c.removed_version.is_(None),
 )
+
+
+def _live_index_partial(conn: Connection) -> None:
+    """:data:`ix_entries_live`'s ``WHERE`` on PostgreSQL, set when a PostgreSQL store creates
+    it: a ``postgresql_where`` argument in its definition imports SQLAlchemy's PostgreSQL
+    dialect in every process that imports this module (a SQLite ``millstream query`` too)."""
+    if conn.dialect.name == "postgresql":
+        ix_entries_live.dialect_kwargs["postgresql_where"] = entries.c.removed_version.is_(None)
 #: Schema v14: a partition's entries by the offset they end at, removed ones included: when a
 #: partition last advanced is the earliest entry reaching its furthest end offset, found with
 #: two index seeks a partition instead of a scan of every entry the table keeps.
@@ -336,6 +343,7 @@ LATEST_SCHEMA_VERSION = 14
 
 
 def _v1(conn: Connection) -> None:
+    _live_index_partial(conn)
     metadata.create_all(conn, checkfirst=True)
 
 
@@ -455,6 +463,7 @@ def _v13(conn: Connection) -> None:
 def _v14(conn: Connection) -> None:
     """A table's live entries (:data:`ix_entries_live`, partial) and its entries by their end
     offset (:data:`ix_entries_end`); a database created at v1 by this code already has them."""
+    _live_index_partial(conn)
     ix_entries_live.create(conn, checkfirst=True)
     ix_entries_end.create(conn, checkfirst=True)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -212,6 +213,20 @@ def test_the_reads_find_their_rows_from_the_indexes(cat: Catalog) -> None:
     assert "ix_entries_table_version" not in at and "Seq Scan" not in at
 
 
+def _index_ddl(conn: Any, name: str) -> str:
+    if conn.dialect.name == "sqlite":
+        q = "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = :n"
+    else:
+        q = "SELECT indexdef FROM pg_indexes WHERE indexname = :n"
+    return str(conn.execute(text(q), {"n": name}).scalar())
+
+
+def test_a_new_store_creates_the_live_entries_index_partial(cat: Catalog) -> None:
+    with cat.store.read() as conn:
+        ddl = _index_ddl(conn, "ix_entries_live")
+    assert "removed_version IS NULL" in ddl, ddl
+
+
 def test_a_version_13_store_gets_the_indexes_when_opened(cat: Catalog) -> None:
     _commit(cat, 0, 0, [1, 2])
     with cat.store.write() as conn:  # what a version 13 database looks like
@@ -225,7 +240,9 @@ def test_a_version_13_store_gets_the_indexes_when_opened(cat: Catalog) -> None:
             version = conn.execute(
                 text("SELECT value FROM ms_meta WHERE key = 'schema_version'")
             ).scalar()
+            ddl = _index_ddl(conn, "ix_entries_live")
         assert {"ix_entries_live", "ix_entries_end"} <= names
+        assert "removed_version IS NULL" in ddl, ddl  # partial on either store
         assert version == str(s.LATEST_SCHEMA_VERSION) == "14"
         assert [e.row_count for e in again.manifest("t").entries] == [2]
     finally:
