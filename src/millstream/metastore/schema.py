@@ -152,6 +152,8 @@ def _live_index_partial(conn: Connection) -> None:
     dialect in every process that imports this module (a SQLite ``millstream query`` too)."""
     if conn.dialect.name == "postgresql":
         ix_entries_live.dialect_kwargs["postgresql_where"] = entries.c.removed_version.is_(None)
+
+
 #: Schema v14: a partition's entries by the offset they end at, removed ones included: when a
 #: partition last advanced is the earliest entry reaching its furthest end offset, found with
 #: two index seeks a partition instead of a scan of every entry the table keeps.
