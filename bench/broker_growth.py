@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -35,11 +34,6 @@ sys.path.insert(0, str(HERE.parent))
 import common  # noqa: E402
 
 VALUE = b'{"order_id": 123456, "customer": "c-00042", "amount": 12.5, "ts": 1795916501278}' * 2
-
-
-def cpu_s(pid: int) -> float:
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> int:
@@ -79,11 +73,11 @@ def run(args: argparse.Namespace, base: Path, per_request: int, log: Any) -> lis
                             producer.produce(n, value=VALUE)
                     producer.flush(30)
                 held += args.records
-            c0 = cpu_s(pid)
+            c0 = common.process_cpu_s(pid)
             for _ in range(args.rounds):
                 for n in names:
                     consumer.get_watermark_offsets(TopicPartition(n, 0), timeout=10, cached=False)
-            c1 = cpu_s(pid)
+            c1 = common.process_cpu_s(pid)
             for _ in range(args.rounds):
                 for n in names:
                     _, hi = consumer.get_watermark_offsets(TopicPartition(n, 0), cached=True)
@@ -93,7 +87,7 @@ def run(args: argparse.Namespace, base: Path, per_request: int, log: Any) -> lis
                         m = consumer.poll(0.2)
                         if m is not None and m.error() is None:
                             got += 1
-            c2 = cpu_s(pid)
+            c2 = common.process_cpu_s(pid)
             reads = args.rounds * args.topics
             row = {
                 "records_per_topic": held,

@@ -34,10 +34,7 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent.parent / "tests"))
 
-
-def _cpu(pid: int) -> float:
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+import common  # noqa: E402
 
 
 def _own_cpu() -> float:
@@ -62,15 +59,15 @@ def child(
     stop = time.time() + seconds
     while time.time() < stop:
         time.sleep(every)
-        b0, m0, w0 = _cpu(broker_pid), _own_cpu(), time.perf_counter()
+        b0, m0, w0 = common.process_cpu_s(broker_pid), _own_cpu(), time.perf_counter()
         ends = KafkaReader.latest_offsets_of(readers)
-        b1, m1, w1 = _cpu(broker_pid), _own_cpu(), time.perf_counter()
+        b1, m1, w1 = common.process_cpu_s(broker_pid), _own_cpu(), time.perf_counter()
         for r, e in zip(readers, ends, strict=True):
             assert isinstance(e, dict), e
             for batch in r.read_records([(0, pos[r.topic], e[0])]):
                 rows += batch.num_rows
             pos[r.topic] = e[0]
-        b2, m2, w2 = _cpu(broker_pid), _own_cpu(), time.perf_counter()
+        b2, m2, w2 = common.process_cpu_s(broker_pid), _own_cpu(), time.perf_counter()
         for k, d in {
             "ends": (b1 - b0, m1 - m0, w1 - w0),
             "reads": (b2 - b1, m2 - m1, w2 - w1),

@@ -428,12 +428,11 @@ def _pss_kb(pid: int) -> int:
 
 
 def cpu_seconds(pids: list[int]) -> float:
-    tick = os.sysconf("SC_CLK_TCK")
+    """The CPU seconds of ``pids`` so far (a process gone counts none)."""
     total = 0.0
     for p in pids:
         with contextlib.suppress(OSError, IndexError):
-            f = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(f[11]) + int(f[12])) / tick
+            total += common.process_cpu_s(p)
     return total
 
 
