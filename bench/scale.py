@@ -278,6 +278,7 @@ class Producer:
         partitions: int = TOPIC_PARTITIONS,
         *,
         linger_ms: float = 20.0,
+        keys: int = 20_000,
     ) -> None:
         from confluent_kafka import Producer as KafkaProducer
 
@@ -289,7 +290,9 @@ class Producer:
         self.acks = Acks()
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        cfg = GeneratorConfig(seed=SEED, partitions=partitions, key_cardinality=20_000)
+        # the generator's first 20,000 records of each partition, cycled in order; ``keys`` is
+        # the key cardinality (20,000: a new key almost every record for the first ~20,000)
+        cfg = GeneratorConfig(seed=SEED, partitions=partitions, key_cardinality=keys)
         self.records = {
             p: [(k, v) for _, k, v in generate(cfg, p, 0, 20_000)] for p in range(partitions)
         }
@@ -563,6 +566,9 @@ def by_minute(samples: list[tuple[float, dict[str, Any]]]) -> list[dict[str, Any
                 "broker_cpu_cores": broker,
                 "cpu_s_per_batch": round(cpu / batches, 3) if batches > 0 else None,
                 "rss_mb": round(last["rss_mb"]),
+                "rss_mb_by_kind": {
+                    k: round(v["rss_mb"]) for k, v in sorted(last.get("kinds", {}).items())
+                },
                 "cpu_s_per_batch_by_kind": {
                     k: round(v / batches, 3) for k, v in sorted(kinds.items())
                 }
@@ -936,7 +942,13 @@ def part_c(
     store = MetadataStore(url)
     n = args.topics
     topics = [f"c{i:03d}" for i in range(n)]
-    producer = Producer(broker.bootstrap, args.topic_rate, partitions=1, linger_ms=args.linger_ms)
+    producer = Producer(
+        broker.bootstrap,
+        args.topic_rate,
+        partitions=1,
+        linger_ms=args.linger_ms,
+        keys=args.topic_keys,
+    )
     freshness = Freshness(producer, store, every=0.1, name="scale-c-sampler")
     variants: dict[str, Any] = {}
 
@@ -1040,6 +1052,17 @@ def part_c(
                 f"{m['cpu_s_per_batch']} CPU-s a batch, the broker {m['broker_cpu_cores']} cores, "
                 f"RSS {m['rss_mb']:,} MB; CPU-s a batch "
                 f"by process: {m['cpu_s_per_batch_by_kind']}"
+            )
+        # each process kind's RSS by minute (a kind of several processes: their sum)
+        kinds = sorted({k for m in out["by_minute"] for k in m["rss_mb_by_kind"]})
+        log(
+            f"(c) {variant}: RSS MB by minute, "
+            + ", ".join(str(m["minute"]) for m in out["by_minute"])
+        )
+        for k in kinds:
+            log(
+                f"(c) {variant}:   {k}: "
+                + ", ".join(str(m["rss_mb_by_kind"].get(k, "-")) for m in out["by_minute"])
             )
         return out
 
@@ -1279,6 +1302,17 @@ def main(argv: list[str] | None = None) -> int:
         help="(c) the producer's linger.ms (20): the bundled broker's cost a read grows with "
         "the produce batches a topic holds (bench/broker_growth.py); a longer linger puts more "
         "records in a batch. Freshness is measured from the acknowledgement, after the linger",
+    )
+    ap.add_argument(
+        "--topic-keys",
+        type=int,
+        default=20_000,
+        help="(c) distinct keys each topic cycles through (20,000: a new key almost every "
+        "record for the first ~33 minutes at 10 records/s, so every table's keys, and the state "
+        "that follows them, grow through the whole run; 1,000: a table holds ~600 keys after "
+        "75 s and all of them after 6-9 minutes, the generator's random updates finding the "
+        "last ones slowly, and its seals reach their steady state one flush_seconds after its "
+        "first rows)",
     )
     ap.add_argument(
         "--c-variants",

@@ -21,7 +21,11 @@ caches, outstanding allocations) and the RSS of the process's mappings by kind (
 1 GiB is mimalloc's arena). ``RSSPROBE_RELEASE_AT=S``: once, at the first sample at or past
 ``S`` seconds of the process, RSS after ``gc.collect()``, the Arrow pool's
 ``release_unused()`` and ``malloc_trim(0)``, each called from the probe's thread (mimalloc's
-collect then reaches only that thread's heap).
+collect then reaches only that thread's heap). ``RSSPROBE_OBJECTS=N``: each sample also
+counts the gc-tracked objects by type (the N most numerous) and lists the N largest
+containers (dict, list, set, deque, OrderedDict: their length, and the type of a key or
+item), so that two samples' difference names what grows (a walk of every object: ~0.1-0.5 s
+with the GIL held, a sample).
 """
 
 from __future__ import annotations
@@ -166,6 +170,29 @@ def release() -> list[tuple[str, int]]:
     return out
 
 
+def objects(n: int) -> dict[str, Any]:
+    """The ``n`` most numerous gc-tracked types and the ``n`` largest containers."""
+    import collections
+    import gc
+
+    counts: collections.Counter[str] = collections.Counter()
+    big: list[tuple[int, str]] = []
+    kinds = (dict, list, set, collections.deque, collections.OrderedDict)
+    for o in gc.get_objects():
+        t = type(o)
+        counts[t.__qualname__] += 1
+        if isinstance(o, kinds):
+            length = len(o)
+            if length >= 1000:
+                first = next(iter(o), None)
+                item = type(first).__qualname__
+                if isinstance(o, dict) and first is not None:
+                    item += " -> " + type(o[first]).__qualname__
+                big.append((length, f"{t.__qualname__}[{item}]"))
+    big.sort(reverse=True)
+    return {"types": dict(counts.most_common(n)), "largest": big[:n]}
+
+
 def sample(t0: float) -> dict[str, Any]:
     with open("/proc/self/status") as fh:
         status = dict(line.split(":", 1) for line in fh if ":" in line)
@@ -176,7 +203,13 @@ def sample(t0: float) -> dict[str, Any]:
         "file_kb": int(status["RssFile"].split()[0]),
         "threads": int(status["Threads"]),
     }
-    probes = {"mallinfo2": mallinfo2, "pymalloc_mb": pymalloc_mb, "mappings_kb": mappings_kb}
+    probes: dict[str, Any] = {
+        "mallinfo2": mallinfo2,
+        "pymalloc_mb": pymalloc_mb,
+        "mappings_kb": mappings_kb,
+    }
+    if int(os.environ.get("RSSPROBE_OBJECTS", "0")) > 0:
+        probes["objects"] = lambda: objects(int(os.environ["RSSPROBE_OBJECTS"]))
     if "sqlite3" in sys.modules:
         probes["sqlite"] = sqlite_status
     for name, fn in probes.items():
