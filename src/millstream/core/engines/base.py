@@ -123,6 +123,9 @@ class KeyedEngine(MergeEngine):
                 ordered = ordered.set_column(i, field, ordered.column(EFF).cast(field.type))
             ordered = ordered.drop_columns([EFF])
         out = self._compact_ordered(ordered) if ordered.num_rows else ordered
+        # The run's rows in the order key go before the sealed order's copy is made: a seal of
+        # a 2,500,000-row run held them beside it (issue 39).
+        del ordered
         return seal_order(spec, out)
 
     def index_columns(self) -> list[str]:
