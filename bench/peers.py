@@ -723,6 +723,20 @@ def stream_one(system: str, keys: int, base: Path, args: argparse.Namespace) -> 
             res["merge_s_median"] = statistics.median(c[3] for c in cl) if cl else None
             res["merge_s_p99"] = percentile([c[3] for c in cl], 99) if cl else None
         res["phases"] = stream_figures(prod, read_log(work / "reads.jsonl"), commits_t, commits_idx)
+        if args.keep:
+            # per record (acknowledgement, partition, offset) and per commit, to see which
+            # seconds of a phase hold the late records (with reads.jsonl and the writer's logs)
+            np.savez(
+                work / "records.npz",
+                ack_t=prod["ack_t"],
+                part=prod["part"],
+                offs=prod["offs"],
+                commits_t=commits_t,
+                commits_idx=commits_idx,
+                phases=np.array(
+                    [[ph["first"], ph["end"], ph["t0"], ph["t1"]] for ph in prod["phases"]]
+                ),
+            )
         # A writer stopped before it caught up is checked against what it committed (every
         # record up to the newest it merged), and the run says so.
         checked = prod["sent"]

@@ -319,6 +319,16 @@ def main(argv: list[str] | None = None) -> int:
             "same_as_uncached": same,
             "runs": runs,
         }
+        # a reader's first two polls after its first (full) read, each process's
+        first_two = [r["poll_cpu_s"]["commit"][:2] for r in runs]
+        first_faults = [r["poll_minor_faults"]["commit"][:2] for r in runs]
+        console.print(
+            f"{name}: the first two polls after the first read, CPU-s "
+            + "; ".join(" / ".join(f"{x:.3f}" for x in xs) for xs in first_two)
+            + ", minor page faults "
+            + "; ".join(" / ".join(f"{x:,}" for x in xs) for xs in first_faults)
+        )
+        summary[name]["first_two_cpu_s"] = first_two
         for kind in ("commit", "seal"):
             text = runs[-1].get(f"profile_{kind}")
             if text:

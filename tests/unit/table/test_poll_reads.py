@@ -236,18 +236,22 @@ def test_a_polls_copy_of_the_winners_is_the_system_allocators(home: Path) -> Non
     """4,096 keys in chunks of 1,024 rows, then a commit updating one key in each chunk: the
     poll copies every chunk, and the copy is the system allocator's memory (mimalloc, Arrow's
     default, gave a freed copy back to the kernel while a reader waited, so every poll faulted
-    the table in again), held while the returned table lives; the poll equals an uncached
-    read."""
+    the table in again), held while the returned table lives; so are the first (full) read's
+    winners, in chunks of 1,024 rows (else the first two polls after it faulted theirs in);
+    the poll equals an uncached read."""
     if pa.default_memory_pool().backend_name == "system":  # ARROW_DEFAULT_MEMORY_POOL=system
         pytest.skip("Arrow's default pool is the system allocator here: nothing to tell apart")
     with mock.patch.object(poll, "CHUNK_ROWS", 1024):
         t, cached = _history(home, "upsert-cmp")
         try:
             _commit(t, {0: [(k, 1, False) for k in range(4096)]})
-            cached.read_table("t")
             system = pa.system_memory_pool()
             held = system.bytes_allocated()
+            first = cached.read_table("t")
+            assert system.bytes_allocated() - held >= first.column("k").nbytes
+            assert max(len(c) for c in first.column("k").chunks) <= 1024
             _commit(t, {0: [(k, 2, False) for k in range(0, 4096, 512)]})
+            del first
             polled = cached.read_table("t")
             _same(cached, home)
             assert system.bytes_allocated() - held >= polled.column("k").nbytes
