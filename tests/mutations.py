@@ -3899,6 +3899,26 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_a_seal_holds_its_run_and_its_sealed_rows_at_most_about_three_times",
         ),
     ),
+    Guard(
+        name="worker-gives-back-a-large-task",
+        file="src/millstream/spark/sources.py",
+        what="release_after_task: a worker whose RSS grew past RELEASE_GROWTH_BYTES gives the "
+        "Arrow pool's and glibc's free pages back (else a reused worker holds its largest "
+        "task's high-water mark to the end of the run: ~140 MB a catch-up task)",
+        old="""\
+    pa.default_memory_pool().release_unused()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+    _rss_floor = _rss_bytes()
+""",
+        new="""\
+    _rss_floor = _rss_bytes()  # MUTATION: nothing given back
+""",
+        tests=(
+            "tests/unit/ingest/test_worker_gives_back_a_large_task.py::"
+            "test_a_large_write_task_gives_its_memory_back_and_small_ones_release_nothing",
+        ),
+    ),
 )
 
 

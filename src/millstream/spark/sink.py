@@ -49,6 +49,7 @@ from millstream.spark.sources import (
     each_member,
     marked_ranges,
     member_errors,
+    release_after_task,
     settle_worker,
 )
 from millstream.spec import TableSpec
@@ -318,7 +319,10 @@ class SegmentSink(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkMessage:
         settle_worker()
-        return self.write_batch(iterator, _batch_id())
+        try:
+            return self.write_batch(iterator, _batch_id())
+        finally:
+            release_after_task()
 
     def write_batch(
         self,
@@ -606,6 +610,12 @@ class GroupSink(DataSourceStreamArrowWriter):
         (bench/scale.py (b): 8 datastreams of 1,000 rows/s in batches of ~3 s, the worker's
         CPU 0.6 cores). The decoding and staging release the GIL for most of their time."""
         settle_worker()
+        try:
+            return self._write_members(iterator)
+        finally:
+            release_after_task()
+
+    def _write_members(self, iterator: Iterator[pa.RecordBatch]) -> GroupMessage:
         raw, joined = self._entries(pa.Table.from_batches(list(iterator), schema=GROUP_SCHEMA))
         member = raw.column("member")
         parts: dict[str, pa.Table] = {}

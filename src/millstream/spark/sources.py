@@ -18,8 +18,11 @@ batch's offsets, so a replayed batch re-reads exactly the same records.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -538,10 +541,66 @@ def settle_worker() -> None:
     datastream (docs/performance.md, "Spark's Python workers at 100 tables"). Frozen objects
     are still freed by their reference counts; only a cycle among them is never collected,
     and they are the process's long-lived state. Later objects are collected as before."""
-    global _settled
+    global _settled, _rss_floor
     if not _settled:
         _settled = True
         gc.freeze()
+        _rss_floor = _rss_bytes()  # what :func:`release_after_task` measures growth from
+
+
+#: A worker gives back what its allocators keep after a task once its RSS grew this much since
+#: it last did (or since its first task): a catch-up's write tasks (``task_memory_mb`` each)
+#: left each worker ~100-140 MB above its size in mimalloc's and glibc's free pages, held to
+#: the end of the run, while the small tasks of a caught-up batch grow it by nothing and pay
+#: only the RSS read (docs/performance.md, "Spark's Python workers give back a catch-up").
+RELEASE_GROWTH_BYTES = 64 << 20
+
+#: The worker's RSS after its last release (None before its first task).
+_rss_floor: int | None = None
+#: How many times this process gave its freed memory back (:func:`release_after_task`).
+releases = 0
+
+
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim`` (None where the C library has none: musl, macOS)."""
+    name = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    except OSError:
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0  # no /proc: never releases
+
+
+def release_after_task() -> bool:
+    """At the end of a write task, give back to the system what the task freed but the
+    allocators keep (the Arrow pool's ``release_unused()``, mimalloc's in a streaming worker,
+    and glibc's ``malloc_trim(0)``), only when the process's RSS grew past
+    :data:`RELEASE_GROWTH_BYTES` since it last did: a reused worker keeps the high-water mark
+    of its largest task otherwise. True when it released."""
+    global _rss_floor, releases
+    rss = _rss_bytes()
+    if _rss_floor is None or rss < _rss_floor:
+        _rss_floor = rss
+        return False
+    if rss - _rss_floor < RELEASE_GROWTH_BYTES:
+        return False
+    pa.default_memory_pool().release_unused()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+    _rss_floor = _rss_bytes()
+    releases += 1
+    return True
 
 
 @contextmanager
