@@ -3906,9 +3906,7 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         "Arrow pool's and glibc's free pages back (else a reused worker holds its largest "
         "task's high-water mark to the end of the run: ~140 MB a catch-up task)",
         old="""\
-    pa.default_memory_pool().release_unused()
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
+    release_freed_memory()
     _rss_floor = _rss_bytes()
 """,
         new="""\

@@ -19,8 +19,6 @@ publishers of one table are safe (the pointer moves by compare-and-set).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import random
 import time
@@ -28,10 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
 from millstream.catalog import Catalog
 from millstream.clock import SYSTEM_CLOCK, Clock
+from millstream.core.memory import release_freed_memory
 from millstream.supervise import Backoff, LoopStatus, Supervisor
 from millstream.table.gc import DEFAULT_GRACE_SECONDS
 from millstream.table.maintain import Maintenance, maintain
@@ -205,33 +202,16 @@ class Maintainer:
         return mine
 
 
-def _malloc_trim() -> Any:
-    """glibc's ``malloc_trim`` (None where the C library has none: musl, macOS)."""
-    name = ctypes.util.find_library("c")
-    try:
-        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    except OSError:
-        return None
-
-
-_MALLOC_TRIM = _malloc_trim()
-
-
-def release_freed_memory() -> None:
-    """Return to the system what a publish round freed but the allocators keep.
-
-    A round allocates and frees many small objects (pyiceberg's metadata copies and Avro
-    writers, NumPy arrays, Arrow buffers) on several threads, and glibc keeps the freed pages
-    of each thread's arena for later: a long-lived publisher over 20 busy tables (in process,
-    ``bench/publisher_growth.py --memory``) grew 213 -> 249 MB from round 10 to 80 while its
-    Python heap grew 5.6 MB and Arrow's allocations 0.7 MB; at the end ``malloc_trim(0)`` gave
-    20 MB back, the Arrow pool's ``release_unused()`` (mimalloc) 3 MB. Given back after every
-    round, the same publisher (without tracemalloc) ran 8-13 MB lower at each round than
-    without (207 against 215 MB after 60 rounds), at the same CPU a round (0.64 against 0.67
-    s)."""
-    pa.default_memory_pool().release_unused()
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
+# After a round that published, the publisher gives back what the round freed
+# (:func:`~millstream.core.memory.release_freed_memory`). A round allocates and frees many small objects
+# (pyiceberg's metadata copies and Avro writers, NumPy arrays, Arrow buffers) on several
+# threads, and glibc keeps the freed pages of each thread's arena for later: a long-lived
+# publisher over 20 busy tables (in process, ``bench/publisher_growth.py --memory``) grew 213 ->
+# 249 MB from round 10 to 80 while its Python heap grew 5.6 MB and Arrow's allocations 0.7 MB;
+# at the end ``malloc_trim(0)`` gave 20 MB back, the Arrow pool's ``release_unused()``
+# (mimalloc) 3 MB. Given back after every round, the same publisher (without tracemalloc) ran
+# 8-13 MB lower at each round than without (207 against 215 MB after 60 rounds), at the same CPU
+# a round (0.64 against 0.67 s).
 
 
 class Publisher:

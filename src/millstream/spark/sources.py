@@ -18,8 +18,6 @@ batch's offsets, so a replayed batch re-reads exactly the same records.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import json
 import os
@@ -39,6 +37,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from millstream.core.memory import release_freed_memory
 from millstream.errors import SourceOffsetsRewoundError
 from millstream.ingest.sources.base import (
     MIN_ADAPTIVE_BATCH,
@@ -561,16 +560,6 @@ _rss_floor: int | None = None
 releases = 0
 
 
-def _malloc_trim() -> Any:
-    """glibc's ``malloc_trim`` (None where the C library has none: musl, macOS)."""
-    name = ctypes.util.find_library("c")
-    try:
-        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    except OSError:
-        return None
-
-
-_MALLOC_TRIM = _malloc_trim()
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -595,9 +584,7 @@ def release_after_task() -> bool:
         return False
     if rss - _rss_floor < RELEASE_GROWTH_BYTES:
         return False
-    pa.default_memory_pool().release_unused()
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
+    release_freed_memory()
     _rss_floor = _rss_bytes()
     releases += 1
     return True

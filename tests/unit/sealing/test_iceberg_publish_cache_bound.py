@@ -117,10 +117,10 @@ def test_a_publish_round_gives_back_the_memory_it_freed(
     """After a round that published, the publisher returns to the system what the round freed
     and glibc kept (``malloc_trim``: 20 MB of a 20-table publisher's growth, issue 38); a call
     with nothing due trims nothing."""
-    import millstream.sealing.maintenance as maintenance
+    import millstream.core.memory as memory
 
     trims: list[int] = []
-    monkeypatch.setattr(maintenance, "_MALLOC_TRIM", trims.append)
+    monkeypatch.setattr(memory, "_MALLOC_TRIM", trims.append)
     with Catalog.open(home=tmp_path) as cat:
         create_kv_table(cat, "t")
         commit_rows(cat, "t", [(1, "a")], 0)
