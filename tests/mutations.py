@@ -2746,7 +2746,7 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         what="PublishCache.metadata: a publisher builds on the table metadata it remembers "
         "only while the pointer names that very file (another publisher's snapshot is read)",
         old="""\
-        if known is not None and known[0] == path:
+        if known is not None and known.path == path:
 """,
         new="""\
         if known is not None:  # MUTATION: the remembered metadata, whatever the pointer names
@@ -2780,7 +2780,7 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
         "its next metadata drops them (GC may remove their files)",
         old="""\
         if pointer.manifest_version >= info.manifest_version and not any(
-            s.snapshot_id < oldest for s in previous.snapshots
+            i < oldest for i in listed
         ):  # nothing new, nothing expired: no manifest read
 """,
         new="""\

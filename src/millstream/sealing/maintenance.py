@@ -75,6 +75,17 @@ class TableMaintenance:
         }
 
 
+def load_view_collection() -> None:
+    """Import what a maintenance pass's Iceberg view collection runs
+    (:func:`millstream.table.maintain.maintain` imports it lazily: pyiceberg and its models,
+    fastavro; some 120 modules, ~10-15 MB of a worker's RSS). Called when a datastream whose
+    tables have views first shows up, so a long-lived process pays that once at its start
+    rather than as a step in its RSS at its first pass, one maintenance interval (600 s) into
+    its life. Imported once (Python's module cache)."""
+    # lazy: pyiceberg loads only in a process whose tables have Iceberg views
+    import millstream.table.iceberg  # noqa: F401
+
+
 class Maintainer:
     """Runs :func:`millstream.table.maintain.maintain` for the tables it is handed when due."""
 
@@ -127,6 +138,8 @@ class Maintainer:
         for ds, names in tables.items():
             if ds not in self._next:
                 self._next[ds] = now + self._jittered()
+                if self.publisher is not None or self.shared_publisher is not None:
+                    load_view_collection()  # its tables have Iceberg views
                 continue
             if now < self._next[ds]:
                 continue

@@ -46,6 +46,7 @@ import sys
 import threading
 import uuid
 import weakref
+import zlib
 from array import array
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
@@ -75,8 +76,8 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
-from pyiceberg.serializers import FromInputFile, ToOutputFile
-from pyiceberg.table.metadata import TableMetadata, new_table_metadata
+from pyiceberg.serializers import Compressor, FromInputFile
+from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil, new_table_metadata
 from pyiceberg.table.name_mapping import MappedField, NameMapping, create_mapping_from_schema
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
@@ -95,6 +96,7 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.table.update.schema import UpdateSchema
 from pyiceberg.typedef import Record
+from pyiceberg.utils.config import Config
 from pyiceberg.utils.datetime import datetime_to_millis
 
 from millstream.core.engines import engine_for
@@ -599,6 +601,33 @@ class _TableColumns:
         return set(self.where) | set(self.fresh)
 
 
+@dataclass(frozen=True, slots=True)
+class HeldMetadata:
+    """A table's last metadata file as a publisher holds it between two publishes: its
+    snapshots' ids and its JSON, compressed. pyiceberg's model of a view's 240 snapshots
+    (``retention.iceberg_snapshots``' default: each ``Snapshot`` with its ``Summary``, its
+    ``SnapshotLogEntry``, the 100 ``MetadataLogEntry``) took some 756 KiB a table, ~74 MiB at
+    100 tables, held for nothing between publishes 15 s apart; this holds ~18 KiB
+    (``bench/publisher_metadata.py``). The model is built again (:meth:`parse`: the file's own bytes, as pyiceberg reads
+    them) only when a publish writes the next metadata file; a publish with nothing new
+    checks the ids only."""
+
+    path: str
+    snapshot_ids: array[int]
+    packed: bytes
+
+    @staticmethod
+    def of(path: str, metadata: TableMetadata, raw: bytes) -> HeldMetadata:
+        return HeldMetadata(path, snapshot_ids(metadata), zlib.compress(raw, 1))
+
+    def parse(self) -> TableMetadata:
+        return parse_metadata(zlib.decompress(self.packed))
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.packed) + self.snapshot_ids.itemsize * len(self.snapshot_ids)
+
+
 class PublishCache:
     """What a long-lived publisher keeps between two publishes of a table: the view it last
     published (:class:`ViewState`, used only while the table's pointer still names it) and
@@ -629,9 +658,9 @@ class PublishCache:
         self.hits = 0
         self.misses = 0
         self._views: dict[tuple[str, str], ViewState] = {}
-        #: Per table, the last metadata file it read or wrote and its parsed content (a
-        #: metadata file never changes: a publish writes a new one under a new name).
-        self._metadata: dict[tuple[str, str], tuple[str, TableMetadata]] = {}
+        #: Per table, the last metadata file it read or wrote, held compactly (a metadata
+        #: file never changes: a publish writes a new one under a new name).
+        self._metadata: dict[tuple[str, str], HeldMetadata] = {}
         #: Per table, its data files' merge columns; least recently used first.
         self._merge: OrderedDict[tuple[str, str], _TableColumns] = OrderedDict()
         #: Per table, the file each cached entry of :attr:`columns` was read from, by key.
@@ -659,15 +688,33 @@ class PublishCache:
             else:
                 self._views[(deep.uri, table)] = state
 
-    def metadata(self, deep: DeepStore, table: str, path: str) -> TableMetadata:
-        """The table metadata in the file at ``path`` (relative): the one this cache last
-        read or wrote for ``table`` if that is the file, else read (and remembered)."""
+    def _held_metadata(self, deep: DeepStore, table: str, path: str) -> HeldMetadata | None:
+        """What this cache holds of ``table``'s metadata file ``path`` (None: it holds
+        another file's, the one it last read or wrote)."""
         with self._lock:
             known = self._metadata.get((deep.uri, table))
-        if known is not None and known[0] == path:
-            return known[1]
-        metadata = load_metadata(deep, path)
-        self.remember_metadata(deep, table, path, metadata)
+        if known is not None and known.path == path:
+            return known
+        return None
+
+    def snapshot_ids(self, deep: DeepStore, table: str, path: str) -> array[int]:
+        """The ids of the snapshots the metadata file at ``path`` (relative) lists: what a
+        publish with nothing new checks (did retention expire one?), without parsing the
+        file when this cache holds it."""
+        held = self._held_metadata(deep, table, path)
+        if held is None:
+            return snapshot_ids(self.metadata(deep, table, path))
+        return held.snapshot_ids
+
+    def metadata(self, deep: DeepStore, table: str, path: str) -> TableMetadata:
+        """The table metadata in the file at ``path`` (relative): built from what this
+        cache holds of the file it last read or wrote for ``table`` if that is the file,
+        else read (and remembered)."""
+        held = self._held_metadata(deep, table, path)
+        if held is not None:
+            return held.parse()
+        raw, metadata = read_metadata(deep, path)
+        self.remember_metadata(deep, table, path, metadata, raw)
         return metadata
 
     def offer_read(self, deep: DeepStore, manifest: Manifest, rows: pa.Table) -> None:
@@ -692,10 +739,13 @@ class PublishCache:
         return rows if digest == copy_path(manifest) else None
 
     def remember_metadata(
-        self, deep: DeepStore, table: str, path: str, metadata: TableMetadata
+        self, deep: DeepStore, table: str, path: str, metadata: TableMetadata, raw: bytes
     ) -> None:
+        """Hold ``table``'s metadata file ``path``: its content ``raw`` (its JSON, as written),
+        whose model is ``metadata``."""
+        held = HeldMetadata.of(path, metadata, raw)
         with self._lock:
-            self._metadata[(deep.uri, table)] = (path, metadata)
+            self._metadata[(deep.uri, table)] = held
 
     def _table_columns(self, deep: DeepStore, table: str, schema: pa.Schema) -> _TableColumns:
         """``table``'s held columns in ``schema`` (none held if they were of another schema);
@@ -775,6 +825,8 @@ class PublishCache:
                 "hits": self.hits,
                 "misses": self.misses,
                 "mask_bytes": self.mask_bytes,
+                # the tables' last metadata files, held compactly (HeldMetadata)
+                "metadata_bytes": sum(h.nbytes for h in self._metadata.values()),
             }
 
     def in_segments(
@@ -1238,6 +1290,41 @@ def load_metadata(deep: DeepStore, path: str) -> TableMetadata:
     return FromInputFile.table_metadata(_file(deep, path))
 
 
+def parse_metadata(raw: bytes) -> TableMetadata:
+    """The table metadata of a metadata file's JSON ``raw``: pyiceberg's parse of it, as
+    :func:`load_metadata` reads a file."""
+    return TableMetadataUtil.parse_raw(raw.decode())
+
+
+def read_metadata(deep: DeepStore, path: str) -> tuple[bytes, TableMetadata]:
+    """The metadata file at ``path`` (written by a publish: not compressed): its JSON and
+    its table metadata."""
+    with _file(deep, path).open() as f:
+        raw = f.read()
+    return raw, parse_metadata(raw)
+
+
+def snapshot_ids(metadata: TableMetadata) -> array[int]:
+    """The ids of the snapshots ``metadata`` lists, in its order."""
+    return array("q", (s.snapshot_id for s in metadata.snapshots))
+
+
+def write_metadata(
+    deep: DeepStore, path: str, metadata: TableMetadata, unsynced: list[str]
+) -> bytes:
+    """Write ``metadata`` to the new file ``path`` (named in ``unsynced`` for the caller to
+    sync) as pyiceberg's ``ToOutputFile.table_metadata`` writes it; returns the JSON written
+    (a publisher holds it compressed, :class:`HeldMetadata`)."""
+    out = _file(deep, path, create=True, unsynced=unsynced)
+    # pyiceberg's own choice: None values left out, but with its legacy option (a None
+    # current snapshot id written as -1)
+    exclude_none = not Config().get_bool("legacy-current-snapshot-id")
+    raw = metadata.model_dump_json(exclude_none=exclude_none).encode()
+    with out.create(overwrite=False) as stream:
+        stream.write(Compressor.get_compressor(out.location).bytes_compressor()(raw))
+    return raw
+
+
 def current_location(deep: DeepStore, store: MetadataStore, table: str) -> str | None:
     """The URI of ``table``'s current Iceberg metadata file (None: never published)."""
     pointer = store.read_pointer(table)
@@ -1434,11 +1521,11 @@ def write_snapshot(
     committed_at: float,
     oldest_kept: int,
     state: ViewState | None = None,
-) -> tuple[str, tuple[int, ...], ViewState | None, TableMetadata]:
+) -> tuple[str, tuple[int, ...], ViewState | None, TableMetadata, bytes]:
     """Write the files of a snapshot of ``view`` and the table metadata that adds it to
     ``previous`` (dropping the snapshots of versions below ``oldest_kept``); returns the new
-    metadata file's path (relative), the expired snapshot ids, the new view's layout and the
-    new table metadata.
+    metadata file's path (relative), the expired snapshot ids, the new view's layout, the
+    new table metadata and its file's JSON.
     Without ``view``, the new metadata only drops the expired snapshots.
 
     With ``state`` (the layout of ``previous``'s current snapshot), what did not change is
@@ -1464,11 +1551,9 @@ def write_snapshot(
         tag = f"{previous.current_snapshot_id:012d}-{uuid.uuid4().hex}"
         metadata_path = f"{prefix}/metadata/{tag}.metadata.json"
         written: list[str] = []
-        ToOutputFile.table_metadata(
-            metadata, _file(deep, metadata_path, create=True, unsynced=written)
-        )
+        raw = write_metadata(deep, metadata_path, metadata, written)
         deep.sync_files(written)  # before the pointer names it
-        return metadata_path, expired, None, metadata
+        return metadata_path, expired, None, metadata, raw
     v = view.version
     tag = f"{v:012d}-{uuid.uuid4().hex}"
     unsynced: list[str] = []  # the files written, synced together before returning
@@ -1680,9 +1765,7 @@ def write_snapshot(
         updates.append(RemoveSnapshotsUpdate(snapshot_ids=list(expired)))
     metadata = updated_metadata(base, updates, metadata_location=previous_location)
     metadata_path = f"{prefix}/metadata/{tag}.metadata.json"
-    ToOutputFile.table_metadata(
-        metadata, _file(deep, metadata_path, create=True, unsynced=unsynced)
-    )
+    raw = write_metadata(deep, metadata_path, metadata, unsynced)
     # Every file of the snapshot on disk, with its name, before the caller's compare-and-set
     # of the pointer can name the metadata: each file once, each directory once.
     deep.sync_files(unsynced)
@@ -1716,7 +1799,7 @@ def write_snapshot(
             "delete_files_written": len(new_deletes),
         },
     )
-    return metadata_path, expired, new_state, metadata
+    return metadata_path, expired, new_state, metadata, raw
 
 
 def view_floor(previous: TableMetadata, kept: int) -> int:
@@ -1759,14 +1842,15 @@ def publish(
         return PublishResult(table, pointer, False)
 
     previous: TableMetadata | None = None
+    listed: Sequence[int] = ()  # the snapshot ids the pointer's metadata file lists
     if pointer is not None:
-        previous = (
-            cache.metadata(deep, table, pointer.metadata_location)
-            if cache is not None
-            else load_metadata(deep, pointer.metadata_location)
-        )
+        if cache is not None:  # the model is built only if this publish writes a file
+            listed = cache.snapshot_ids(deep, table, pointer.metadata_location)
+        else:
+            previous = load_metadata(deep, pointer.metadata_location)
+            listed = snapshot_ids(previous)
         if pointer.manifest_version >= info.manifest_version and not any(
-            s.snapshot_id < oldest for s in previous.snapshots
+            i < oldest for i in listed
         ):  # nothing new, nothing expired: no manifest read
             return PublishResult(table, pointer, False)
     manifest = store.manifest(table)
@@ -1782,19 +1866,21 @@ def publish(
         state = None  # another publisher moved the pointer, or the schema changed
     if pointer is not None and pointer.manifest_version >= v:
         # Nothing new; still drop the snapshots of versions retention expired.
-        assert previous is not None
-        if not any(s.snapshot_id < oldest for s in previous.snapshots):
+        if not any(i < oldest for i in listed):
             return PublishResult(table, pointer, False)
         v = pointer.manifest_version
     elif state is not None and cache is not None and state.version < v:
         view = incremental_view(deep, manifest, state, cache)
     else:
         view = full_view(deep, manifest, cache.take_read(deep, manifest) if cache else None)
+    if pointer is not None and previous is None:
+        assert cache is not None
+        previous = cache.metadata(deep, table, pointer.metadata_location)
     committed_at = store.version_committed_at(table, v)
     floor = oldest
     if view is not None and previous is not None:
         floor = max(floor, view_floor(previous, manifest.table.spec.retention.iceberg_snapshots))
-    metadata_path, expired, new_state, metadata = write_snapshot(
+    metadata_path, expired, new_state, metadata, raw = write_snapshot(
         deep,
         manifest.table.spec,
         view,
@@ -1831,7 +1917,7 @@ def publish(
         log.info("iceberg view of %s: another publisher moved the pointer first", table)
         return PublishResult(table, store.read_pointer(table), False)
     if cache is not None:
-        cache.remember_metadata(deep, table, metadata_path, metadata)
+        cache.remember_metadata(deep, table, metadata_path, metadata, raw)
         if new_state is None and state is not None:  # only snapshots expired: same layout
             new_state = ViewState(
                 metadata_path,

@@ -4,7 +4,10 @@ up in the status the worker reports (and the metrics read)."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -86,3 +89,47 @@ def test_a_failing_table_backs_off_without_raising_and_is_counted(tmp_path: Path
         maintainer.run_due({"ds": ["missing"]})  # backing off: no second attempt yet
         (loop,) = maintainer.loop_statuses(alive=True)
         assert loop.errors == 1
+
+
+_LOADS = """
+import sys
+from pathlib import Path
+
+from millstream.catalog import Catalog
+from millstream.control.controller import ControlSettings
+from millstream.control.worker import Worker
+
+root = Path(sys.argv[1])
+with Catalog.open(home=root / "home") as cat:
+    seen = []
+    for publish in (None, 15.0):  # publishing off, then on (the default)
+        worker = Worker(
+            cat,
+            spark=None,
+            worker_id=f"w{publish}",
+            settings=ControlSettings(iceberg_publish_interval=publish),
+            state_root=root / f"state{publish}",
+        )
+        seen.append("millstream.table.iceberg" in sys.modules)
+        worker.maintainer.run_due({"ds": ["t"]})  # as its sealing thread does
+        seen.append("millstream.table.iceberg" in sys.modules)
+        assert not worker.maintainer.tables  # no pass yet: its first is an interval away
+print(*seen)
+"""
+
+
+def test_a_worker_whose_tables_have_views_loads_their_collection_when_they_show_up(
+    tmp_path: Path,
+) -> None:
+    """The view collection's modules (pyiceberg: ~10-15 MB of RSS) load when a datastream with
+    views first shows up, not at its first maintenance pass 600 s later (a step in a
+    long-running worker's RSS); a worker without views does not load them."""
+    out = subprocess.run(
+        [sys.executable, "-c", _LOADS, str(tmp_path)],
+        env=os.environ,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    assert out.stdout.split() == ["False", "False", "False", "True"]
