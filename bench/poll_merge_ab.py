@@ -5,7 +5,9 @@ its time in (``merge_onto``: the previous winners of the new rows' keys taken ou
 winners, merged with the new rows), timed in one process for the current module and an
 earlier one loaded from its file, on the same winners and the same batches of stream records
 (keys uniform over the table, 2% deletes, ``seq`` rising), interleaved; an A/A control times
-the earlier module twice, so the machine's noise is measured in the same run. Each batch is
+the earlier module twice, so the machine's noise is measured in the same run. Each merge's
+wall and CPU time (``time.process_time``, every thread of the process) are both printed: on a
+machine shared with other work the wall is mostly the wait for a core. Each batch is
 merged onto the winners the previous batch left (as polls do), and every result must equal
 the earlier module's. Run from the repository root::
 
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     trees["before (A/A)"] = before.merge_onto
     state = {name: (live, dead) for name in trees}
     times: dict[str, list[float]] = {name: [] for name in trees}
+    cpu: dict[str, list[float]] = {name: [] for name in trees}
     sent, same = 0, True
     for i in range(args.batches):
         recs = wl.records(7, args.keys, sent, args.batch_rows, wl.STREAM_SEQ_BASE)
@@ -103,17 +106,21 @@ def main(argv: list[str] | None = None) -> int:
         new = _rows(recs, offsets)
         order = list(trees) if i % 2 == 0 else list(reversed(trees))
         for name in order:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             state[name] = trees[name](SPEC, *state[name], new)
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
         same = same and _same(state["this tree"], state["before"])
     base = statistics.median(times["before"])
+    cpu_base = statistics.median(cpu["before"])
     for name, xs in times.items():
         med = statistics.median(xs)
+        cpu_med = statistics.median(cpu[name])
         print(
             f"{name}: merge onto {live.num_rows:,} winners of a {args.batch_rows:,}-row batch "
             f"{med * 1000:,.0f} ms (p90 {common.percentile(xs, 90) * 1000:,.0f}), "
-            f"{med / base:.2f}x before"
+            f"{med / base:.2f}x before; CPU {cpu_med * 1000:,.0f} ms "
+            f"(p90 {common.percentile(cpu[name], 90) * 1000:,.0f}), {cpu_med / cpu_base:.2f}x before"
         )
     print(f"load {common.load_text()}; every result equals the earlier module's: {same}")
     return 0 if same else 1
