@@ -28,6 +28,8 @@ DEFAULT_MASTER = "local[2]"
 
 #: Spark's Python daemon, which imports Millstream's task modules before it forks a worker.
 DAEMON_MODULE = "millstream.spark.daemon"
+#: The Python daemon of a run that ends once it has caught up (:data:`BATCH_RUN_SETTINGS`).
+BATCH_DAEMON_MODULE = "millstream.spark.batch_daemon"
 
 #: ``file://`` paths through Hadoop's raw local file system (no checksum files).
 LOCAL_FILES_WITHOUT_CHECKSUMS = {
@@ -53,15 +55,16 @@ LOCAL_FILES_WITHOUT_CHECKSUMS = {
 #: * the Python workers' Arrow buffers come from the system allocator, not mimalloc: a write
 #:   task decodes a piece, stages it and frees it, again and again, and mimalloc kept the freed
 #:   pieces' memory (a 500,000-record task peaked ~60 MB higher, in the same CPU time);
-#: * Spark's own Python daemon, not :data:`DAEMON_MODULE`: not measured for this run yet (its
-#:   peak RSS would hold the daemon's imports beside the workers').
+#: * Spark's own Python daemon with pandas unimportable (:data:`BATCH_DAEMON_MODULE`), not
+#:   :data:`DAEMON_MODULE`: the peak RSS, at the write, would hold the daemon's imports beside
+#:   the workers'.
 BATCH_RUN_SETTINGS = {
     "spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xmn32m",
     "spark.driver.memory": "512m",
     "spark.python.worker.reuse": "false",
     "spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL": "system",
     "spark.executorEnv.MALLOC_MMAP_THRESHOLD_": "1048576",
-    "spark.python.daemon.module": "pyspark.daemon",
+    "spark.python.daemon.module": BATCH_DAEMON_MODULE,
 }
 
 
