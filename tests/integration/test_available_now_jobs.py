@@ -246,3 +246,25 @@ def test_each_batch_of_a_run_decodes_under_the_spec_read_for_it(tmp_path: Path, 
     assert [r["discount"] for r in rows[BATCH:]] == [i / 2 for i in range(BATCH, 3 * BATCH)], (
         "the batches after the change keep the added column"
     )
+
+
+def test_a_run_on_a_jobs_session_never_starts_its_sql_session(tmp_path: Path, spark: Any) -> None:
+    """``millstream run --available-now`` starts a SparkContext only (``JobsSession``): its
+    batches are RDD jobs, and creating the JVM's SparkSession was ~1 s of the run's start. A
+    run on it leaves the SQL session unstarted; asked for one, it gets it, with the settings
+    the context was started with."""
+    from millstream.spark.session import JobsSession
+
+    records = _append_source(tmp_path / "src", 0, 1_500)
+    spec = _spec(tmp_path / "src")
+    cat = Catalog.open(home=tmp_path / "home")
+    jobs = JobsSession(spark.sparkContext)
+    runner = DatastreamRunner(spec, cat, jobs, writer_id="w")
+    runner.register_sources = False  # as the CLI's run sets it
+    runner.run(available_now=True)
+
+    assert jobs._session is None, "the run started the SQL session"
+    expected, _ = expected_table(spec.table_spec(), records)
+    assert _rows(cat, spec.table_name) == canonical(expected)
+    assert jobs.conf.get("spark.sql.session.timeZone") == "UTC"
+    assert jobs._session is not None

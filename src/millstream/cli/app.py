@@ -110,8 +110,11 @@ def run(
         # below, opening the metadata store and creating the tables (docs/performance.md,
         # "The batch run's fixed cost"). A run that ends starts it from the class archive.
         archive = ClassArchive.default() if available_now else None
+        # A run that ends starts no SQL session: its batches are plain Spark jobs.
         starting = SessionStart(
-            master=master, config=batch_run_settings(archive) if available_now else None
+            master=master,
+            config=batch_run_settings(archive) if available_now else None,
+            jobs_only=available_now,
         )
         # lazy: imported while the JVM starts on its thread (above), not before it
         from millstream.cli.progress import ProgressView
