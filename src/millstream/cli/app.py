@@ -116,6 +116,7 @@ def run(
         # models (pydantic) took 0.3-0.4 s to import before it at load ~9 (docs/performance.md,
         # "The whole batch run: its timeline and cuts"). A spec that fails to parse ends the
         # command; the JVM, its standard input closed with this process, exits.
+        # lazy: only the command that runs needs it, and after the JVM's launch (above)
         from millstream.datastream import DatastreamSpec
 
         spec = DatastreamSpec.from_file(file)
