@@ -3917,6 +3917,23 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_a_large_write_task_gives_its_memory_back_and_small_ones_release_nothing",
         ),
     ),
+    Guard(
+        name="catch-up-batch-decodes-under-the-spec-read-for-it",
+        file="src/millstream/spark/catch_up.py",
+        what="catch_up: each batch's tasks decode under the table's spec as the driver read it "
+        "once the batch was planned (a task no longer reads it): a column added while an "
+        "available-now run goes on reaches its next batch",
+        old="""\
+            spec = committer.current_spec()
+""",
+        new="""\
+            spec = writer.spec  # MUTATION: the spec the run started with
+""",
+        tests=(
+            "tests/integration/test_available_now_jobs.py::"
+            "test_each_batch_of_a_run_decodes_under_the_spec_read_for_it",
+        ),
+    ),
 )
 
 

@@ -12,6 +12,7 @@ The tables are append tables: a record ingested twice would be a row twice.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +204,67 @@ def test_an_available_now_run_publishes_its_views_in_its_own_process_before_it_e
     assert pointer is not None and pointer.manifest_version == cat.manifest("jobs").version
     assert "jobs__dead_letter" in views["error"]
     assert "jobs__dead_letter" not in views
+
+
+def test_each_batch_of_a_run_decodes_under_the_spec_read_for_it(tmp_path: Path, spark: Any) -> None:
+    """The run reads the table's spec in this process once a batch is planned and sends it
+    to the batch's tasks (a task's worker loads no metadata store for it): a column added
+    while the run goes on reaches its next batch, as when each task read the spec itself."""
+    root = tmp_path / "src"
+    (root / "0").mkdir(parents=True)
+    records = [{"id": i, "qty": i, "discount": i / 2} for i in range(3 * BATCH)]
+    (root / "0" / "a.jsonl").write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in records))
+    v1 = {"id": "long", "qty": "long"}
+
+    def spec(schema: dict[str, str]) -> DatastreamSpec:
+        return DatastreamSpec.parse(
+            {
+                "name": "grows",
+                "source": {"kind": "files", "path": str(root)},
+                "table": {"mode": "append"},
+                "schema": schema,
+                "max_records_per_batch": BATCH,
+            }
+        )
+
+    cat = Catalog.open(home=tmp_path / "home")
+    evolved: list[int] = []
+
+    def add_the_column_after_the_first_batch(runner: DatastreamRunner) -> None:
+        if not evolved:
+            cat.store.evolve_table(spec({**v1, "discount": "double"}).table_spec())
+            evolved.append(len(runner.commits()))
+
+    DatastreamRunner(spec(v1), cat, spark, writer_id="w").run(
+        available_now=True, on_tick=add_the_column_after_the_first_batch
+    )
+
+    assert evolved == [1], "the column was added after the first of three batches"
+    rows = sorted(cat.read_table("grows").to_pylist(), key=lambda r: r["id"])
+    assert [r["id"] for r in rows] == list(range(3 * BATCH))
+    assert all(r["discount"] is None for r in rows[:BATCH]), "the first batch: v1's columns"
+    assert [r["discount"] for r in rows[BATCH:]] == [i / 2 for i in range(BATCH, 3 * BATCH)], (
+        "the batches after the change keep the added column"
+    )
+
+
+def test_a_run_on_a_jobs_session_never_starts_its_sql_session(tmp_path: Path, spark: Any) -> None:
+    """``millstream run --available-now`` starts a SparkContext only (``JobsSession``): its
+    batches are RDD jobs, and creating the JVM's SparkSession was ~1 s of the run's start. A
+    run on it leaves the SQL session unstarted; asked for one, it gets it, with the settings
+    the context was started with."""
+    from millstream.spark.session import JobsSession
+
+    records = _append_source(tmp_path / "src", 0, 1_500)
+    spec = _spec(tmp_path / "src")
+    cat = Catalog.open(home=tmp_path / "home")
+    jobs = JobsSession(spark.sparkContext)
+    runner = DatastreamRunner(spec, cat, jobs, writer_id="w")
+    runner.register_sources = False  # as the CLI's run sets it
+    runner.run(available_now=True)
+
+    assert jobs._session is None, "the run started the SQL session"
+    expected, _ = expected_table(spec.table_spec(), records)
+    assert _rows(cat, spec.table_name) == canonical(expected)
+    assert jobs.conf.get("spark.sql.session.timeZone") == "UTC"
+    assert jobs._session is not None

@@ -88,6 +88,8 @@ def test_an_available_now_run_starts_spark_with_the_short_run_settings(
     assert config["spark.executorEnv.MALLOC_MMAP_THRESHOLD_"] == "1048576"
     # its jobs use no data source: no registration, whose Python daemon idled beside them
     assert seen["register_sources"] is False
+    # and no SQL session: its SparkContext only (spark.session.JobsSession)
+    assert seen["jobs_only"] is True
 
 
 def test_a_continuous_run_starts_spark_with_the_defaults(
@@ -95,6 +97,7 @@ def test_a_continuous_run_starts_spark_with_the_defaults(
 ) -> None:
     seen = _run(tmp_path, monkeypatch)
     assert seen["config"] is None
+    assert seen["jobs_only"] is False
     assert seen["seal_all_on_exit"] is False
     assert seen["background_sealing"] is True
     assert seen["before_final_seal"] is None

@@ -16,7 +16,6 @@ SQL only Spark speaks, or tables larger than this process's memory.
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
 import json
 import logging
 import re
@@ -24,6 +23,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from millstream.core import no_pandas
 from millstream.errors import InvalidSpecError, TableNotFoundError
 
 #: DuckDB's comparison node types -> the reader's operators (:data:`millstream.table.read.Condition`)
@@ -119,12 +119,6 @@ def _condition(
     return None
 
 
-class _NoPandas(importlib.abc.MetaPathFinder):
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if name == "pandas" or name.startswith("pandas."):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-
-
 def hold_off_pandas() -> Callable[[], None]:
     """Make pandas unimportable in this process until the returned function is called (a
     ``millstream run --available-now``, until its JVM has ended). PySpark imports pandas in
@@ -134,10 +128,9 @@ def hold_off_pandas() -> Callable[[], None]:
     Not loading it before then keeps ~36 MiB out of the driver while the write tasks run
     beside it, the run's peak memory (docs/performance.md, "The batch run's end: the process
     exits when its work is durable")."""
-    if "pandas" in sys.modules:
+    finder = no_pandas.skip_pandas()
+    if finder is None:
         return lambda: None
-    finder = _NoPandas()
-    sys.meta_path.insert(0, finder)
 
     def allow() -> None:
         with contextlib.suppress(ValueError):  # allowed already
@@ -151,8 +144,7 @@ def skip_pandas() -> None:
     or ``table describe``, from :func:`millstream.cli.app.main`): pyarrow imports it on its
     first ``pa.array()`` just to ask whether the argument is a DataFrame, which costs 0.5-4 s
     of a one-second command, and nothing those commands run uses it."""
-    if "pandas" not in sys.modules:
-        sys.meta_path.insert(0, _NoPandas())
+    no_pandas.skip_pandas()
 
 
 def pushdown(sql: str, table: str, spec: Any) -> list[tuple[str, str, Any]]:

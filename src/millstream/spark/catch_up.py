@@ -15,7 +15,9 @@ So each batch here is:
    the target pinned at the start as ``trigger(availableNow=True)`` pins it, the same split of
    ranges into tasks);
 2. written by one Spark job whose tasks each run :meth:`SegmentSink.write_batch` on their
-   ranges (the same read, decode and Parquet staging as the query's write tasks);
+   ranges (the same read, decode and Parquet staging as the query's write tasks), under the
+   table's spec as this process read it once the batch was planned (a query's write task
+   reads it itself, :meth:`SegmentSink.current_spec`);
 3. committed in this process by :meth:`SegmentSink.commit` (the one commit path: the table
    and its dead-letter table in one transaction of compare-and-appends).
 
@@ -36,6 +38,7 @@ from typing import Any
 
 from millstream.spark.sink import SegmentSink, SinkMessage
 from millstream.spark.sources import StreamReader, markers_batch
+from millstream.spec import TableSpec
 
 Ranges = list[tuple[int, int, int]]
 
@@ -43,10 +46,13 @@ Ranges = list[tuple[int, int, int]]
 JOB_GROUP_PROPERTIES = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
 
 
-def _write(sink: SegmentSink, batch_id: int, tasks: Iterator[Ranges]) -> Iterator[SinkMessage]:
-    """A Spark task of batch ``batch_id``: stage its ranges (read by the sink itself)."""
+def _write(
+    sink: SegmentSink, batch_id: int, spec: TableSpec, tasks: Iterator[Ranges]
+) -> Iterator[SinkMessage]:
+    """A Spark task of batch ``batch_id``: stage its ranges (read by the sink itself) under
+    ``spec``, the table's spec as the driver read it after planning the batch."""
     for ranges in tasks:
-        yield sink.write_batch(iter([markers_batch(ranges)]), batch_id)
+        yield sink.write_batch(iter([markers_batch(ranges)]), batch_id, current=spec)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +99,15 @@ def catch_up(
             sc.setJobGroup(job_group, f"{job_group} batch {batch_id}", interruptOnCancel=True)
             if stopping():
                 break
+            # The table's spec as it is now, read once here rather than by every task (whose
+            # worker would import the metadata store for it): after the batch's ranges were
+            # planned, so a record produced after a schema change was acknowledged decodes
+            # under it, as when each task read it (guard 850).
+            spec = committer.current_spec()
             messages = (
-                sc.parallelize(tasks, len(tasks)).mapPartitions(partial(_write, writer, batch_id))
+                sc.parallelize(tasks, len(tasks)).mapPartitions(
+                    partial(_write, writer, batch_id, spec)
+                )
             ).collect()
         finally:
             for key, value in callers.items():

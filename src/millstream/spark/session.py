@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pyspark
-from pyspark import SparkContext
+from pyspark import SparkConf, SparkContext
+from pyspark.errors.exceptions.captured import install_exception_handler
 from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,8 @@ DEFAULT_MASTER = "local[2]"
 
 #: Spark's Python daemon, which imports Millstream's task modules before it forks a worker.
 DAEMON_MODULE = "millstream.spark.daemon"
+#: The Python daemon of a run that ends once it has caught up (:data:`BATCH_RUN_SETTINGS`).
+BATCH_DAEMON_MODULE = "millstream.spark.batch_daemon"
 
 #: ``file://`` paths through Hadoop's raw local file system (no checksum files).
 LOCAL_FILES_WITHOUT_CHECKSUMS = {
@@ -53,15 +56,16 @@ LOCAL_FILES_WITHOUT_CHECKSUMS = {
 #: * the Python workers' Arrow buffers come from the system allocator, not mimalloc: a write
 #:   task decodes a piece, stages it and frees it, again and again, and mimalloc kept the freed
 #:   pieces' memory (a 500,000-record task peaked ~60 MB higher, in the same CPU time);
-#: * Spark's own Python daemon, not :data:`DAEMON_MODULE`: not measured for this run yet (its
-#:   peak RSS would hold the daemon's imports beside the workers').
+#: * Spark's own Python daemon with pandas unimportable (:data:`BATCH_DAEMON_MODULE`), not
+#:   :data:`DAEMON_MODULE`: the peak RSS, at the write, would hold the daemon's imports beside
+#:   the workers'.
 BATCH_RUN_SETTINGS = {
     "spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xmn32m",
     "spark.driver.memory": "512m",
     "spark.python.worker.reuse": "false",
     "spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL": "system",
     "spark.executorEnv.MALLOC_MMAP_THRESHOLD_": "1048576",
-    "spark.python.daemon.module": "pyspark.daemon",
+    "spark.python.daemon.module": BATCH_DAEMON_MODULE,
 }
 
 
@@ -241,31 +245,32 @@ def spark_session(
     app_name: str = "millstream",
     log_level: str = "ERROR",
     config: Mapping[str, str] | None = None,
+    jobs_only: bool = False,
 ) -> Any:
     """Create (or get) the SparkSession. Master: argument, else ``MILLSTREAM_SPARK_MASTER``,
     else ``local[2]``. Spark's Python workers run this interpreter (:func:`worker_python`).
-    ``config`` adds or overrides Spark settings (the tests pin a warehouse directory)."""
+    ``config`` adds or overrides Spark settings (the tests pin a warehouse directory).
+    ``jobs_only``: a :class:`JobsSession`, whose JVM SparkSession starts at its first use (a
+    run of plain Spark jobs, ``millstream run --available-now``, never uses it)."""
     python = worker_python(config)
     os.environ.setdefault("PYSPARK_PYTHON", python)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = (
-        SparkSession.builder.master(
-            master or os.environ.get("MILLSTREAM_SPARK_MASTER") or DEFAULT_MASTER
-        )
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+    options = {
+        "spark.master": master or os.environ.get("MILLSTREAM_SPARK_MASTER") or DEFAULT_MASTER,
+        "spark.app.name": app_name,
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
         # The millstream source takes key filters before its merge (table_source.PUSHDOWN_CONF)
-        .config("spark.sql.python.filterPushdown.enabled", "true")
+        "spark.sql.python.filterPushdown.enabled": "true",
         # The workers of Python UDFs and of the Python data sources (the JVM starts those
         # from this setting, whatever the driver's environment says).
-        .config("spark.pyspark.python", python)
+        "spark.pyspark.python": python,
         # How long a Python process waits to connect to its JVM and authenticate, and after
         # that, in Spark's planner processes (a Python data source's creation and planning,
         # the streaming sink's commit: ``get_sock_file_to_executor()`` keeps it as the socket's
@@ -276,29 +281,73 @@ def spark_session(
         # waits its turn for a core. A longer wait costs nothing while the peer is alive; a
         # dead one refuses the connection at once. The JVM's own fixed 10 s wait for a fresh
         # Python process has no setting: the runner restarts after it (runner.TransientRestarts).
-        .config("spark.python.authenticate.socketTimeout", "60s")
+        "spark.python.authenticate.socketTimeout": "60s",
         # Spark's Python daemon forks task workers with Millstream's task modules imported
         # (millstream.spark.daemon): a worker's first write or read part no longer imports them.
-        .config("spark.python.daemon.module", DAEMON_MODULE)
-    )
-    # A query's offset and commit logs on a local disk without Hadoop's .crc sidecar files:
-    # two writes and renames less per log entry, ~55 ms less of every micro-batch
-    # (docs/performance.md, "Ingest", (e)). The checkpoint is a cache Millstream checks against
-    # the shards before using it (runner.checkpoint_verdict), so it needs no checksum.
-    for key, value in LOCAL_FILES_WITHOUT_CHECKSUMS.items():
-        builder = builder.config(key, value)
+        "spark.python.daemon.module": DAEMON_MODULE,
+        # A query's offset and commit logs on a local disk without Hadoop's .crc sidecar files:
+        # two writes and renames less per log entry, ~55 ms less of every micro-batch
+        # (docs/performance.md, "Ingest", (e)). The checkpoint is a cache Millstream checks
+        # against the shards before using it (runner.checkpoint_verdict), so it needs no
+        # checksum.
+        **LOCAL_FILES_WITHOUT_CHECKSUMS,
+    }
     settings = dict(config or {})
     # The JVM logs through the package's log4j2.properties: no banner, hint or native-library
     # warning on the user's terminal at each start. Beside any default Java options given.
     settings["spark.driver.defaultJavaOptions"] = " ".join(
         o for o in (LOG4J_OPTION, settings.get("spark.driver.defaultJavaOptions")) if o
     )
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    options.update(settings)
+    spark: Any
+    if jobs_only:
+        spark = JobsSession(SparkContext.getOrCreate(SparkConf().setAll(list(options.items()))))
+    else:
+        builder = SparkSession.builder
+        for key, value in options.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(log_level)
     quiet_accumulator_server(spark)
     return spark
+
+
+class JobsSession:
+    """The session of a run of plain Spark jobs (``millstream run --available-now``, whose
+    batches are RDD jobs, :mod:`millstream.spark.catch_up`): its SparkContext started at
+    once, the JVM's SparkSession only when something other than :attr:`sparkContext` and
+    :meth:`stop` is asked of it. Creating the JVM's SparkSession (its extensions, its shared
+    state and, with a session's settings, its SQL session state) took 0.9-1.4 s of the
+    session start at load 6-7 after the SparkContext's 2.6-3.1 s (docs/performance.md, "The
+    whole batch run: its timeline and cuts"), and the run's jobs use none of it. The settings
+    go to the SparkContext's configuration, which a session created later takes its SQL
+    settings from."""
+
+    def __init__(self, sc: SparkContext) -> None:
+        self.sparkContext = sc
+        self._lock = threading.Lock()
+        self._session: SparkSession | None = None
+        # What a SparkSession's creation installs: the JVM's errors raised as PySpark's own
+        # (runner.transient_spark_failure reads them)
+        install_exception_handler()
+
+    def session(self) -> SparkSession:
+        """The SparkSession (created at the first call)."""
+        with self._lock:
+            if self._session is None:
+                self._session = SparkSession(self.sparkContext)
+            return self._session
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("_lock", "_session"):  # before __init__ set them (a copy, a pickle)
+            raise AttributeError(name)
+        return getattr(self.session(), name)
+
+    def stop(self) -> None:
+        if self._session is not None:
+            self._session.stop()
+        else:
+            self.sparkContext.stop()
 
 
 class SessionStart:
