@@ -87,10 +87,14 @@ def run(
     --iceberg-publish-interval seconds, an --available-now run once, before it exits (the
     summary prints where: `iceberg_scan` and pyiceberg read it). An --available-now run ends
     its Spark JVM before its final seal, which needs no Spark."""
+    # lazy: only the command that runs needs it; keeps `millstream --help` fast
+    from millstream.datastream import DatastreamSpec
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     stop = GracefulStop()
     stop.install()  # before Spark starts: a Ctrl-C while it starts stops as cleanly
     with handle_errors(output):
+        spec = DatastreamSpec.from_file(file)
         # lazy: only the command that runs needs them; keeps `millstream --help` fast
         from millstream.cli.query import hold_off_pandas
         from millstream.spark.session import (
@@ -112,14 +116,6 @@ def run(
             config=batch_run_settings(archive) if available_now else None,
             jobs_only=available_now,
         )
-        # The spec only now: the JVM's launch is the run's critical path, and the spec's
-        # models (pydantic) took 0.3-0.4 s to import before it at load ~9 (docs/performance.md,
-        # "The whole batch run: its timeline and cuts"). A spec that fails to parse ends the
-        # command; the JVM, its standard input closed with this process, exits.
-        # lazy: only the command that runs needs it, and after the JVM's launch (above)
-        from millstream.datastream import DatastreamSpec
-
-        spec = DatastreamSpec.from_file(file)
         # lazy: imported while the JVM starts on its thread (above), not before it
         from millstream.cli.progress import ProgressView
         from millstream.spark.runner import DatastreamRunner
