@@ -778,6 +778,9 @@ class DatastreamRunner:
         )
         tables = self.tables
         self.publisher = publisher
+        # Its maintenance leaves the views to this publisher (which drops the expired
+        # snapshots at its next publish) rather than publish them itself, in full, racing it.
+        self.maintainer.shared_publisher = publisher
         self.publishing = SupervisedLoop(
             "publishing",
             lambda: publisher.run_due(tables),

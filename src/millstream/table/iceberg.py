@@ -688,7 +688,7 @@ class PublishCache:
             else:
                 self._views[(deep.uri, table)] = state
 
-    def _held_metadata(self, deep: DeepStore, table: str, path: str) -> HeldMetadata | None:
+    def held_metadata(self, deep: DeepStore, table: str, path: str) -> HeldMetadata | None:
         """What this cache holds of ``table``'s metadata file ``path`` (None: it holds
         another file's, the one it last read or wrote)."""
         with self._lock:
@@ -697,20 +697,11 @@ class PublishCache:
             return known
         return None
 
-    def snapshot_ids(self, deep: DeepStore, table: str, path: str) -> array[int]:
-        """The ids of the snapshots the metadata file at ``path`` (relative) lists: what a
-        publish with nothing new checks (did retention expire one?), without parsing the
-        file when this cache holds it."""
-        held = self._held_metadata(deep, table, path)
-        if held is None:
-            return snapshot_ids(self.metadata(deep, table, path))
-        return held.snapshot_ids
-
     def metadata(self, deep: DeepStore, table: str, path: str) -> TableMetadata:
         """The table metadata in the file at ``path`` (relative): built from what this
         cache holds of the file it last read or wrote for ``table`` if that is the file,
         else read (and remembered)."""
-        held = self._held_metadata(deep, table, path)
+        held = self.held_metadata(deep, table, path)
         if held is not None:
             return held.parse()
         raw, metadata = read_metadata(deep, path)
@@ -1844,8 +1835,16 @@ def publish(
     previous: TableMetadata | None = None
     listed: Sequence[int] = ()  # the snapshot ids the pointer's metadata file lists
     if pointer is not None:
-        if cache is not None:  # the model is built only if this publish writes a file
-            listed = cache.snapshot_ids(deep, table, pointer.metadata_location)
+        held = (
+            cache.held_metadata(deep, table, pointer.metadata_location)
+            if cache is not None
+            else None
+        )
+        if held is not None:  # the model is built only if this publish writes a file
+            listed = held.snapshot_ids
+        elif cache is not None:  # read (and held) once: not parsed again below
+            previous = cache.metadata(deep, table, pointer.metadata_location)
+            listed = snapshot_ids(previous)
         else:
             previous = load_metadata(deep, pointer.metadata_location)
             listed = snapshot_ids(previous)

@@ -19,7 +19,7 @@ from millstream.datastream import dead_letter_spec
 from millstream.reference.model import canonical
 from millstream.sealing.maintenance import Publisher
 from millstream.table import iceberg
-from millstream.table.iceberg import current_location, load_metadata, view_prefix
+from millstream.table.iceberg import current_location, load_metadata, read_metadata, view_prefix
 
 TABLES = 50
 
@@ -68,8 +68,13 @@ def test_a_round_where_one_of_fifty_tables_changed_reads_and_writes_that_table_o
             metadata_reads.append(path)
             return load_metadata(deep, path)
 
+        def counted_read(deep: Any, path: str) -> Any:
+            metadata_reads.append(path)
+            return read_metadata(deep, path)
+
         monkeypatch.setattr(cat.store, "manifest", counted_manifest)
         monkeypatch.setattr(iceberg, "load_metadata", counted_load)
+        monkeypatch.setattr(iceberg, "read_metadata", counted_read)
         before = _view_files(cat, names)
         clock.advance(20)
         publisher.run_due(tables)
