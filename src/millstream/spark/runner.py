@@ -49,6 +49,7 @@ from millstream.sealing.sealer import Sealer
 from millstream.sealing.thresholds import Thresholds
 from millstream.spark.catch_up import BatchDone, catch_up
 from millstream.spark.options import CommitGate, SinkOptions, SourceOptions
+from millstream.spark.session import JobsSession
 from millstream.spark.sink import SegmentSink, rotated_log
 from millstream.spark.sources import FORMAT as SOURCE_FORMAT
 from millstream.spark.sources import StreamReader
@@ -549,7 +550,9 @@ class DatastreamRunner:
         try:
             while not self._stopping:
                 if available_now:
-                    if self.register_sources:
+                    # A session of Spark jobs only (JobsSession) has no SQL session to
+                    # register them in: registering would create one, for nothing.
+                    if self.register_sources and not isinstance(self.spark, JobsSession):
                         self._open()
                     else:  # its jobs need neither the data sources nor the active session
                         self.ensure_tables()
