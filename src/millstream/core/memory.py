@@ -9,17 +9,18 @@ published (:mod:`millstream.sealing.maintenance`), a Spark task worker after a t
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 from typing import Any
 
 import pyarrow as pa
 
 
 def _malloc_trim() -> Any:
-    """glibc's ``malloc_trim`` (None where the C library has none: musl, macOS)."""
-    name = ctypes.util.find_library("c")
+    """glibc's ``malloc_trim`` (None where the C library has none: musl, macOS). Looked up
+    among the symbols the process has loaded (the C library's among them), not by
+    ``ctypes.util.find_library``, which runs ``ldconfig -p`` in a subprocess (~4 ms) in every
+    process that imports this module: each of Spark's Python task workers."""
     try:
-        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)
     except OSError:
         return None
 
