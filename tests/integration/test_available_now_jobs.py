@@ -13,12 +13,15 @@ The tables are append tables: a record ingested twice would be a row twice.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.ingest_support import run_until_caught_up
+from harness.ingest_support import SPARK_MASTER, run_until_caught_up
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.ingest.sources.generator import ORDERS_SCHEMA, GeneratorConfig, generate
@@ -49,16 +52,50 @@ def _append_source(root: Path, part: int, per_partition: int) -> list[RawRecord]
     return records
 
 
+def _fields(root: Path) -> dict[str, Any]:
+    return {
+        "name": "jobs",
+        "source": {"kind": "files", "path": str(root)},
+        "table": {"mode": "append"},  # a record ingested twice would be a row twice
+        "schema": ORDERS_SCHEMA,
+        "max_records_per_batch": BATCH,
+    }
+
+
 def _spec(root: Path) -> DatastreamSpec:
-    return DatastreamSpec.parse(
-        {
-            "name": "jobs",
-            "source": {"kind": "files", "path": str(root)},
-            "table": {"mode": "append"},  # a record ingested twice would be a row twice
-            "schema": ORDERS_SCHEMA,
-            "max_records_per_batch": BATCH,
-        }
+    return DatastreamSpec.parse(_fields(root))
+
+
+#: A run on the session ``millstream run --available-now`` starts (the spec's fields, the
+#: home), in a process of its own; prints what the JVM holds after it as JSON.
+JOBS_RUN = """
+import json, sys
+from millstream.catalog import Catalog
+from millstream.datastream import DatastreamSpec
+from millstream.spark.runner import DatastreamRunner
+from millstream.spark.session import SessionStart, batch_run_settings
+
+fields, home = json.loads(sys.argv[1]), sys.argv[2]
+spark = SessionStart(config=batch_run_settings(None), jobs_only=True).result()
+with Catalog.open(home=home) as cat:
+    DatastreamRunner(DatastreamSpec.parse(fields), cat, spark, writer_id="w").run(
+        available_now=True
     )
+jvm = spark.sparkContext._jvm
+sessions = getattr(jvm, "org.apache.spark.sql.classic.SparkSession")
+seen = {
+    "jvm_time_zone": jvm.java.util.TimeZone.getDefault().getID(),
+    "session_after_run": {
+        "default": sessions.getDefaultSession().isDefined(),
+        "active": sessions.getActiveSession().isDefined(),
+    },
+}
+# the session's own SQL settings, which its queries run with (created here, at first use)
+seen["time_zone"] = spark.conf.get("spark.sql.session.timeZone")
+seen["shuffle_partitions"] = spark.conf.get("spark.sql.shuffle.partitions")
+print(json.dumps(seen), flush=True)
+spark.stop()
+"""
 
 
 def _rows(cat: Catalog, table: str) -> list[Any]:
@@ -248,23 +285,33 @@ def test_each_batch_of_a_run_decodes_under_the_spec_read_for_it(tmp_path: Path, 
     )
 
 
-def test_a_run_on_a_jobs_session_never_starts_its_sql_session(tmp_path: Path, spark: Any) -> None:
+def test_a_run_on_a_jobs_session_never_starts_its_sql_session(tmp_path: Path) -> None:
     """``millstream run --available-now`` starts a SparkContext only (``JobsSession``): its
-    batches are RDD jobs, and creating the JVM's SparkSession was ~1 s of the run's start. A
-    run on it leaves the SQL session unstarted; asked for one, it gets it, with the settings
-    the context was started with."""
-    from millstream.spark.session import JobsSession
+    batches are RDD jobs, and creating the JVM's SparkSession was ~1 s of the run's start.
+    In a process of its own (a JVM with no session yet, as the CLI's), a run on the session
+    the CLI starts leaves the JVM without a SparkSession, whatever ``register_sources`` says;
+    a session created at its first use afterwards has the run's SQL settings, which only
+    the context was given: the time zone (UTC, not the JVM's own, which ``TZ`` sets here)."""
+    records = _append_source(tmp_path / "src", 0, BATCH // PARTITIONS)  # one batch
+    home = tmp_path / "home"
+    done = subprocess.run(
+        [sys.executable, "-c", JOBS_RUN, json.dumps(_fields(tmp_path / "src")), str(home)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TZ": "Asia/Kathmandu", "MILLSTREAM_SPARK_MASTER": SPARK_MASTER},
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
 
-    records = _append_source(tmp_path / "src", 0, 1_500)
+    assert seen["jvm_time_zone"] == "Asia/Kathmandu", "the JVM's own zone is not the run's"
+    assert seen["session_after_run"] == {"default": False, "active": False}, (
+        "the run started the JVM's SparkSession"
+    )
+    assert (seen["time_zone"], seen["shuffle_partitions"]) == ("UTC", "2"), (
+        "the session started after the run lost the run's settings"
+    )
     spec = _spec(tmp_path / "src")
-    cat = Catalog.open(home=tmp_path / "home")
-    jobs = JobsSession(spark.sparkContext)
-    runner = DatastreamRunner(spec, cat, jobs, writer_id="w")
-    runner.register_sources = False  # as the CLI's run sets it
-    runner.run(available_now=True)
-
-    assert jobs._session is None, "the run started the SQL session"
     expected, _ = expected_table(spec.table_spec(), records)
-    assert _rows(cat, spec.table_name) == canonical(expected)
-    assert jobs.conf.get("spark.sql.session.timeZone") == "UTC"
-    assert jobs._session is not None
+    with Catalog.open(home=home) as cat:
+        assert _rows(cat, spec.table_name) == canonical(expected)

@@ -1288,10 +1288,12 @@ def parse_metadata(raw: bytes) -> TableMetadata:
 
 
 def read_metadata(deep: DeepStore, path: str) -> tuple[bytes, TableMetadata]:
-    """The metadata file at ``path`` (written by a publish: not compressed): its JSON and
-    its table metadata."""
-    with _file(deep, path).open() as f:
-        raw = f.read()
+    """The metadata file at ``path``: its JSON and its table metadata. Decompressed by its
+    name as pyiceberg reads it (:func:`load_metadata`): a publish writes no compressed file,
+    but the pointer may name a ``.gz.metadata.json`` another tool or version wrote."""
+    file = _file(deep, path)
+    with file.open() as f, Compressor.get_compressor(file.location).stream_decompressor(f) as s:
+        raw = s.read()
     return raw, parse_metadata(raw)
 
 
