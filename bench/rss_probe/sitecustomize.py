@@ -221,7 +221,9 @@ def threads() -> dict[str, int]:
     return dict(counts.most_common())
 
 
-_SNAPSHOTS: list[Any] = []
+#: Snapshots taken so far; the first is kept on disk, not in memory (a snapshot of a worker
+#: holds ~200 MB of Python objects: kept, each was a step in the RSS the probe measures).
+_SNAPSHOTS: list[float] = []
 
 
 def traced(snapshot_at: list[float], t: float, out_dir: Path, kind: str) -> dict[str, Any]:
@@ -237,10 +239,13 @@ def traced(snapshot_at: list[float], t: float, out_dir: Path, kind: str) -> dict
         snap = tracemalloc.take_snapshot().filter_traces(
             (tracemalloc.Filter(False, tracemalloc.__file__),)
         )
-        _SNAPSHOTS.append(snap)
+        _SNAPSHOTS.append(t)
         out["snapshot"] = len(_SNAPSHOTS)
-        if len(_SNAPSHOTS) > 1:
-            first = _SNAPSHOTS[0]
+        first_path = out_dir / f"{kind}-{os.getpid()}-first.tracemalloc"
+        if len(_SNAPSHOTS) == 1:
+            snap.dump(str(first_path))
+        else:
+            first = tracemalloc.Snapshot.load(str(first_path))
             diff: dict[str, Any] = {"t": t, "snapshot": len(_SNAPSHOTS)}
             for key in ("lineno", "traceback"):
                 stats = snap.compare_to(first, key)
@@ -257,6 +262,8 @@ def traced(snapshot_at: list[float], t: float, out_dir: Path, kind: str) -> dict
             path = out_dir / f"{kind}-{os.getpid()}-tracemalloc.jsonl"
             with path.open("a") as fh:
                 fh.write(json.dumps(diff) + "\n")
+            del first
+        del snap
     return out
 
 
