@@ -25,7 +25,15 @@ collect then reaches only that thread's heap). ``RSSPROBE_OBJECTS=N``: each samp
 counts the gc-tracked objects by type (the N most numerous) and lists the N largest
 containers (dict, list, set, deque, OrderedDict: their length, and the type of a key or
 item), so that two samples' difference names what grows (a walk of every object: ~0.1-0.5 s
-with the GIL held, a sample).
+with the GIL held, a sample). Every sample also names the process's threads (Python's by name,
+the others by their ``comm``) and counts them by name.
+``RSSPROBE_TRACEMALLOC=F``: ``tracemalloc`` runs from the interpreter's start with ``F``
+frames; each sample records the bytes it traces and its own overhead, and at each of
+``RSSPROBE_SNAPSHOT_AT=S1,S2,...`` seconds (the first sample at or past each) a snapshot is
+taken and its difference from the first snapshot written: the 30 allocation sites whose
+bytes grew most, by line and by traceback.
+``RSSPROBE_TRIM_FROM=S``: from the first sample at or past ``S`` seconds, every sample calls
+``malloc_trim(0)`` (every glibc arena) and records the RSS before and after it.
 """
 
 from __future__ import annotations
@@ -193,6 +201,72 @@ def objects(n: int) -> dict[str, Any]:
     return {"types": dict(counts.most_common(n)), "largest": big[:n]}
 
 
+def threads() -> dict[str, int]:
+    """The process's threads counted by name: Python's by their ``threading`` name with digits
+    folded to ``N``, the others (the JVM gateway's, Arrow's, native pools) by ``comm``."""
+    import collections
+
+    py = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    counts: collections.Counter[str] = collections.Counter()
+    for task in Path("/proc/self/task").iterdir():
+        tid = int(task.name)
+        if tid in py:
+            name = "py:" + re.sub(r"\d+", "N", py[tid])
+        else:
+            try:
+                name = "native:" + re.sub(r"\d+", "N", (task / "comm").read_text().strip())
+            except OSError:
+                continue
+        counts[name] += 1
+    return dict(counts.most_common())
+
+
+#: Snapshots taken so far; the first is kept on disk, not in memory (a snapshot of a worker
+#: holds ~200 MB of Python objects: kept, each was a step in the RSS the probe measures).
+_SNAPSHOTS: list[float] = []
+
+
+def traced(snapshot_at: list[float], t: float, out_dir: Path, kind: str) -> dict[str, Any]:
+    import tracemalloc
+
+    current = tracemalloc.get_traced_memory()[0]
+    out: dict[str, Any] = {
+        "traced_kb": current >> 10,
+        "overhead_kb": tracemalloc.get_tracemalloc_memory() >> 10,
+    }
+    due = [s for s in snapshot_at if s <= t]
+    if len(due) > len(_SNAPSHOTS):
+        snap = tracemalloc.take_snapshot().filter_traces(
+            (tracemalloc.Filter(False, tracemalloc.__file__),)
+        )
+        _SNAPSHOTS.append(t)
+        out["snapshot"] = len(_SNAPSHOTS)
+        first_path = out_dir / f"{kind}-{os.getpid()}-first.tracemalloc"
+        if len(_SNAPSHOTS) == 1:
+            snap.dump(str(first_path))
+        else:
+            first = tracemalloc.Snapshot.load(str(first_path))
+            diff: dict[str, Any] = {"t": t, "snapshot": len(_SNAPSHOTS)}
+            for key in ("lineno", "traceback"):
+                stats = snap.compare_to(first, key)
+                stats.sort(key=lambda st: st.size_diff, reverse=True)
+                diff[key] = [
+                    {
+                        "size_diff_kb": round(st.size_diff / 1024, 1),
+                        "count_diff": st.count_diff,
+                        "size_kb": round(st.size / 1024, 1),
+                        "where": [f"{f.filename}:{f.lineno}" for f in st.traceback],
+                    }
+                    for st in stats[:30]
+                ]
+            path = out_dir / f"{kind}-{os.getpid()}-tracemalloc.jsonl"
+            with path.open("a") as fh:
+                fh.write(json.dumps(diff) + "\n")
+            del first
+        del snap
+    return out
+
+
 def sample(t0: float) -> dict[str, Any]:
     with open("/proc/self/status") as fh:
         status = dict(line.split(":", 1) for line in fh if ":" in line)
@@ -207,6 +281,7 @@ def sample(t0: float) -> dict[str, Any]:
         "mallinfo2": mallinfo2,
         "pymalloc_mb": pymalloc_mb,
         "mappings_kb": mappings_kb,
+        "thread_names": threads,
     }
     if int(os.environ.get("RSSPROBE_OBJECTS", "0")) > 0:
         probes["objects"] = lambda: objects(int(os.environ["RSSPROBE_OBJECTS"]))
@@ -232,6 +307,10 @@ def _run(kind: str) -> None:
     t0 = time.time()
     every = float(os.environ.get("RSSPROBE_EVERY", "30"))
     release_at = float(os.environ.get("RSSPROBE_RELEASE_AT", "0"))
+    trim_from = float(os.environ.get("RSSPROBE_TRIM_FROM", "0"))
+    snapshot_at = [
+        float(x) for x in os.environ.get("RSSPROBE_SNAPSHOT_AT", "").split(",") if x.strip()
+    ]
     path = Path(os.environ["RSSPROBE_DIR"]) / f"{kind}-{os.getpid()}.jsonl"
     released = False
     while True:
@@ -240,10 +319,23 @@ def _run(kind: str) -> None:
             if release_at and d["t"] >= release_at and not released:
                 released = True
                 d["released"] = release()
+            if trim_from and d["t"] >= trim_from:
+                before = rss_mb()
+                ctypes.CDLL("libc.so.6").malloc_trim(0)
+                d["trimmed"] = [before, rss_mb()]
+            if os.environ.get("RSSPROBE_TRACEMALLOC"):
+                try:
+                    d["tracemalloc"] = traced(snapshot_at, d["t"], path.parent, kind)
+                except Exception as exc:
+                    d["tracemalloc"] = repr(exc)
             fh.write(json.dumps(d) + "\n")
         time.sleep(every)
 
 
 _KIND = _kind()
 if _KIND is not None:
+    if os.environ.get("RSSPROBE_TRACEMALLOC"):
+        import tracemalloc
+
+        tracemalloc.start(int(os.environ["RSSPROBE_TRACEMALLOC"]))
     threading.Thread(target=_run, args=(_KIND,), name="rssprobe", daemon=True).start()
