@@ -215,18 +215,6 @@ class Maintainer:
         return mine
 
 
-# After a round that published, the publisher gives back what the round freed
-# (:func:`~millstream.core.memory.release_freed_memory`). A round allocates and frees many small objects
-# (pyiceberg's metadata copies and Avro writers, NumPy arrays, Arrow buffers) on several
-# threads, and glibc keeps the freed pages of each thread's arena for later: a long-lived
-# publisher over 20 busy tables (in process, ``bench/publisher_growth.py --memory``) grew 213 ->
-# 249 MB from round 10 to 80 while its Python heap grew 5.6 MB and Arrow's allocations 0.7 MB;
-# at the end ``malloc_trim(0)`` gave 20 MB back, the Arrow pool's ``release_unused()``
-# (mimalloc) 3 MB. Given back after every round, the same publisher (without tracemalloc) ran
-# 8-13 MB lower at each round than without (207 against 215 MB after 60 rounds), at the same CPU
-# a round (0.64 against 0.67 s).
-
-
 class Publisher:
     """Publishes the Iceberg view of the tables it is handed (:meth:`run_due`), each
     datastream's tables every ``interval`` seconds, under one supervisor per datastream: an
@@ -286,6 +274,13 @@ class Publisher:
             if supervisor.attempt(self.publish, names):
                 self._next[ds] = self.clock.now() + self.interval
         if ran:
+            # A round allocates and frees many small objects (pyiceberg's metadata copies and
+            # Avro writers, NumPy arrays, Arrow buffers) on several threads, and glibc keeps the
+            # freed pages of each thread's arena: a long-lived publisher over 20 busy tables (in
+            # process, ``bench/publisher_growth.py --memory``) grew 213 -> 249 MB from round 10
+            # to 80 while its Python heap grew 5.6 MB and Arrow's allocations 0.7 MB; given back
+            # after every round, it ran 8-13 MB lower (207 against 215 MB after 60 rounds), at
+            # the same CPU a round (0.64 against 0.67 s).
             release_freed_memory()
 
     def publish(self, names: Sequence[str]) -> None:

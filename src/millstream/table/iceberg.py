@@ -76,7 +76,7 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
-from pyiceberg.serializers import Compressor, FromInputFile
+from pyiceberg.serializers import Compressor
 from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil, new_table_metadata
 from pyiceberg.table.name_mapping import MappedField, NameMapping, create_mapping_from_schema
 from pyiceberg.table.refs import SnapshotRefType
@@ -1278,19 +1278,20 @@ def updated_metadata(
 
 
 def load_metadata(deep: DeepStore, path: str) -> TableMetadata:
-    return FromInputFile.table_metadata(_file(deep, path))
+    """The table metadata in the metadata file at ``path`` (:func:`read_metadata`)."""
+    return read_metadata(deep, path)[1]
 
 
 def parse_metadata(raw: bytes) -> TableMetadata:
-    """The table metadata of a metadata file's JSON ``raw``: pyiceberg's parse of it, as
-    :func:`load_metadata` reads a file."""
+    """The table metadata of a metadata file's JSON ``raw``: pyiceberg's parse of it
+    (``TableMetadataUtil.parse_raw``, as its ``FromInputFile`` reads a file)."""
     return TableMetadataUtil.parse_raw(raw.decode())
 
 
 def read_metadata(deep: DeepStore, path: str) -> tuple[bytes, TableMetadata]:
     """The metadata file at ``path``: its JSON and its table metadata. Decompressed by its
-    name as pyiceberg reads it (:func:`load_metadata`): a publish writes no compressed file,
-    but the pointer may name a ``.gz.metadata.json`` another tool or version wrote."""
+    name as pyiceberg's ``FromInputFile`` reads it: a publish writes no compressed file, but
+    the pointer may name a ``.gz.metadata.json`` another tool or version wrote."""
     file = _file(deep, path)
     with file.open() as f, Compressor.get_compressor(file.location).stream_decompressor(f) as s:
         raw = s.read()
