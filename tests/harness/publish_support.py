@@ -6,6 +6,7 @@ whose next publish fails at the pointer."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -15,16 +16,22 @@ from millstream.table.iceberg import PublishCache, live_files, publish
 from millstream.table.writer import commit_staged, stage_rows
 
 
-def create_kv_table(cat: Catalog, name: str) -> None:
-    """An upsert table ``name`` of ``k: long`` (the key) and ``v: string``."""
-    cat.create_table(
-        {
-            "name": name,
-            "schema": {"k": "long", "v": "string"},
-            "mode": "upsert",
-            "primary_key": ["k"],
+def create_kv_table(cat: Catalog, name: str, *, iceberg_snapshots: int | None = None) -> None:
+    """An upsert table ``name`` of ``k: long`` (the key) and ``v: string``; with
+    ``iceberg_snapshots``, its view keeps that many snapshots (and its versions a day)."""
+    spec: dict[str, Any] = {
+        "name": name,
+        "schema": {"k": "long", "v": "string"},
+        "mode": "upsert",
+        "primary_key": ["k"],
+    }
+    if iceberg_snapshots is not None:
+        spec["retention"] = {
+            "time": "24h",
+            "min_versions": 1,
+            "iceberg_snapshots": iceberg_snapshots,
         }
-    )
+    cat.create_table(spec)
 
 
 def commit_rows(

@@ -11,6 +11,15 @@ import subprocess
 import sys
 from functools import partial
 from pathlib import Path
+from typing import Any
+
+
+def _child_json(code: str) -> Any:
+    """What a fresh interpreter running ``code`` prints as JSON on its last line."""
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def test_a_write_tasks_modules_load_no_metadata_store() -> None:
@@ -21,11 +30,7 @@ def test_a_write_tasks_modules_load_no_metadata_store() -> None:
         "    if m.partition('.')[0] == 'sqlalchemy' or m.startswith('millstream.metastore.')\n"
         "    and m not in ('millstream.metastore.models',))))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", child], check=True, capture_output=True, text=True
-    ).stdout
-    loaded = json.loads(out.strip().splitlines()[-1])
-    assert loaded == []
+    assert _child_json(child) == []
 
 
 def test_a_catch_up_task_stages_its_ranges_without_loading_the_metadata_store(
@@ -70,9 +75,6 @@ def test_a_catch_up_task_stages_its_ranges_without_loading_the_metadata_store(
         "print(json.dumps([dict(message.data_counts), sorted(m for m in sys.modules\n"
         "    if m.partition('.')[0] == 'sqlalchemy' or m == 'millstream.metastore.store')]))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", child], check=True, capture_output=True, text=True
-    ).stdout
-    counts, loaded = json.loads(out.strip().splitlines()[-1])
+    counts, loaded = _child_json(child)
     assert counts == {"0": 6}, "the task staged its six records"
     assert loaded == [], "the task loaded the metadata store"

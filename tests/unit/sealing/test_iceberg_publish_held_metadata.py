@@ -18,7 +18,7 @@ from pyiceberg.table.update import TableUpdate
 
 import millstream.table.iceberg as iceberg
 from harness.iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows
-from harness.publish_support import commit_keys
+from harness.publish_support import commit_keys, create_kv_table
 from millstream.catalog import Catalog
 from millstream.reference.model import canonical
 from millstream.table.iceberg import PublishCache, load_metadata, location, publish
@@ -41,15 +41,7 @@ def test_many_publishes_build_on_the_pointers_metadata_and_keep_its_logs_and_bou
 
     monkeypatch.setattr(iceberg, "updated_metadata", recorded)
     with Catalog.open(home=tmp_path) as cat:
-        cat.create_table(
-            {
-                "name": "kv",
-                "schema": {"k": "long", "v": "string"},
-                "mode": "upsert",
-                "primary_key": ["k"],
-                "retention": {"time": "24h", "min_versions": 1, "iceberg_snapshots": KEPT},
-            }
-        )
+        create_kv_table(cat, "kv", iceberg_snapshots=KEPT)
         cache = PublishCache()
         files: list[str] = []  # each publish's metadata file, as the pointer named it
         for i in range(PUBLISHES):

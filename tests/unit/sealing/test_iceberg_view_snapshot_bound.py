@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from harness.iceberg_readers import duckdb_connection, duckdb_rows, pyiceberg_rows
-from harness.publish_support import commit_keys
+from harness.publish_support import commit_keys, create_kv_table
 from millstream.catalog import Catalog
 from millstream.clock import ManualClock
 from millstream.reference.model import canonical
@@ -25,15 +25,7 @@ KEPT = 3
 
 
 def _create(cat: Catalog) -> None:
-    cat.create_table(
-        {
-            "name": "kv",
-            "schema": {"k": "long", "v": "string"},
-            "mode": "upsert",
-            "primary_key": ["k"],
-            "retention": {"time": "24h", "min_versions": 1, "iceberg_snapshots": KEPT},
-        }
-    )
+    create_kv_table(cat, "kv", iceberg_snapshots=KEPT)
 
 
 def _snapshot_ids(cat: Catalog) -> list[int]:
