@@ -370,12 +370,13 @@ class SharedQueryRunner:
         """Take ``name`` out of the running query without a restart: once this returns True,
         none of its batches commits any more (a commit in flight has ended; one that starts
         later finds it gone and deletes its files). False when it cannot: it is the last
-        member, or a commit held the membership longer than ``timeout`` seconds (the caller
-        then stops the query instead)."""
+        member, a commit held the membership longer than ``timeout`` seconds, or the query
+        has ended (a member's error ended it, and its thread has yet to raise it): the caller
+        then stops the query instead, and a new one starts without the member."""
         with self._lock:
             if name not in self.members:
                 return True
-            if len(self.members) == 1:
+            if len(self.members) == 1 or self.query is None or not self.query.isActive:
                 return False
             try:
                 with self.membership.exclusive(timeout):
@@ -404,9 +405,11 @@ class SharedQueryRunner:
             return True
 
     def status(self) -> dict[str, Any]:
-        """The query's ids (a join or a leave keeps them; a restart changes the run id), its
-        members and its counts of starts, joins and leaves."""
+        """The query's ids (a join or a leave keeps them; a restart changes the run id; none
+        once it ended), its members and its counts of starts, joins and leaves."""
         query = self.query
+        if query is not None and not query.isActive:
+            query = None
         ids = self._ids
         if query is not None and (ids is None or ids[0] is not query):
             ids = self._ids = (query, str(query.id), str(query.runId))

@@ -222,6 +222,29 @@ def test_the_last_member_does_not_leave_a_running_query(tmp_path: Path) -> None:
     catalog.close()
 
 
+def test_no_member_leaves_a_query_that_ended(tmp_path: Path) -> None:
+    """A member's error ends the query before the thread running it raises that error: a
+    leave meanwhile is refused (the worker restarts the query without the member instead of
+    counting a dead query as running on), and the status names no run id."""
+    specs = {n: _spec(tmp_path / "sources", n) for n in ("ma", "mb")}
+    catalog = Catalog.open(home=tmp_path / "home")
+    runner = SharedQueryRunner(
+        [
+            DatastreamRunner(s, catalog, SPARK, state_dir=StateDirectory(tmp_path, n))
+            for n, s in specs.items()
+        ],
+        SPARK,
+        StateDirectory(tmp_path, "_q"),
+    )
+    Query(runner)
+    assert runner.status()["run_id"] == "r"
+    runner.query.isActive = False  # ended on a member's error
+    assert runner.remove("mb") is False
+    assert set(runner.members) == {"ma", "mb"}
+    assert runner.status()["run_id"] is None
+    catalog.close()
+
+
 def test_a_member_leaves_only_once_no_commit_holds_the_membership(tmp_path: Path) -> None:
     """A commit holds the membership's shared lock (the sink's commit process): a member's
     leave waits for it, and gives up after its timeout (the worker then restarts the query
