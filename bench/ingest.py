@@ -210,6 +210,13 @@ def run(
                 f"(a2) running datastream, one backlog: {res['a2']['rows_s']:,.0f} rows/s "
                 f"(batches {res['a2']['batches']})"
             )
+            for b in res["a2"]["timeline"]:
+                log(
+                    f"    (a2) batch of {b['rows']:,} rows: trigger at +{b['start_s']:.2f}s, "
+                    f"latestOffset {b['latestOffset']:.2f}s, addBatch {b['addBatch']:.2f}s, "
+                    f"walCommit {b['walCommit']:.2f}s, commitOffsets {b['commitOffsets']:.2f}s, "
+                    f"whole {b['triggerExecution']:.2f}s"
+                )
             if not args.no_profile:
                 res["profile"] = profile_batch(inp, base, planned, tasks)
                 res["a"]["jobs"] = spark_jobs(event_dir, job_group=res["a"]["job_group"])

@@ -105,6 +105,41 @@ def verify(catalog: Any, inp: Input, pandas_result: pd.DataFrame) -> dict[str, A
     }
 
 
+def _timeline(query: Any, wall0: float) -> list[dict[str, Any]]:
+    """The micro-batches that read the backlog, from the query's progress: each one's trigger
+    start (seconds after the backlog appeared; Spark's progress timestamps are milliseconds)
+    and its durations (``latestOffset``, ``addBatch``, ``walCommit``, ``commitOffsets``,
+    ``triggerExecution``), so (a2)'s time splits into the wait for a trigger and the batches."""
+    from datetime import datetime
+
+    out = []
+    for p in query.recentProgress if query is not None else []:
+        start = datetime.fromisoformat(p.timestamp.replace("Z", "+00:00")).timestamp()
+        if start < wall0 - 1:
+            continue
+        if p.batchId < 0 or "addBatch" not in p.durationMs:
+            continue
+        d = p.durationMs
+        out.append(
+            {
+                "start_s": round(start - wall0, 3),
+                "batch_id": p.batchId,
+                "rows": p.numInputRows,
+                **{
+                    k: d.get(k, 0) / 1000
+                    for k in (
+                        "latestOffset",
+                        "addBatch",
+                        "walCommit",
+                        "commitOffsets",
+                        "triggerExecution",
+                    )
+                },
+            }
+        )
+    return out
+
+
 def running_catch_up(
     spark: Any, catalog: Any, inp: Input, base: Path, batch: int | None
 ) -> dict[str, Any]:
@@ -153,7 +188,7 @@ def running_catch_up(
                 staged.append((hidden, root / str(p) / f.name))
         want = {p: len(ls) for p, ls in inp.lines.items()}
         cpu0 = process_cpu()
-        t0 = time.perf_counter()
+        t0, wall0 = time.perf_counter(), time.time()
         for hidden, final in staged:
             hidden.rename(final)
         deadline = time.monotonic() + 300
@@ -169,9 +204,12 @@ def running_catch_up(
         s = time.perf_counter() - t0
         cpu = cpu_delta(cpu0, process_cpu())
         commits = [c for c in runner.commits() if c.get("rows")]
+        query = runner.query
+        time.sleep(1)  # the last batch's progress is posted after its commit
     finally:
         runner.stop()
         thread.join(timeout=60)
+    timeline = _timeline(query, wall0)
     table = catalog.read_table("running").num_rows
     expected = oracle_rows(inp)
     assert table == expected, f"(a2): {table} rows, the oracle {expected}"
@@ -183,5 +221,6 @@ def running_catch_up(
         "batch": batch,
         "batches": [c["rows"] for c in commits],
         "table_rows": table,
+        "timeline": timeline,
         "peak_task_worker_rss_mb": peak_rss_mb("Python workers (read + write tasks)"),
     }
