@@ -977,6 +977,22 @@ GUARDS: tuple[Guard, ...] = (
         ),
     ),
     Guard(
+        name="seal-deadline",
+        file=SWAPS,
+        what="replace_run refuses a seal's swap that lands more than a claim's TTL after its "
+        "upload began (the renewed claim does not bound the file's age; GC may have collected it)",
+        old="""\
+        if deadline is not None and (sealer_clock or clock).now() >= deadline:
+""",
+        new="""\
+        if False:  # MUTATION: a seal stalled after its upload swaps in a possibly collected file
+""",
+        tests=(
+            "tests/unit/sealing/test_claim_renewal.py::test_a_seal_stalled_past_a_claims_ttl_"
+            "between_its_upload_and_swap_is_refused",
+        ),
+    ),
+    Guard(
         name="compaction-deadline",
         file=SWAPS,
         what="replace_sealed refuses a swap that lands after the compaction's deadline (its "

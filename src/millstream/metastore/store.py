@@ -459,10 +459,24 @@ class MetadataStore:
         partition: int,
         claimed: Mapping[int, int],
         sealed: swaps.SealedSegment,
+        *,
+        deadline: float | None = None,
+        sealer_clock: Clock | None = None,
     ) -> tuple[Entry, int | None]:
         """A seal's swap (:func:`~millstream.metastore.swaps.replace_run`), its unknown
         outcome reconciled by re-reading."""
-        return reconcile(self, swaps.replace_run(self.clock, table, partition, claimed, sealed))
+        return reconcile(
+            self,
+            swaps.replace_run(
+                self.clock,
+                table,
+                partition,
+                claimed,
+                sealed,
+                deadline=deadline,
+                sealer_clock=sealer_clock,
+            ),
+        )
 
     def replace_sealed(
         self,

@@ -54,6 +54,9 @@ def replace_run(
     partition: int,
     claimed: Mapping[int, int],
     sealed: SealedSegment,
+    *,
+    deadline: float | None = None,
+    sealer_clock: Clock | None = None,
 ) -> Reconcilable[tuple[Entry, int | None]]:
     """Swap a sealed segment in for the claimed run, in one transaction (for
     :func:`~millstream.metastore.manifest.reconcile` to run): the run's entries are
@@ -69,7 +72,15 @@ def replace_run(
     Why an expired claim is refused even when nobody took the run over: the sealed file was
     uploaded after the claim was taken, and garbage collection deletes unreferenced files
     older than its grace period (1 h, longer than any claim). A sealer stalled past its claim
-    (a GC pause, SIGSTOP) could otherwise swap in a file GC has already deleted."""
+    (a GC pause, SIGSTOP) could otherwise swap in a file GC has already deleted.
+
+    And the transaction ends before ``deadline`` (by ``sealer_clock``; set when the sealed
+    file began to upload, a claim's TTL later): the claim is renewed while the seal builds (a
+    large run may take longer than one TTL), so a live claim no longer bounds the uploaded
+    file's age. A sealer stalled between its upload and its swap while its renewer kept the
+    claim alive would otherwise swap in a file garbage collection, finding it unreferenced and
+    past its grace period, has already deleted (the commit-path campaign's seed 1041809141 on
+    PostgreSQL did: the current version lost its sealed segment and its delete vector)."""
     where = f"seal of {table} partition {partition}"
 
     def _txn(conn: Connection) -> tuple[Entry, int | None]:
@@ -137,6 +148,14 @@ def replace_run(
                 f"the claim on the run being sealed in {table} partition {partition} expired "
                 "before the swap landed (the sealer stalled); its uploaded files may already "
                 "be collected, so the seal is discarded and retried",
+                table=table,
+                partition=partition,
+            )
+        if deadline is not None and (sealer_clock or clock).now() >= deadline:
+            raise SegmentChangedError(
+                f"the seal of {table} partition {partition} ran past its deadline between its "
+                "upload and its swap (the sealer stalled while its claim was renewed); its "
+                "uploaded files may already be collected, so the seal is discarded and retried",
                 table=table,
                 partition=partition,
             )

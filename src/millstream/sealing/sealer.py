@@ -820,6 +820,10 @@ class Sealer:
             if index is not None:
                 dropped = index.superseded(sealed_rows)
             faults.hit("before_upload", partition, self)
+            # The uploaded files are swapped in within one claim's TTL of their upload, or not
+            # at all: garbage collection deletes unreferenced files older than its grace period
+            # (longer than any claim), and the renewed claim does not bound their age.
+            deadline = self.clock.now() + self.claim_ttl
             prefix = table_data_prefix(self.table)
             tag = f"p{partition}-s{run[0].seq}-{uuid.uuid4().hex}"
             path = f"{prefix}/sealed-{tag}.parquet"
@@ -851,6 +855,8 @@ class Sealer:
                     reflects=sealed_from,
                     delete_vector=None if dv_path is None else (dv_path, len(dropped)),
                 ),
+                deadline=deadline,
+                sealer_clock=self.clock,
             )
         except BaseException as exc:
             claimed = renewer.stop()

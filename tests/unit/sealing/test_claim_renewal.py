@@ -164,6 +164,39 @@ def test_a_late_renewal_never_brings_an_expired_claim_back(
     _check(cat, ids)
 
 
+def test_a_seal_stalled_past_a_claims_ttl_between_its_upload_and_swap_is_refused(
+    cat: Catalog, clock: ManualClock
+) -> None:
+    """The renewer keeps the claim alive while the seal stalls after its upload, so the claim
+    no longer bounds the uploaded files' age: garbage collection may delete them (unreferenced,
+    past its grace period) before a late swap would reference them. The swap is refused at its
+    deadline (one claim's TTL after the upload began), the uploaded files are deleted, the run
+    stays as it was, and the next seal seals it."""
+    ids = _ingest(cat)
+    box: list[Sealer] = []
+
+    def stall(point: str, partition: int) -> None:
+        if point != "before_swap":
+            return
+        sealer = box[0]
+        for _ in range(2):  # 12 s of the store's clock after the upload; the TTL is 10 s
+            before = sealer.claim_renewals
+            clock.advance(TTL * 0.6)
+            _until(lambda b=before: sealer.claim_renewals > b, "the claim was renewed")
+
+    files = {f.path for f in cat.deep.list_files("tables/t")}
+    sealer = _sealer(cat, clock, stall)
+    box.append(sealer)
+    with pytest.raises(SegmentChangedError, match="deadline"):
+        sealer.seal_partition(0, force=True)
+    assert sealer.claims_lost == 0, "the claim held throughout: the deadline refused the swap"
+    assert {f.path for f in cat.deep.list_files("tables/t")} == files
+    assert {e.state for e in cat.manifest("t").entries} == {SegmentState.CONSUMING}
+
+    assert _sealer(cat, clock, None).seal_partition(0, force=True) is not None
+    _check(cat, ids)
+
+
 @pytest.mark.parametrize(
     "backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 )
