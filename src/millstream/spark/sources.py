@@ -296,7 +296,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         far (a shared query's plan asks each datastream's gate once for all its tables: 100
         tables of one datastream asked the same question 100 times a plan)."""
         gate = self.opts.gate
-        if gate is None:
+        if gate is None or all(e <= begin.get(p, e) for p, e in end.items()):
+            # nothing to hold back: an idle standby's ticks (every tick_seconds) ask no store
             return end
         # lazy: only a gated (standby) source needs the metadata store; importing SQLAlchemy
         # in every query's source process would slow every query start by ~0.3 s.

@@ -12,6 +12,7 @@ would ask it."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -144,3 +145,40 @@ def test_a_shared_querys_members_are_each_gated_by_their_own_interval_and_woken_
     assert planned["fast"] == [0, 5, 10, 15, 20]
     assert planned["slow"] == [0, 10, 20]
     assert planned["idle"] == [13], "planned at the tick after its records arrived"
+
+
+def test_an_idle_standbys_ticks_ask_no_metadata_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle datastream is asked at every tick: a standby's gate (may this worker commit?)
+    is a metadata store read, asked only when the plan has records to hold back."""
+    from millstream.config import Settings
+    from millstream.metastore import store
+    from millstream.spark.options import CommitGate
+
+    settings = Settings(
+        home=tmp_path, metadata_url=f"sqlite:///{tmp_path / 'm.db'}", deep_store=str(tmp_path)
+    )
+    asked: list[str] = []
+
+    class _Store:
+        url = settings.metadata_url
+
+        def may_commit(self, datastream: str, worker: str, **_: object) -> bool:
+            asked.append(datastream)
+            return False
+
+        def list_shards(self, table: str) -> list[SimpleNamespace]:
+            return [SimpleNamespace(partition=0, upper=2)]
+
+    monkeypatch.setattr(store, "STORES", store.StoreRegistry(_Store()))  # type: ignore[arg-type]
+    files = Files(tmp_path / "src")
+    reader = StreamReader(files.options(0.5, gate=CommitGate("ds", "w1", "t"), settings=settings))
+    limit = reader.getDefaultReadLimit()
+    start = reader.initialOffset()
+    for i in range(10):
+        assert reader.latestOffset(start, limit, now=float(i)) == start
+    assert asked == [], "an idle tick asked the metadata store"
+    files.append(5)
+    assert reader.latestOffset(start, limit, now=11.0) == {"0": 2}, "held to the shard upper"
+    assert asked == ["ds"]
