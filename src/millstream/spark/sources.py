@@ -437,7 +437,10 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         that left is planned no more. An error names the file."""
         if self._membership is None:
             return
-        generation, members = self._membership.read()
+        changed = self._membership.read_changed()
+        if changed is None:
+            return  # the same file as at the last plan
+        generation, members = changed
         if generation == self._generation or not members:
             return
         self._generation = generation
@@ -486,7 +489,8 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self, start: dict[str, Any], limit: ReadLimit, now: float | None = None
     ) -> dict[str, Any]:
         """Every member's end at ``now`` (monotonic seconds, the clock's if None); a member
-        not :meth:`~StreamReader.due` then ends where it starts. The members' sources are asked for their latest offsets
+        not :meth:`~StreamReader.due` ends where it starts, and neither its source nor a
+        thread is asked for it. The due members' sources are asked for their latest offsets
         together (:func:`~millstream.ingest.sources.base.latest_offsets_of`: Kafka members
         of one client config in one request), then each member plans on a thread of its own
         (a standby's gate asks the metadata store). 8 datastreams of 4 partitions asked a
@@ -527,15 +531,18 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         raise got
                     return r.initialOffset(got)
                 begin = start[n]
-                if n not in due:
-                    return begin  # not its turn: nothing new for it this batch
                 got = asked.get(n)
                 if isinstance(got, Exception):
                     raise got
                 return r.latestOffset(begin, r.getDefaultReadLimit(), got, gates, now)
 
         gates: dict[tuple[str, str, str, float], bool] = {}  # this plan's answers
-        ends = each_member(list(self.members), latest, "member-plan")
+        planned = each_member(
+            [n for n in self.members if n in due or n in starting], latest, "member-plan"
+        )
+        # a member not due: not its turn, nothing new for it this batch (it is in the start:
+        # one that is not is starting)
+        ends = {n: planned[n] if n in planned else start[n] for n in self.members}
         for n in entering:
             self._entering[n] = ends[n]
         self._unplanned = entering | {n for n in self.members if n not in start}

@@ -182,3 +182,20 @@ def test_an_idle_standbys_ticks_ask_no_metadata_store(
     files.append(5)
     assert reader.latestOffset(start, limit, now=11.0) == {"0": 2}, "held to the shard upper"
     assert asked == ["ds"]
+
+
+def test_a_shared_querys_tick_parses_the_membership_only_when_it_changed(tmp_path: Path) -> None:
+    """The source reads the membership file at every tick: the same bytes are not parsed
+    again, and any write (a join, a leave: a new generation) is."""
+    from millstream.spark.membership import Member, Membership
+
+    files = Files(tmp_path / "src")
+    entry = Member(1, files.options(0.5).to_options(), {})
+    membership = Membership(tmp_path / "members.json")
+    assert membership.read_changed() == (-1, {}), "no file yet"
+    membership.write(1, {"a": entry})
+    assert membership.read_changed() == (1, {"a": entry})
+    assert membership.read_changed() is None, "the same file: nothing to parse"
+    membership.write(2, {"a": entry})  # the same length, another generation
+    assert membership.read_changed() == (2, {"a": entry})
+    assert membership.read() == (2, {"a": entry}), "read() parses whatever the file holds"
