@@ -139,6 +139,13 @@ def tick_seconds(trigger: float) -> float:
     return min(trigger, max(MIN_TICK_SECONDS, trigger / 5))
 
 
+def _advances(start: dict[str, Any], end: dict[str, Any]) -> bool:
+    """Whether the batch from ``start`` to ``end`` holds records (a partition's end past its
+    start; a partition the start lacks is not planned yet)."""
+    begin = decode_offsets(start)
+    return any(o > begin.get(p, o) for p, o in decode_offsets(end).items())
+
+
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans offset ranges of a :class:`PartitionReader` and reads them in Spark tasks."""
 
@@ -224,7 +231,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not self.due(now):
             return start  # not its turn: its source is not asked
         end = self._plan(start, limit, latest, gates)
-        if any(o > decode_offsets(start).get(p, o) for p, o in decode_offsets(end).items()):
+        if _advances(start, end):
             self._planned_at = now  # busy: its next plan waits for its interval
         return end
 
@@ -427,6 +434,9 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._unplanned: set[str] = set()
         #: Readers made for joined members in a task's process, by (member, since).
         self._task_readers: dict[tuple[str, int], StreamReader] = {}
+        #: When a plan of the query last found records for any member (monotonic seconds;
+        #: None: never): the query is busy for the shortest interval since (:meth:`_query_due`).
+        self._busy_at: float | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_task_readers": {}}
@@ -460,6 +470,23 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._entering[name] = None
         self.members = dict(sorted(self.members.items()))
         self.tasks = max(r.opts.tasks for r in self.members.values())
+
+    def _query_due(self, now: float) -> bool:
+        """Whether the query may plan a batch at ``now``: a batch costs the query its fixed
+        cost (Spark's planning, its logs, a Python call per task) whatever members it holds,
+        so while records flow the query runs at most one batch per its members' shortest
+        trigger, as it did when it triggered at that interval, and its members' plans come
+        together: asked each at its own turn, members whose records arrive at different
+        instants would each start a batch at the next tick. An idle query (no plan found
+        records for an interval) plans at every tick: records that reach any member start a
+        batch within one tick; a member's records that arrive while others flow join the
+        query's next batch. Half a tick early counts, as for a member
+        (:meth:`StreamReader.due`)."""
+        last = self._busy_at
+        every = min((r.opts.trigger_seconds for r in self.members.values()), default=0.0)
+        if last is None or every <= 0:
+            return True
+        return now - last >= every - tick_seconds(every) / 2
 
     def initialOffset(self) -> dict[str, Any]:
         """Every member's start, their sources' latest offsets asked together (Kafka members
@@ -507,7 +534,12 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         now = time.monotonic() if now is None else now
         # each member is planned at most once per its own trigger while busy, at every tick
         # of the query while idle (StreamReader.due)
-        due = {n for n, r in self.members.items() if r.due(now) and n not in entering}
+        held = not self._query_due(now)
+        due = {
+            n
+            for n, r in self.members.items()
+            if (r._target is not None or (not held and r.due(now))) and n not in entering
+        }
         starting = {n for n in self.members if n not in start or n in entering}
         asked = latest_offsets_of(
             {
@@ -543,6 +575,8 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # a member not due: not its turn, nothing new for it this batch (it is in the start:
         # one that is not is starting)
         ends = {n: planned[n] if n in planned else start[n] for n in self.members}
+        if any(_advances(start[n], ends[n]) for n in due if n in start and n not in starting):
+            self._busy_at = now  # busy: the next batch waits for the shortest interval
         for n in entering:
             self._entering[n] = ends[n]
         self._unplanned = entering | {n for n in self.members if n not in start}

@@ -112,31 +112,37 @@ def test_an_available_now_run_is_never_held_by_the_interval(tmp_path: Path) -> N
     assert start == {"0": 10} and batches == 4, "the whole target, in bounded batches"
 
 
-def test_a_shared_querys_members_are_each_gated_by_their_own_interval_and_woken_by_a_tick(
+def _group(members: dict[str, SourceOptions]) -> GroupStreamReader:
+    options = {
+        n: member_source(o, members=len(members), trigger=o.trigger_seconds)
+        for n, o in members.items()
+    }
+    return GroupStreamReader(
+        GroupSourceOptions.from_options(GroupSourceOptions(options).to_options())
+    )
+
+
+def test_a_shared_query_runs_one_batch_per_shortest_interval_and_each_member_per_its_own(
     tmp_path: Path,
 ) -> None:
-    """A shared query ticks at its shortest member's tick (100 ms for 500 ms): a busy member
-    of 500 ms plans every 500 ms, one of 1 s every second, an idle one at the tick its records
-    arrive before."""
-    fast, slow, idle = (Files(tmp_path / n) for n in ("fast", "slow", "idle"))
+    """A shared query ticks at its shortest member's tick (100 ms for 500 ms): while records
+    flow it runs one batch per 500 ms (a batch costs the query its fixed cost whatever it
+    holds), a member of 1 s is planned every second, and a member whose first records
+    arrive meanwhile joins the query's next batch rather than starting one of its own."""
+    fast, slow, quiet = (Files(tmp_path / n) for n in ("fast", "slow", "quiet"))
     fast.append(5)
     slow.append(5)
-    members = {
-        "fast": member_source(fast.options(0.5), members=3, trigger=0.5),
-        "slow": member_source(slow.options(1.0), members=3, trigger=1.0),
-        "idle": member_source(idle.options(0.5), members=3, trigger=0.5),
-    }
-    reader = GroupStreamReader(
-        GroupSourceOptions.from_options(GroupSourceOptions(members).to_options())
+    reader = _group(
+        {"fast": fast.options(0.5), "slow": slow.options(1.0), "quiet": quiet.options(0.5)}
     )
     start = reader.initialOffset()
     limit = reader.getDefaultReadLimit()
-    planned: dict[str, list[int]] = {n: [] for n in members}
+    planned: dict[str, list[int]] = {n: [] for n in ("fast", "slow", "quiet")}
     for i in range(21):
         if i == 13:
-            idle.append(2)  # the idle member's first records, between two ticks
+            quiet.append(2)  # the quiet member's first records, between two ticks
         end = reader.latestOffset(start, limit, now=50.0 + i * 0.1)
-        for n in members:
+        for n in planned:
             if _planned(start[n], end[n]):
                 planned[n].append(i)
         start = end
@@ -144,7 +150,27 @@ def test_a_shared_querys_members_are_each_gated_by_their_own_interval_and_woken_
         slow.append(1)
     assert planned["fast"] == [0, 5, 10, 15, 20]
     assert planned["slow"] == [0, 10, 20]
-    assert planned["idle"] == [13], "planned at the tick after its records arrived"
+    assert planned["quiet"] == [15], "in the query's next batch, not a batch of its own"
+
+
+def test_an_idle_shared_query_plans_a_members_records_at_the_next_tick(tmp_path: Path) -> None:
+    a, b = Files(tmp_path / "a"), Files(tmp_path / "b")
+    a.append(3)
+    reader = _group({"a": a.options(5.0), "b": b.options(5.0)})  # ticks every second
+    limit = reader.getDefaultReadLimit()
+    start = reader.initialOffset()
+    planned: dict[str, list[int]] = {"a": [], "b": []}
+    for i in range(16):
+        if i == 7:
+            b.append(2)  # the query found nothing at 5: idle since
+        if i == 9:
+            a.append(1)  # within the interval of the query's batch at 7: joins its next
+        end = reader.latestOffset(start, limit, now=200.0 + i)
+        for n in planned:
+            if _planned(start[n], end[n]):
+                planned[n].append(i)
+        start = end
+    assert planned == {"a": [0, 12], "b": [7]}
 
 
 def test_an_idle_standbys_ticks_ask_no_metadata_store(
