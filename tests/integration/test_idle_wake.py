@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from harness.shared_query import members_as_a_worker_holds_them
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec
 from millstream.spark.runner import DatastreamRunner
+from millstream.spark.shared import SharedQueryRunner
 from millstream.spark.sources import tick_seconds
+from millstream.storage.statedir import StateDirectory
 
 pytestmark = pytest.mark.spark
 
@@ -39,9 +43,12 @@ def _uppers(catalog: Catalog, spec: DatastreamSpec) -> dict[int, int]:
         return {}
 
 
+@pytest.mark.parametrize("query", ["alone", "shared"])
 def test_an_idle_datastreams_records_are_committed_within_a_tick_not_an_interval(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, query: str
 ) -> None:
+    """``alone``: the datastream's own query (``millstream run``); ``shared``: a worker's
+    query of all its datastreams (:class:`SharedQueryRunner`), here of one."""
     assert tick_seconds(INTERVAL) + 2 * 2.0 < BOUND < INTERVAL - 2.0
     source = tmp_path / "source"
     (source / "0").mkdir(parents=True)
@@ -55,12 +62,21 @@ def test_an_idle_datastreams_records_are_committed_within_a_tick_not_an_interval
         }
     )
     with Catalog.open(home=tmp_path / "home") as catalog:
-        runner = DatastreamRunner(spec, catalog, spark, writer_id="w1")
+        runner: Any
+        if query == "alone":
+            runner = DatastreamRunner(spec, catalog, spark, writer_id="w1")
+            run_it: Callable[[], Any] = lambda: runner.run(available_now=False)  # noqa: E731
+        else:
+            members = members_as_a_worker_holds_them([spec], catalog, spark, tmp_path / "state")
+            runner = SharedQueryRunner(
+                members, spark, StateDirectory(tmp_path / "state", "_shared-query")
+            )
+            run_it = runner.run
         errors: list[BaseException] = []
 
         def run() -> None:
             try:
-                runner.run(available_now=False)
+                run_it()
             except BaseException as exc:
                 errors.append(exc)
 
