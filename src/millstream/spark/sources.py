@@ -155,7 +155,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[int, int] | None = None
         self._gate_store: Any = None
         #: When a plan last found records (monotonic seconds; None: never, or not since the
-        #: reader was made): the datastream is busy until its next plan finds none.
+        #: reader was made): the datastream is busy for its interval since (:meth:`due`).
         self._planned_at: float | None = None
 
     def __getstate__(self) -> dict[str, Any]:
