@@ -77,6 +77,7 @@ class Batches:
         self.task_sink = writer(self.sink_options)
         self.start: dict[str, Any] = json.loads(json.dumps(self.planner.initialOffset()))
         self.batch = 0
+        self.now = 0.0  # Spark's clock (monotonic seconds)
         if later:  # they join the running query (as a pattern's tables do)
             joined = runner.add_many(later)
             assert all(v is True for v in joined.values()), joined
@@ -84,9 +85,10 @@ class Batches:
     def run(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         w0, c0 = time.perf_counter(), time.process_time()
-        end = json.loads(
-            json.dumps(self.planner.latestOffset(self.start, self.planner.getDefaultReadLimit()))
-        )
+        # each batch a trigger interval after the last: every member is due (StreamReader.due)
+        self.now += 10.0
+        limit = self.planner.getDefaultReadLimit()
+        end = json.loads(json.dumps(self.planner.latestOffset(self.start, limit, self.now)))
         tasks = pickle.loads(pickle.dumps(self.planner.partitions(self.start, end)))
         w1, c1 = time.perf_counter(), time.process_time()
         # each task unpickles the query's reader and writer (Spark ships them to its tasks)

@@ -3950,6 +3950,24 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_each_batch_of_a_run_decodes_under_the_spec_read_for_it",
         ),
     ),
+    Guard(
+        name="an-available-now-run-is-never-held-by-the-interval",
+        file="src/millstream/spark/sources.py",
+        what="StreamReader.due: a reader whose target is pinned (an available-now run, "
+        "catch_up) plans at every ask, whatever its trigger interval: held to one plan per "
+        "interval, the run's second plan would be empty and the run would end with its "
+        "backlog uningested",
+        old="""\
+        if self._target is not None or every <= 0 or last is None:
+""",
+        new="""\
+        if every <= 0 or last is None:  # MUTATION: an available-now run held by the interval
+""",
+        tests=(
+            "tests/unit/ingest/test_trigger_tick.py::"
+            "test_an_available_now_run_is_never_held_by_the_interval",
+        ),
+    ),
 )
 
 

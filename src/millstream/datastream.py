@@ -493,7 +493,12 @@ class DatastreamSpec(_Frozen):
         description="Memory a write task fills with decoded rows (sizes batches while behind).",
     )
     trigger_interval: str = Field(
-        default="500ms", description="Time between micro-batches, like 500ms or 5s."
+        default="500ms",
+        description=(
+            "At most one micro-batch per this interval while records flow, like 500ms or 5s. "
+            "An idle datastream starts its batch within a tick of records arriving (a fifth "
+            "of the interval, at least 100 ms: 100 ms for 500ms)."
+        ),
     )
     replicas: int = Field(
         default=1, ge=1, le=16, description="Writers per datastream under a controller."

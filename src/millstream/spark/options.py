@@ -135,8 +135,9 @@ class SourceOptions:
     gate: CommitGate | None = None
     #: where the gate's metadata store is (with a gate only)
     settings: Settings | None = None
-    #: In a shared query, plan this source at most once per this many seconds (its own
-    #: trigger interval; the query triggers at its members' shortest). 0: at every trigger.
+    #: Plan this source at most once per this many seconds while records flow (its trigger
+    #: interval; its query triggers at a shorter tick, :func:`~millstream.spark.sources.
+    #: tick_seconds`, and an idle source is planned at every tick). 0: at every trigger.
     trigger_seconds: float = 0.0
 
     def __post_init__(self) -> None:

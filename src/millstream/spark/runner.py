@@ -52,7 +52,7 @@ from millstream.spark.options import CommitGate, SinkOptions, SourceOptions
 from millstream.spark.session import JobsSession
 from millstream.spark.sink import SegmentSink, rotated_log
 from millstream.spark.sources import FORMAT as SOURCE_FORMAT
-from millstream.spark.sources import StreamReader
+from millstream.spark.sources import StreamReader, tick_seconds
 from millstream.spark.table_source import register
 from millstream.storage.statedir import StateDirectory
 from millstream.supervise import Backoff, SupervisedLoop
@@ -473,8 +473,11 @@ class DatastreamRunner:
         self.ensure_tables()
 
     def start(self) -> Any:
-        """Start the running writer's streaming query (triggered every ``trigger_interval``)
-        from the shard uppers, reusing the checkpoint where it agrees with them."""
+        """Start the running writer's streaming query from the shard uppers, reusing the
+        checkpoint where it agrees with them. The query triggers at the tick of the
+        ``trigger_interval`` (:func:`~millstream.spark.sources.tick_seconds`); its source plans
+        at most once per interval while records flow and at every tick while idle
+        (:meth:`~millstream.spark.sources.StreamReader.due`)."""
         self._open()
         boot = self.bootstrap()
         self.transient.started_at(boot.uppers)
@@ -482,6 +485,7 @@ class DatastreamRunner:
         self.restarts.began(boot.uppers)
         self.prepare_checkpoint(boot)
         source, sink = self.query_options(boot)
+        tick = tick_seconds(self.spec.trigger_seconds)
         writer = (
             self.spark.readStream.format(SOURCE_FORMAT)
             .options(**source.to_options())
@@ -490,7 +494,7 @@ class DatastreamRunner:
             .options(**sink.to_options())
             .option("checkpointLocation", str(self.checkpoint))
             .queryName(f"millstream-{self.spec.name}-{self.writer_id}")
-            .trigger(processingTime=f"{int(self.spec.trigger_seconds * 1000)} milliseconds")
+            .trigger(processingTime=f"{int(tick * 1000)} milliseconds")
         )
         self.query = writer.start()
         return self.query
@@ -510,6 +514,7 @@ class DatastreamRunner:
             starting_offsets=self.spec.source.starting_offsets,
             start_offsets=boot.uppers,
             tasks=max(1, int(self.spark.sparkContext.defaultParallelism)),
+            trigger_seconds=self.spec.trigger_seconds,
             gate=self.commit_gate,
             settings=settings if self.commit_gate is not None else None,
         )

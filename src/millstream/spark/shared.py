@@ -71,7 +71,7 @@ from millstream.spark.runner import (
     _restartable,
     moved_past,
 )
-from millstream.spark.sources import GROUP_FORMAT, MEMBER_THREADS, each_member
+from millstream.spark.sources import GROUP_FORMAT, MEMBER_THREADS, each_member, tick_seconds
 from millstream.spark.table_source import GROUP_SINK_FORMAT, register
 from millstream.storage.statedir import StateDirectory
 
@@ -87,11 +87,8 @@ def member_of(error: BaseException) -> str | None:
     return found[-1] if found else None
 
 
-def member_source(
-    source: SourceOptions, *, members: int, trigger: float, shortest: float
-) -> SourceOptions:
-    """A member's source options in a shared query of ``members`` datastreams whose shortest
-    trigger is ``shortest``:
+def member_source(source: SourceOptions, *, members: int, trigger: float) -> SourceOptions:
+    """A member's source options in a shared query of ``members`` datastreams:
 
     * a task writes up to :data:`~millstream.spark.sources.MEMBER_THREADS` members' parts at
       once (a thread each; a member's part is staged and freed before the next one starts on
@@ -103,13 +100,15 @@ def member_source(
       1/100 of a task's memory each (256,000 records of 1M in 100 topics), paying each table's
       per-batch cost (a read, a staged file, a commit entry) once per such batch
       (docs/performance.md, "(c) Catch-up of a 100-topic backlog");
-    * a member whose own ``trigger`` is longer than the query's is planned once per its own
-      trigger, not at every trigger of the query."""
+    * the query ticks at the tick of its members' shortest ``trigger``
+      (:func:`~millstream.spark.sources.tick_seconds`), and each member is planned at most
+      once per its own ``trigger`` while records flow, at every tick while it is idle
+      (:meth:`~millstream.spark.sources.StreamReader.due`)."""
     at_once = max(1, min(members, MEMBER_THREADS * max(1, source.tasks)))
     return replace(
         source,
         task_memory_mb=max(1, source.task_memory_mb // at_once),
-        trigger_seconds=trigger if trigger > shortest else 0.0,
+        trigger_seconds=trigger,
     )
 
 
@@ -168,8 +167,9 @@ class SharedQueryRunner:
         self.membership = Membership(state_dir.path / MEMBERSHIP_FILE)
         self.generation = 0
         self.entries: dict[str, Member] = {}
-        #: The query's trigger (its members' shortest at its start).
-        self.shortest = 0.0
+        #: The query's Spark trigger: the tick of its members' shortest trigger interval at its
+        #: start (:func:`~millstream.spark.sources.tick_seconds`).
+        self.tick = 0.0
         #: Query starts, members joined and left the running query (for the worker's status).
         self.starts = self.joins = self.leaves = 0
         #: One membership change at a time (the worker's tick, the query's restarts).
@@ -200,9 +200,7 @@ class SharedQueryRunner:
             source, sink = m.query_options(m.bootstrap(latest, earliest))
         except Exception as exc:
             raise SharedQueryMemberError(name, exc) from exc
-        source = member_source(
-            source, members=members, trigger=m.spec.trigger_seconds, shortest=self.shortest
-        )
+        source = member_source(source, members=members, trigger=m.spec.trigger_seconds)
         return Member(self.generation + 1, source.to_options(), sink.to_options())
 
     def _entries(
@@ -255,7 +253,7 @@ class SharedQueryRunner:
         new generation, also written to the membership file (which the query then follows).
         A member whose entry cannot be made raises its :class:`SharedQueryMemberError`."""
         with self._lock:
-            self.shortest = min(m.spec.trigger_seconds for m in self.members.values())
+            self.tick = tick_seconds(min(m.spec.trigger_seconds for m in self.members.values()))
             built = self._entries(self.members, members=len(self.members))
             for failed in built.values():
                 if isinstance(failed, SharedQueryMemberError):
@@ -297,7 +295,7 @@ class SharedQueryRunner:
                 .options(**sink.to_options())
                 .option("checkpointLocation", str(self.checkpoint))
                 .queryName(f"millstream-shared-{self.state_dir.path.name}")
-                .trigger(processingTime=f"{int(self.shortest * 1000)} milliseconds")
+                .trigger(processingTime=f"{int(self.tick * 1000)} milliseconds")
                 .start()
             )
             self.starts += 1
@@ -325,8 +323,8 @@ class SharedQueryRunner:
         the topics a pattern's listing found, join as one change, not one after another.
 
         Per member: True (it runs in the query, now or already), False when it cannot join a
-        running query (none runs, or its trigger is shorter than the query's: the caller then
-        restarts the query with it), or the :class:`SharedQueryMemberError` of a member whose
+        running query (none runs, or its trigger's tick is shorter than the query's, so its
+        records would wait for the query's tick: the caller then restarts the query with it), or the :class:`SharedQueryMemberError` of a member whose
         tables or source do not answer (the query runs on without it)."""
         with self._lock:
             if self._stopping or self.query is None or not self.query.isActive:
@@ -336,7 +334,7 @@ class SharedQueryRunner:
             for m in members:
                 if m.member in self.members:
                     out[m.member] = True
-                elif m.spec.trigger_seconds < self.shortest:
+                elif tick_seconds(m.spec.trigger_seconds) < self.tick:
                     out[m.member] = False
                 else:
                     new[m.member] = m

@@ -115,6 +115,37 @@ class RangeTask(InputPartition):
         self.ranges = ranges
 
 
+#: The shortest tick of a query (seconds): what an idle datastream's tick costs is asked
+#: this often at most (:func:`tick_seconds`).
+MIN_TICK_SECONDS = 0.1
+
+
+def tick_seconds(trigger: float) -> float:
+    """The Spark trigger of a query whose datastreams' trigger interval is ``trigger``: a fifth
+    of it, at least :data:`MIN_TICK_SECONDS` (never more than the interval itself): 100 ms for
+    the default 500 ms, 1 s for 5 s, 4 s for 20 s. Spark's processing-time trigger cannot be
+    woken, so the query asks its source at every tick and the source plans a datastream at
+    most once per its own interval while records flow (:meth:`StreamReader.due`); an idle one
+    is asked at every tick, so records that reach it start a batch within one tick, not
+    within one interval (on average half of it).
+
+    What a tick costs an idle datastream: one ``latestOffset`` round trip to the source's
+    Python process and, for Kafka, one watermark request per client config (a files source
+    lists its directories). A fifth of the interval keeps that at five asks per interval
+    whatever the interval (ten a second at most); a busy datastream's ticks between its plans
+    ask nothing of its source."""
+    if trigger <= 0:
+        return 0.0
+    return min(trigger, max(MIN_TICK_SECONDS, trigger / 5))
+
+
+def _advances(start: dict[str, Any], end: dict[str, Any]) -> bool:
+    """Whether the batch from ``start`` to ``end`` holds records (a partition's end past its
+    start; a partition the start lacks is not planned yet)."""
+    begin = decode_offsets(start)
+    return any(o > begin.get(p, o) for p, o in decode_offsets(end).items())
+
+
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans offset ranges of a :class:`PartitionReader` and reads them in Spark tasks."""
 
@@ -123,10 +154,28 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.source = source if source is not None else options.reader()
         self._target: dict[int, int] | None = None
         self._gate_store: Any = None
+        #: When a plan last found records (monotonic seconds; None: never, or not since the
+        #: reader was made): the datastream is busy for its interval since (:meth:`due`).
+        self._planned_at: float | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # The gate's metadata store holds connections; a task never needs it.
         return {**self.__dict__, "_gate_store": None}
+
+    def due(self, now: float) -> bool:
+        """Whether the datastream is planned when asked at ``now`` (monotonic seconds): its
+        query ticks faster than its trigger interval (:func:`tick_seconds`), and while records
+        flow it plans at most once per interval (its batches' count and cost are the
+        interval's). One whose last plan found nothing (idle) is planned at every ask, so
+        records that reach it start a batch at the next tick. Half a tick early counts: the
+        ask of the tick that ends the interval comes a little earlier or later after its
+        tick than the plan did. An available-now run (its target pinned) is never held: it
+        plans until it reaches its target."""
+        every = self.opts.trigger_seconds
+        last = self._planned_at
+        if self._target is not None or every <= 0 or last is None:
+            return True
+        return now - last >= every - tick_seconds(every) / 2
 
     def _fill_new_partitions(self, start: dict[int, int], latest: dict[int, int]) -> dict[int, int]:
         missing = [p for p in latest if p not in start]
@@ -171,10 +220,28 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         limit: ReadLimit,
         latest: dict[int, int] | None = None,
         gates: dict[tuple[str, str, str, float], bool] | None = None,
+        now: float | None = None,
+    ) -> dict[str, Any]:
+        """The end of the next batch from ``start``: ``start`` itself (no batch) while the
+        datastream is not :meth:`due` at ``now`` (monotonic seconds, the clock's if None);
+        ``latest`` is the source's latest offsets if the caller asked for them already (a
+        shared query asks for every member's at once), else they are asked here; ``gates`` as
+        :meth:`_follow_shards`."""
+        now = time.monotonic() if now is None else now
+        if not self.due(now):
+            return start  # not its turn: its source is not asked
+        end = self._plan(start, limit, latest, gates)
+        if _advances(start, end):
+            self._planned_at = now  # busy: its next plan waits for its interval
+        return end
+
+    def _plan(
+        self,
+        start: dict[str, Any],
+        limit: ReadLimit,
+        latest: dict[int, int] | None,
+        gates: dict[tuple[str, str, str, float], bool] | None,
     ) -> dict[str, int]:
-        """The end of the next batch from ``start``; ``latest`` is the source's latest
-        offsets if the caller asked for them already (a shared query asks for every member's
-        at once), else they are asked here; ``gates`` as :meth:`_follow_shards`."""
         known = decode_offsets(start)
         if self._target is not None:
             latest = self._target
@@ -236,7 +303,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         far (a shared query's plan asks each datastream's gate once for all its tables: 100
         tables of one datastream asked the same question 100 times a plan)."""
         gate = self.opts.gate
-        if gate is None:
+        if gate is None or all(e <= begin.get(p, e) for p, e in end.items()):
+            # nothing to hold back: an idle standby's ticks (every tick_seconds) ask no store
             return end
         # lazy: only a gated (standby) source needs the metadata store; importing SQLAlchemy
         # in every query's source process would slow every query start by ~0.3 s.
@@ -352,8 +420,6 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = options
         self.members = {n: StreamReader(o) for n, o in sorted(options.members.items())}
         self.tasks = max(o.tasks for o in options.members.values())
-        #: when each member with a trigger of its own was last planned (monotonic seconds)
-        self._planned_at: dict[str, float] = {}
         #: The running query's membership (None: fixed members), the generation last read,
         #: each member's incarnation, and the entries of the members that joined since the
         #: query started (their tasks carry them).
@@ -368,9 +434,12 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._unplanned: set[str] = set()
         #: Readers made for joined members in a task's process, by (member, since).
         self._task_readers: dict[tuple[str, int], StreamReader] = {}
+        #: When a plan of the query last found records for any member (monotonic seconds;
+        #: None: never): the query is busy for the shortest interval since (:meth:`_query_due`).
+        self._busy_at: float | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_planned_at": {}, "_task_readers": {}}
+        return {**self.__dict__, "_task_readers": {}}
 
     def refresh(self) -> None:
         """Take the membership file's members (at each batch planned): a member that joined
@@ -378,7 +447,10 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         that left is planned no more. An error names the file."""
         if self._membership is None:
             return
-        generation, members = self._membership.read()
+        changed = self._membership.read_changed()
+        if changed is None:
+            return  # the same file as at the last plan
+        generation, members = changed
         if generation == self._generation or not members:
             return
         self._generation = generation
@@ -386,7 +458,6 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             del self.members[name]
             self.since.pop(name, None)
             self.joined.pop(name, None)
-            self._planned_at.pop(name, None)
             self._entering.pop(name, None)
         for name, entry in sorted(members.items()):
             if self.since.get(name) == entry.since:
@@ -396,17 +467,26 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.members[name] = reader
             self.since[name] = entry.since
             self.joined[name] = entry
-            self._planned_at.pop(name, None)
             self._entering[name] = None
         self.members = dict(sorted(self.members.items()))
         self.tasks = max(r.opts.tasks for r in self.members.values())
 
-    def _due(self, name: str, now: float) -> bool:
-        """A member whose own trigger is longer than the query's is planned once per its
-        trigger (a tenth early: the query's triggers need not land on its multiples)."""
-        every = self.members[name].opts.trigger_seconds
-        last = self._planned_at.get(name)
-        return every <= 0 or last is None or now - last >= 0.9 * every
+    def _query_due(self, now: float) -> bool:
+        """Whether the query may plan a batch at ``now``: a batch costs the query its fixed
+        cost (Spark's planning, its logs, a Python call per task) whatever members it holds,
+        so while records flow the query runs at most one batch per its members' shortest
+        trigger, as it did when it triggered at that interval, and its members' plans come
+        together: asked each at its own turn, members whose records arrive at different
+        instants would each start a batch at the next tick. An idle query (no plan found
+        records for an interval) plans at every tick: records that reach any member start a
+        batch within one tick; a member's records that arrive while others flow join the
+        query's next batch. Half a tick early counts, as for a member
+        (:meth:`StreamReader.due`)."""
+        last = self._busy_at
+        every = min((r.opts.trigger_seconds for r in self.members.values()), default=0.0)
+        if last is None or every <= 0:
+            return True
+        return now - last >= every - tick_seconds(every) / 2
 
     def initialOffset(self) -> dict[str, Any]:
         """Every member's start, their sources' latest offsets asked together (Kafka members
@@ -432,8 +512,12 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             with member_errors(n):
                 r.prepareForTriggerAvailableNow()
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        """Every member's end. The members' sources are asked for their latest offsets
+    def latestOffset(
+        self, start: dict[str, Any], limit: ReadLimit, now: float | None = None
+    ) -> dict[str, Any]:
+        """Every member's end at ``now`` (monotonic seconds, the clock's if None); a member
+        not :meth:`~StreamReader.due` ends where it starts, and neither its source nor a
+        thread is asked for it. The due members' sources are asked for their latest offsets
         together (:func:`~millstream.ingest.sources.base.latest_offsets_of`: Kafka members
         of one client config in one request), then each member plans on a thread of its own
         (a standby's gate asks the metadata store). 8 datastreams of 4 partitions asked a
@@ -447,8 +531,15 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         entering = {n for n, at in self._entering.items() if n not in start or start[n] != at}
         for n in [n for n in self._entering if n not in entering]:
             del self._entering[n]
-        now = time.monotonic()
-        due = {n for n in self.members if self._due(n, now) and n not in entering}
+        now = time.monotonic() if now is None else now
+        # each member is planned at most once per its own trigger while busy, at every tick
+        # of the query while idle (StreamReader.due)
+        held = not self._query_due(now)
+        due = {
+            n
+            for n, r in self.members.items()
+            if (r._target is not None or (not held and r.due(now))) and n not in entering
+        }
         starting = {n for n in self.members if n not in start or n in entering}
         asked = latest_offsets_of(
             {
@@ -472,18 +563,20 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         raise got
                     return r.initialOffset(got)
                 begin = start[n]
-                if n not in due:
-                    return begin  # not its turn: nothing new for it this batch
                 got = asked.get(n)
                 if isinstance(got, Exception):
                     raise got
-                end = r.latestOffset(begin, r.getDefaultReadLimit(), got, gates)
-                if end != begin:
-                    self._planned_at[n] = now
-                return end
+                return r.latestOffset(begin, r.getDefaultReadLimit(), got, gates, now)
 
         gates: dict[tuple[str, str, str, float], bool] = {}  # this plan's answers
-        ends = each_member(list(self.members), latest, "member-plan")
+        planned = each_member(
+            [n for n in self.members if n in due or n in starting], latest, "member-plan"
+        )
+        # a member not due: not its turn, nothing new for it this batch (it is in the start:
+        # one that is not is starting)
+        ends = {n: planned[n] if n in planned else start[n] for n in self.members}
+        if any(_advances(start[n], ends[n]) for n in due if n in start and n not in starting):
+            self._busy_at = now  # busy: the next batch waits for the shortest interval
         for n in entering:
             self._entering[n] = ends[n]
         self._unplanned = entering | {n for n in self.members if n not in start}

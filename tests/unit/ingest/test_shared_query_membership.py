@@ -29,7 +29,7 @@ from millstream.datastream import DatastreamSpec
 from millstream.ingest.sources.files import FilesReader
 from millstream.metastore.store import MetadataStore
 from millstream.spark.membership import Membership
-from millstream.spark.options import GroupSinkOptions, GroupSourceOptions
+from millstream.spark.options import GroupSinkOptions, GroupSourceOptions, SourceOptions
 from millstream.spark.runner import DatastreamRunner
 from millstream.spark.shared import SharedQueryMemberError, SharedQueryRunner
 from millstream.spark.sink import GroupSink
@@ -61,13 +61,16 @@ class Query:
         self.start: dict[str, Any] = json.loads(json.dumps(self.planner.initialOffset()))
         self.batch = 0
         self.in_flight: list[Any] | None = None
+        #: Spark's clock (monotonic seconds): each plan comes a trigger interval after the
+        #: last, so every member is due (StreamReader.due)
+        self.now = 0.0
 
     def plan(self) -> bool:
         """Plan the next batch and run its write tasks (its commit is :meth:`commit`)."""
         self.commit()
-        end = json.loads(
-            json.dumps(self.planner.latestOffset(self.start, self.planner.getDefaultReadLimit()))
-        )
+        self.now += 10.0
+        limit = self.planner.getDefaultReadLimit()
+        end = json.loads(json.dumps(self.planner.latestOffset(self.start, limit, self.now)))
         if end == self.start:
             return False  # Spark runs no batch
         tasks = pickle.loads(pickle.dumps(self.planner.partitions(self.start, end)))
@@ -192,19 +195,39 @@ def test_a_member_that_left_mid_batch_commits_nothing_of_it_and_rejoins_where_it
     catalog.close()
 
 
-def test_a_member_cannot_join_a_query_that_does_not_run_or_triggers_slower(
+def test_a_member_cannot_join_a_query_that_does_not_run_or_ticks_slower(
     tmp_path: Path,
 ) -> None:
-    specs = {n: _spec(tmp_path / "sources", n) for n in ("ma", "mb")}
+    """The query ticks at its shortest member's tick (100 ms for 500 ms): a member whose own
+    tick is shorter would wait for the query's ticks, so the query restarts with it; one of a
+    shorter trigger but the same tick (200 ms) joins, and is gated by its own trigger."""
+    specs = {n: _spec(tmp_path / "sources", n, trigger="5s") for n in ("ma", "mb")}
     catalog = Catalog.open(home=tmp_path / "home")
     a = DatastreamRunner(specs["ma"], catalog, SPARK, state_dir=StateDirectory(tmp_path, "ma"))
-    fast = _spec(tmp_path / "fast", "mb", trigger="200ms")
+    fast = _spec(tmp_path / "fast", "mb", trigger="500ms")
     b = DatastreamRunner(fast, catalog, SPARK, state_dir=StateDirectory(tmp_path, "mb"))
     runner = SharedQueryRunner([a], SPARK, StateDirectory(tmp_path, "_q"))
     assert runner.add(b) is False, "no query runs"
     Query(runner)
-    assert runner.add(b) is False, "its trigger is shorter than the query's: a restart"
+    assert runner.tick == 1.0, "the tick of 5 s"
+    assert runner.add(b) is False, "its tick (100 ms) is shorter than the query's: a restart"
     assert set(runner.members) == {"ma"}
+    catalog.close()
+
+
+def test_a_member_of_a_shorter_trigger_but_the_same_tick_joins(tmp_path: Path) -> None:
+    catalog = Catalog.open(home=tmp_path / "home")
+    a = DatastreamRunner(
+        _spec(tmp_path / "sources", "ma"), catalog, SPARK, state_dir=StateDirectory(tmp_path, "ma")
+    )
+    fast = _spec(tmp_path / "sources", "mb", trigger="200ms")
+    b = DatastreamRunner(fast, catalog, SPARK, state_dir=StateDirectory(tmp_path, "mb"))
+    runner = SharedQueryRunner([a], SPARK, StateDirectory(tmp_path, "_q"))
+    query = Query(runner)
+    assert runner.add(b) is True, "the query's tick (100 ms) is its own"
+    assert set(runner.members) == {"ma", "mb"}
+    assert query.plan(), "a batch planned with the member that joined"
+    assert SourceOptions.from_options(runner.entries["mb"].source).trigger_seconds == 0.2
     catalog.close()
 
 

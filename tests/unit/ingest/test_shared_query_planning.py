@@ -131,11 +131,13 @@ def test_a_member_with_a_longer_trigger_is_planned_once_per_its_own_trigger() ->
 
 def test_each_member_plans_with_its_share_of_a_tasks_memory() -> None:
     source = _generator(0)
-    assert member_source(source, members=1, trigger=0.5, shortest=0.5) == source
-    eight = member_source(source, members=8, trigger=0.5, shortest=0.5)
+    alone = member_source(source, members=1, trigger=0.5)
+    assert alone.task_memory_mb == source.task_memory_mb
+    eight = member_source(source, members=8, trigger=0.5)
     assert eight.task_memory_mb == source.task_memory_mb // 8
-    assert eight.trigger_seconds == 0.0, "the query's own trigger"
-    slow = member_source(source, members=8, trigger=60.0, shortest=0.5)
+    # the query ticks faster than any member's trigger: each is gated by its own
+    assert alone.trigger_seconds == eight.trigger_seconds == 0.5
+    slow = member_source(source, members=8, trigger=60.0)
     assert slow.trigger_seconds == 60.0
 
 
@@ -148,7 +150,7 @@ def test_a_backlog_of_many_small_members_is_caught_up_in_one_batch_within_a_task
     from millstream.spark.sources import MEMBER_THREADS, StreamReader
 
     alone = SourceOptions("kafka", {"bootstrap_servers": "127.0.0.1:1", "topic": "t"}, tasks=2)
-    member = member_source(alone, members=100, trigger=0.5, shortest=0.5)
+    member = member_source(alone, members=100, trigger=0.5)
     reader = StreamReader(member)
 
     end = reader.latestOffset({"0": 0}, reader.getDefaultReadLimit(), {0: 10_000})
