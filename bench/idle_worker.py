@@ -48,14 +48,19 @@ OWN = "millstream worker (driver)"
 
 
 def group(kind: str) -> str:
-    """The worker tree's process kinds in the four groups the report prints."""
+    """The worker tree's process kinds in the groups the report prints: the query's source
+    process (Spark's ``python_streaming_source_runner``, which answers every tick's
+    ``latestOffset``), Spark's other Python workers (the task daemon, the sink runner, the
+    planning workers) and millstream's own (the publisher)."""
     if kind == OWN:
         return "worker process"
     if kind == "JVM":
         return "JVM"
+    if "python_streaming_source_runner" in kind:
+        return "source process"
     if "pyspark" in kind:
         return "Spark Python workers"
-    return "source/other Python"
+    return "publisher/other Python"
 
 
 def tree_cpu(procs0: list[dict[str, Any]], procs1: list[dict[str, Any]]) -> dict[str, float]:
@@ -66,6 +71,15 @@ def tree_cpu(procs0: list[dict[str, Any]], procs1: list[dict[str, Any]]) -> dict
     for p in procs1:
         g = group(p["kind"])
         out[g] = out.get(g, 0.0) + p["cpu_s"] - before.get(p["pid"], 0.0)
+    return out
+
+
+def kind_cpu(procs0: list[dict[str, Any]], procs1: list[dict[str, Any]]) -> dict[str, float]:
+    """As :func:`tree_cpu`, by each process kind (:func:`scale.tree`'s ``kind``)."""
+    before = {p["pid"]: p["cpu_s"] for p in procs0}
+    out: dict[str, float] = {}
+    for p in procs1:
+        out[p["kind"]] = out.get(p["kind"], 0.0) + p["cpu_s"] - before.get(p["pid"], 0.0)
     return out
 
 
@@ -184,6 +198,7 @@ def one_run(args: argparse.Namespace, base: Path, src: Path | None, seed: int) -
         "caught_up_s": caught,
         "window_s": wall,
         "cores": cores,
+        "cores_by_kind": {k: v / wall for k, v in kind_cpu(procs0, procs1).items()},
         "load": [load0, load1],
         "wake_s": wakes,
         "wake_median_s": statistics.median(wakes) if wakes else float("nan"),
