@@ -569,9 +569,19 @@ class GroupStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return r.latestOffset(begin, r.getDefaultReadLimit(), got, gates, now)
 
         gates: dict[tuple[str, str, str, float], bool] = {}  # this plan's answers
-        planned = each_member(
-            [n for n in self.members if n in due or n in starting], latest, "member-plan"
-        )
+        # A due member whose source answered exactly where it starts (nothing new, no
+        # partition gained, none rewound) ends there without a plan: a wholly idle query asks
+        # every member at every tick, and planning 100 idle members each on a thread of a
+        # fresh pool cost its source process ~6.5 ms a tick, 0.05 cores
+        # (docs/performance.md, "An idle worker of 100 topics"). Any other answer is planned
+        # in full, its checks (a rewound partition, a gained one) included.
+        to_plan = [
+            n
+            for n in self.members
+            if n in starting
+            or (n in due and not _answered_its_start(self.members[n], start[n], asked.get(n)))
+        ]
+        planned = each_member(to_plan, latest, "member-plan")
         # a member not due: not its turn, nothing new for it this batch (it is in the start:
         # one that is not is starting)
         ends = {n: planned[n] if n in planned else start[n] for n in self.members}
@@ -691,6 +701,13 @@ def member_errors(member: str) -> Iterator[None]:
     except Exception as exc:
         exc.add_note(MEMBER_NOTE.format(member))
         raise
+
+
+def _answered_its_start(reader: StreamReader, start: dict[str, Any], got: Any) -> bool:
+    """Whether a member's source answered exactly the offsets its batch starts at (so its
+    plan would end there): every partition, no more, none other. An available-now member
+    plans to its target, not to an answer."""
+    return reader._target is None and isinstance(got, dict) and got == decode_offsets(start)
 
 
 def each_member(names: list[str], call: Callable[[str], T], thread_prefix: str) -> dict[str, T]:

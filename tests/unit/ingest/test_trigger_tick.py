@@ -225,3 +225,34 @@ def test_a_shared_querys_tick_parses_the_membership_only_when_it_changed(tmp_pat
     membership.write(2, {"a": entry})  # the same length, another generation
     assert membership.read_changed() == (2, {"a": entry})
     assert membership.read() == (2, {"a": entry}), "read() parses whatever the file holds"
+
+
+def test_an_idle_shared_querys_tick_plans_no_member_whose_source_answered_its_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wholly idle query asks every member's source at every tick (ten a second at the
+    default interval): a member whose source answered exactly where it starts ends there
+    without a plan (100 idle members planned each on a thread cost 0.05 cores); a member with
+    records is planned at the next tick, in full."""
+    sources = {f"m{i:02d}": Files(tmp_path / f"m{i:02d}") for i in range(20)}
+    for f in sources.values():
+        f.append(3)
+    reader = _group({n: f.options(0.5) for n, f in sources.items()})
+    limit = reader.getDefaultReadLimit()
+    start = reader.latestOffset(reader.initialOffset(), limit, now=10.0)  # the first batch
+    assert all(o == {"0": 3} for o in start.values())
+    plans: list[str] = []
+    plan = StreamReader._plan
+
+    def counted(self: StreamReader, *args: Any) -> Any:
+        plans.append(self.opts.config["path"])
+        return plan(self, *args)
+
+    monkeypatch.setattr(StreamReader, "_plan", counted)
+    for i in range(1, 11):  # idle: the query is asked at every tick, its members answer 3
+        assert reader.latestOffset(start, limit, now=11.0 + i * 0.1) == start
+    assert plans == [], "an idle tick planned members whose source answered their start"
+    sources["m07"].append(2)
+    end = reader.latestOffset(start, limit, now=12.2)
+    assert plans == [str(tmp_path / "m07")]
+    assert end == {**start, "m07": {"0": 5}}
