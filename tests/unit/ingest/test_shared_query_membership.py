@@ -231,14 +231,26 @@ def test_a_member_of_a_shorter_trigger_but_the_same_tick_joins(tmp_path: Path) -
     catalog.close()
 
 
-def test_the_last_member_does_not_leave_a_running_query(tmp_path: Path) -> None:
-    spec = _spec(tmp_path / "sources", "ma")
-    catalog = Catalog.open(home=tmp_path / "home")
-    runner = SharedQueryRunner(
-        [DatastreamRunner(spec, catalog, SPARK, state_dir=StateDirectory(tmp_path, "ma"))],
+def _runner_of(tmp_path: Path, catalog: Catalog, names: tuple[str, ...]) -> SharedQueryRunner:
+    """A shared query's runner of one files datastream per name (not started)."""
+    return SharedQueryRunner(
+        [
+            DatastreamRunner(
+                _spec(tmp_path / "sources", n),
+                catalog,
+                SPARK,
+                state_dir=StateDirectory(tmp_path, n),
+            )
+            for n in names
+        ],
         SPARK,
         StateDirectory(tmp_path, "_q"),
     )
+
+
+def test_the_last_member_does_not_leave_a_running_query(tmp_path: Path) -> None:
+    catalog = Catalog.open(home=tmp_path / "home")
+    runner = _runner_of(tmp_path, catalog, ("ma",))
     Query(runner)
     assert runner.remove("ma") is False
     assert set(runner.members) == {"ma"}
@@ -249,16 +261,8 @@ def test_no_member_leaves_a_query_that_ended(tmp_path: Path) -> None:
     """A member's error ends the query before the thread running it raises that error: a
     leave meanwhile is refused (the worker restarts the query without the member instead of
     counting a dead query as running on), and the status names no run id."""
-    specs = {n: _spec(tmp_path / "sources", n) for n in ("ma", "mb")}
     catalog = Catalog.open(home=tmp_path / "home")
-    runner = SharedQueryRunner(
-        [
-            DatastreamRunner(s, catalog, SPARK, state_dir=StateDirectory(tmp_path, n))
-            for n, s in specs.items()
-        ],
-        SPARK,
-        StateDirectory(tmp_path, "_q"),
-    )
+    runner = _runner_of(tmp_path, catalog, ("ma", "mb"))
     Query(runner)
     assert runner.status()["run_id"] == "r"
     runner.query.isActive = False  # ended on a member's error
@@ -272,16 +276,8 @@ def test_a_member_leaves_only_once_no_commit_holds_the_membership(tmp_path: Path
     """A commit holds the membership's shared lock (the sink's commit process): a member's
     leave waits for it, and gives up after its timeout (the worker then restarts the query
     instead), leaving the membership as it was."""
-    specs = {n: _spec(tmp_path / "sources", n) for n in ("ma", "mb")}
     catalog = Catalog.open(home=tmp_path / "home")
-    runner = SharedQueryRunner(
-        [
-            DatastreamRunner(s, catalog, SPARK, state_dir=StateDirectory(tmp_path, n))
-            for n, s in specs.items()
-        ],
-        SPARK,
-        StateDirectory(tmp_path, "_q"),
-    )
+    runner = _runner_of(tmp_path, catalog, ("ma", "mb"))
     Query(runner)
     with runner.membership.shared() as current:  # a commit in flight
         assert set(current) == {"ma", "mb"}
