@@ -31,11 +31,11 @@ import random
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import common  # noqa: F401  (puts the test harness on sys.path)
 from ingest_observe import cpu_delta, process_cpu
 
 
@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import millstream
+    from harness.ingest_support import writer_in_background
     from millstream.catalog import Catalog
     from millstream.datastream import DatastreamSpec
     from millstream.spark.runner import DatastreamRunner
@@ -85,13 +86,6 @@ def main(argv: list[str] | None = None) -> int:
         spark = spark_session(app_name="millstream-bench-idle")
         catalog = Catalog.open(home=base / "home")
         runner = DatastreamRunner(spec, catalog, spark, writer_id="bench")
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                runner.run(available_now=False)
-            except BaseException as exc:
-                errors.append(exc)
 
         def upper() -> int:
             try:
@@ -99,66 +93,63 @@ def main(argv: list[str] | None = None) -> int:
             except Exception:  # no table yet
                 return 0
 
-        thread = threading.Thread(target=run, name="idle-query", daemon=True)
-        thread.start()
         out: dict[str, Any] = {"interval_s": interval, "load_start": os.getloadavg()}
         try:
-            while runner.query is None or runner.query.lastProgress is None:
-                if errors:
-                    raise errors[0]
-                time.sleep(0.1)
-            time.sleep(10)  # warm: the source process and several empty triggers
-            cpu0, t0 = process_cpu(), time.perf_counter()
-            time.sleep(args.idle_seconds)
-            used = cpu_delta(cpu0, process_cpu())
-            wall = time.perf_counter() - t0
-            out["idle_cpu_per_s"] = round(sum(used.values()) / wall, 4)
-            out["idle_cpu_by_kind_per_s"] = {k: round(v / wall, 4) for k, v in used.items()}
-            waits: list[float] = []
-            triggers: list[float] = []  # from the records' appearance to their batch's trigger
-            batches: list[float] = []  # that batch's triggerExecution
-            durations: list[dict[str, Any]] = []  # and its durationMs
-            lines = 0
-            for i in range(args.wakes):
-                time.sleep(rng.uniform(0, 2 * interval) + interval)  # idle again after a batch
-                tmp_file = source / "0" / f".{i:05d}.jsonl"
-                tmp_file.write_text("".join(f'{{"id": {lines + j}}}\n' for j in range(10)))
-                lines += 10
-                began, wall = time.perf_counter(), time.time()
-                tmp_file.rename(source / "0" / f"{i:05d}.jsonl")
-                while upper() < lines:
+            with writer_in_background(runner, "idle-query") as errors:
+                while runner.query is None or runner.query.lastProgress is None:
                     if errors:
                         raise errors[0]
-                    if time.perf_counter() - began > 120:
-                        raise TimeoutError("records not committed within 120 s")
-                    time.sleep(0.01)
-                waits.append(time.perf_counter() - began)
-                batch = None
-                for _ in range(100):  # Spark reports a batch's progress after its commit
-                    batch = _batch_after(runner.query, wall)
+                    time.sleep(0.1)
+                time.sleep(10)  # warm: the source process and several empty triggers
+                cpu0, t0 = process_cpu(), time.perf_counter()
+                time.sleep(args.idle_seconds)
+                used = cpu_delta(cpu0, process_cpu())
+                wall = time.perf_counter() - t0
+                out["idle_cpu_per_s"] = round(sum(used.values()) / wall, 4)
+                out["idle_cpu_by_kind_per_s"] = {k: round(v / wall, 4) for k, v in used.items()}
+                waits: list[float] = []
+                triggers: list[float] = []  # from the records' appearance to their batch's trigger
+                batches: list[float] = []  # that batch's triggerExecution
+                durations: list[dict[str, Any]] = []  # and its durationMs
+                lines = 0
+                for i in range(args.wakes):
+                    time.sleep(rng.uniform(0, 2 * interval) + interval)  # idle again after a batch
+                    tmp_file = source / "0" / f".{i:05d}.jsonl"
+                    tmp_file.write_text("".join(f'{{"id": {lines + j}}}\n' for j in range(10)))
+                    lines += 10
+                    began, wall = time.perf_counter(), time.time()
+                    tmp_file.rename(source / "0" / f"{i:05d}.jsonl")
+                    while upper() < lines:
+                        if errors:
+                            raise errors[0]
+                        if time.perf_counter() - began > 120:
+                            raise TimeoutError("records not committed within 120 s")
+                        time.sleep(0.01)
+                    waits.append(time.perf_counter() - began)
+                    batch = None
+                    for _ in range(100):  # Spark reports a batch's progress after its commit
+                        batch = _batch_after(runner.query, wall)
+                        if batch is not None:
+                            break
+                        time.sleep(0.05)
                     if batch is not None:
-                        break
-                    time.sleep(0.05)
-                if batch is not None:
-                    triggers.append(batch[0])
-                    batches.append(batch[1])
-                    durations.append(batch[2])
-            out["wake_s"] = [round(w, 3) for w in waits]
-            out["wake_median_s"] = round(statistics.median(waits), 3)
-            out["wake_max_s"] = round(max(waits), 3)
-            out["trigger_after_s"] = [round(t, 3) for t in triggers]
-            out["batch_s"] = [round(b, 3) for b in batches]
-            if triggers:
-                out["trigger_after_median_s"] = round(statistics.median(triggers), 3)
-                out["batch_median_s"] = round(statistics.median(batches), 3)
-                out["batch_median_ms"] = {
-                    k: statistics.median(d.get(k, 0) for d in durations)
-                    for k in sorted({k for d in durations for k in d})
-                }
-            out["load_end"] = os.getloadavg()
+                        triggers.append(batch[0])
+                        batches.append(batch[1])
+                        durations.append(batch[2])
+                out["wake_s"] = [round(w, 3) for w in waits]
+                out["wake_median_s"] = round(statistics.median(waits), 3)
+                out["wake_max_s"] = round(max(waits), 3)
+                out["trigger_after_s"] = [round(t, 3) for t in triggers]
+                out["batch_s"] = [round(b, 3) for b in batches]
+                if triggers:
+                    out["trigger_after_median_s"] = round(statistics.median(triggers), 3)
+                    out["batch_median_s"] = round(statistics.median(batches), 3)
+                    out["batch_median_ms"] = {
+                        k: statistics.median(d.get(k, 0) for d in durations)
+                        for k in sorted({k for d in durations for k in d})
+                    }
+                out["load_end"] = os.getloadavg()
         finally:
-            runner.stop()
-            thread.join(60)
             catalog.close()
             spark.stop()
     print(json.dumps(out), flush=True)
