@@ -216,9 +216,11 @@ def millstream_cli(*args: str) -> list[str]:
     return [str(Path(sys.executable).parent / "millstream"), *args]
 
 
-def millstream_spec(work: Path, source: dict[str, Any]) -> Path:
-    """A datastream spec at defaults (JSON is YAML)."""
-    spec = {
+def millstream_spec(
+    work: Path, source: dict[str, Any], *, trigger_interval: str | None = None
+) -> Path:
+    """A datastream spec at defaults (JSON is YAML), or with its ``trigger_interval`` set."""
+    spec: dict[str, Any] = {
         "name": "peers",
         "source": source,
         "table": {
@@ -230,6 +232,8 @@ def millstream_spec(work: Path, source: dict[str, Any]) -> Path:
         },
         "schema": wl.SCHEMA_SPEC,
     }
+    if trigger_interval is not None:
+        spec["trigger_interval"] = trigger_interval
     path = work / "spec.yaml"
     path.write_text(json.dumps(spec, indent=2))
     return path
@@ -598,7 +602,9 @@ def stream_one(system: str, keys: int, base: Path, args: argparse.Namespace) -> 
             per = produce_preload(broker.bootstrap, keys)
             res["preload_produce_s"] = time.perf_counter() - t0
             spec = millstream_spec(
-                work, {"kind": "kafka", "bootstrap_servers": broker.bootstrap, "topic": TOPIC}
+                work,
+                {"kind": "kafka", "bootstrap_servers": broker.bootstrap, "topic": TOPIC},
+                trigger_interval=args.trigger_interval,
             )
             writer = Proc(
                 millstream_cli("run", "-f", str(spec), "--home", str(work / "home")),
@@ -837,6 +843,11 @@ def main() -> None:
     ap.add_argument("--rates", default="1000,5000,20000", help="stream: the ramp, rows/s")
     ap.add_argument("--phase", type=float, default=60.0, help="stream: seconds per rate")
     ap.add_argument("--pause", type=float, default=0.1, help="stream: reader's pause between reads")
+    ap.add_argument(
+        "--trigger-interval",
+        default=None,
+        help="stream: Millstream's trigger_interval (e.g. 250ms; default: the spec's default)",
+    )
     ap.add_argument(
         "--settle", type=float, default=30.0, help="stream: Millstream's pause after its pre-load"
     )
