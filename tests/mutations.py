@@ -452,6 +452,27 @@ GUARDS: tuple[Guard, ...] = (
         ),
     ),
     Guard(
+        name="gc-cutoff-before-references",
+        file="src/millstream/table/gc.py",
+        what="collect_garbage: the grace period's cutoff is taken before the references are read",
+        old="""\
+    cutoff = clock.now() - grace_seconds
+    # List files before reading references: a file committed in between is then referenced.
+    files = deep.list_files(table_data_prefix(table))
+    referenced = store.referenced_files(table)
+""",
+        new="""\
+    files = deep.list_files(table_data_prefix(table))
+    referenced = store.referenced_files(table)
+    cutoff = clock.now() - grace_seconds  # MUTATION: the cutoff taken after the references
+""",
+        tests=(
+            _guard_test(
+                "test_gc_takes_its_cutoff_before_reading_references_so_a_stalled_pass_keeps_a_file_committed_meanwhile"
+            ),
+        ),
+    ),
+    Guard(
         name="commit-refuses-expired-staged-file",
         file="src/millstream/table/commit.py",
         what="commit_writes: a file staged longer ago than GC's grace allows is refused",

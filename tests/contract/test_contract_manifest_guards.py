@@ -394,6 +394,31 @@ def test_gc_lists_files_before_reading_references_so_a_commit_in_between_keeps_i
     pipe.assert_reads_every_row_once()
 
 
+def test_gc_takes_its_cutoff_before_reading_references_so_a_stalled_pass_keeps_a_file_committed_meanwhile(
+    pipe: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the commit-path campaign on PostgreSQL (seed 2743901968): a GC pass read the
+    references, a writer's commit of a young staged file landed, and the pass, stalled,
+    judged the file's age by the instant after its stall and deleted it: the current
+    version lost a file. The cutoff is now taken before the references are read."""
+    write = pipe.staged(0)
+    assert write.staged_at is not None
+    store = pipe.catalog.store
+    clock = ManualClock(write.staged_at + 1)  # the pass starts: the file is young
+    real_references = store.referenced_files
+
+    def references_then_commit_then_stall(table: str) -> set[str]:
+        referenced = real_references(table)
+        pipe.commit(write)  # lands right after the pass's snapshot, young enough
+        clock.advance(3600 + 1)  # the pass stalls past the grace period
+        return referenced
+
+    monkeypatch.setattr(store, "referenced_files", references_then_commit_then_stall)
+    collect_garbage(store, pipe.catalog.deep, TABLE, clock=clock)
+    monkeypatch.undo()
+    pipe.assert_reads_every_row_once()
+
+
 def test_a_commit_refuses_a_staged_file_older_than_gc_could_have_deleted(pipe: Pipeline) -> None:
     write = pipe.staged(0)
     assert write.staged_at is not None

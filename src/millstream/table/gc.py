@@ -49,10 +49,16 @@ def collect_garbage_files(
     with their sizes.
     """
     store.get_table(table)  # raises TableNotFoundError
+    # The cutoff is taken before the references are read: a commit accepts a staged file only
+    # while it is younger than MAX_STAGED_AGE_SECONDS, so a file older than the grace period
+    # at this instant was committed (if ever) before the references' snapshot, whatever this
+    # pass waits for afterwards. Taken after the snapshot, a pass stalled between the two
+    # (found by the commit-path campaign on PostgreSQL, seed 2743901968) judged a file by a
+    # later instant and deleted one a commit referenced right after the snapshot.
+    cutoff = clock.now() - grace_seconds
     # List files before reading references: a file committed in between is then referenced.
     files = deep.list_files(table_data_prefix(table))
     referenced = store.referenced_files(table)
-    cutoff = clock.now() - grace_seconds
     doomed = [
         f
         for f in files
