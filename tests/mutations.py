@@ -3989,6 +3989,30 @@ RETRYABLE_SQLSTATES: frozenset[str] = frozenset()  # MUTATION: no code is a lost
             "test_an_available_now_run_is_never_held_by_the_interval",
         ),
     ),
+    Guard(
+        name="idle-tick-skips-only-an-answer-of-exactly-its-start",
+        file="src/millstream/spark/sources.py",
+        what="GroupStreamReader.latestOffset leaves a due member unplanned only when its "
+        "source answered exactly its start: an answer with nothing past the start but a "
+        "partition gained (or one rewound below it) is planned, or a partition found while its "
+        "member idles is never planned (its records never read) and a rewound one never refused",
+        old="""\
+    return reader._target is None and isinstance(got, dict) and got == decode_offsets(start)
+""",
+        new="""\
+    return (  # MUTATION: "nothing past its start" taken for "answered exactly its start"
+        reader._target is None
+        and isinstance(got, dict)
+        and all(o <= decode_offsets(start).get(p, o) for p, o in got.items())
+    )
+""",
+        tests=(
+            "tests/unit/ingest/test_shared_query_new_partitions.py::"
+            "test_a_member_starting_empty_reads_every_record_of_a_partition_found_later",
+            "tests/integration/test_kafka_offsets_rewound.py::"
+            "test_a_broker_restarted_empty_stops_the_partition_naming_both_offsets",
+        ),
+    ),
 )
 
 
