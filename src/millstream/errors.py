@@ -200,6 +200,29 @@ class StagedFileExpiredError(MillstreamError):
         )
 
 
+class PublishExpiredError(MillstreamError):
+    """A publish of a table's Iceberg view began writing its snapshot's files longer ago than
+    a publish may move the pointer to them: the view's garbage collection deletes unreferenced
+    files older than its grace period, and until the pointer names them they are unreferenced
+    (the publisher stalled between its writes and the pointer's compare-and-set).
+
+    Nothing moved: the view still shows its previous snapshot, and the snapshot's files are
+    left for garbage collection. The publisher's next turn publishes the version again.
+    """
+
+    def __init__(self, table: str, age_seconds: float, limit_seconds: float) -> None:
+        super().__init__(
+            f"the Iceberg view of table {table!r} was not published: its snapshot's files were "
+            f"written {age_seconds:.0f}s before its pointer's swap, past the {limit_seconds:.0f}s "
+            "a publish may take (garbage collection may have deleted them); nothing moved, the "
+            "next publish writes them again",
+            table=table,
+            age_seconds=round(age_seconds, 3),
+            limit_seconds=limit_seconds,
+        )
+        self.table = table
+
+
 class WriterFencedError(MillstreamError):
     """A writer bootstrapped at an older shard epoch tried to commit.
 

@@ -623,3 +623,82 @@ def test_a_first_publish_whose_version_expires_and_is_collected_meanwhile_moves_
     assert again.pointer.manifest_version == 2
     metadata = location(catalog.deep, again.pointer.metadata_location)
     assert pyiceberg_rows(metadata, None, s3_properties(catalog)) == []
+
+
+def test_a_publish_stalled_past_gcs_grace_before_its_swap_moves_no_pointer(
+    catalog: Catalog, monkeypatch: Any
+) -> None:
+    """A publisher that froze between writing a snapshot's files and the pointer's
+    compare-and-set (a paused VM, SIGSTOP, a long GC pause) for longer than the view's garbage
+    collection grace: meanwhile a maintainer found those files unreferenced and old enough,
+    and deleted them. The pointer must not then name that metadata (every engine would fail
+    to read the table): the publish is refused and moves nothing, its supervised loop counts
+    the refusal naming the table, and its next turn publishes the version again, building on
+    the snapshot the pointer still shows (whose files the collection kept)."""
+    from millstream.clock import ManualClock
+    from millstream.sealing.maintenance import Publisher
+    from millstream.table.gc import DEFAULT_GRACE_SECONDS
+    from millstream.table.maintain import maintain
+
+    # Starts at the real time: the deep store dates the files it writes by the real clock.
+    clock = ManualClock(time.time())
+    catalog.store.clock = clock
+    kv = _kv(catalog)
+    tables = {"kv": ["kv"]}
+    publisher = Publisher(catalog, interval=15, clock=clock)
+    kv.batch(0, [(1, False, 0, 1, "a"), (2, False, 0, 2, "b")])
+    publisher.run_due(tables)
+    shown = catalog.store.read_pointer("kv")
+    assert shown is not None and shown.manifest_version == 1
+    kv.batch(0, [(2, False, 1, 3, "c"), (3, False, 0, 4, "d")])  # version 2
+    real_swap = catalog.store.swap_pointer
+    stalled: list[str] = []
+
+    def stall_then_swap(table: str, *args: Any, **kwargs: Any) -> Any:
+        # Called by publish once every file of its snapshot is written, right before the
+        # compare-and-set: the publisher freezes here for twice the grace period, and a
+        # maintainer (whose process publishes nothing: the publisher runs in its own) runs.
+        stalled.append(kwargs["metadata_location"])
+        clock.advance(2 * DEFAULT_GRACE_SECONDS)
+        maintain(
+            catalog.store,
+            catalog.deep,
+            "kv",
+            grace_seconds=DEFAULT_GRACE_SECONDS,
+            clock=clock,
+            publish_view=False,
+        )
+        assert not catalog.deep.exists(kwargs["metadata_location"])  # collected meanwhile
+        return real_swap(table, *args, **kwargs)
+
+    monkeypatch.setattr(catalog.store, "swap_pointer", stall_then_swap)
+    clock.advance(15)
+    publisher.run_due(tables)
+    assert len(stalled) == 1
+    monkeypatch.undo()
+
+    # Whatever the pointer names reads, as Millstream reads that version.
+    pointer = catalog.store.read_pointer("kv")
+    assert pointer is not None
+    metadata = location(catalog.deep, pointer.metadata_location)
+    expected = millstream_rows(catalog, "kv", pointer.manifest_version)
+    assert pyiceberg_rows(metadata, None, s3_properties(catalog)) == expected
+    assert duckdb_rows(duckdb_connection(catalog), metadata) == expected
+    assert pointer == shown  # nothing moved
+    (status,) = publisher.loop_statuses(alive=True)
+    assert status.loop == "publisher" and status.errors == 1
+    assert status.last_error is not None and "'kv'" in status.last_error
+
+    # The next turn (after the loop's backoff) publishes version 2 on the kept snapshot.
+    assert status.next_attempt_at is not None
+    clock.advance(status.next_attempt_at - clock.now() + 1)
+    publisher.run_due(tables)
+    again = catalog.store.read_pointer("kv")
+    assert again is not None and again.manifest_version == 2
+    assert publisher.status()["kv"]["last"]["incremental"] == 1
+    metadata = location(catalog.deep, again.metadata_location)
+    expected = millstream_rows(catalog, "kv", 2)
+    assert pyiceberg_rows(metadata, None, s3_properties(catalog)) == expected
+    assert duckdb_rows(duckdb_connection(catalog), metadata) == expected
+    (status,) = publisher.loop_statuses(alive=True)
+    assert status.consecutive_failures == 0

@@ -14,6 +14,7 @@ from millstream.cli import table as cli_table
 from millstream.cli.app import app
 from millstream.clock import ManualClock
 from millstream.table import gc
+from millstream.table.limits import MAX_PUBLISH_AGE_SECONDS
 from millstream.table.writer import commit_staged, stage_rows
 
 T0 = 1_700_000_000.0
@@ -76,6 +77,9 @@ def test_the_cli_defaults_are_the_garbage_collectors() -> None:
     """The CLI copies them to keep `millstream --help` fast; they must not drift."""
     assert cli_table.DEFAULT_GRACE_SECONDS == gc.DEFAULT_GRACE_SECONDS
     assert cli_table.MIN_GRACE_SECONDS == gc.MAX_STAGED_AGE_SECONDS
+    # A publish of an Iceberg view moves its pointer only to files younger than this: below
+    # the smallest grace accepted, or a collection may delete them first.
+    assert MAX_PUBLISH_AGE_SECONDS < cli_table.MIN_GRACE_SECONDS
 
 
 def _sealed_four_times(home: Path) -> None:

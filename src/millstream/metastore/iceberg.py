@@ -10,6 +10,7 @@ learns it lost (its files are then unreferenced, and garbage collection removes 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, func, insert, select
@@ -62,6 +63,7 @@ def swap_pointer(
     metadata_location: str,
     manifest_version: int,
     now: float,
+    precondition: Callable[[], None] | None = None,
 ) -> IcebergPointer:
     """Move ``table``'s pointer from ``expected`` (None: there is none yet) to
     ``metadata_location``: a compare-and-set on the row version ``expected`` was read at (an
@@ -74,7 +76,10 @@ def swap_pointer(
     deleted its files already. Expiry never passes the version the pointer shows, but before a
     table's first publish no pointer keeps anything; the check runs under the table row's lock,
     which expiry takes too, so either the pointer moves first (and expiry keeps the version)
-    or expiry does (and the pointer stays)."""
+    or expiry does (and the pointer stays).
+
+    ``precondition`` (the publish's files still younger than the view's garbage collection
+    allows) runs last, with the locks held, right before COMMIT: if it raises, nothing moved."""
     p = s.iceberg_pointers
     values = {
         "metadata_location": metadata_location,
@@ -90,6 +95,8 @@ def swap_pointer(
         new_version = 1
     else:
         new_version = cas_update(conn, p, {"table_name": table}, expected.version, values)
+    if precondition is not None:
+        precondition()  # last: a swap that waited on a lock is judged by when it lands
     return IcebergPointer(table, metadata_location, manifest_version, now, new_version)
 
 

@@ -585,9 +585,12 @@ class MetadataStore:
         metadata_location: str,
         manifest_version: int,
         now: float,
+        precondition: Callable[[], None] | None = None,
     ) -> iceberg.IcebergPointer | None:
         """:func:`~millstream.metastore.iceberg.swap_pointer` in a write transaction; None
-        when another publisher moved the pointer first (nothing changed here)."""
+        when another publisher moved the pointer first (nothing changed here).
+        ``precondition`` runs inside the transaction right before COMMIT; if it raises,
+        nothing changed."""
         try:
             return engine.rerun_if_aborted(
                 self,
@@ -597,6 +600,7 @@ class MetadataStore:
                 metadata_location=metadata_location,
                 manifest_version=manifest_version,
                 now=now,
+                precondition=precondition,
             )
         except iceberg.LOST_RACE:
             return None

@@ -31,7 +31,9 @@ every data file of the version.
 
 A publish writes only new files under ``tables/<table>/iceberg/`` and then moves the table's
 pointer (:func:`millstream.metastore.iceberg.swap_pointer`, a compare-and-set): a publisher
-that loses the race leaves its files unreferenced (garbage collection removes them).
+that loses the race leaves its files unreferenced (garbage collection removes them), and so
+does one whose swap comes too long after its writes (:data:`MAX_PUBLISH_AGE_SECONDS`, checked
+right before the swap's COMMIT: the view's garbage collection may have deleted them).
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ from pyiceberg.utils.config import Config
 from pyiceberg.utils.datetime import datetime_to_millis
 
 from millstream.core.engines import engine_for
-from millstream.errors import CommitStateUnknownError, VersionExpiredError
+from millstream.errors import CommitStateUnknownError, PublishExpiredError, VersionExpiredError
 from millstream.metastore.iceberg import (
     IcebergPointer,
     read_pointer,
@@ -112,6 +114,7 @@ from millstream.metastore.tables import find_table
 from millstream.spec import OFFSET_COL, PARTITION_COL, SYSTEM_COLUMNS, TableSpec
 from millstream.storage.deepstore import DeepStore, StoredFile
 from millstream.table.cache import ReadCache
+from millstream.table.limits import MAX_PUBLISH_AGE_SECONDS
 from millstream.table.merged import copy_path
 from millstream.table.read import (
     conform,
@@ -1817,7 +1820,11 @@ def publish(
 ) -> PublishResult:
     """Publish ``table``'s current manifest version as an Iceberg snapshot (nothing to do if
     the pointer shows it already). A publisher that loses the pointer's compare-and-set to
-    another returns ``published=False`` with the winner's pointer.
+    another returns ``published=False`` with the winner's pointer. One whose swap would land
+    more than :data:`~millstream.table.limits.MAX_PUBLISH_AGE_SECONDS` after it began writing
+    the snapshot's files raises :class:`~millstream.errors.PublishExpiredError` and moves
+    nothing (garbage collection may have deleted those unreferenced files meanwhile); its
+    caller's next turn publishes again.
 
     With ``cache`` (a long-lived publisher's), a publish builds on the snapshot this cache
     saw published last, if the pointer still names it and the table's spec is the same
@@ -1882,6 +1889,19 @@ def publish(
     floor = oldest
     if view is not None and previous is not None:
         floor = max(floor, view_floor(previous, manifest.table.spec.retention.iceberg_snapshots))
+    # Before the first file is written: none of the snapshot's files is older than this.
+    written_at = store.clock.now()
+
+    def young_enough() -> None:
+        # Inside the pointer's transaction, right before COMMIT: until the pointer names them
+        # the snapshot's files are unreferenced, and the view's garbage collection deletes
+        # unreferenced files older than its grace period. A publisher stalled between its
+        # writes and this swap (a paused VM, SIGSTOP, a long GC pause) past the grace would
+        # otherwise point every reader at files a collection deleted meanwhile.
+        age = store.clock.now() - written_at
+        if age > MAX_PUBLISH_AGE_SECONDS:
+            raise PublishExpiredError(table, age, MAX_PUBLISH_AGE_SECONDS)
+
     metadata_path, expired, new_state, metadata, raw = write_snapshot(
         deep,
         manifest.table.spec,
@@ -1898,7 +1918,12 @@ def publish(
     now = store.clock.now()
     try:
         moved = store.swap_pointer(
-            table, pointer, metadata_location=metadata_path, manifest_version=v, now=now
+            table,
+            pointer,
+            metadata_location=metadata_path,
+            manifest_version=v,
+            now=now,
+            precondition=young_enough,
         )
     except VersionExpiredError as exc:
         # Retention expired the version while this publish wrote its snapshot (GC may have
