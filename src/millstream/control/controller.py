@@ -43,7 +43,7 @@ from millstream.errors import LeaseLostError, MillstreamError
 from millstream.metastore.engine import STORE_ERRORS
 from millstream.sealing.maintenance import DEFAULT_PUBLISH_INTERVAL
 from millstream.sealing.repair import ReingestRunner
-from millstream.table.gc import DEFAULT_GRACE_SECONDS
+from millstream.table.gc import DEFAULT_GRACE_SECONDS, check_gc_grace
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,7 @@ class ControlSettings:
 
     def __post_init__(self) -> None:
         check_stall_seconds(self.stall_seconds)
+        check_gc_grace(self.gc_grace_seconds, publishes=bool(self.iceberg_publish_interval))
 
 
 class Controller:

@@ -31,7 +31,6 @@ from pyspark.errors import StreamingQueryException
 from millstream.catalog import Catalog
 from millstream.datastream import DatastreamSpec, dead_letter_spec
 from millstream.errors import (
-    InvalidSpecError,
     ShardGapError,
     SparkTransientError,
     StagedFileExpiredError,
@@ -56,7 +55,7 @@ from millstream.spark.sources import StreamReader, tick_seconds
 from millstream.spark.table_source import register
 from millstream.storage.statedir import StateDirectory
 from millstream.supervise import Backoff, SupervisedLoop
-from millstream.table.gc import DEFAULT_GRACE_SECONDS, MAX_STAGED_AGE_SECONDS
+from millstream.table.gc import DEFAULT_GRACE_SECONDS, MAX_STAGED_AGE_SECONDS, check_gc_grace
 
 log = logging.getLogger(__name__)
 
@@ -345,12 +344,7 @@ class DatastreamRunner:
         publish_interval: float | None = None,
         member: str | None = None,
     ) -> None:
-        if gc_grace_seconds < max_staged_age:
-            raise InvalidSpecError(
-                "gc_grace_seconds",
-                f"{gc_grace_seconds:g} s is shorter than the staged-file age limit "
-                f"{max_staged_age:g} s: GC could delete a staged file a commit still accepts",
-            )
+        check_gc_grace(gc_grace_seconds, max_staged_age, publishes=bool(publish_interval))
         self.spec = spec
         #: Its name as a member of a worker's shared query: the datastream's, or for a table
         #: of a multi-table datastream ``<datastream>.<table>``.

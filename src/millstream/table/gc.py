@@ -7,12 +7,41 @@ from typing import TYPE_CHECKING
 from millstream.clock import SYSTEM_CLOCK, Clock
 from millstream.storage.deepstore import DeepStore, StoredFile, table_data_prefix
 from millstream.table.limits import DEFAULT_GRACE_SECONDS as DEFAULT_GRACE_SECONDS
+from millstream.table.limits import MAX_PUBLISH_AGE_SECONDS
 from millstream.table.limits import MAX_STAGED_AGE_SECONDS as MAX_STAGED_AGE_SECONDS
 
 # Annotations only: a write task (which stages files; the driver commits) loads no metadata
 # store, SQLAlchemy included (~35 MiB a Python worker).
 if TYPE_CHECKING:
     from millstream.metastore.store import MetadataStore
+
+
+def check_gc_grace(
+    grace_seconds: float,
+    max_staged_age: float = MAX_STAGED_AGE_SECONDS,
+    *,
+    publishes: bool = True,
+) -> None:
+    """Refuse (:class:`~millstream.errors.InvalidSpecError` naming ``gc_grace_seconds``) a
+    grace period under which garbage collection could delete a file still about to be
+    referenced: a staged file a commit accepts up to ``max_staged_age``, or, where Iceberg
+    views are published (``publishes``), a snapshot a publish may still point at up to
+    :data:`MAX_PUBLISH_AGE_SECONDS`."""
+    from millstream.errors import InvalidSpecError
+
+    if grace_seconds < max_staged_age:
+        raise InvalidSpecError(
+            "gc_grace_seconds",
+            f"{grace_seconds:g} s is shorter than the staged-file age limit "
+            f"{max_staged_age:g} s: GC could delete a staged file a commit still accepts",
+        )
+    if publishes and grace_seconds <= MAX_PUBLISH_AGE_SECONDS:
+        raise InvalidSpecError(
+            "gc_grace_seconds",
+            f"{grace_seconds:g} s is not longer than the Iceberg publish age limit "
+            f"{MAX_PUBLISH_AGE_SECONDS:g} s: the view's GC could delete a snapshot's files "
+            "a publish still points at",
+        )
 
 
 def collect_garbage(

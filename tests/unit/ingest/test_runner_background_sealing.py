@@ -199,3 +199,29 @@ def test_a_gc_grace_shorter_than_the_staged_file_age_limit_is_refused(
         spec(tmp_path), catalog, spark=None, max_staged_age=300.0, gc_grace_seconds=300.0
     )
     assert runner.maintainer.grace_seconds == 300.0 and runner.max_staged_age == 300.0
+    # where it publishes Iceberg views, nor one their GC could use on a snapshot a publish
+    # still points at
+    with pytest.raises(InvalidSpecError, match="publish age limit"):
+        DatastreamRunner(
+            spec(tmp_path),
+            catalog,
+            spark=None,
+            max_staged_age=300.0,
+            gc_grace_seconds=300.0,
+            publish_interval=15.0,
+        )
+
+
+def test_a_control_settings_gc_grace_a_commit_or_a_publish_could_outlive_is_refused() -> None:
+    """The workers' maintenance uses the controller's grace: one shorter than the staged-file
+    age limit (which is longer than the publish age limit) is refused where it is set."""
+    from millstream.control.controller import ControlSettings
+    from millstream.errors import InvalidSpecError
+    from millstream.table.limits import MAX_PUBLISH_AGE_SECONDS, MAX_STAGED_AGE_SECONDS
+
+    with pytest.raises(InvalidSpecError, match="staged-file age limit"):
+        ControlSettings(gc_grace_seconds=MAX_STAGED_AGE_SECONDS - 1)
+    assert MAX_PUBLISH_AGE_SECONDS < MAX_STAGED_AGE_SECONDS
+    assert ControlSettings(gc_grace_seconds=MAX_STAGED_AGE_SECONDS).gc_grace_seconds == (
+        MAX_STAGED_AGE_SECONDS
+    )
