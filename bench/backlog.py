@@ -17,7 +17,7 @@ twice onto the bundled Tansu broker with confluent-kafka: generator partition ``
 records into ONE topic ``single`` of 4 partitions (generator partition ``i`` into partition
 ``i % 4``, in order), so both variants hold the same keys, values and per-key order.
 
-**Catch-up.** Real processes, as ``bench/scale.py`` part (c) starts them (``harness.cluster``):
+**Catch-up.** Real processes, as ``bench/scale.py`` part (c) starts them (``scale.services``):
 ``millstream controller`` and ONE ``millstream worker`` (``local[2]``) on a SQLite metadata
 store. ``millstream run --available-now`` runs one table's datastream only (a multi-table
 spec has no single table), so both variants run on the worker: the 100 topics as ONE
@@ -423,9 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         "topics": args.topics,
         "trees": {name: str(src) if src else None for name, src in trees},
     }
-    from harness.cluster import Cluster, orders_spec
-    from millstream.local.tansu import TansuBroker
-    from millstream.metastore.store import MetadataStore
+    from harness.cluster import orders_spec
 
     t0 = time.perf_counter()
     parts, expected = generate_input(args.rows, args.topics)
@@ -433,92 +431,80 @@ def main(argv: list[str] | None = None) -> int:
         f"input: {args.rows:,} records over {args.topics} generator partitions, {sum(expected):,} rows in the model ({time.perf_counter() - t0:.0f}s)"
     )
     topics = [f"t{i:03d}" for i in range(args.topics)]
-    with common.workdir("millstream-bench-backlog-", keep=args.keep, say=log) as base:
-        home = base / "home"
-        home.mkdir()
-        url = f"sqlite:///{home / 'metadata.db'}"
-        broker = TansuBroker(base / "tansu").start()
-        cluster = Cluster(home=home, metadata_url=url)
-        store = MetadataStore(url)
-        try:
-            for t in topics:
-                broker.create_topic(t, 1)
-            broker.create_topic(SINGLE, SINGLE_PARTITIONS)
-            t1 = time.perf_counter()
-            ends = produce(broker.bootstrap, [(t, 0, parts[i]) for i, t in enumerate(topics)])
-            s_many = time.perf_counter() - t1
-            t1 = time.perf_counter()
-            ends |= produce(
-                broker.bootstrap,
-                [(SINGLE, i % SINGLE_PARTITIONS, parts[i]) for i in range(args.topics)],
-            )
-            s_one = time.perf_counter() - t1
-            assert sum(e for (tp, _), e in ends.items() if tp == SINGLE) == args.rows
-            assert sum(e for (tp, _), e in ends.items() if tp != SINGLE) == args.rows
-            res["produce_s"] = {"topics": s_many, "single": s_one}
-            log(
-                f"produced {args.rows:,} records into {args.topics} topics in {s_many:.0f}s, into one {SINGLE_PARTITIONS}-partition topic in {s_one:.0f}s"
-            )
+    with (
+        common.workdir("millstream-bench-backlog-", keep=args.keep, say=log) as base,
+        scale.services(base) as svc,
+    ):
+        home, url, broker, cluster, store = svc.home, svc.url, svc.broker, svc.cluster, svc.store
+        for t in topics:
+            broker.create_topic(t, 1)
+        broker.create_topic(SINGLE, SINGLE_PARTITIONS)
+        t1 = time.perf_counter()
+        ends = produce(broker.bootstrap, [(t, 0, parts[i]) for i, t in enumerate(topics)])
+        s_many = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        ends |= produce(
+            broker.bootstrap,
+            [(SINGLE, i % SINGLE_PARTITIONS, parts[i]) for i in range(args.topics)],
+        )
+        s_one = time.perf_counter() - t1
+        assert sum(e for (tp, _), e in ends.items() if tp == SINGLE) == args.rows
+        assert sum(e for (tp, _), e in ends.items() if tp != SINGLE) == args.rows
+        res["produce_s"] = {"topics": s_many, "single": s_one}
+        log(
+            f"produced {args.rows:,} records into {args.topics} topics in {s_many:.0f}s, into one {SINGLE_PARTITIONS}-partition topic in {s_one:.0f}s"
+        )
 
-            diag = cluster.diagnostics
-            base_spec = orders_spec("x", broker.bootstrap, "x")
-            base_spec["source"]["starting_offsets"] = "earliest"
-            base_spec.pop("max_records_per_batch")  # default (adaptive) batch sizes
-            # warm-up: a one-topic and a two-topic datastream of a few records each, caught
-            # up and deleted, so neither measured variant pays the worker's first query
-            warm = {
-                f"w{i}": [r for p in range(args.topics) for r in parts[p][:5]] for i in range(3)
-            }
-            del parts
-            for t in warm:
-                broker.create_topic(t, 1)
-            ends |= produce(broker.bootstrap, [(t, 0, recs) for t, recs in warm.items()])
-            runs: list[dict[str, Any]] = []
-            if trees == [("", None)]:  # this process's code, one worker for every round
-                api, worker = scale.controller_and_worker(cluster, leader_timeout=120)
-            else:
-                (api, ctl_url), worker = controller_only(cluster), None
-            for r in range(1, args.rounds + 1):
-                for name, src in trees if r % 2 else trees[::-1]:
-                    tag = f"{name}{r}" if src is not None else ""
-                    if src is not None:  # this tree's worker: the only one running
-                        if worker is not None:
-                            worker.terminate()
-                        worker = start_worker(cluster, api, ctl_url, src)
-                        log(f"round {r}: worker of tree {name} ({src}) started")
-                    assert worker is not None
-                    if src is not None or r == 1:
-                        warm_up(api, store, worker, home, base_spec, ends, tag, args.timeout, diag)
-                    order = ["topics", "single"] if r % 2 else ["single", "topics"]
-                    for variant in order:
-                        out = measure(
-                            api,
-                            store,
-                            worker,
-                            home,
-                            url,
-                            base_spec,
-                            ends,
-                            expected,
-                            topics,
-                            variant,
-                            r,
-                            tag,
-                            args,
-                            diag,
-                        )
-                        out |= {"variant": variant, "round": r, "tree": name}
-                        runs.append(out)
-            if worker is not None:
-                worker.terminate()
-            api.close()
-        except BaseException:
-            print(cluster.diagnostics(), file=sys.stderr)
-            raise
-        finally:
-            cluster.close()
-            store.dispose()
-            broker.stop()
+        diag = cluster.diagnostics
+        base_spec = orders_spec("x", broker.bootstrap, "x")
+        base_spec["source"]["starting_offsets"] = "earliest"
+        base_spec.pop("max_records_per_batch")  # default (adaptive) batch sizes
+        # warm-up: a one-topic and a two-topic datastream of a few records each, caught
+        # up and deleted, so neither measured variant pays the worker's first query
+        warm = {f"w{i}": [r for p in range(args.topics) for r in parts[p][:5]] for i in range(3)}
+        del parts
+        for t in warm:
+            broker.create_topic(t, 1)
+        ends |= produce(broker.bootstrap, [(t, 0, recs) for t, recs in warm.items()])
+        runs: list[dict[str, Any]] = []
+        if trees == [("", None)]:  # this process's code, one worker for every round
+            api, worker = scale.controller_and_worker(cluster, leader_timeout=120)
+        else:
+            (api, ctl_url), worker = controller_only(cluster), None
+        for r in range(1, args.rounds + 1):
+            for name, src in trees if r % 2 else trees[::-1]:
+                tag = f"{name}{r}" if src is not None else ""
+                if src is not None:  # this tree's worker: the only one running
+                    if worker is not None:
+                        worker.terminate()
+                    worker = start_worker(cluster, api, ctl_url, src)
+                    log(f"round {r}: worker of tree {name} ({src}) started")
+                assert worker is not None
+                if src is not None or r == 1:
+                    warm_up(api, store, worker, home, base_spec, ends, tag, args.timeout, diag)
+                order = ["topics", "single"] if r % 2 else ["single", "topics"]
+                for variant in order:
+                    out = measure(
+                        api,
+                        store,
+                        worker,
+                        home,
+                        url,
+                        base_spec,
+                        ends,
+                        expected,
+                        topics,
+                        variant,
+                        r,
+                        tag,
+                        args,
+                        diag,
+                    )
+                    out |= {"variant": variant, "round": r, "tree": name}
+                    runs.append(out)
+        if worker is not None:
+            worker.terminate()
+        api.close()
     res |= {"runs": runs, "load_end": common.load()}
     log("")
     log(f"machine: {res['machine']}")

@@ -28,7 +28,8 @@ Cold restart (``replicas: 1``, one worker): SIGKILL the only worker and immediat
 fresh ``millstream worker`` with the same worker id (same state directory); the figure is the
 time from the SIGKILL to that writer's first commit (JVM start, query start, first batch).
 
-The process helpers are the end-to-end tests' (``harness.cluster``).
+The process helpers are the end-to-end tests' (``harness.cluster``), set up as
+``bench/scale.py`` sets up its parts (b) and (c) (``scale.services``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +45,7 @@ from typing import Any
 
 import common
 from common import log_stamped as log
+from scale import services
 
 from harness.cluster import (
     PARTITIONS,
@@ -56,7 +57,6 @@ from harness.cluster import (
     orders_spec,
     wait_until,
 )
-from millstream.local.tansu import TansuBroker
 from millstream.metastore.store import MetadataStore
 
 TARGET_WARM_S = 3.0  # issue: warm-standby failover <= 3 s at default settings
@@ -208,65 +208,55 @@ def cold_round(
 
 
 def run(args: Any, base: Path) -> dict[str, Any]:
-    home = base / "home"
-    home.mkdir(parents=True)
-    url = args.metadata_url or f"sqlite:///{home / 'metadata.db'}"
-    broker = TansuBroker(base / "tansu").start()
-    cluster = Cluster(home=home, metadata_url=url)
-    store = MetadataStore(url)
-    load_at_start = list(common.load(1))
     producer: SteadyProducer | None = None
     rounds: list[Round] = []
-    try:
-        diag = cluster.diagnostics
-        ctl = cluster.controller(worker_ttl=args.worker_ttl, takeover_ttl=args.takeover_ttl)
-        api = Api(ctl.url)
-        wait_until("the controller leads", lambda: api.get("/health")["leader"], timeout=60)
-        workers = ["w1", "w2"]
-        for w in workers:
-            cluster.worker(w, ctl.url)
-        wait_until(
-            "both workers heartbeat",
-            lambda: all(api.workers().get(w, {}).get("alive") for w in workers),
-            timeout=JVM_START_S,
-            diagnostics=diag,
-        )
-        broker.create_topic("orders", PARTITIONS)
-        producer = SteadyProducer(
-            broker.bootstrap, "orders", orders_config(SEED), rate=args.rate, rounds_s=0.25
-        ).start()
-        spec = orders_spec("warm", broker.bootstrap, "orders", replicas=2)
-        assert api.post("/datastreams", spec).status_code == 201
-        log("warm: datastream created (replicas: 2)")
-        for i in range(args.warm_rounds):
-            r = warm_round(cluster, api, store, producer, args)
-            rounds.append(r)
-            if i + 1 < args.warm_rounds:
-                cluster.worker(r.killed, ctl.url)  # it comes back as the standby
+    with services(base, metadata_url=args.metadata_url) as svc:
+        url, broker, cluster, store = svc.url, svc.broker, svc.cluster, svc.store
+        load_at_start = list(common.load(1))
+        try:
+            diag = cluster.diagnostics
+            ctl = cluster.controller(worker_ttl=args.worker_ttl, takeover_ttl=args.takeover_ttl)
+            api = Api(ctl.url)
+            wait_until("the controller leads", lambda: api.get("/health")["leader"], timeout=60)
+            workers = ["w1", "w2"]
+            for w in workers:
+                cluster.worker(w, ctl.url)
+            wait_until(
+                "both workers heartbeat",
+                lambda: all(api.workers().get(w, {}).get("alive") for w in workers),
+                timeout=JVM_START_S,
+                diagnostics=diag,
+            )
+            broker.create_topic("orders", PARTITIONS)
+            producer = SteadyProducer(
+                broker.bootstrap, "orders", orders_config(SEED), rate=args.rate, rounds_s=0.25
+            ).start()
+            spec = orders_spec("warm", broker.bootstrap, "orders", replicas=2)
+            assert api.post("/datastreams", spec).status_code == 201
+            log("warm: datastream created (replicas: 2)")
+            for i in range(args.warm_rounds):
+                r = warm_round(cluster, api, store, producer, args)
+                rounds.append(r)
+                if i + 1 < args.warm_rounds:
+                    cluster.worker(r.killed, ctl.url)  # it comes back as the standby
 
-        # Cold: one worker only, replicas 1.
-        assert api.post("/datastreams/warm/stop").status_code == 200
-        wait_until("warm is STOPPED", lambda: api.state("warm") == "STOPPED", timeout=60)
-        assert api.delete("/datastreams/warm").status_code == 202
-        survivor = rounds[-1].successor
-        for w, svc in cluster.services.items():
-            if w.startswith("w") and w != survivor and svc.running:
-                svc.terminate()
-        spec = orders_spec("cold", broker.bootstrap, "orders", replicas=1)
-        assert api.post("/datastreams", spec).status_code == 201
-        log(f"cold: datastream created (replicas: 1) on {survivor}")
-        for _ in range(args.cold_rounds):
-            rounds.append(cold_round(cluster, api, store, producer, args))
-        api.close()
-    except BaseException:
-        print(cluster.diagnostics(), file=sys.stderr)
-        raise
-    finally:
-        if producer is not None:
-            producer.stop()
-        cluster.close()
-        store.dispose()
-        broker.stop()
+            # Cold: one worker only, replicas 1.
+            assert api.post("/datastreams/warm/stop").status_code == 200
+            wait_until("warm is STOPPED", lambda: api.state("warm") == "STOPPED", timeout=60)
+            assert api.delete("/datastreams/warm").status_code == 202
+            survivor = rounds[-1].successor
+            for w, svc in cluster.services.items():
+                if w.startswith("w") and w != survivor and svc.running:
+                    svc.terminate()
+            spec = orders_spec("cold", broker.bootstrap, "orders", replicas=1)
+            assert api.post("/datastreams", spec).status_code == 201
+            log(f"cold: datastream created (replicas: 1) on {survivor}")
+            for _ in range(args.cold_rounds):
+                rounds.append(cold_round(cluster, api, store, producer, args))
+            api.close()
+        finally:
+            if producer is not None:
+                producer.stop()
     warm = [r.seconds_to_commit for r in rounds if r.kind == "warm"]
     cold = [r.seconds_to_commit for r in rounds if r.kind == "cold"]
     return {

@@ -36,19 +36,18 @@ from pathlib import Path
 from typing import Any
 
 import common  # noqa: F401  (puts the test harness on sys.path)
-from ingest_observe import cpu_delta, process_cpu
+from ingest_observe import cpu_delta, process_cpu, progress, progress_seconds
 
 
 def _batch_after(query: Any, wall: float) -> tuple[float, float, dict[str, Any]] | None:
     """The first batch with records whose trigger started after ``wall`` (Spark's progress,
     millisecond timestamps; a tenth of a second of slack for the clocks): when it triggered,
     in seconds after ``wall``, its ``triggerExecution`` in seconds and all its durations."""
-    from datetime import datetime
-
-    for p in query.recentProgress:
-        start = datetime.fromisoformat(p.timestamp.replace("Z", "+00:00")).timestamp()
-        if start >= wall - 0.1 and p.numInputRows > 0:
-            return start - wall, p.durationMs.get("triggerExecution", 0) / 1000, dict(p.durationMs)
+    for b in progress(query):
+        start = progress_seconds(b["timestamp"])
+        if start >= wall - 0.1 and b["input_rows"] > 0:
+            d = b["duration_ms"]
+            return start - wall, d.get("triggerExecution", 0) / 1000, dict(d)
     return None
 
 

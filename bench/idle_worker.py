@@ -6,7 +6,7 @@ Run from the repository root (not part of CI; about 2 minutes a tree and round):
     .venv/bin/python bench/idle_worker.py --topics 5 --seconds 10 --settle 5   # a smoke run
     .venv/bin/python bench/idle_worker.py --src before=/tmp/main-before --src after=. --rounds 2
 
-Real processes, as ``bench/scale.py`` part (c) starts them (``harness.cluster``): a Tansu
+Real processes, as ``bench/scale.py`` part (c) starts them (``scale.services``): a Tansu
 broker, ``millstream controller``, ONE ``millstream worker``, a SQLite metadata store.
 ``--topics`` (100) topics of one partition each get ``--records`` (3) generator orders each,
 then nothing more. ONE datastream (``orders_spec``'s table section, 500 ms trigger, starting
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import common
-from scale import _label_dir, all_uppers, controller_and_worker, cpu_seconds, tree
+from scale import _label_dir, all_uppers, controller_and_worker, cpu_seconds, services, tree
 
 OWN = "millstream worker (driver)"
 
@@ -86,22 +86,10 @@ def kind_cpu(procs0: list[dict[str, Any]], procs1: list[dict[str, Any]]) -> dict
 def one_run(args: argparse.Namespace, base: Path, src: Path | None, seed: int) -> dict[str, Any]:
     from confluent_kafka import Producer as KafkaProducer
 
-    from harness.cluster import Cluster, orders_spec, wait_until
+    from harness.cluster import orders_spec, wait_until
     from millstream.ingest.sources.generator import GeneratorConfig, generate
-    from millstream.local.tansu import TansuBroker
-    from millstream.metastore.store import MetadataStore
 
     rng = random.Random(seed)
-    home = base / "home"
-    home.mkdir(parents=True)
-    url = f"sqlite:///{home / 'metadata.db'}"
-    broker = TansuBroker(base / "tansu").start()
-    cluster = Cluster(
-        home=home,
-        metadata_url=url,
-        env={"PYTHONPATH": str(src / "src")} if src is not None else {},
-    )
-    store = MetadataStore(url)
     topics = [f"c{i:03d}" for i in range(args.topics)]
     tables = {t: f"m{t}" for t in topics}
     records = [(k, v) for _, k, v in generate(GeneratorConfig(seed=7, partitions=1), 0, 0, 1000)]
@@ -113,86 +101,82 @@ def one_run(args: argparse.Namespace, base: Path, src: Path | None, seed: int) -
             ends[msg.topic()] = max(ends.get(msg.topic(), 0), msg.offset() + 1)
             acked[msg.topic()] = time.perf_counter()
 
-    producer = KafkaProducer(
-        {"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "log.connection.close": False}
-    )
-    sent = 0
-
-    def produce(topic: str, n: int) -> None:
-        nonlocal sent
-        for _ in range(n):
-            key, value = records[sent % len(records)]
-            producer.produce(topic, value=value, key=key, partition=0, on_delivery=on_delivery)
-            sent += 1
-
-    def caught_up() -> bool:
-        uppers = all_uppers(store)
-        return all(uppers.get((tables[t], 0), -1) >= ends.get(t, 0) for t in topics)
-
-    try:
-        api, worker = controller_and_worker(cluster)
-        for t in topics:
-            broker.create_topic(t, 1)
-        for t in topics:
-            produce(t, args.records)
-        producer.flush(60)
-        assert len(ends) == len(topics), f"acknowledged {len(ends)} of {len(topics)} topics"
-        spec = orders_spec("x", broker.bootstrap, "x")
-        spec.pop("max_records_per_batch")
-        spec["name"] = "idle"
-        spec["table"] = {**spec["table"], "name": "m{topic}"}
-        spec["source"] = {
-            **{k: v for k, v in spec["source"].items() if k != "topic"},
-            "topic_pattern": r"c\d{3}",
-            "starting_offsets": "earliest",
-        }
-        t0 = time.time()
-        assert api.post("/datastreams", spec).status_code == 201
-        wait_until(
-            f"every table of {len(topics)} topics is caught up",
-            caught_up,
-            timeout=args.catch_up_timeout,
-            interval=1.0,
-            diagnostics=cluster.diagnostics,
+    with services(base, src=src) as svc:
+        broker, cluster, store = svc.broker, svc.cluster, svc.store
+        producer = KafkaProducer(
+            {"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "log.connection.close": False}
         )
-        caught = time.time() - t0
-        common.log_stamped(f"  caught up after {caught:.0f} s; settling {args.settle:.0f} s")
-        time.sleep(args.settle)
-        load0 = common.load()
-        procs0, broker0 = tree(worker.pid), cpu_seconds([broker.pid or 0])
-        w0 = time.perf_counter()
-        time.sleep(args.seconds)
-        procs1, broker1 = tree(worker.pid), cpu_seconds([broker.pid or 0])
-        wall = time.perf_counter() - w0
-        load1 = common.load()
-        cores = {g: s / wall for g, s in tree_cpu(procs0, procs1).items()}
-        cores["tree"] = sum(cores.values())
-        cores["broker"] = (broker1 - broker0) / wall
-        cores["tree+broker"] = cores["tree"] + cores["broker"]
-        wakes: list[float] = []
-        for i in range(args.wakes):
-            time.sleep(rng.uniform(1.0, 3.0))
-            topic = topics[i % len(topics)]
-            before = ends[topic]
-            produce(topic, 1)
-            producer.flush(30)
-            assert ends[topic] == before + 1, f"{topic}: the wake record was not acknowledged"
-            began = acked[topic]
-            while all_uppers(store).get((tables[topic], 0), -1) < ends[topic]:
-                if time.perf_counter() - began > 60:
-                    raise TimeoutError(f"{topic}: a record not committed within 60 s")
-                time.sleep(0.02)
-            wakes.append(time.perf_counter() - began)
-        api.close()
-    except BaseException:
-        print(cluster.diagnostics(), file=sys.stderr)
-        raise
-    finally:
-        with contextlib.suppress(Exception):
-            producer.flush(5)
-        cluster.close()
-        store.dispose()
-        broker.stop()
+        sent = 0
+
+        def produce(topic: str, n: int) -> None:
+            nonlocal sent
+            for _ in range(n):
+                key, value = records[sent % len(records)]
+                producer.produce(topic, value=value, key=key, partition=0, on_delivery=on_delivery)
+                sent += 1
+
+        def caught_up() -> bool:
+            uppers = all_uppers(store)
+            return all(uppers.get((tables[t], 0), -1) >= ends.get(t, 0) for t in topics)
+
+        try:
+            api, worker = controller_and_worker(cluster)
+            for t in topics:
+                broker.create_topic(t, 1)
+            for t in topics:
+                produce(t, args.records)
+            producer.flush(60)
+            assert len(ends) == len(topics), f"acknowledged {len(ends)} of {len(topics)} topics"
+            spec = orders_spec("x", broker.bootstrap, "x")
+            spec.pop("max_records_per_batch")
+            spec["name"] = "idle"
+            spec["table"] = {**spec["table"], "name": "m{topic}"}
+            spec["source"] = {
+                **{k: v for k, v in spec["source"].items() if k != "topic"},
+                "topic_pattern": r"c\d{3}",
+                "starting_offsets": "earliest",
+            }
+            t0 = time.time()
+            assert api.post("/datastreams", spec).status_code == 201
+            wait_until(
+                f"every table of {len(topics)} topics is caught up",
+                caught_up,
+                timeout=args.catch_up_timeout,
+                interval=1.0,
+                diagnostics=cluster.diagnostics,
+            )
+            caught = time.time() - t0
+            common.log_stamped(f"  caught up after {caught:.0f} s; settling {args.settle:.0f} s")
+            time.sleep(args.settle)
+            load0 = common.load()
+            procs0, broker0 = tree(worker.pid), cpu_seconds([broker.pid or 0])
+            w0 = time.perf_counter()
+            time.sleep(args.seconds)
+            procs1, broker1 = tree(worker.pid), cpu_seconds([broker.pid or 0])
+            wall = time.perf_counter() - w0
+            load1 = common.load()
+            cores = {g: s / wall for g, s in tree_cpu(procs0, procs1).items()}
+            cores["tree"] = sum(cores.values())
+            cores["broker"] = (broker1 - broker0) / wall
+            cores["tree+broker"] = cores["tree"] + cores["broker"]
+            wakes: list[float] = []
+            for i in range(args.wakes):
+                time.sleep(rng.uniform(1.0, 3.0))
+                topic = topics[i % len(topics)]
+                before = ends[topic]
+                produce(topic, 1)
+                producer.flush(30)
+                assert ends[topic] == before + 1, f"{topic}: the wake record was not acknowledged"
+                began = acked[topic]
+                while all_uppers(store).get((tables[topic], 0), -1) < ends[topic]:
+                    if time.perf_counter() - began > 60:
+                        raise TimeoutError(f"{topic}: a record not committed within 60 s")
+                    time.sleep(0.02)
+                wakes.append(time.perf_counter() - began)
+            api.close()
+        finally:
+            with contextlib.suppress(Exception):
+                producer.flush(5)
     return {
         "topics": len(topics),
         "caught_up_s": caught,

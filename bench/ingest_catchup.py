@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from ingest_input import Input, files_spec, oracle_rows, write_files
-from ingest_observe import cpu_delta, peak_rss_mb, process_cpu
+from ingest_observe import cpu_delta, peak_rss_mb, process_cpu, progress, progress_seconds
 
 
 def warm_up(spark: Any, catalog: Any, inp: Input, base: Path) -> float:
@@ -110,21 +110,19 @@ def _timeline(query: Any, wall0: float) -> list[dict[str, Any]]:
     start (seconds after the backlog appeared; Spark's progress timestamps are milliseconds)
     and its durations (``latestOffset``, ``addBatch``, ``walCommit``, ``commitOffsets``,
     ``triggerExecution``), so (a2)'s time splits into the wait for a trigger and the batches."""
-    from datetime import datetime
-
     out = []
-    for p in query.recentProgress if query is not None else []:
-        start = datetime.fromisoformat(p.timestamp.replace("Z", "+00:00")).timestamp()
+    for b in progress(query) if query is not None else []:
+        start = progress_seconds(b["timestamp"])
         if start < wall0 - 1:
             continue
-        if p.batchId < 0 or "addBatch" not in p.durationMs:
+        if b["batch"] < 0 or "addBatch" not in b["duration_ms"]:
             continue
-        d = p.durationMs
+        d = b["duration_ms"]
         out.append(
             {
                 "start_s": round(start - wall0, 3),
-                "batch_id": p.batchId,
-                "rows": p.numInputRows,
+                "batch_id": b["batch"],
+                "rows": b["input_rows"],
                 **{
                     k: d.get(k, 0) / 1000
                     for k in (

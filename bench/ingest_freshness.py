@@ -16,7 +16,7 @@ from typing import Any
 
 from common import percentile
 from ingest_input import PARTITIONS, UPSERT_TABLE, Input
-from ingest_observe import progress
+from ingest_observe import progress, progress_seconds
 
 #: (sample time, partition -> (last acked offset, ack time), partition -> shard upper)
 Sample = tuple[float, dict[int, tuple[int, float]], dict[int, int]]
@@ -292,15 +292,13 @@ def tail_episodes(samples: list[Sample], t0: float, slow_s: float = 1.5) -> list
 def batch_gaps(batches: list[dict[str, Any]], t0: float) -> list[dict[str, Any]]:
     """Micro-batches that started more than 1 s after the previous one, or took more than
     1 s, with their start (seconds after ``t0``) and ``durationMs``."""
-    from datetime import datetime
-
     out: list[dict[str, Any]] = []
     prev: float | None = None
     for b in batches:
         stamp = b.get("timestamp")
         if not stamp:
             continue
-        at = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        at = progress_seconds(stamp)
         took = b["duration_ms"].get("triggerExecution", 0) / 1000
         if (prev is not None and at - prev > 1.0) or took > 1.0:
             out.append(

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 
 def progress(query: Any) -> list[dict[str, Any]]:
-    """Per micro-batch: its id, Spark's input rows and ``durationMs``."""
+    """Per micro-batch: its id, Spark's input rows, ``durationMs`` and ``timestamp`` (when its
+    trigger started: :func:`progress_seconds` reads it)."""
     out = []
     for pr in query.recentProgress:
         d = json.loads(pr.json) if hasattr(pr, "json") else dict(pr)
@@ -24,6 +26,12 @@ def progress(query: Any) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def progress_seconds(stamp: str) -> float:
+    """A progress ``timestamp`` (Spark's ISO 8601 in UTC, ``2026-11-29T14:00:00.123Z``: to the
+    millisecond) in seconds since the epoch, as ``time.time()``."""
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 # ---------------------------------------------------------------------------------------------

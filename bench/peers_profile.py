@@ -46,14 +46,13 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import peers
 from common import load_text, log, percentile, workdir, write_json
-from ingest_observe import progress
+from ingest_observe import progress, progress_seconds
 
 HERE = Path(__file__).resolve().parent
 
@@ -384,8 +383,7 @@ def window(
     batches = [
         b
         for b in progress(runner.query)
-        if b.get("timestamp")
-        and w0 <= datetime.fromisoformat(b["timestamp"].replace("Z", "+00:00")).timestamp() <= w1
+        if b.get("timestamp") and w0 <= progress_seconds(b["timestamp"]) <= w1
     ]
     staged = stages(runner.spark, w0, w1)
     every_commit = runner.commits()
@@ -438,9 +436,7 @@ def window(
     )
     out["per_batch"] = [
         {
-            "start": round(
-                datetime.fromisoformat(b["timestamp"].replace("Z", "+00:00")).timestamp() - w0, 3
-            ),
+            "start": round(progress_seconds(b["timestamp"]) - w0, 3),
             "rows": b.get("input_rows"),
             **{k: round(v / 1000, 3) for k, v in b["duration_ms"].items()},
         }
@@ -473,9 +469,7 @@ def summarize(
 
     steps = {k: [b["duration_ms"].get(k, 0) / 1000 for b in batches] for k in STEPS}
     commit_s = [c["commit_s"] for c in commits if c.get("commit_s") is not None]
-    starts = [
-        datetime.fromisoformat(b["timestamp"].replace("Z", "+00:00")).timestamp() for b in batches
-    ]
+    starts = [progress_seconds(b["timestamp"]) for b in batches]
     gaps = [
         s2 - (s1 + d)
         for s1, s2, d in zip(starts, starts[1:], steps["triggerExecution"], strict=False)

@@ -78,7 +78,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -744,6 +744,64 @@ class Freshness:
         return Window(since, until, procs0, procs1, rss, lat, ended)
 
 
+@dataclass
+class Services:
+    """What :func:`services` started (the controller and workers are the caller's to start)."""
+
+    #: the cluster's home (its logs, the workers' state) and its metadata store's URL
+    home: Path
+    url: str
+    #: a ``millstream.local.tansu.TansuBroker``, running
+    broker: Any
+    #: a ``harness.cluster.Cluster`` on ``home`` and ``url``, no service started yet
+    cluster: Any
+    #: a ``MetadataStore`` on ``url``: this process's own reads (shard uppers, entries)
+    store: Any
+
+
+@contextlib.contextmanager
+def services(
+    base: Path,
+    *,
+    home: str = "home",
+    broker_dir: str = "tansu",
+    src: Path | None = None,
+    metadata_url: str | None = None,
+) -> Iterator[Services]:
+    """The real processes' setup of (b), (c), ``bench/idle_worker.py``, ``bench/backlog.py``
+    and ``bench/failover.py`` (``harness.cluster``, as the end-to-end tests): a Tansu broker
+    under ``base/broker_dir``, a cluster on the fresh home ``base/home`` with a SQLite metadata
+    store in it (or ``metadata_url``), and a store client on it. ``src``: the cluster's
+    services (controller, workers and the processes they start) import the millstream of
+    that source tree (``DIR/src``, a ``--src``/``--c-src`` checkout); this process's reads
+    use its own. On an error the cluster's diagnostics (its services' log tails) go to
+    stderr; at the end every service is stopped (by PID), the store closed and the broker
+    stopped."""
+    from harness.cluster import Cluster
+    from millstream.local.tansu import TansuBroker
+    from millstream.metastore.store import MetadataStore
+
+    root = base / home
+    root.mkdir(parents=True)
+    url = metadata_url or f"sqlite:///{root / 'metadata.db'}"
+    broker = TansuBroker(base / broker_dir).start()
+    cluster = Cluster(
+        home=root,
+        metadata_url=url,
+        env={"PYTHONPATH": str(src / "src")} if src is not None else {},
+    )
+    store = MetadataStore(url)
+    try:
+        yield Services(root, url, broker, cluster, store)
+    except BaseException:
+        print(cluster.diagnostics(), file=sys.stderr)
+        raise
+    finally:
+        cluster.close()
+        store.dispose()
+        broker.stop()
+
+
 def controller_and_worker(cluster: Any, *, leader_timeout: float = 60.0) -> tuple[Any, Any]:
     """Start ``cluster``'s controller and one worker ``w1``; wait until the controller leads
     and the worker heartbeats. Returns the controller's API client and the worker."""
@@ -763,132 +821,122 @@ def controller_and_worker(cluster: Any, *, leader_timeout: float = 60.0) -> tupl
 
 
 def part_b(args: argparse.Namespace, base: Path, log: Any) -> dict[str, Any]:
-    from harness.cluster import Cluster, orders_spec, wait_until
-    from millstream.local.tansu import TansuBroker
-    from millstream.metastore.store import MetadataStore
+    from harness.cluster import orders_spec, wait_until
 
-    home = base / "home-b"
-    home.mkdir(parents=True)
-    url = f"sqlite:///{home / 'metadata.db'}"
-    broker = TansuBroker(base / "tansu").start()
-    cluster = Cluster(home=home, metadata_url=url)
-    store = MetadataStore(url)
     producer: Producer | None = None
     freshness: Freshness | None = None
     steps: list[dict[str, Any]] = []
-    try:
-        diag = cluster.diagnostics
-        api, worker = controller_and_worker(cluster)
-        idle = tree_summary(tree(worker.pid))
-        log(
-            f"(b) idle worker: {idle['pss_mb']:.0f} MB PSS ({idle['rss_mb']:.0f} MB RSS), "
-            f"{idle['python_processes']} Python processes"
-        )
-        producer = Producer(broker.bootstrap, args.rate).start()
-        freshness = Freshness(producer, store, every=0.05, name="scale-sampler").start()
-        names: list[str] = []
-        for target in [int(x) for x in args.streams.split(",")]:
-            new = [f"s{i:02d}" for i in range(len(names), target)]
-            for n in new:
-                broker.create_topic(n, TOPIC_PARTITIONS)
-            producer.add(new)
-            for n in new:
-                r = api.post("/datastreams", orders_spec(n, broker.bootstrap, n))
-                assert r.status_code == 201, r.text
-            names += new
-            t_add = time.time()
-            caught = True
-            try:
-                wait_until(
-                    f"{target} datastreams run and are caught up",
-                    functools.partial(all_caught_up, api, list(names), producer, store),
-                    timeout=args.catch_up_timeout,
-                    interval=1.0,
-                    diagnostics=diag,
-                )
-            except AssertionError:
-                caught = False
-                log(
-                    f"(b) {target} datastreams: NOT caught up after {args.catch_up_timeout:.0f}s; measuring anyway"
-                )
-            ready_s = time.time() - t_add
-            time.sleep(2)
-            others = {"broker": [broker.pid or 0], "bench (producer, sampler)": [os.getpid()]}
-            other0, busy0 = cpu_and_busy(others)
-            load0 = common.load()
-            w = freshness.window(
-                worker.pid,
-                {n: n for n in names},
-                seconds=args.seconds,
-                rss_every=min(5.0, args.seconds / 6),
-                tail=args.tail,
-                at_end=functools.partial(cpu_and_busy, others),
-            )
-            since, until = w.since, w.until
-            procs0 = {p["pid"]: p for p in w.procs0}
-            cpu_kinds: dict[str, float] = {}
-            for p in w.procs1:  # CPU in the window by process kind (exited ones are not in it)
-                before = procs0[p["pid"]]["cpu_s"] if p["pid"] in procs0 else 0.0
-                cpu_kinds[p["kind"]] = cpu_kinds.get(p["kind"], 0.0) + p["cpu_s"] - before
-            other1, busy1 = w.ended
-            rss = [summary for _, summary in w.rss]
-            per_ds = {}
-            for n in names:
-                lat, unresolved = w.latencies[n]
-                per_ds[n] = {
-                    "samples": len(lat),
-                    "unresolved": unresolved,
-                    "p50_s": common.percentile(lat, 50, "nearest"),
-                    "p99_s": common.percentile(lat, 99, "nearest"),
-                    "max_s": max(lat) if lat else float("nan"),
-                    **commit_stats(home, "w1", n, since, until),
-                }
-            peak = max(rss, key=lambda x: x["rss_mb"])
-            step = {
-                "datastreams": target,
-                "caught_up": caught,
-                "ready_s": ready_s,
-                "window_s": until - since,
-                "load_start": load0,
-                "load_end": common.load(),
-                "worker_cpu_cores": w.cpu_cores(),
-                "worker_cpu_cores_by_kind": {
-                    k: v / (until - since) for k, v in sorted(cpu_kinds.items())
-                },
-                "other_cpu_cores": {k: (other1[k] - other0[k]) / (until - since) for k in others},
-                "machine_busy": (busy1[0] - busy0[0]) / max(1.0, busy1[1] - busy0[1]),
-                "pss_mb_last": rss[-1]["pss_mb"],
-                "rss_mb_last": rss[-1]["rss_mb"],
-                "rss_mb_peak": peak["rss_mb"],
-                "python_processes": rss[-1]["python_processes"],
-                "processes": rss[-1]["processes"],
-                "kinds": rss[-1]["kinds"],
-                "per_datastream": per_ds,
-                "p99_s_worst": max(d["p99_s"] for d in per_ds.values()),
-                "p99_s_median": statistics.median(d["p99_s"] for d in per_ds.values()),
-                "p50_s_median": statistics.median(d["p50_s"] for d in per_ds.values()),
-                "produce_errors": len(producer.acks.errors),
-            }
-            steps.append(step)
+    with services(base, home="home-b") as svc:
+        home, broker, cluster, store = svc.home, svc.broker, svc.cluster, svc.store
+        try:
+            diag = cluster.diagnostics
+            api, worker = controller_and_worker(cluster)
+            idle = tree_summary(tree(worker.pid))
             log(
-                f"(b) {target:>2} datastreams: PSS {step['pss_mb_last']:,.0f} MB, "
-                f"{step['python_processes']} Python processes, worker CPU "
-                f"{step['worker_cpu_cores']:.2f} cores, p50 {step['p50_s_median']:.2f}s, p99 "
-                f"median {step['p99_s_median']:.2f}s worst {step['p99_s_worst']:.2f}s "
-                f"(ready after {ready_s:.0f}s, load {load0[0]} -> {step['load_end'][0]})"
+                f"(b) idle worker: {idle['pss_mb']:.0f} MB PSS ({idle['rss_mb']:.0f} MB RSS), "
+                f"{idle['python_processes']} Python processes"
             )
-        api.close()
-    except BaseException:
-        print(cluster.diagnostics(), file=sys.stderr)
-        raise
-    finally:
-        if freshness is not None:
-            freshness.stop()
-        if producer is not None:
-            producer.stop()
-        cluster.close()
-        store.dispose()
-        broker.stop()
+            producer = Producer(broker.bootstrap, args.rate).start()
+            freshness = Freshness(producer, store, every=0.05, name="scale-sampler").start()
+            names: list[str] = []
+            for target in [int(x) for x in args.streams.split(",")]:
+                new = [f"s{i:02d}" for i in range(len(names), target)]
+                for n in new:
+                    broker.create_topic(n, TOPIC_PARTITIONS)
+                producer.add(new)
+                for n in new:
+                    r = api.post("/datastreams", orders_spec(n, broker.bootstrap, n))
+                    assert r.status_code == 201, r.text
+                names += new
+                t_add = time.time()
+                caught = True
+                try:
+                    wait_until(
+                        f"{target} datastreams run and are caught up",
+                        functools.partial(all_caught_up, api, list(names), producer, store),
+                        timeout=args.catch_up_timeout,
+                        interval=1.0,
+                        diagnostics=diag,
+                    )
+                except AssertionError:
+                    caught = False
+                    log(
+                        f"(b) {target} datastreams: NOT caught up after {args.catch_up_timeout:.0f}s; measuring anyway"
+                    )
+                ready_s = time.time() - t_add
+                time.sleep(2)
+                others = {"broker": [broker.pid or 0], "bench (producer, sampler)": [os.getpid()]}
+                other0, busy0 = cpu_and_busy(others)
+                load0 = common.load()
+                w = freshness.window(
+                    worker.pid,
+                    {n: n for n in names},
+                    seconds=args.seconds,
+                    rss_every=min(5.0, args.seconds / 6),
+                    tail=args.tail,
+                    at_end=functools.partial(cpu_and_busy, others),
+                )
+                since, until = w.since, w.until
+                procs0 = {p["pid"]: p for p in w.procs0}
+                cpu_kinds: dict[str, float] = {}
+                for p in w.procs1:  # CPU in the window by process kind (exited ones are not in it)
+                    before = procs0[p["pid"]]["cpu_s"] if p["pid"] in procs0 else 0.0
+                    cpu_kinds[p["kind"]] = cpu_kinds.get(p["kind"], 0.0) + p["cpu_s"] - before
+                other1, busy1 = w.ended
+                rss = [summary for _, summary in w.rss]
+                per_ds = {}
+                for n in names:
+                    lat, unresolved = w.latencies[n]
+                    per_ds[n] = {
+                        "samples": len(lat),
+                        "unresolved": unresolved,
+                        "p50_s": common.percentile(lat, 50, "nearest"),
+                        "p99_s": common.percentile(lat, 99, "nearest"),
+                        "max_s": max(lat) if lat else float("nan"),
+                        **commit_stats(home, "w1", n, since, until),
+                    }
+                peak = max(rss, key=lambda x: x["rss_mb"])
+                step = {
+                    "datastreams": target,
+                    "caught_up": caught,
+                    "ready_s": ready_s,
+                    "window_s": until - since,
+                    "load_start": load0,
+                    "load_end": common.load(),
+                    "worker_cpu_cores": w.cpu_cores(),
+                    "worker_cpu_cores_by_kind": {
+                        k: v / (until - since) for k, v in sorted(cpu_kinds.items())
+                    },
+                    "other_cpu_cores": {
+                        k: (other1[k] - other0[k]) / (until - since) for k in others
+                    },
+                    "machine_busy": (busy1[0] - busy0[0]) / max(1.0, busy1[1] - busy0[1]),
+                    "pss_mb_last": rss[-1]["pss_mb"],
+                    "rss_mb_last": rss[-1]["rss_mb"],
+                    "rss_mb_peak": peak["rss_mb"],
+                    "python_processes": rss[-1]["python_processes"],
+                    "processes": rss[-1]["processes"],
+                    "kinds": rss[-1]["kinds"],
+                    "per_datastream": per_ds,
+                    "p99_s_worst": max(d["p99_s"] for d in per_ds.values()),
+                    "p99_s_median": statistics.median(d["p99_s"] for d in per_ds.values()),
+                    "p50_s_median": statistics.median(d["p50_s"] for d in per_ds.values()),
+                    "produce_errors": len(producer.acks.errors),
+                }
+                steps.append(step)
+                log(
+                    f"(b) {target:>2} datastreams: PSS {step['pss_mb_last']:,.0f} MB, "
+                    f"{step['python_processes']} Python processes, worker CPU "
+                    f"{step['worker_cpu_cores']:.2f} cores, p50 {step['p50_s_median']:.2f}s, p99 "
+                    f"median {step['p99_s_median']:.2f}s worst {step['p99_s_worst']:.2f}s "
+                    f"(ready after {ready_s:.0f}s, load {load0[0]} -> {step['load_end'][0]})"
+                )
+            api.close()
+        finally:
+            if freshness is not None:
+                freshness.stop()
+            if producer is not None:
+                producer.stop()
     return {
         "idle": idle,
         "rate_per_datastream": args.rate,
@@ -924,236 +972,226 @@ def part_c(
     starts at the topics' latest offsets, is measured for ``--seconds`` once caught up:
     per table the produce-ack -> visible freshness (as in (b)), and the worker's RSS every
     5 s (its growth over the window says whether it stays flat)."""
-    from harness.cluster import Cluster, orders_spec, wait_until
-    from millstream.local.tansu import TansuBroker
-    from millstream.metastore.store import MetadataStore
+    from harness.cluster import orders_spec, wait_until
 
-    home = base / "home-c"
-    home.mkdir(parents=True)
-    url = f"sqlite:///{home / 'metadata.db'}"
-    broker = TansuBroker(base / "tansu-c").start()
-    # ``src``: the services (controller, worker and the processes it starts) import the
-    # millstream of that source tree (``--c-src``); this process's sampler reads the store
-    cluster = Cluster(
-        home=home,
-        metadata_url=url,
-        env={"PYTHONPATH": str(src / "src")} if src is not None else {},
-    )
-    store = MetadataStore(url)
     n = args.topics
     topics = [f"c{i:03d}" for i in range(n)]
-    producer = Producer(
-        broker.bootstrap,
-        args.topic_rate,
-        partitions=1,
-        linger_ms=args.linger_ms,
-        keys=args.topic_keys,
-    )
-    freshness = Freshness(producer, store, every=0.1, name="scale-c-sampler")
     variants: dict[str, Any] = {}
-
-    def caught_up(api: Any, names: list[str], tables: dict[str, str]) -> bool:
-        if not all(api.state(x) == "READY" and api.running_writers(x) == {"w1"} for x in names):
-            return False
-        _, ends = producer.snapshot()
-        uppers = all_uppers(store)
-        if any((t, 0) not in uppers for t in tables):
-            return False
-        # within 5 s of records: at a few records a second a table's lag is rarely 0
-        behind = 5 * args.topic_rate
-        return all(ends.get((tp, 0), 0) - uppers[(t, 0)] <= behind for t, tp in tables.items())
-
-    def measure(variant: str, api: Any, worker: Any, tables: dict[str, str]) -> dict[str, Any]:
-        batch0 = last_batch(home)
-        log(f"(c) {variant}: measuring {args.seconds:.0f} s (worker pid {worker.pid})")
-        w = freshness.window(
-            worker.pid,
-            tables,
-            seconds=args.seconds,
-            rss_every=5.0,
-            tail=args.tail,
-            on_sample=lambda procs: {
-                "batches": last_batch(home),
-                "jvm_heap": jvm_heap_mb(procs),
-                "broker_cpu_s": cpu_seconds([broker.pid or 0]),
-            },
+    with services(base, home="home-c", broker_dir="tansu-c", src=src) as svc:
+        home, broker, cluster, store = svc.home, svc.broker, svc.cluster, svc.store
+        producer = Producer(
+            broker.bootstrap,
+            args.topic_rate,
+            partitions=1,
+            linger_ms=args.linger_ms,
+            keys=args.topic_keys,
         )
-        batches = last_batch(home) - batch0
-        # per process kind, the RSS at the first sample past a minute (or the first) and at the
-        # last one: which process grows
-        at_1min = next((s for t, s in w.rss if t >= 60), w.rss[0][1])
-        last = w.rss[-1][1]
-        growth = {
-            k: {
-                "count": v["count"],
-                "rss_mb_1min": round(at_1min["kinds"].get(k, {}).get("rss_mb", 0.0)),
-                "rss_mb_last": round(v["rss_mb"]),
+        freshness = Freshness(producer, store, every=0.1, name="scale-c-sampler")
+
+        def caught_up(api: Any, names: list[str], tables: dict[str, str]) -> bool:
+            if not all(api.state(x) == "READY" and api.running_writers(x) == {"w1"} for x in names):
+                return False
+            _, ends = producer.snapshot()
+            uppers = all_uppers(store)
+            if any((t, 0) not in uppers for t in tables):
+                return False
+            # within 5 s of records: at a few records a second a table's lag is rarely 0
+            behind = 5 * args.topic_rate
+            return all(ends.get((tp, 0), 0) - uppers[(t, 0)] <= behind for t, tp in tables.items())
+
+        def measure(variant: str, api: Any, worker: Any, tables: dict[str, str]) -> dict[str, Any]:
+            batch0 = last_batch(home)
+            log(f"(c) {variant}: measuring {args.seconds:.0f} s (worker pid {worker.pid})")
+            w = freshness.window(
+                worker.pid,
+                tables,
+                seconds=args.seconds,
+                rss_every=5.0,
+                tail=args.tail,
+                on_sample=lambda procs: {
+                    "batches": last_batch(home),
+                    "jvm_heap": jvm_heap_mb(procs),
+                    "broker_cpu_s": cpu_seconds([broker.pid or 0]),
+                },
+            )
+            batches = last_batch(home) - batch0
+            # per process kind, the RSS at the first sample past a minute (or the first) and at the
+            # last one: which process grows
+            at_1min = next((s for t, s in w.rss if t >= 60), w.rss[0][1])
+            last = w.rss[-1][1]
+            growth = {
+                k: {
+                    "count": v["count"],
+                    "rss_mb_1min": round(at_1min["kinds"].get(k, {}).get("rss_mb", 0.0)),
+                    "rss_mb_last": round(v["rss_mb"]),
+                }
+                for k, v in last["kinds"].items()
             }
-            for k, v in last["kinds"].items()
-        }
-        rss = [(t, summary["rss_mb"]) for t, summary in w.rss]
-        (t_first, first), (t_last, last_sample) = w.rss[0], w.rss[-1]
-        broker_cores = (last_sample["broker_cpu_s"] - first["broker_cpu_s"]) / max(
-            t_last - t_first, 1e-9
-        )
-        p99s, p50s, unresolved = [], [], 0
-        for lat, missing in w.latencies.values():
-            unresolved += missing
-            if lat:
-                p99s.append(common.percentile(lat, 99, "nearest"))
-                p50s.append(common.percentile(lat, 50, "nearest"))
-        out = {
-            "tables": len(tables),
-            "window_s": w.seconds,
-            "load": common.load(),
-            "worker_cpu_cores": w.cpu_cores(),
-            "worker_cpu_s_by_kind": w.cpu_by_kind(),
-            "broker_cpu_cores": broker_cores,
-            "linger_ms": args.linger_ms,
-            "batches": batches,
-            "cpu_s_per_batch": w.cpu_cores() * w.seconds / batches if batches > 0 else float("nan"),
-            "p99_s_worst": max(p99s) if p99s else float("nan"),
-            "p99_s_median": statistics.median(p99s) if p99s else float("nan"),
-            "p50_s_median": statistics.median(p50s) if p50s else float("nan"),
-            "tables_measured": len(p99s),
-            "unresolved": unresolved,
-            "rss_mb": rss,
-            "rss_mb_first": rss[0][1],
-            "rss_mb_last": rss[-1][1],
-            "rss_mb_peak": max(r for _, r in rss),
-            "rss_mb_1min": at_1min["rss_mb"],
-            "rss_mb_by_kind": growth,
-            "jvm_heap": [(round(t), s.get("jvm_heap")) for t, s in w.rss],
-            "by_minute": by_minute(w.rss),
-        }
-        log(
-            f"(c) {variant}: {len(tables)} tables, p99 worst {out['p99_s_worst']:.2f}s median "
-            f"{out['p99_s_median']:.2f}s, p50 median {out['p50_s_median']:.2f}s, worker CPU "
-            f"{out['worker_cpu_cores']:.2f} cores, {batches} batches "
-            f"({out['cpu_s_per_batch']:.2f} CPU-s each), the broker {broker_cores:.2f} cores "
-            f"(producer linger {args.linger_ms:g} ms), RSS {out['rss_mb_first']:,.0f} -> "
-            f"{out['rss_mb_last']:,.0f} MB (peak {out['rss_mb_peak']:,.0f}) over "
-            f"{out['window_s']:.0f}s, load {out['load'][0]}; CPU-s by process: "
-            f"{out['worker_cpu_s_by_kind']}"
-        )
-        log(f"(c) {variant}: RSS by process kind, at 1 min -> at the end: {growth}")
-        heaps = [(t, h) for t, h in out["jvm_heap"] if h]
-        if heaps:
+            rss = [(t, summary["rss_mb"]) for t, summary in w.rss]
+            (t_first, first), (t_last, last_sample) = w.rss[0], w.rss[-1]
+            broker_cores = (last_sample["broker_cpu_s"] - first["broker_cpu_s"]) / max(
+                t_last - t_first, 1e-9
+            )
+            p99s, p50s, unresolved = [], [], 0
+            for lat, missing in w.latencies.values():
+                unresolved += missing
+                if lat:
+                    p99s.append(common.percentile(lat, 99, "nearest"))
+                    p50s.append(common.percentile(lat, 50, "nearest"))
+            out = {
+                "tables": len(tables),
+                "window_s": w.seconds,
+                "load": common.load(),
+                "worker_cpu_cores": w.cpu_cores(),
+                "worker_cpu_s_by_kind": w.cpu_by_kind(),
+                "broker_cpu_cores": broker_cores,
+                "linger_ms": args.linger_ms,
+                "batches": batches,
+                "cpu_s_per_batch": (
+                    w.cpu_cores() * w.seconds / batches if batches > 0 else float("nan")
+                ),
+                "p99_s_worst": max(p99s) if p99s else float("nan"),
+                "p99_s_median": statistics.median(p99s) if p99s else float("nan"),
+                "p50_s_median": statistics.median(p50s) if p50s else float("nan"),
+                "tables_measured": len(p99s),
+                "unresolved": unresolved,
+                "rss_mb": rss,
+                "rss_mb_first": rss[0][1],
+                "rss_mb_last": rss[-1][1],
+                "rss_mb_peak": max(r for _, r in rss),
+                "rss_mb_1min": at_1min["rss_mb"],
+                "rss_mb_by_kind": growth,
+                "jvm_heap": [(round(t), s.get("jvm_heap")) for t, s in w.rss],
+                "by_minute": by_minute(w.rss),
+            }
             log(
-                f"(c) {variant}: JVM heap used/committed MB "
-                + ", ".join(
-                    f"{t}s {h['used_mb']:.0f}/{h['committed_mb']:.0f} (old {h['old_used_mb']:.0f})"
-                    for t, h in heaps[:: max(1, len(heaps) // 10)]
+                f"(c) {variant}: {len(tables)} tables, p99 worst {out['p99_s_worst']:.2f}s median "
+                f"{out['p99_s_median']:.2f}s, p50 median {out['p50_s_median']:.2f}s, worker CPU "
+                f"{out['worker_cpu_cores']:.2f} cores, {batches} batches "
+                f"({out['cpu_s_per_batch']:.2f} CPU-s each), the broker {broker_cores:.2f} cores "
+                f"(producer linger {args.linger_ms:g} ms), RSS {out['rss_mb_first']:,.0f} -> "
+                f"{out['rss_mb_last']:,.0f} MB (peak {out['rss_mb_peak']:,.0f}) over "
+                f"{out['window_s']:.0f}s, load {out['load'][0]}; CPU-s by process: "
+                f"{out['worker_cpu_s_by_kind']}"
+            )
+            log(f"(c) {variant}: RSS by process kind, at 1 min -> at the end: {growth}")
+            heaps = [(t, h) for t, h in out["jvm_heap"] if h]
+            if heaps:
+                log(
+                    f"(c) {variant}: JVM heap used/committed MB "
+                    + ", ".join(
+                        f"{t}s {h['used_mb']:.0f}/{h['committed_mb']:.0f} (old {h['old_used_mb']:.0f})"
+                        for t, h in heaps[:: max(1, len(heaps) // 10)]
+                    )
                 )
-            )
-        for m in out["by_minute"]:
+            for m in out["by_minute"]:
+                log(
+                    f"(c) {variant}: minute {m['minute']}: {m['batches']} batches, "
+                    f"{m['cpu_s_per_batch']} CPU-s a batch, the broker {m['broker_cpu_cores']} cores, "
+                    f"RSS {m['rss_mb']:,} MB; CPU-s a batch "
+                    f"by process: {m['cpu_s_per_batch_by_kind']}"
+                )
+            # each process kind's RSS by minute (a kind of several processes: their sum)
+            kinds = sorted({k for m in out["by_minute"] for k in m["rss_mb_by_kind"]})
             log(
-                f"(c) {variant}: minute {m['minute']}: {m['batches']} batches, "
-                f"{m['cpu_s_per_batch']} CPU-s a batch, the broker {m['broker_cpu_cores']} cores, "
-                f"RSS {m['rss_mb']:,} MB; CPU-s a batch "
-                f"by process: {m['cpu_s_per_batch_by_kind']}"
+                f"(c) {variant}: RSS MB by minute, "
+                + ", ".join(str(m["minute"]) for m in out["by_minute"])
             )
-        # each process kind's RSS by minute (a kind of several processes: their sum)
-        kinds = sorted({k for m in out["by_minute"] for k in m["rss_mb_by_kind"]})
-        log(
-            f"(c) {variant}: RSS MB by minute, "
-            + ", ".join(str(m["minute"]) for m in out["by_minute"])
-        )
-        for k in kinds:
+            for k in kinds:
+                log(
+                    f"(c) {variant}:   {k}: "
+                    + ", ".join(str(m["rss_mb_by_kind"].get(k, "-")) for m in out["by_minute"])
+                )
+            return out
+
+        try:
+            diag = cluster.diagnostics
+            api, worker = controller_and_worker(cluster)
+            for t in topics:
+                broker.create_topic(t, 1)
+            producer.add(topics)
+            producer.start()
+            freshness.start()
+            base_spec = orders_spec("x", broker.bootstrap, "x")
+            base_spec["source"]["starting_offsets"] = "latest"
+            base_spec.pop("max_records_per_batch")
+
+            # one datastream whose pattern matches every topic: a table each, named after its topic
+            one = {
+                **base_spec,
+                "name": "multi",
+                "table": {**base_spec["table"], "name": "m{topic}"},
+            }
+            one["source"] = {**base_spec["source"], "topic_pattern": r"c\d{3}"}
+            del one["source"]["topic"]
+            tables = {f"m{t}": t for t in topics}
+            t0 = time.time()
+            assert api.post("/datastreams", one).status_code == 201
+            first: dict[str, float] = {}
+            while len(first) < n and time.time() - t0 < args.catch_up_timeout:
+                now = time.time()
+                with contextlib.suppress(Exception):
+                    for t in tables_with_rows(store) - set(first):
+                        first[t] = now - t0
+                time.sleep(0.5)
+            rows_at = sorted(first.values())
+            variants["first_rows"] = {
+                "tables": len(first),
+                "first_s": rows_at[0] if rows_at else float("nan"),
+                "median_s": statistics.median(rows_at) if rows_at else float("nan"),
+                "last_s": rows_at[-1] if len(rows_at) == n else float("nan"),
+                "load": common.load(),
+            }
             log(
-                f"(c) {variant}:   {k}: "
-                + ", ".join(str(m["rss_mb_by_kind"].get(k, "-")) for m in out["by_minute"])
+                f"(c) from create to a table's first rows, {len(first)} of {n} tables: first "
+                f"{variants['first_rows']['first_s']:.1f}s, median "
+                f"{variants['first_rows']['median_s']:.1f}s, every table "
+                f"{variants['first_rows']['last_s']:.1f}s (load {common.load()[0]})"
             )
-        return out
+            wait_until(
+                f"one datastream of {n} topics runs and is caught up",
+                functools.partial(caught_up, api, ["multi"], tables),
+                timeout=args.catch_up_timeout,
+                interval=2.0,
+                diagnostics=diag,
+            )
+            log(f"(c) one datastream of {n} topics caught up after {time.time() - t0:.0f}s")
+            variants["one_datastream"] = measure("one datastream", api, worker, tables)
+            if "each" not in args.c_variants.split(","):
+                api.close()
+                return {"topics": n, "rate_per_topic": args.topic_rate, **variants}
+            assert api.delete("/datastreams/multi").status_code == 202
+            wait_until(
+                "the multi-table datastream is removed",
+                lambda: all(d["name"] != "multi" for d in api.get("/datastreams")),
+                timeout=args.catch_up_timeout,
+                interval=1.0,
+                diagnostics=diag,
+            )
 
-    try:
-        diag = cluster.diagnostics
-        api, worker = controller_and_worker(cluster)
-        for t in topics:
-            broker.create_topic(t, 1)
-        producer.add(topics)
-        producer.start()
-        freshness.start()
-        base_spec = orders_spec("x", broker.bootstrap, "x")
-        base_spec["source"]["starting_offsets"] = "latest"
-        base_spec.pop("max_records_per_batch")
-
-        # one datastream whose pattern matches every topic: a table each, named after its topic
-        one = {**base_spec, "name": "multi", "table": {**base_spec["table"], "name": "m{topic}"}}
-        one["source"] = {**base_spec["source"], "topic_pattern": r"c\d{3}"}
-        del one["source"]["topic"]
-        tables = {f"m{t}": t for t in topics}
-        t0 = time.time()
-        assert api.post("/datastreams", one).status_code == 201
-        first: dict[str, float] = {}
-        while len(first) < n and time.time() - t0 < args.catch_up_timeout:
-            now = time.time()
-            with contextlib.suppress(Exception):
-                for t in tables_with_rows(store) - set(first):
-                    first[t] = now - t0
-            time.sleep(0.5)
-        rows_at = sorted(first.values())
-        variants["first_rows"] = {
-            "tables": len(first),
-            "first_s": rows_at[0] if rows_at else float("nan"),
-            "median_s": statistics.median(rows_at) if rows_at else float("nan"),
-            "last_s": rows_at[-1] if len(rows_at) == n else float("nan"),
-            "load": common.load(),
-        }
-        log(
-            f"(c) from create to a table's first rows, {len(first)} of {n} tables: first "
-            f"{variants['first_rows']['first_s']:.1f}s, median "
-            f"{variants['first_rows']['median_s']:.1f}s, every table "
-            f"{variants['first_rows']['last_s']:.1f}s (load {common.load()[0]})"
-        )
-        wait_until(
-            f"one datastream of {n} topics runs and is caught up",
-            functools.partial(caught_up, api, ["multi"], tables),
-            timeout=args.catch_up_timeout,
-            interval=2.0,
-            diagnostics=diag,
-        )
-        log(f"(c) one datastream of {n} topics caught up after {time.time() - t0:.0f}s")
-        variants["one_datastream"] = measure("one datastream", api, worker, tables)
-        if "each" not in args.c_variants.split(","):
+            # the same topics, a datastream each
+            names = [f"d{t}" for t in topics]
+            for name, t in zip(names, topics, strict=True):
+                spec = {**base_spec, "name": name, "table": {**base_spec["table"], "name": name}}
+                spec["source"] = {**base_spec["source"], "topic": t}
+                assert api.post("/datastreams", spec).status_code == 201
+            tables = {name: t for name, t in zip(names, topics, strict=True)}
+            t0 = time.time()
+            wait_until(
+                f"{n} datastreams run and are caught up",
+                functools.partial(caught_up, api, names, tables),
+                timeout=args.catch_up_timeout,
+                interval=2.0,
+                diagnostics=diag,
+            )
+            log(f"(c) {n} datastreams caught up after {time.time() - t0:.0f}s")
+            variants["datastream_per_topic"] = measure(
+                "a datastream per topic", api, worker, tables
+            )
             api.close()
-            return {"topics": n, "rate_per_topic": args.topic_rate, **variants}
-        assert api.delete("/datastreams/multi").status_code == 202
-        wait_until(
-            "the multi-table datastream is removed",
-            lambda: all(d["name"] != "multi" for d in api.get("/datastreams")),
-            timeout=args.catch_up_timeout,
-            interval=1.0,
-            diagnostics=diag,
-        )
-
-        # the same topics, a datastream each
-        names = [f"d{t}" for t in topics]
-        for name, t in zip(names, topics, strict=True):
-            spec = {**base_spec, "name": name, "table": {**base_spec["table"], "name": name}}
-            spec["source"] = {**base_spec["source"], "topic": t}
-            assert api.post("/datastreams", spec).status_code == 201
-        tables = {name: t for name, t in zip(names, topics, strict=True)}
-        t0 = time.time()
-        wait_until(
-            f"{n} datastreams run and are caught up",
-            functools.partial(caught_up, api, names, tables),
-            timeout=args.catch_up_timeout,
-            interval=2.0,
-            diagnostics=diag,
-        )
-        log(f"(c) {n} datastreams caught up after {time.time() - t0:.0f}s")
-        variants["datastream_per_topic"] = measure("a datastream per topic", api, worker, tables)
-        api.close()
-    except BaseException:
-        print(cluster.diagnostics(), file=sys.stderr)
-        raise
-    finally:
-        freshness.stop()
-        producer.stop()
-        cluster.close()
-        store.dispose()
-        broker.stop()
+        finally:
+            freshness.stop()
+            producer.stop()
     return {"topics": n, "rate_per_topic": args.topic_rate, **variants}
 
 
