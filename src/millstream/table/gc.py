@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from millstream.clock import SYSTEM_CLOCK, Clock
+from millstream.errors import InvalidSpecError
 from millstream.storage.deepstore import DeepStore, StoredFile, table_data_prefix
 from millstream.table.limits import DEFAULT_GRACE_SECONDS as DEFAULT_GRACE_SECONDS
 from millstream.table.limits import MAX_PUBLISH_AGE_SECONDS
@@ -27,8 +28,6 @@ def check_gc_grace(
     referenced: a staged file a commit accepts up to ``max_staged_age``, or, where Iceberg
     views are published (``publishes``), a snapshot a publish may still point at up to
     :data:`MAX_PUBLISH_AGE_SECONDS`."""
-    from millstream.errors import InvalidSpecError
-
     if grace_seconds < max_staged_age:
         raise InvalidSpecError(
             "gc_grace_seconds",
