@@ -10,6 +10,7 @@ compared with the source-side oracle built from the broker's delivery reports.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -31,13 +32,28 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 BATCH = 20_000
 
 
+def _block_managers(spark, master: str) -> int:
+    """The session's block managers (the driver + its executors). On ``local-cluster[N,...]``
+    the executors register with the driver a while after the session starts (longer on a
+    loaded machine): wait up to 120 s for all N before counting, so the count says where the
+    test ran, not how far the executors' start had got."""
+    status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus
+    if master.startswith("local-cluster["):
+        want = int(master[len("local-cluster[") :].split(",")[0]) + 1
+        deadline = time.monotonic() + 120
+        while status().size() < want and time.monotonic() < deadline:
+            time.sleep(0.2)
+    return int(status().size())
+
+
 @pytest.mark.parametrize("mode", list(TABLE_SECTIONS))
 def test_kafka_ingest_equals_model_for_every_merge_engine(
     mode: str, engine_topic: Topic, spark, tmp_path: Path, record_property
 ) -> None:
     # Where this ran, for test_local_cluster.py (block managers: the driver + executors).
-    record_property("spark_master", spark.sparkContext.master)
-    record_property("block_managers", spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size())
+    master = spark.sparkContext.master
+    record_property("spark_master", master)
+    record_property("block_managers", _block_managers(spark, master))
     _ingest_and_compare(mode, engine_topic, spark, tmp_path, streaming=False)
 
 
